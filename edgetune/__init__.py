@@ -1,0 +1,8 @@
+"""edgetune: energy-aware training autotuner for power-limited edge devices.
+
+Co-selects batch size and DVFS knobs (GPU, memory and CPU frequency, online cores, power mode, power
+limit) under a hard power budget, measuring on the device itself. Where no power hardware is present,
+the embedded default is a simulated Jetson (``sim:<profile>``), always labelled a simulation.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,481 @@
+"""The one hardware interface every platform implements.
+
+A :class:`Device` is a bundle of three things, each small and swappable:
+
+* :class:`Knob` - a discrete, named DVFS setting (GPU frequency, EMC frequency, CPU frequency, online
+  CPU cores, nvpmodel power mode, power limit ...) with its unit, its sorted allowed values, read, set
+  and restore of the value it had before edgetune first changed it;
+* :class:`PowerSensor` - board total and per-rail power in watts, timestamped on the device clock, and an
+  energy counter where the hardware keeps one;
+* :class:`Clock` - real time on hardware, virtual time on the simulated twin.
+
+Platforms (``jetson``, ``nvml``, ``rapl``, ``sim``, ``trace``) build Devices from these parts. This module
+knows nothing of tuning, and nothing of any one platform.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar, Union, runtime_checkable
+
+KnobValue = Union[int, float, str]
+T = TypeVar("T")
+
+__all__ = [
+    "Clock",
+    "Device",
+    "DeviceError",
+    "DeviceOutOfMemoryError",
+    "Knob",
+    "KnobValue",
+    "KnobValueError",
+    "KnobWriteError",
+    "PowerReading",
+    "PowerSensor",
+    "RealClock",
+    "VirtualClock",
+    "WorkloadCost",
+    "format_value",
+]
+
+
+class DeviceError(RuntimeError):
+    """A hardware-layer failure with a one-line, user-facing message."""
+
+
+class KnobValueError(DeviceError, ValueError):
+    """A value that is not in the knob's table of allowed values."""
+
+
+class KnobWriteError(DeviceError):
+    """The platform rejected a knob write (permission, kernel refusal, NVML error)."""
+
+
+class DeviceOutOfMemoryError(DeviceError, MemoryError):
+    """A batch does not fit in device memory.
+
+    Real boards raise ``torch.OutOfMemoryError`` (a ``RuntimeError`` whose message starts with
+    ``CUDA out of memory``); the twin raises this, which mirrors that message, so callers treat both alike
+    through :func:`is_out_of_memory`.
+    """
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for the out-of-memory errors of torch (CUDA, MPS, CPU allocator) and of the twin."""
+    # torch.OutOfMemoryError subclasses RuntimeError and says "out of memory"; matching the message
+    # avoids importing torch in the hardware layer.
+    if isinstance(exc, (DeviceOutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+# ---------------------------------------------------------------------------------------------- units
+
+_SCALED_UNITS = {"Hz": (("GHz", 1e9), ("MHz", 1e6), ("kHz", 1e3)), "kHz": (("GHz", 1e6), ("MHz", 1e3)),
+                 "W": (("W", 1.0),), "mW": (("W", 1e3),)}
+
+
+def format_value(value: KnobValue, unit: str) -> str:
+    """Human form of a knob value: ``918000000, 'Hz'`` -> ``'918 MHz'``; strings pass through."""
+    if isinstance(value, str):
+        return value
+    for name, scale in _SCALED_UNITS.get(unit, ()):
+        if abs(value) >= scale:
+            return f"{value / scale:g} {name}"
+    return f"{value:g} {unit}".strip()
+
+
+_UNIT_SUFFIXES = {"ghz": 1e9, "mhz": 1e6, "khz": 1e3, "hz": 1.0, "kw": 1e3, "mw": 1e-3, "w": 1.0}
+
+
+def _parse_number_with_unit(text: str, unit: str) -> float | None:
+    """Parse ``'918'``, ``'918MHz'``, ``'0.918 GHz'`` into the knob's own unit; None if not a number."""
+    s = text.strip().lower().replace(" ", "")
+    for suffix, factor in sorted(_UNIT_SUFFIXES.items(), key=lambda kv: -len(kv[0])):
+        if s.endswith(suffix) and unit:
+            number = s[: -len(suffix)]
+            try:
+                value = float(number) * factor
+            except ValueError:
+                return None
+            base = {"Hz": 1.0, "kHz": 1e3, "W": 1.0, "mW": 1e-3}.get(unit)
+            return None if base is None else value / base
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------- knobs
+
+
+class Knob:
+    """One discrete DVFS knob.
+
+    The platform supplies two callables: ``read`` returns the current value, ``write`` applies a value
+    (already validated against ``values``). Everything else - validation, parsing of user text, the
+    remembered original, restore - lives here once for every platform.
+
+    Args:
+        name: the knob's name in the user's words (``gpu_freq``, ``emc_freq``, ``cpu_freq``,
+            ``cpu_cores``, ``power_mode``, ``power_limit``).
+        unit: unit of the values (``Hz``, ``kHz``, ``W``, ``cores``; ``""`` for named modes).
+        values: the allowed values. Numbers are sorted ascending; names (power modes) keep the order the
+            platform gives, which is ascending power.
+        read: returns the current value.
+        write: applies a value; raises :class:`KnobWriteError` when the platform refuses.
+        writable: False where the platform can read but not set the knob (no root, no privilege).
+        on_first_change: called with ``(knob, original)`` just before the first write, so a state file can
+            record the original before anything changes (see ``edgetune.power.state``).
+        why_read_only: one line saying why the knob is read-only and how to fix it.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        unit: str,
+        values: Sequence[KnobValue],
+        *,
+        read: Callable[[], KnobValue],
+        write: Callable[[KnobValue], None] | None = None,
+        writable: bool = True,
+        on_first_change: Callable[[Knob, KnobValue], None] | None = None,
+        why_read_only: str = "",
+        description: str = "",
+    ) -> None:
+        if not values:
+            raise ValueError(f"knob {name} has no allowed values")
+        vals = list(values)
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+            vals = sorted(set(vals))
+        self.name = name
+        self.unit = unit
+        self.values: tuple[KnobValue, ...] = tuple(vals)
+        self.description = description
+        self._read = read
+        self._write = write
+        self.writable = bool(writable and write is not None)
+        self.why_read_only = why_read_only
+        self.on_first_change = on_first_change
+        self._original: KnobValue | None = None
+        self._changed = False
+
+    def __repr__(self) -> str:
+        return f"Knob({self.name!r}, {len(self.values)} values, unit={self.unit!r}, writable={self.writable})"
+
+    @property
+    def numeric(self) -> bool:
+        return not isinstance(self.values[0], str)
+
+    @property
+    def min(self) -> KnobValue:
+        return self.values[0]
+
+    @property
+    def max(self) -> KnobValue:
+        return self.values[-1]
+
+    @property
+    def original(self) -> KnobValue | None:
+        """The value found before edgetune's first write, or None while nothing was written."""
+        return self._original
+
+    def read(self) -> KnobValue:
+        return self._read()
+
+    def nearest(self, value: float) -> list[KnobValue]:
+        """The allowed values on either side of ``value`` (one if it lies outside the table)."""
+        if not self.numeric:
+            return list(self.values)
+        i = bisect.bisect_left(self.values, value)  # type: ignore[arg-type]
+        return list(self.values[max(0, i - 1): i + 1])
+
+    def _describe_nearest(self, value: float) -> str:
+        return " or ".join(format_value(v, self.unit) for v in self.nearest(value))
+
+    def validate(self, value: KnobValue) -> KnobValue:
+        """Return ``value`` as it appears in the table, or raise :class:`KnobValueError`."""
+        if self.numeric:
+            if isinstance(value, str):
+                return self.parse(value)
+            for v in self.values:
+                if abs(float(v) - float(value)) <= 1e-9 * max(1.0, abs(float(v))):
+                    return v
+            raise KnobValueError(
+                f"{self.name}: {format_value(value, self.unit)} is not an allowed value; "
+                f"nearest allowed: {self._describe_nearest(float(value))}"
+            )
+        if value in self.values:
+            return value
+        lowered = {str(v).lower(): v for v in self.values}
+        if str(value).lower() in lowered:
+            return lowered[str(value).lower()]
+        raise KnobValueError(
+            f"{self.name}: {value!r} is not an allowed value; allowed: {', '.join(map(str, self.values))}"
+        )
+
+    def parse(self, text: str) -> KnobValue:
+        """Parse user text: ``min``, ``max``, a value in the knob's unit, or with a unit (``918MHz``)."""
+        t = text.strip()
+        if t.lower() in ("min", "max"):
+            return self.min if t.lower() == "min" else self.max
+        if not self.numeric:
+            return self.validate(t)
+        number = _parse_number_with_unit(t, self.unit)
+        if number is None:
+            raise KnobValueError(f"{self.name}: cannot read {text!r} as a value in {self.unit or 'units'}; "
+                                 f"use a number, min or max")
+        return self.validate(number)
+
+    def set(self, value: KnobValue) -> None:
+        """Validate and apply ``value``; remember the original before the first write."""
+        value = self.validate(value)
+        if not self.writable:
+            raise KnobWriteError(f"{self.name} is read-only here: {self.why_read_only or 'platform refuses writes'}")
+        if not self._changed:
+            self._original = self._read()
+            if self.on_first_change is not None:
+                self.on_first_change(self, self._original)
+            self._changed = True
+        assert self._write is not None
+        self._write(value)
+
+    def restore(self) -> bool:
+        """Write back the value found before the first change. Returns True if anything was written."""
+        if not self._changed or self._original is None:
+            return False
+        assert self._write is not None
+        self._write(self._original)
+        self._changed = False
+        return True
+
+
+# ---------------------------------------------------------------------------------------------- sensing
+
+
+@dataclass(frozen=True)
+class PowerReading:
+    """One sample: board total and per-rail power in W at device-clock time ``t`` (s)."""
+
+    t: float
+    total_w: float
+    rails: Mapping[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class PowerSensor(Protocol):
+    """Board power, read on the device clock.
+
+    Attributes:
+        rails: names of the rails :meth:`read` reports.
+        total_label: what the total is: the input rail's name (``VDD_IN``), or ``derived: ...`` when it
+            is a sum of rails.
+        update_period_s: how often the hardware produces a new value; reading faster repeats values.
+    """
+
+    rails: tuple[str, ...]
+    total_label: str
+    update_period_s: float
+
+    def read(self) -> PowerReading:
+        """The current sample. Raises :class:`DeviceError` (or OSError/ValueError) on a bad read."""
+        ...
+
+    def energy_j(self) -> float | None:
+        """Cumulative hardware energy counter in J, or None where the hardware has none."""
+        ...
+
+
+class Clock(Protocol):
+    """Time for measurements: ``now`` in seconds (monotonic) and ``sleep``."""
+
+    virtual: bool
+
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class RealClock:
+    """Wall-clock time (``time.monotonic``) for real hardware."""
+
+    virtual = False
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
+
+
+class VirtualClock:
+    """Simulated time that advances only when the twin says so.
+
+    Periodic tickers (the power monitor's sampling) fire at their exact due times while the clock moves,
+    so a ten-minute on-device search is sampled exactly as the real monitor would sample it, in a
+    fraction of the wall time.
+    """
+
+    virtual = True
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = float(start)
+        self._tickers: dict[int, list] = {}  # id -> [next_due, period, callback]
+        self._next_id = 0
+
+    def now(self) -> float:
+        return self._now
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds)
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward by ``seconds``, firing every ticker due on the way, in time order."""
+        if seconds < 0:
+            raise ValueError("virtual time cannot go backwards")
+        end = self._now + seconds
+        while self._tickers:
+            tid, entry = min(self._tickers.items(), key=lambda kv: kv[1][0])
+            due = entry[0]
+            if due > end:
+                break
+            self._now = max(self._now, due)
+            entry[0] = due + entry[1]
+            entry[2]()
+        self._now = end
+
+    def add_ticker(self, period_s: float, callback: Callable[[], None]) -> int:
+        """Call ``callback`` every ``period_s`` of virtual time, starting one period from now."""
+        if period_s <= 0:
+            raise ValueError("ticker period must be positive")
+        tid = self._next_id
+        self._next_id += 1
+        self._tickers[tid] = [self._now + period_s, period_s, callback]
+        return tid
+
+    def remove_ticker(self, tid: int) -> None:
+        self._tickers.pop(tid, None)
+
+
+# ---------------------------------------------------------------------------------------------- workload cost
+
+
+@dataclass(frozen=True)
+class WorkloadCost:
+    """What one training step of a workload asks of the hardware, measured from the real model.
+
+    Produced by ``edgetune.workloads`` (torch's FLOP counter and the model's tensors); consumed by the
+    simulated twin's roofline model. Real hardware ignores it.
+
+    Attributes:
+        flops_per_sample: forward + backward + optimizer FLOPs for one sample.
+        param_bytes: bytes of parameters (weights are read, gradients written, optimizer state updated
+            once per step, independent of batch size).
+        activation_bytes_per_sample: bytes of activations saved for backward, per sample.
+        input_bytes_per_sample: bytes of one input sample as loaded from the data pipeline.
+        optimizer_state_bytes: bytes of optimizer state (e.g. Adam's two moments).
+    """
+
+    flops_per_sample: float
+    param_bytes: float
+    activation_bytes_per_sample: float
+    input_bytes_per_sample: float = 0.0
+    optimizer_state_bytes: float = 0.0
+
+    def memory_bytes(self, batch_size: int) -> float:
+        """Device memory one step needs at ``batch_size``: weights, grads, optimizer state, activations."""
+        return 2 * self.param_bytes + self.optimizer_state_bytes + batch_size * (
+            self.activation_bytes_per_sample + self.input_bytes_per_sample
+        )
+
+
+# ---------------------------------------------------------------------------------------------- device
+
+
+@dataclass
+class Device:
+    """A platform's knobs, sensor and clock, with how it runs one training step.
+
+    Attributes:
+        name: the device spec the user gave or detection produced (``sim:orin-nano``, ``jetson``,
+            ``nvml:0``, ``rapl``, ``trace:table.csv``).
+        description: one line naming the hardware (``NVIDIA Jetson Orin Nano 8GB (simulated)``).
+        simulated: True for the twin and trace replay. Every report says so.
+        knobs: by name.
+        sensor: the board power sensor.
+        clock: real or virtual time.
+        run_step: runs one training step. ``run_step(fn, batch_size, cost)`` calls ``fn`` and returns its
+            result once the device has finished the step (real hardware: after synchronising the GPU; the
+            twin: after advancing its virtual clock by the modelled step time). Raises an out-of-memory
+            error (see :func:`is_out_of_memory`) when the batch does not fit.
+        idle_power_w: the device's power at rest, where known (the twin knows it; hardware measures it).
+        max_power_w: the most the device can draw, where known.
+        notes: lines the CLI prints under the device (calibration sources, measure-only mode ...).
+        close: releases platform resources (NVML shutdown ...).
+    """
+
+    name: str
+    description: str
+    simulated: bool
+    knobs: dict[str, Knob]
+    sensor: PowerSensor
+    clock: Clock
+    run_step: Callable[[Callable[[], T], int, WorkloadCost | None], T]
+    idle_power_w: float | None = None
+    max_power_w: float | None = None
+    notes: list[str] = field(default_factory=list)
+    close: Callable[[], None] = lambda: None
+
+    @property
+    def writable_knobs(self) -> dict[str, Knob]:
+        return {k: v for k, v in self.knobs.items() if v.writable}
+
+    @property
+    def measure_only(self) -> bool:
+        """True where no knob can be set: only batch size can be tuned."""
+        return not self.writable_knobs
+
+    def settings(self) -> dict[str, KnobValue]:
+        """The current value of every knob."""
+        return {name: knob.read() for name, knob in self.knobs.items()}
+
+    def apply(self, setting: Mapping[str, KnobValue]) -> None:
+        """Set several knobs. Power modes go first: a mode change resets the clocks under it."""
+        order = sorted(setting, key=lambda n: (n != "power_mode", n != "power_limit", n))
+        for name in order:
+            if name not in self.knobs:
+                raise KnobValueError(
+                    f"unknown knob {name!r} on {self.name}; knobs here: {', '.join(self.knobs) or 'none'}"
+                )
+            self.knobs[name].set(setting[name])
+
+    def restore(self) -> list[str]:
+        """Restore every changed knob to its original value (reverse order); names of those restored.
+
+        Every knob is attempted even if one fails; the first failure is raised after the others ran.
+        """
+        restored: list[str] = []
+        first_error: BaseException | None = None
+        order = sorted(self.knobs, key=lambda n: (n == "power_mode", n == "power_limit", n))
+        for name in order:
+            try:
+                if self.knobs[name].restore():
+                    restored.append(name)
+            except Exception as exc:  # noqa: BLE001 - keep restoring the rest
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+        return restored
+
+    @contextlib.contextmanager
+    def restoring(self) -> Iterator[Device]:
+        """Context in which any knob change is undone on exit, whatever the exit."""
+        try:
+            yield self
+        finally:
+            self.restore()

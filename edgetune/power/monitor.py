@@ -1,0 +1,377 @@
+"""Background sampling of a power sensor, with measurement windows.
+
+The monitor samples a :class:`~edgetune.power.base.PowerSensor` at a fixed rate on the device's clock: a
+daemon thread on real hardware, a ticker on the twin's virtual clock (so simulated minutes are sampled
+exactly as a real monitor would sample them). Measurements are taken over explicit windows, Zeus-style::
+
+    monitor.begin_window("trial-3")
+    ...                                    # run the steps
+    stats = monitor.end_window("trial-3")  # WindowStats: energy, duration, mean/peak, 1-s average max
+
+Energy is the trapezoid integral of the sampled power. A power budget is judged by the maximum of the
+moving average over ``avg_window_s`` (1 s by default), computed exactly for the piecewise-linear signal
+through the samples.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgetune.power.base import Clock, PowerReading, PowerSensor
+
+__all__ = ["PowerMonitor", "WindowStats", "energy_j", "moving_average_max", "window_stats"]
+
+DEFAULT_RATE_HZ = 100.0
+
+
+# ---------------------------------------------------------------------------------------------- pure maths
+
+
+def energy_j(t: np.ndarray, p: np.ndarray) -> float:
+    """Trapezoid integral of power ``p`` (W) over times ``t`` (s)."""
+    t = np.asarray(t, dtype=float)
+    p = np.asarray(p, dtype=float)
+    if t.size < 2:
+        return 0.0
+    return float(np.sum(np.diff(t) * (p[1:] + p[:-1]) / 2.0))
+
+
+def _cumulative_energy(t: np.ndarray, p: np.ndarray) -> np.ndarray:
+    e = np.zeros_like(t)
+    e[1:] = np.cumsum(np.diff(t) * (p[1:] + p[:-1]) / 2.0)
+    return e
+
+
+def _interp_energy(x: np.ndarray, t: np.ndarray, p: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Energy from t[0] to each x for the piecewise-linear power through (t, p): exact quadratic."""
+    i = np.clip(np.searchsorted(t, x, side="right") - 1, 0, t.size - 2)
+    dt = x - t[i]
+    span = t[i + 1] - t[i]
+    slope = np.where(span > 0, (p[i + 1] - p[i]) / np.where(span > 0, span, 1.0), 0.0)
+    return e[i] + p[i] * dt + 0.5 * slope * dt * dt
+
+
+def moving_average_max(t: np.ndarray, p: np.ndarray, window_s: float = 1.0) -> float:
+    """Maximum over time of the ``window_s`` moving average of power, exact for linear interpolation.
+
+    The moving average A(x) = (E(x) - E(x - w)) / w of the piecewise-linear power is piecewise quadratic
+    with breakpoints at the sample times and the sample times shifted by w. Between breakpoints A' is
+    linear, so the maximum lies at a breakpoint or at the one root of A' inside the piece; all are checked.
+    When the record is shorter than the window, the mean over the record is returned (the budget is then
+    judged on what was seen).
+    """
+    t = np.asarray(t, dtype=float)
+    p = np.asarray(p, dtype=float)
+    if t.size == 0:
+        return math.nan
+    if t.size == 1:
+        return float(p[0])
+    duration = t[-1] - t[0]
+    if duration <= window_s:
+        return energy_j(t, p) / duration if duration > 0 else float(np.max(p))
+    e = _cumulative_energy(t, p)
+    lo, hi = t[0] + window_s, t[-1]
+    xs = np.concatenate([t, t + window_s, [lo, hi]])
+    xs = np.unique(xs[(xs >= lo) & (xs <= hi)])
+
+    def power_at(x: np.ndarray) -> np.ndarray:
+        return np.interp(x, t, p)
+
+    # roots of A'(x) = (p(x) - p(x - w)) / w inside each piece, where it crosses from + to -
+    a, b = xs[:-1], xs[1:]
+    da = power_at(a) - power_at(a - window_s)
+    # derivative just before b, from the slope of the piece
+    mid = (a + b) / 2
+    dm = power_at(mid) - power_at(mid - window_s)
+    slope = np.where(b > a, (dm - da) / np.where(b > a, (b - a) / 2, 1.0), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        root = a - da / slope
+    ok = (slope < 0) & (da > 0) & (root > a) & (root < b)
+    candidates = np.concatenate([xs, root[ok]])
+    avg = (_interp_energy(candidates, t, p, e) - _interp_energy(candidates - window_s, t, p, e)) / window_s
+    return float(np.max(avg))
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    """What a measurement window saw.
+
+    Attributes:
+        energy_j: trapezoid integral of board power over the window.
+        duration_s: window length on the device clock.
+        mean_w: energy / duration.
+        peak_w: highest single sample.
+        max_avg_w: maximum of the moving average over ``avg_window_s`` (the figure a budget is judged by).
+        avg_window_s: that moving-average window.
+        samples: samples in the window.
+        dropped: samples lost to bad sensor reads during the window.
+        rail_energy_j: per-rail energy over the window.
+        hardware_energy_j: energy from the hardware counter over the window, where one exists.
+    """
+
+    energy_j: float
+    duration_s: float
+    mean_w: float
+    peak_w: float
+    max_avg_w: float
+    avg_window_s: float
+    samples: int
+    dropped: int = 0
+    rail_energy_j: dict[str, float] = field(default_factory=dict)
+    hardware_energy_j: float | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "energy_j": self.energy_j,
+            "duration_s": self.duration_s,
+            "mean_power_w": self.mean_w,
+            "peak_power_w": self.peak_w,
+            "max_avg_power_w": self.max_avg_w,
+            "avg_window_s": self.avg_window_s,
+            "samples": self.samples,
+            "dropped_samples": self.dropped,
+        }
+
+
+def window_stats(t: np.ndarray, p: np.ndarray, avg_window_s: float = 1.0) -> WindowStats:
+    """Statistics of one power record (pure function: the monitor's windows use it)."""
+    t = np.asarray(t, dtype=float)
+    p = np.asarray(p, dtype=float)
+    if t.size == 0:
+        return WindowStats(0.0, 0.0, math.nan, math.nan, math.nan, avg_window_s, 0)
+    duration = float(t[-1] - t[0])
+    energy = energy_j(t, p)
+    mean = energy / duration if duration > 0 else float(p[0])
+    return WindowStats(
+        energy_j=energy,
+        duration_s=duration,
+        mean_w=mean,
+        peak_w=float(np.max(p)),
+        max_avg_w=moving_average_max(t, p, avg_window_s),
+        avg_window_s=avg_window_s,
+        samples=int(t.size),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- monitor
+
+
+@dataclass
+class _Window:
+    start: float
+    dropped_at_start: int
+    hw_energy_at_start: float | None
+
+
+class PowerMonitor:
+    """Samples ``sensor`` every ``1 / rate_hz`` seconds of ``clock`` time.
+
+    Args:
+        sensor: the power sensor.
+        clock: the device clock; a virtual clock is sampled with a ticker, a real one with a thread.
+        rate_hz: sampling rate. Default 100 Hz, or the sensor's own update rate where that is slower
+            (sampling faster only repeats values), but never below 50 Hz.
+        avg_window_s: moving-average window a budget is judged by.
+        keep_s: how much history to keep when no window is open (the live moving average needs it).
+
+    Bad reads (OSError, ValueError, non-finite or negative power) are dropped and counted, never stored.
+    Use as a context manager, or call :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        sensor: PowerSensor,
+        clock: Clock,
+        rate_hz: float | None = None,
+        avg_window_s: float = 1.0,
+        keep_s: float = 5.0,
+    ) -> None:
+        if rate_hz is None:
+            rate_hz = DEFAULT_RATE_HZ
+            period = getattr(sensor, "update_period_s", 0.0) or 0.0
+            if period > 0:
+                rate_hz = max(50.0, min(DEFAULT_RATE_HZ, 1.0 / period))
+        if not rate_hz > 0:
+            raise ValueError(f"sampling rate must be positive, got {rate_hz}")
+        self.sensor = sensor
+        self.clock = clock
+        self.rate_hz = float(rate_hz)
+        self.avg_window_s = float(avg_window_s)
+        self.keep_s = float(keep_s)
+        self._lock = threading.Lock()
+        self._t: list[float] = []
+        self._p: list[float] = []
+        self._rails: list[dict[str, float]] = []
+        self._windows: dict[str, _Window] = {}
+        self.dropped = 0
+        self.total_samples = 0
+        self.last_error: str | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._ticker: int | None = None
+        # last time the total changed; a sensor stuck on one value is flagged stale
+        self._last_value: float | None = None
+        self._last_change_t: float | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._thread is not None or self._ticker is not None
+
+    def start(self) -> PowerMonitor:
+        if self.running:
+            return self
+        self.sample()
+        if getattr(self.clock, "virtual", False) and hasattr(self.clock, "add_ticker"):
+            self._ticker = self.clock.add_ticker(1.0 / self.rate_hz, self.sample)  # type: ignore[attr-defined]
+        else:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="edgetune-power-monitor", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._ticker is not None:
+            self.clock.remove_ticker(self._ticker)  # type: ignore[attr-defined]
+            self._ticker = None
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=2.0)
+            self._thread = None
+
+    def __enter__(self) -> PowerMonitor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        period = 1.0 / self.rate_hz
+        next_due = self.clock.now() + period
+        while not self._stop.is_set():
+            delay = next_due - self.clock.now()
+            if delay > 0 and self._stop.wait(delay):
+                break
+            self.sample()
+            next_due += period
+            now = self.clock.now()
+            if next_due < now - period:  # fell behind (a long GC pause): skip, do not burst
+                next_due = now + period
+
+    # -- sampling --------------------------------------------------------------------------------
+    def sample(self) -> PowerReading | None:
+        """Take one sample now (also used at window edges). Returns None for a dropped read."""
+        try:
+            reading = self.sensor.read()
+            ok = math.isfinite(reading.total_w) and reading.total_w >= 0
+        except (OSError, ValueError, RuntimeError) as exc:
+            reading, ok = None, False
+            self.last_error = str(exc)
+        with self._lock:
+            if not ok or reading is None:
+                self.dropped += 1
+                return None
+            if self._t and reading.t <= self._t[-1]:
+                return reading  # same instant sampled twice (window edge on a tick): keep one
+            self._t.append(reading.t)
+            self._p.append(reading.total_w)
+            self._rails.append(dict(reading.rails))
+            self.total_samples += 1
+            if self._last_value != reading.total_w:
+                self._last_value = reading.total_w
+                self._last_change_t = reading.t
+            self._trim(reading.t)
+        return reading
+
+    def _trim(self, now: float) -> None:
+        keep_from = now - max(self.keep_s, self.avg_window_s)
+        if self._windows:
+            keep_from = min(keep_from, min(w.start for w in self._windows.values()))
+        # trim in chunks so the hot path stays O(1) amortised
+        if len(self._t) > 4096 and self._t[len(self._t) // 2] < keep_from:
+            cut = int(np.searchsorted(np.asarray(self._t), keep_from)) - 1
+            if cut > 0:
+                del self._t[:cut], self._p[:cut], self._rails[:cut]
+
+    # -- queries ---------------------------------------------------------------------------------
+    @property
+    def stale(self) -> bool:
+        """True when the sensor has repeated one value for much longer than its update period."""
+        if self._last_change_t is None or not self._t:
+            return False
+        period = getattr(self.sensor, "update_period_s", 0.0) or 0.0
+        return self._t[-1] - self._last_change_t > max(2.0, 50 * period)
+
+    def latest(self) -> PowerReading | None:
+        with self._lock:
+            if not self._t:
+                return None
+            return PowerReading(self._t[-1], self._p[-1], self._rails[-1])
+
+    def moving_average(self, window_s: float | None = None) -> float:
+        """The moving average of board power over the last ``window_s`` (default: the budget window)."""
+        w = self.avg_window_s if window_s is None else window_s
+        with self._lock:
+            if not self._t:
+                return math.nan
+            t = np.asarray(self._t)
+            p = np.asarray(self._p)
+        end = t[-1]
+        start = max(t[0], end - w)
+        i = max(0, int(np.searchsorted(t, start)) - 1)
+        tt, pp = t[i:], p[i:]
+        if tt[0] < start:  # cut the first piece at the window's start
+            p0 = float(np.interp(start, tt, pp))
+            tt = np.concatenate([[start], tt[1:]])
+            pp = np.concatenate([[p0], pp[1:]])
+        span = end - start
+        return energy_j(tt, pp) / span if span > 0 else float(pp[-1])
+
+    def begin_window(self, name: str) -> None:
+        """Open a named window now. Names are unique among open windows."""
+        if name in self._windows:
+            raise ValueError(f"measurement window {name!r} is already open")
+        self.sample()
+        with self._lock:
+            start = self._t[-1] if self._t else self.clock.now()
+            self._windows[name] = _Window(start, self.dropped, self.sensor.energy_j())
+
+    def end_window(self, name: str) -> WindowStats:
+        """Close a named window and return what it saw."""
+        if name not in self._windows:
+            raise ValueError(f"no open measurement window {name!r}")
+        self.sample()
+        with self._lock:
+            w = self._windows.pop(name)
+            t = np.asarray(self._t)
+            i = int(np.searchsorted(t, w.start))
+            tt, pp = t[i:], np.asarray(self._p[i:])
+            rails = self._rails[i:]
+        stats = window_stats(tt, pp, self.avg_window_s)
+        rail_energy = {}
+        if rails and tt.size > 1:
+            for rail in rails[0]:
+                rail_energy[rail] = energy_j(tt, np.array([r.get(rail, math.nan) for r in rails]))
+        hw_end = self.sensor.energy_j()
+        hw = None if hw_end is None or w.hw_energy_at_start is None else hw_end - w.hw_energy_at_start
+        return WindowStats(
+            energy_j=stats.energy_j,
+            duration_s=stats.duration_s,
+            mean_w=stats.mean_w,
+            peak_w=stats.peak_w,
+            max_avg_w=stats.max_avg_w,
+            avg_window_s=stats.avg_window_s,
+            samples=stats.samples,
+            dropped=self.dropped - w.dropped_at_start,
+            rail_energy_j=rail_energy,
+            hardware_energy_j=hw,
+        )
+
+    def records(self) -> tuple[np.ndarray, np.ndarray]:
+        """A copy of the kept samples: times and board power."""
+        with self._lock:
+            return np.asarray(self._t), np.asarray(self._p)
