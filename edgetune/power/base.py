@@ -20,7 +20,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar, Union, runtime_checkable
+from typing import Any, Protocol, TypeVar, Union, runtime_checkable
 
 KnobValue = Union[int, float, str]
 T = TypeVar("T")
@@ -417,6 +417,8 @@ class Device:
         max_power_w: the most the device can draw, where known.
         notes: lines the CLI prints under the device (calibration sources, measure-only mode ...).
         close: releases platform resources (NVML shutdown ...).
+        backend: the platform object behind the device, for platform-specific use (the twin's
+            :class:`~edgetune.power.sim.Twin` for ``sim:``, with its noise-free ground truth).
     """
 
     name: str
@@ -430,6 +432,7 @@ class Device:
     max_power_w: float | None = None
     notes: list[str] = field(default_factory=list)
     close: Callable[[], None] = lambda: None
+    backend: Any = None
 
     @property
     def writable_knobs(self) -> dict[str, Knob]:

@@ -1,0 +1,76 @@
+"""The ``edgetune`` command.
+
+Each subcommand lives in its own module under ``edgetune.cli`` and offers ``register(subparsers)``, which
+adds its parser and sets ``func`` (``func(args) -> int``, the exit code). Errors a user can fix are
+raised as :class:`UsageError` (or the hardware layer's :class:`~edgetune.power.DeviceError`) and printed
+as one line, exit code 2: never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from edgetune import __version__
+
+# subcommand modules, in the order `edgetune --help` lists them
+SUBCOMMAND_MODULES = (
+    "edgetune.cli.search",
+    "edgetune.cli.run",
+    "edgetune.cli.hardware",
+    "edgetune.cli.trace",
+    "edgetune.cli.config_cmd",
+)
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad input a user can fix: printed as ``edgetune: error: <message>``, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like every other bad input
+        self.exit(EXIT_USAGE, f"edgetune: error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="edgetune",
+        description="Energy-aware training autotuner: co-selects batch size and DVFS knobs under a power budget.",
+    )
+    parser.add_argument("--version", action="version", version=f"edgetune {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # subcommand not part of this build
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from edgetune.power.base import DeviceError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.func(args) or 0)
+    except (UsageError, DeviceError) as exc:
+        print(f"edgetune: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("edgetune: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
