@@ -313,6 +313,19 @@ class RealClock:
             time.sleep(seconds)
 
 
+@dataclass
+class _Ticker:
+    # due times are start + n * period, not a running sum, so they never drift
+    start: float
+    period: float
+    callback: Callable[[], None]
+    count: int = 1
+
+    @property
+    def due(self) -> float:
+        return self.start + self.count * self.period
+
+
 class VirtualClock:
     """Simulated time that advances only when the twin says so.
 
@@ -325,7 +338,7 @@ class VirtualClock:
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = float(start)
-        self._tickers: dict[int, list] = {}  # id -> [next_due, period, callback]
+        self._tickers: dict[int, _Ticker] = {}
         self._next_id = 0
 
     def now(self) -> float:
@@ -340,13 +353,12 @@ class VirtualClock:
             raise ValueError("virtual time cannot go backwards")
         end = self._now + seconds
         while self._tickers:
-            tid, entry = min(self._tickers.items(), key=lambda kv: kv[1][0])
-            due = entry[0]
-            if due > end:
+            tid, ticker = min(self._tickers.items(), key=lambda kv: kv[1].due)
+            if ticker.due > end + 1e-12:
                 break
-            self._now = max(self._now, due)
-            entry[0] = due + entry[1]
-            entry[2]()
+            self._now = max(self._now, ticker.due)
+            ticker.count += 1
+            ticker.callback()
         self._now = end
 
     def add_ticker(self, period_s: float, callback: Callable[[], None]) -> int:
@@ -355,7 +367,7 @@ class VirtualClock:
             raise ValueError("ticker period must be positive")
         tid = self._next_id
         self._next_id += 1
-        self._tickers[tid] = [self._now + period_s, period_s, callback]
+        self._tickers[tid] = _Ticker(self._now, period_s, callback)
         return tid
 
     def remove_ticker(self, tid: int) -> None:

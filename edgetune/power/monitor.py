@@ -275,7 +275,7 @@ class PowerMonitor:
             if not ok or reading is None:
                 self.dropped += 1
                 return None
-            if self._t and reading.t <= self._t[-1]:
+            if self._t and reading.t <= self._t[-1] + 1e-9:
                 return reading  # same instant sampled twice (window edge on a tick): keep one
             self._t.append(reading.t)
             self._p.append(reading.total_w)

@@ -1,0 +1,117 @@
+"""Knob validation, parsing and restore: the part every platform shares."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgetune.power.base import (
+    Device,
+    Knob,
+    KnobValueError,
+    KnobWriteError,
+    RealClock,
+    format_value,
+    is_out_of_memory,
+)
+
+
+def make_knob(values=(306_000_000, 408_000_000, 510_000_000, 624_750_000), start=624_750_000, **kw):
+    state = {"value": start, "writes": []}
+
+    def write(v):
+        state["value"] = v
+        state["writes"].append(v)
+
+    knob = Knob("gpu_freq", "Hz", values, read=lambda: state["value"], write=write, **kw)
+    return knob, state
+
+
+def test_values_sorted_and_bounds():
+    knob, _ = make_knob(values=(510_000_000, 306_000_000, 408_000_000))
+    assert knob.values == (306_000_000, 408_000_000, 510_000_000)
+    assert knob.min == 306_000_000 and knob.max == 510_000_000
+
+
+def test_invalid_value_names_nearest_allowed():
+    knob, _ = make_knob()
+    with pytest.raises(KnobValueError, match="nearest allowed: 408 MHz or 510 MHz"):
+        knob.set(500_000_000)
+    with pytest.raises(KnobValueError, match="nearest allowed: 624.75 MHz"):
+        knob.set(2_000_000_000)
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [("max", 624_750_000), ("min", 306_000_000), ("408MHz", 408_000_000), ("0.51 GHz", 510_000_000),
+     ("408000000", 408_000_000)],
+)
+def test_parse(text, value):
+    knob, _ = make_knob()
+    assert knob.parse(text) == value
+
+
+def test_parse_garbage():
+    knob, _ = make_knob()
+    with pytest.raises(KnobValueError, match="cannot read 'fast'"):
+        knob.parse("fast")
+
+
+def test_restore_writes_original_once_and_calls_hook_first():
+    seen = []
+    knob, state = make_knob(on_first_change=lambda k, orig: seen.append((k.name, orig, list(state["writes"]))))
+    knob.set(306_000_000)
+    knob.set(408_000_000)
+    assert seen == [("gpu_freq", 624_750_000, [])]  # hook ran before any write
+    assert knob.original == 624_750_000
+    assert knob.restore() is True
+    assert state["value"] == 624_750_000
+    assert knob.restore() is False
+
+
+def test_read_only_knob_refuses_with_reason():
+    knob, _ = make_knob(writable=False, why_read_only="needs root: run with sudo")
+    with pytest.raises(KnobWriteError, match="needs root"):
+        knob.set("max")
+
+
+def test_named_modes():
+    mode = {"v": "15W"}
+    knob = Knob("power_mode", "", ["7W", "15W"], read=lambda: mode["v"], write=lambda v: mode.update(v=v))
+    assert knob.values == ("7W", "15W")
+    knob.set("7w")
+    assert mode["v"] == "7W"
+    with pytest.raises(KnobValueError, match="allowed: 7W, 15W"):
+        knob.set("25W")
+
+
+def test_device_apply_order_and_restore_all_even_if_one_fails():
+    order = []
+    mode = {"v": "15W"}
+    modes = Knob("power_mode", "", ["7W", "15W"], read=lambda: mode["v"],
+                 write=lambda v: (order.append("power_mode"), mode.update(v=v)))
+    gpu, gstate = make_knob()
+    broken_state = {"v": 4}
+
+    def broken_write(v):
+        if v == 4:
+            raise KnobWriteError("cpu_cores: kernel rejected the write")
+        broken_state["v"] = v
+
+    cores = Knob("cpu_cores", "cores", [1, 2, 3, 4], read=lambda: broken_state["v"], write=broken_write)
+    dev = Device("test", "test device", True, {"gpu_freq": gpu, "power_mode": modes, "cpu_cores": cores},
+                 sensor=None, clock=RealClock(), run_step=lambda fn, b, c: fn())
+    dev.apply({"gpu_freq": 306_000_000, "power_mode": "7W", "cpu_cores": 2})
+    assert order[0] == "power_mode"
+    with pytest.raises(KnobWriteError):
+        dev.restore()
+    assert gstate["value"] == 624_750_000 and mode["v"] == "15W"
+    with pytest.raises(KnobValueError, match="unknown knob 'foo'"):
+        dev.apply({"foo": 1})
+
+
+def test_format_and_oom_detection():
+    assert format_value(918_000_000, "Hz") == "918 MHz"
+    assert format_value(1_497_600, "kHz") == "1.4976 GHz"
+    assert format_value(4, "cores") == "4 cores"
+    assert is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not is_out_of_memory(RuntimeError("shape mismatch"))

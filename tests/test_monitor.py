@@ -1,0 +1,184 @@
+"""The power monitor against analytic power traces, on a virtual clock (exact sample times)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+from edgetune.power.base import PowerReading, RealClock, VirtualClock
+from edgetune.power.monitor import PowerMonitor, energy_j, moving_average_max, window_stats
+
+
+class AnalyticSensor:
+    """Reads p(t) on the clock: the boundary a real sensor file would be."""
+
+    rails = ("VDD_IN",)
+    total_label = "VDD_IN"
+    update_period_s = 0.0
+
+    def __init__(self, clock, power):
+        self.clock = clock
+        self.power = power
+        self.fail_at: set[int] = set()
+        self.reads = 0
+
+    def read(self) -> PowerReading:
+        self.reads += 1
+        if self.reads in self.fail_at:
+            raise OSError("rail file vanished")
+        t = self.clock.now()
+        p = float(self.power(t))
+        return PowerReading(t, p, {"VDD_IN": p})
+
+    def energy_j(self):
+        return None
+
+
+def measure(power, start=0.0, duration=10.0, rate_hz=100.0):
+    clock = VirtualClock()
+    sensor = AnalyticSensor(clock, power)
+    with PowerMonitor(sensor, clock, rate_hz=rate_hz) as monitor:
+        clock.advance(start)
+        monitor.begin_window("w")
+        clock.advance(duration)
+        stats = monitor.end_window("w")
+    return stats
+
+
+def test_constant_power():
+    stats = measure(lambda t: 7.25, start=0.5, duration=10.0)
+    assert stats.duration_s == pytest.approx(10.0)
+    assert stats.energy_j == pytest.approx(72.5, rel=5e-3)
+    assert stats.mean_w == pytest.approx(7.25)
+    assert stats.peak_w == 7.25
+    assert stats.max_avg_w == pytest.approx(7.25, abs=1e-12)
+    assert stats.samples == 1001
+
+
+def test_step_power():
+    # 5 W, then 12 W from t = 4.005 s (between samples): a step the budget window must see fully
+    stats = measure(lambda t: 5.0 if t < 4.005 else 12.0, duration=10.0)
+    exact_energy = 5.0 * 4.005 + 12.0 * (10.0 - 4.005)
+    assert stats.energy_j == pytest.approx(exact_energy, rel=5e-3)
+    assert stats.max_avg_w == pytest.approx(12.0, abs=1e-9)
+    assert stats.peak_w == 12.0
+
+
+def test_ramp_power():
+    stats = measure(lambda t: 2.0 + 0.5 * t, duration=10.0)
+    assert stats.energy_j == pytest.approx(2.0 * 10 + 0.25 * 100, rel=5e-3)
+    # the 1-s average of a rising ramp peaks on the last second: p(10 - 0.5)
+    assert stats.max_avg_w == pytest.approx(2.0 + 0.5 * 9.5, abs=1e-9)
+
+
+def test_short_pulse_is_averaged_not_missed():
+    # a 0.5 s burst to 20 W over a 5 W floor: the 1-s average peaks at 12.5 W
+    stats = measure(lambda t: 20.0 if 3.0 <= t < 3.5 else 5.0, duration=10.0, rate_hz=1000.0)
+    assert stats.peak_w == 20.0
+    assert stats.max_avg_w == pytest.approx(12.5, rel=2e-3)
+
+
+def test_moving_average_max_matches_brute_force():
+    rng = np.random.default_rng(0)
+    t = np.cumsum(rng.uniform(0.005, 0.03, 400))
+    p = 5 + np.cumsum(rng.normal(0, 0.3, 400))
+    exact = moving_average_max(t, p, 1.0)
+    # brute force on a very fine grid of the linear interpolation
+    fine = np.linspace(t[0], t[-1], 400_001)
+    pf = np.interp(fine, t, p)
+    cum = np.concatenate([[0], np.cumsum((pf[1:] + pf[:-1]) / 2 * np.diff(fine))])
+    step = fine[1] - fine[0]
+    k = int(round(1.0 / step))
+    brute = np.max((cum[k:] - cum[:-k]) / (k * step))
+    assert exact == pytest.approx(brute, abs=2e-4)
+
+
+def test_window_shorter_than_average_reports_its_mean():
+    t = np.array([0.0, 0.25, 0.5])
+    p = np.array([4.0, 8.0, 4.0])
+    assert moving_average_max(t, p, 1.0) == pytest.approx(energy_j(t, p) / 0.5)
+    s = window_stats(np.array([]), np.array([]))
+    assert s.samples == 0 and math.isnan(s.mean_w)
+
+
+def test_bad_reads_are_dropped_and_counted():
+    clock = VirtualClock()
+    sensor = AnalyticSensor(clock, lambda t: 6.0)
+    sensor.fail_at = {10, 11, 50}
+    with PowerMonitor(sensor, clock, rate_hz=100) as monitor:
+        monitor.begin_window("w")
+        clock.advance(2.0)
+        stats = monitor.end_window("w")
+    assert stats.dropped == 3
+    assert stats.mean_w == pytest.approx(6.0)
+    assert monitor.last_error == "rail file vanished"
+
+
+def test_negative_and_nan_samples_are_dropped():
+    clock = VirtualClock()
+    values = iter([5.0, -1.0, float("nan")] + [5.0] * 1000)
+    sensor = AnalyticSensor(clock, lambda t: next(values))
+    with PowerMonitor(sensor, clock, rate_hz=100) as monitor:
+        clock.advance(1.0)
+    assert monitor.dropped == 2
+
+
+def test_nested_windows_and_live_average():
+    clock = VirtualClock()
+    sensor = AnalyticSensor(clock, lambda t: 4.0 if t < 5 else 9.0)
+    with PowerMonitor(sensor, clock, rate_hz=50) as monitor:
+        monitor.begin_window("outer")
+        clock.advance(5.0)
+        monitor.begin_window("inner")
+        clock.advance(3.0)
+        inner = monitor.end_window("inner")
+        assert monitor.moving_average() == pytest.approx(9.0)
+        clock.advance(2.0)
+        outer = monitor.end_window("outer")
+    assert inner.mean_w == pytest.approx(9.0, rel=1e-2)
+    assert outer.duration_s == pytest.approx(10.0)
+    assert outer.energy_j == pytest.approx(4 * 5 + 9 * 5, rel=5e-3)
+    with pytest.raises(ValueError):
+        monitor.end_window("inner")
+
+
+def test_stale_sensor_detected():
+    clock = VirtualClock()
+    sensor = AnalyticSensor(clock, lambda t: 5.0 + (0.1 * t if t < 1 else 0.1))
+    sensor.update_period_s = 0.01
+    with PowerMonitor(sensor, clock, rate_hz=100) as monitor:
+        clock.advance(1.5)
+        assert not monitor.stale
+        clock.advance(3.0)
+        assert monitor.stale
+
+
+def test_virtual_clock_tickers_fire_in_order():
+    clock = VirtualClock()
+    fired = []
+    clock.add_ticker(0.3, lambda: fired.append(("a", round(clock.now(), 6))))
+    tid = clock.add_ticker(0.5, lambda: fired.append(("b", round(clock.now(), 6))))
+    clock.advance(1.0)
+    assert fired == [("a", 0.3), ("b", 0.5), ("a", 0.6), ("a", 0.9), ("b", 1.0)]
+    clock.remove_ticker(tid)
+    clock.advance(0.5)
+    assert fired[-1] == ("a", 1.5)
+    with pytest.raises(ValueError):
+        clock.advance(-1)
+
+
+def test_thread_sampling_on_real_clock():
+    clock = RealClock()
+    sensor = AnalyticSensor(clock, lambda t: 3.0)
+    monitor = PowerMonitor(sensor, clock, rate_hz=200)
+    monitor.start()
+    monitor.begin_window("w")
+    time.sleep(0.3)
+    stats = monitor.end_window("w")
+    monitor.stop()
+    assert not monitor.running
+    assert stats.samples >= 10
+    assert stats.mean_w == pytest.approx(3.0)
