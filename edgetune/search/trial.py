@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -172,6 +172,7 @@ def measure_setting(
     setting: Mapping[str, KnobValue],
     protocol: MeasurementProtocol,
     monitor: PowerMonitor,
+    on_step: Callable[[int], None] | None = None,
 ) -> Measurement:
     """Set ``setting`` on ``device`` and measure ``workload``'s training step at ``batch_size``.
 
@@ -182,6 +183,7 @@ def measure_setting(
         setting: knob values to apply (a subset of the device's knobs; the others stay as they are).
         protocol: warm-up and window lengths.
         monitor: a started :class:`PowerMonitor` on the device's sensor and clock.
+        on_step: called with the number of window steps done after each one (progress display).
 
     Returns:
         A :class:`Measurement`; ``ok=False`` for out-of-memory or a failed step (never raised).
@@ -220,6 +222,8 @@ def measure_setting(
             device.run_step(real_step if is_real else timed_only, batch_size, cost)
             steps += 1
             real += int(is_real)
+            if on_step is not None:
+                on_step(steps)
             if steps >= protocol.measure_steps and clock.now() - t0 >= protocol.measure_s:
                 break
         t1 = clock.now()
