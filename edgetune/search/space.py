@@ -1,0 +1,183 @@
+"""The search space: batch sizes times the values of the device knobs being tuned.
+
+Every dimension is discrete and ordered (batch sizes ascending; frequencies ascending; power modes in
+ascending power). Optuna sees each dimension as an integer *level* (``batch_size_level``,
+``gpu_freq_level`` ...: an index into the ordered values), so that TPE and GP samplers can use the order;
+the values themselves go into each trial's user attributes, ``trials.csv`` and the dashboard.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from edgetune.power.base import Device, KnobValue, KnobValueError, format_value
+
+__all__ = ["Candidate", "SearchSpace", "SpaceError", "build_space", "default_batch_sizes"]
+
+BATCH = "batch_size"
+LEVEL = "_level"
+
+
+class SpaceError(ValueError):
+    """A search space that cannot be built from the config (unknown knob, empty list): one line."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the space: a batch size and a value for every tuned knob."""
+
+    batch_size: int
+    setting: tuple[tuple[str, KnobValue], ...]
+
+    @property
+    def knobs(self) -> dict[str, KnobValue]:
+        return dict(self.setting)
+
+    def describe(self, units: Mapping[str, str] | None = None) -> str:
+        units = units or {}
+        parts = [f"batch {self.batch_size}"]
+        parts += [f"{k} {format_value(v, units.get(k, ''))}" for k, v in self.setting]
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Batch sizes and tuned knobs with their allowed values (ordered), plus knob units for display."""
+
+    batch_sizes: tuple[int, ...]
+    knobs: tuple[tuple[str, tuple[KnobValue, ...]], ...]
+    units: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def knob_values(self) -> dict[str, tuple[KnobValue, ...]]:
+        return dict(self.knobs)
+
+    @property
+    def knob_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.knobs)
+
+    @property
+    def unit_of(self) -> dict[str, str]:
+        return dict(self.units)
+
+    @property
+    def size(self) -> int:
+        return len(self.batch_sizes) * math.prod(len(v) for _, v in self.knobs)
+
+    def grid(self) -> Iterator[Candidate]:
+        """Every candidate, batch size outermost."""
+        names = self.knob_names
+        for b in self.batch_sizes:
+            for combo in itertools.product(*(v for _, v in self.knobs)):
+                yield Candidate(b, tuple(zip(names, combo)))
+
+    # -- Optuna's view --------------------------------------------------------------------------
+    def param_names(self) -> list[str]:
+        return [BATCH + LEVEL] + [name + LEVEL for name in self.knob_names]
+
+    def distributions(self) -> dict[str, Any]:
+        from optuna.distributions import IntDistribution
+
+        dists = {BATCH + LEVEL: IntDistribution(0, len(self.batch_sizes) - 1)}
+        for name, values in self.knobs:
+            dists[name + LEVEL] = IntDistribution(0, len(values) - 1)
+        return dists
+
+    def params(self, candidate: Candidate) -> dict[str, int]:
+        """Optuna params (levels) of a candidate."""
+        out = {BATCH + LEVEL: self.batch_sizes.index(candidate.batch_size)}
+        values = self.knob_values
+        for name, value in candidate.setting:
+            out[name + LEVEL] = values[name].index(value)
+        return out
+
+    def candidate(self, params: Mapping[str, Any]) -> Candidate:
+        """The candidate of Optuna params (levels)."""
+        b = self.batch_sizes[int(params[BATCH + LEVEL])]
+        return Candidate(b, tuple((name, values[int(params[name + LEVEL])]) for name, values in self.knobs))
+
+    def contains(self, candidate: Candidate) -> bool:
+        values = self.knob_values
+        return candidate.batch_size in self.batch_sizes and all(
+            name in values and v in values[name] for name, v in candidate.setting
+        ) and len(candidate.setting) == len(self.knobs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready description (stored in the study so a resume can check it is the same space)."""
+        return {"batch_sizes": list(self.batch_sizes), "knobs": {k: list(v) for k, v in self.knobs}}
+
+    def describe(self) -> str:
+        units = self.unit_of
+        parts = [f"batch size {list(self.batch_sizes)}"]
+        for name, values in self.knobs:
+            parts.append(f"{name} {len(values)} values ({format_value(values[0], units.get(name, ''))}"
+                         f"..{format_value(values[-1], units.get(name, ''))})" if len(values) > 1
+                         else f"{name} {format_value(values[0], units.get(name, ''))}")
+        return f"{self.size} settings: " + ", ".join(parts)
+
+
+def default_batch_sizes(default: int) -> tuple[int, ...]:
+    """Powers of two around the workload's default: default/8 .. default*8 (the default always included)."""
+    sizes = {default}
+    for k in range(-3, 4):
+        b = default * 2.0 ** k
+        if b >= 1 and b == int(b):
+            sizes.add(int(b))
+    return tuple(sorted(sizes))
+
+
+def build_space(
+    device: Device,
+    default_batch_size: int,
+    batch_sizes: Sequence[int] | None = None,
+    knobs: Sequence[str] | None = None,
+    values: Mapping[str, Sequence[Any]] | None = None,
+) -> SearchSpace:
+    """The space for ``device`` from the config's ``[space]`` keys.
+
+    Args:
+        device: the open device; its writable knobs are the default dimensions.
+        default_batch_size: the workload's default (the default batch sizes are around it).
+        batch_sizes: ``space.batch_sizes`` or None.
+        knobs: ``space.knobs`` or None for every writable knob.
+        values: ``space.values``: allowed subset per knob, in the user's words (``"918MHz"``, ``"max"``).
+
+    Raises:
+        SpaceError: unknown or read-only knob, value not allowed (names the nearest allowed values).
+    """
+    values = dict(values or {})
+    bs = tuple(sorted(set(batch_sizes))) if batch_sizes else default_batch_sizes(default_batch_size)
+    if knobs is None:
+        names = [n for n, k in device.knobs.items() if k.writable and len(k.values) > 1]
+    else:
+        names = list(knobs)
+    for name in list(names) + list(values):
+        if name not in device.knobs:
+            raise SpaceError(f"space: {device.name} has no knob {name!r}; its knobs: "
+                             f"{', '.join(device.knobs) or 'none'}")
+    for name in names:
+        if not device.knobs[name].writable:
+            why = device.knobs[name].why_read_only or "the platform refuses writes"
+            raise SpaceError(f"space.knobs: {name} is read-only on {device.name} ({why}); remove it from "
+                             f"space.knobs")
+    for name in values:
+        if name not in names:
+            raise SpaceError(f"space.values lists {name}, which is not tuned; add it to space.knobs")
+    dims: list[tuple[str, tuple[KnobValue, ...]]] = []
+    for name in names:
+        knob = device.knobs[name]
+        if name in values:
+            try:
+                chosen = {knob.parse(v) if isinstance(v, str) else knob.validate(v) for v in values[name]}
+            except KnobValueError as exc:
+                raise SpaceError(f"space.values: {exc}") from None
+            ordered = tuple(v for v in knob.values if v in chosen)  # the knob's own order
+        else:
+            ordered = tuple(knob.values)
+        dims.append((name, ordered))
+    units = tuple((name, device.knobs[name].unit) for name in names)
+    return SearchSpace(batch_sizes=bs, knobs=tuple(dims), units=units)
