@@ -1,0 +1,492 @@
+"""Safe restore: every knob edgetune changes goes back to the value it had, whatever ends the run.
+
+Three layers, each covering what the one before cannot:
+
+1. Before a knob's first write, its original state is written to a state file (atomic rename, fsync).
+   The original is the knob's raw *snapshot* - for a devfreq GPU both ``min_freq`` and ``max_freq``,
+   for cpufreq every policy's limits, for NVML whether clocks were locked - not just one value, so a
+   restore returns the governor's range rather than pinning the frequency that happened to be current.
+2. While any knob is changed, SIGINT, SIGTERM and SIGHUP handlers (chained to the ones found) and an
+   ``atexit`` hook restore the originals; ``Device.restore()`` (normal exit, exceptions through
+   ``with device.restoring()``) does the same and removes the entries.
+3. After ``kill -9`` (or a power cut) nothing in-process can run: the state file stays behind, and the
+   next ``edgetune`` start - or ``edgetune restore`` - reads it, reopens the same device (platform spec and
+   sysfs root are in the file) and writes the originals back, saying so.
+
+A state file that does not parse, fails its checksum, or names values the device does not accept is
+reported and set aside (``*.corrupt``), never applied blindly. Paths never come from the file: it holds
+knob names and values; each backend maps them to the files it discovered itself.
+
+State directory: ``$EDGETUNE_STATE_DIR``, else ``$XDG_STATE_HOME/edgetune``, else
+``~/.local/state/edgetune``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from edgetune.power.base import DeviceError, Knob, KnobValue, KnobWriteError, format_value
+
+__all__ = [
+    "STATE_ENV",
+    "DeviceIdentity",
+    "RestorableKnob",
+    "StateFileError",
+    "StateTracker",
+    "recover",
+    "state_dir",
+]
+
+STATE_ENV = "EDGETUNE_STATE_DIR"
+STATE_VERSION = 1
+_SIGNALS = tuple(s for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s))
+
+Snapshot = dict[str, Any]
+
+
+class StateFileError(DeviceError):
+    """A state file that cannot be trusted (unparseable, checksum mismatch, unknown values)."""
+
+
+def state_dir() -> Path:
+    """Where state files live (created on first write)."""
+    explicit = os.environ.get(STATE_ENV)
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".local" / "state"
+    return base / "edgetune"
+
+
+def _boot_id(root: str | None) -> str | None:
+    """The kernel's boot id (a reboot resets every clock, so a state file from before it is moot)."""
+    path = Path(root or "/") / "proc/sys/kernel/random/boot_id"
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# ---------------------------------------------------------------------------------------------- identity
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    """Which device a state file belongs to: enough to reopen it and to check it is the same one.
+
+    Attributes:
+        spec: the device spec that opens it (``jetson``, ``nvml:0``, ``rapl``).
+        description: the hardware found (``NVIDIA Jetson AGX Orin Developer Kit``); checked on recovery.
+        root: the sysfs root for sysfs platforms (None for NVML).
+        serial: a hardware identity where the platform has one (a GPU UUID), checked on recovery.
+    """
+
+    spec: str
+    description: str
+    root: str | None = None
+    serial: str = ""
+
+    def key(self) -> str:
+        digest = hashlib.sha1(f"{self.spec}|{self.root}|{self.serial}".encode()).hexdigest()[:12]
+        return f"{self.spec.replace(':', '-')}-{digest}"
+
+    def open_options(self) -> dict[str, Any]:
+        return {"root": self.root} if self.root is not None else {}
+
+
+# ---------------------------------------------------------------------------------------------- knob
+
+
+class RestorableKnob(Knob):
+    """A hardware knob whose original is a raw snapshot, kept in a state file while it is changed.
+
+    Args (beyond :class:`~edgetune.power.base.Knob`'s):
+        snapshot: returns the knob's full original state as JSON-able data.
+        restore_snapshot: writes such a snapshot back; validates it first and raises ValueError for
+            values the hardware would not accept (a snapshot may come from a file after a crash).
+        tracker: the device's :class:`StateTracker`, which records snapshots before the first write.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        unit: str,
+        values: Sequence[KnobValue],
+        *,
+        snapshot: Callable[[], Snapshot],
+        restore_snapshot: Callable[[Snapshot], None],
+        tracker: StateTracker | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(name, unit, values, **kwargs)
+        self.snapshot = snapshot
+        self.restore_snapshot = restore_snapshot
+        self.tracker = tracker
+        self._saved: Snapshot | None = None
+        if tracker is not None and self.on_first_change is None:
+            self.on_first_change = tracker.record
+
+    def set(self, value: KnobValue) -> None:
+        """Set ``value``; a write the platform rejects leaves the original in place and says so."""
+        try:
+            super().set(value)
+        except KnobWriteError as exc:
+            if not self._changed:
+                raise
+            try:
+                self.restore()
+                tail = f"; {self.name} is back at its original value"
+            except (DeviceError, OSError, ValueError) as again:
+                tail = f"; restoring the original failed too ({again}); run `edgetune restore`"
+            raise KnobWriteError(f"{exc}{tail}") from None
+
+    def restore(self) -> bool:
+        if not self._changed:
+            return False
+        if self._saved is not None:
+            self.restore_snapshot(self._saved)
+        elif self._original is not None:  # no tracker: fall back to the single remembered value
+            assert self._write is not None
+            self._write(self._original)
+        self._changed = False
+        self._original = None
+        self._saved = None
+        if self.tracker is not None:
+            self.tracker.forget(self)
+        return True
+
+
+# ---------------------------------------------------------------------------------------------- tracker
+
+_active: list[StateTracker] = []
+_previous_handlers: dict[int, Any] = {}
+_lock = threading.RLock()
+_atexit_registered = False
+
+
+def _say(line: str) -> None:
+    print(f"edgetune: {line}", file=sys.stderr, flush=True)
+
+
+def _restore_all_active(why: str) -> None:
+    with _lock:
+        trackers = list(_active)
+    for tracker in trackers:
+        try:
+            names = tracker.restore_all()
+        except Exception as exc:  # noqa: BLE001 - a handler must never raise; the file stays for recovery
+            _say(f"restoring knobs on {tracker.identity.spec} after {why} failed: {exc}; "
+                 f"run `edgetune restore`")
+            continue
+        if names:
+            _say(f"{why}: restored {', '.join(names)} on {tracker.identity.spec}")
+
+
+def _handler(signum: int, frame: Any) -> None:
+    name = signal.Signals(signum).name
+    _restore_all_active(name)
+    previous = _previous_handlers.get(signum, signal.SIG_DFL)
+    _uninstall_handlers()
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        # die of the same signal, as the process would have without us (exit status 128 + signum)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def _install_handlers() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(_restore_all_active, "exit")
+        _atexit_registered = True
+    if _previous_handlers or threading.current_thread() is not threading.main_thread():
+        return  # installed already, or not allowed here (atexit still covers normal exit)
+    for name in _SIGNALS:
+        signum = getattr(signal, name)
+        previous = signal.getsignal(signum)
+        if previous == signal.SIG_IGN and signum != signal.SIGINT:
+            continue  # nohup'd: the user asked to ignore it
+        _previous_handlers[signum] = previous
+        signal.signal(signum, _handler)
+
+
+def _uninstall_handlers() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum, previous in list(_previous_handlers.items()):
+        if signal.getsignal(signum) is _handler:
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+    _previous_handlers.clear()
+
+
+class StateTracker:
+    """Keeps one device's changed knobs in its state file, and the signal handlers in place meanwhile.
+
+    Backends create one per opened device and pass it to their :class:`RestorableKnob` s.
+    """
+
+    def __init__(self, identity: DeviceIdentity, directory: Path | None = None) -> None:
+        self.identity = identity
+        self.directory = directory
+        self._knobs: dict[str, RestorableKnob] = {}
+        self._entries: dict[str, dict[str, Any]] = {}
+
+    @property
+    def path(self) -> Path:
+        return (self.directory or state_dir()) / f"{self.identity.key()}.json"
+
+    @property
+    def changed(self) -> list[str]:
+        return list(self._knobs)
+
+    def record(self, knob: Knob, original: KnobValue) -> None:
+        """Before ``knob``'s first write: save its snapshot to the state file (the Knob hook)."""
+        assert isinstance(knob, RestorableKnob)
+        with _lock:
+            if not self._entries:
+                self._take_over_leftover()
+            snap = knob.snapshot()
+            knob._saved = snap
+            self._knobs[knob.name] = knob
+            self._entries[knob.name] = {"original": original, "unit": knob.unit, "snapshot": snap}
+            self._save()
+            if self not in _active:
+                _active.append(self)
+            _install_handlers()
+
+    def forget(self, knob: Knob) -> None:
+        """``knob`` is back at its original: drop it; with nothing left, remove the file and handlers."""
+        with _lock:
+            self._knobs.pop(knob.name, None)
+            if self._entries.pop(knob.name, None) is None:
+                return
+            if self._entries:
+                self._save()
+                return
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            if self in _active:
+                _active.remove(self)
+            if not _active:
+                _uninstall_handlers()
+
+    def restore_all(self) -> list[str]:
+        """Restore every changed knob, most recently changed first; names restored."""
+        restored, first_error = [], None
+        for knob in reversed(list(self._knobs.values())):
+            try:
+                if knob.restore():
+                    restored.append(knob.name)
+            except Exception as exc:  # noqa: BLE001 - restore the rest, then report the first failure
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+        return restored
+
+    def _take_over_leftover(self) -> None:
+        """A file for this device from another process: refuse if it is alive, else restore it first."""
+        if not self.path.exists():
+            return
+        try:
+            state = load_state(self.path)
+        except StateFileError:
+            return  # corrupt: recovery reports it; our fresh record replaces it
+        pid = int(state.get("pid", 0))
+        if pid != os.getpid() and _pid_alive(pid) and state.get("boot_id") == _boot_id(self.identity.root):
+            raise KnobWriteError(
+                f"another edgetune run (pid {pid}) has changed knobs on {self.identity.spec}; "
+                f"wait for it to finish, or stop it and run `edgetune restore`"
+            )
+        recover(paths=[self.path])
+
+    def _save(self) -> None:
+        body = {
+            "version": STATE_VERSION,
+            "pid": os.getpid(),
+            "boot_id": _boot_id(self.identity.root),
+            "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "device": asdict(self.identity),
+            "knobs": self._entries,
+        }
+        _atomic_write_json(self.path, body)
+
+
+def _checksum(body: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _atomic_write_json(path: Path, body: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = dict(body, sha256=_checksum(body))
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # make the rename durable too
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    """Parse and check a state file; :class:`StateFileError` (one line) when it cannot be trusted."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StateFileError(f"state file {path} is unreadable ({exc.__class__.__name__}: {exc})") from None
+    if not isinstance(data, dict):
+        raise StateFileError(f"state file {path} does not hold a JSON object")
+    claimed = data.pop("sha256", None)
+    if claimed != _checksum(data):
+        raise StateFileError(f"state file {path} fails its checksum (edited or partly written)")
+    if data.get("version") != STATE_VERSION:
+        raise StateFileError(f"state file {path} has version {data.get('version')!r}, expected {STATE_VERSION}")
+    device, knobs = data.get("device"), data.get("knobs")
+    if not isinstance(device, dict) or not isinstance(device.get("spec"), str) or not isinstance(knobs, dict):
+        raise StateFileError(f"state file {path} lacks its device or knobs")
+    for name, entry in knobs.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("snapshot"), dict):
+            raise StateFileError(f"state file {path}: knob {name!r} has no snapshot")
+    return data
+
+
+# ---------------------------------------------------------------------------------------------- recovery
+
+
+def _set_aside(path: Path) -> Path:
+    target = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+    with contextlib.suppress(OSError):
+        os.replace(path, target)
+    return target
+
+
+def recover(
+    report: Callable[[str], None] = _say,
+    *,
+    paths: Sequence[Path] | None = None,
+    open_device: Callable[..., Any] | None = None,
+) -> list[str]:
+    """Restore the knobs that state files left behind by runs that could not restore them (kill -9).
+
+    Safe to call at every start: files of live runs are left alone, files from before a reboot are
+    dropped (the reboot reset the clocks), corrupt files are reported and set aside. Returns one line per
+    action, each also passed to ``report``.
+    """
+    if open_device is None:
+        from edgetune.power.registry import open_device  # late: registry imports the platforms
+
+    if paths is None:
+        directory = state_dir()
+        paths = sorted(directory.glob("*.json")) if directory.is_dir() else []
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        report(line)
+
+    for path in paths:
+        try:
+            state = load_state(path)
+        except StateFileError as exc:
+            if not path.exists():
+                continue
+            moved = _set_aside(path)
+            say(f"{exc}; not used, moved to {moved.name}; check the clocks with `edgetune devices` "
+                f"(a reboot resets them)")
+            continue
+        device_info = state["device"]
+        identity = DeviceIdentity(
+            spec=device_info["spec"],
+            description=str(device_info.get("description", "")),
+            root=device_info.get("root"),
+            serial=str(device_info.get("serial", "")),
+        )
+        pid = int(state.get("pid", 0) or 0)
+        boot = _boot_id(identity.root)
+        if state.get("boot_id") and boot and state["boot_id"] != boot:
+            path.unlink(missing_ok=True)
+            say(f"dropped the state file of {identity.spec} from before the last reboot (the reboot reset its clocks)")
+            continue
+        if pid != os.getpid() and _pid_alive(pid):
+            continue  # a live run owns it and restores it itself
+        knobs_state: dict[str, dict[str, Any]] = state["knobs"]
+        try:
+            device = open_device(identity.spec, **identity.open_options())
+        except DeviceError as exc:
+            say(f"cannot restore knobs left changed on {identity.spec} (root {identity.root}): {exc}; "
+                f"state file kept at {path}")
+            continue
+        try:
+            if identity.description and device.description != identity.description:
+                moved = _set_aside(path)
+                say(f"state file {path.name} is for {identity.description!r} but {identity.spec} is now "
+                    f"{device.description!r}; not used, moved to {moved.name}")
+                continue
+            done, failed = [], []
+            for name, entry in knobs_state.items():
+                knob = device.knobs.get(name)
+                if not isinstance(knob, RestorableKnob):
+                    failed.append(f"{name} (no such knob here)")
+                    continue
+                try:
+                    knob.restore_snapshot(entry["snapshot"])
+                    original = entry.get("original")
+                    done.append(f"{name}={format_value(original, knob.unit)}" if original is not None else name)
+                except (ValueError, TypeError, KeyError) as exc:
+                    failed.append(f"{name} (state file value not accepted: {exc})")
+                except (DeviceError, OSError) as exc:
+                    failed.append(f"{name} ({exc})")
+            if failed:
+                say(f"restore on {identity.spec} incomplete: {'; '.join(failed)}; state file kept at {path}")
+                if done:
+                    say(f"restored {', '.join(done)} on {identity.spec}")
+                continue
+            path.unlink(missing_ok=True)
+            say(f"restored {', '.join(done)} on {identity.spec} ({device.description}), left changed by an "
+                f"interrupted edgetune run (pid {pid})")
+        finally:
+            with contextlib.suppress(Exception):
+                device.close()
+    return lines
+
+
+def pending() -> list[Path]:
+    """State files present now (for ``edgetune restore`` to say there is nothing to do)."""
+    directory = state_dir()
+    return sorted(directory.glob("*.json")) if directory.is_dir() else []
+

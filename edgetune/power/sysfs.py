@@ -1,0 +1,220 @@
+"""Small helpers for the sysfs platforms (Jetson, RAPL): a configurable root, fast reads, checked writes.
+
+Every path a backend touches is found under one root, ``EDGETUNE_SYSFS_ROOT`` (default ``/``) or the
+``root=`` option, so the whole stack runs against a copy of a board's tree (the tests' fake trees, or a
+user's tree captured for a bug report). Paths are always discovered by listing the tree; none is built
+from user input.
+
+:class:`FastReader` keeps a file open and re-reads it with ``os.pread`` (one syscall, no open/close per
+sample): sysfs regenerates an attribute's text on every read at offset 0, so one open handle serves a
+whole run, fast enough for >= 1 kHz sampling of a dozen rails from Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgetune.power.base import DeviceError, KnobWriteError
+
+__all__ = [
+    "ROOT_ENV",
+    "CpufreqPolicy",
+    "FastReader",
+    "find_cpufreq_policies",
+    "is_root",
+    "read_int",
+    "read_text",
+    "sysfs_root",
+    "writable",
+    "write_checked",
+]
+
+ROOT_ENV = "EDGETUNE_SYSFS_ROOT"
+
+#: the fix for a permission problem, in one line
+ROOT_FIX = "run edgetune as root (sudo edgetune ...)"
+
+
+def sysfs_root(root: str | os.PathLike | None = None) -> Path:
+    """The root the sysfs backends read: ``root`` if given, else ``$EDGETUNE_SYSFS_ROOT``, else ``/``."""
+    value = os.fspath(root) if root is not None else os.environ.get(ROOT_ENV, "") or "/"
+    path = Path(value)
+    if not path.is_dir():
+        raise DeviceError(f"sysfs root {value!r} is not a directory; set {ROOT_ENV} to a board's tree or unset it")
+    return path
+
+
+def is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def read_text(path: Path) -> str:
+    """The stripped text of a sysfs attribute (device-tree strings end in NUL: stripped too)."""
+    with open(path, "rb") as f:
+        return f.read().decode("utf-8", "replace").strip().strip("\x00").strip()
+
+
+def parse_int(text: str, path: Path | str) -> int:
+    """An attribute's integer value; a ValueError naming the file for empty or non-numeric text."""
+    try:
+        return int(text.split()[0])
+    except (ValueError, IndexError):
+        raise ValueError(f"{path}: expected a number, read {text[:40]!r}") from None
+
+
+def read_int(path: Path) -> int:
+    return parse_int(read_text(path), path)
+
+
+def writable(path: Path) -> bool:
+    """Whether this process may write ``path``.
+
+    The mode bits count even for root: the kernel exposes attributes that cannot be stored as 0444, and
+    refuses writes to them whoever asks. Without root, the owner and group decide (``os.access``).
+    """
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return bool(mode & 0o222) and os.access(path, os.W_OK)
+
+
+def write_checked(path: Path, value: int | str, what: str) -> None:
+    """Write ``value`` to a sysfs attribute; a :class:`KnobWriteError` with one line on refusal.
+
+    ``what`` names the knob in the user's words (``gpu_freq``).
+    """
+    text = f"{value}\n".encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # as `echo v > file`; never O_CREAT
+        try:
+            os.write(fd, text)
+        finally:
+            os.close(fd)
+    except PermissionError:
+        raise KnobWriteError(f"{what}: no permission to write {path}; {ROOT_FIX}") from None
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        code = errno.errorcode.get(exc.errno or 0, "")
+        raise KnobWriteError(
+            f"{what}: the kernel rejected {value} for {path} ({code or 'error'}: {reason})"
+        ) from None
+
+
+class FastReader:
+    """One sysfs attribute kept open and read with ``os.pread``.
+
+    A read raises OSError when the file has gone (unbound driver, removed device) and ValueError for
+    text that is not a non-negative integer (empty, negative, garbage), so a monitor can drop and count
+    the sample. A file replaced by rename (how a test's fake board updates values atomically) is reopened.
+    """
+
+    __slots__ = ("_fd", "path")
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def _raw(self) -> bytes:
+        if self._fd < 0:  # gone at the last read: it may be back (driver rebound)
+            self._fd = os.open(self.path, os.O_RDONLY)
+        data = os.pread(self._fd, 64, 0)
+        # st_nlink is 0 once the file is unlinked (sysfs files are never unlinked while open on a
+        # live board; in a fake tree this is how a vanished or replaced file shows): reopen by path.
+        if os.fstat(self._fd).st_nlink == 0:
+            self.close()
+            self._fd = os.open(self.path, os.O_RDONLY)  # FileNotFoundError if it is gone for good
+            data = os.pread(self._fd, 64, 0)
+        return data
+
+    def read_int(self) -> int:
+        text = self._raw().decode("ascii", "replace").strip()
+        value = parse_int(text, self.path)
+        if value < 0:
+            raise ValueError(f"{self.path}: negative reading {value}")
+        return value
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            try:
+                os.close(self._fd)
+            finally:
+                self._fd = -1
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter teardown
+        with contextlib.suppress(OSError):
+            self.close()
+
+
+# ---------------------------------------------------------------------------------------------- cpufreq
+
+
+@dataclass
+class CpufreqPolicy:
+    """One cpufreq policy (a cluster of CPUs sharing a clock): its directory and frequency table (kHz)."""
+
+    path: Path
+    frequencies_khz: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def limits(self) -> tuple[int, int]:
+        return read_int(self.path / "scaling_min_freq"), read_int(self.path / "scaling_max_freq")
+
+    def writable(self) -> bool:
+        return writable(self.path / "scaling_min_freq") and writable(self.path / "scaling_max_freq")
+
+
+def _policy_table(path: Path) -> tuple[int, ...]:
+    avail = path / "scaling_available_frequencies"
+    if avail.exists():
+        values = sorted({int(v) for v in read_text(avail).split() if v.isdigit()})
+        if values:
+            return tuple(values)
+    # intel_pstate and amd-pstate publish no table: offer 100 MHz steps between the hardware limits
+    lo, hi = read_int(path / "cpuinfo_min_freq"), read_int(path / "cpuinfo_max_freq")
+    step = 100_000
+    values = list(range(-(-lo // step) * step, hi + 1, step))
+    return tuple(sorted({lo, *values, hi}))
+
+
+def find_cpufreq_policies(root: Path) -> list[CpufreqPolicy]:
+    """The cpufreq policies under ``root`` (``sys/devices/system/cpu/cpufreq/policy<N>``), by number."""
+    base = root / "sys/devices/system/cpu/cpufreq"
+    found = []
+    for path in sorted(base.glob("policy[0-9]*"), key=lambda p: int(p.name[6:] or 0)):
+        try:
+            found.append(CpufreqPolicy(path, _policy_table(path)))
+        except (OSError, ValueError):
+            continue  # a policy whose CPUs are all offline has no readable limits; skip it
+    return found
+
+
+def lock_range(files: tuple[Path, Path], current: tuple[int, int], target: tuple[int, int], what: str) -> None:
+    """Set a (min, max) pair of limit files in the order the kernel accepts.
+
+    A write that would make min > max is rejected, so when the range moves up ``max`` goes first, and
+    when it moves down ``min`` goes first.
+    """
+    min_file, max_file = files
+    lo, hi = target
+    if lo > current[1]:  # moving up past the current max: raise max first
+        write_checked(max_file, hi, what)
+        write_checked(min_file, lo, what)
+    else:
+        write_checked(min_file, lo, what)
+        write_checked(max_file, hi, what)
+
+
+def first_existing(paths: Iterable[Path]) -> Path | None:
+    for p in paths:
+        if p.exists():
+            return p
+    return None

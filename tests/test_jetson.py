@@ -1,0 +1,296 @@
+"""The Jetson backend against fake sysfs trees of five boards (JetPack 4, 5 and 6 layouts)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fakes.jetson_tree import BOARDS, CPU_KHZ, GPU_HZ, build_jetson
+
+from edgetune.power import PowerMonitor, VirtualClock, jetson, open_device, probe_platforms, sysfs
+from edgetune.power.base import KnobWriteError
+
+
+@pytest.fixture(autouse=True)
+def _state_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGETUNE_STATE_DIR", str(tmp_path / "state"))
+
+
+def _open(fake, **kw):
+    return jetson.open(root=fake.root, detect_period_s=kw.pop("detect_period_s", 0.0), **kw)
+
+
+EXPECTED = {  # board -> (module, jetpack, total label, rails)
+    "agx-orin-jp5": ("AGX Orin 64GB", "JetPack 5",
+                     "derived: VDD_GPU_SOC + VDD_CPU_CV + VIN_SYS_5V0 + VDDQ_VDD2_1V8AO",
+                     ("VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0", "VDDQ_VDD2_1V8AO")),
+    "agx-orin-jp6": ("AGX Orin 64GB", "JetPack 6",
+                     "derived: VDD_GPU_SOC + VDD_CPU_CV + VIN_SYS_5V0 + VDDQ_VDD2_1V8AO",
+                     ("VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0", "VDDQ_VDD2_1V8AO")),
+    "orin-nano": ("Orin Nano 8GB", "JetPack 6", "VDD_IN", ("VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC")),
+    "xavier-nx": ("Xavier NX 16GB", "JetPack 5", "VDD_IN", ("VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC")),
+    "nano": ("Nano 4GB", "JetPack 4", "POM_5V_IN", ("POM_5V_IN", "POM_5V_GPU", "POM_5V_CPU")),
+}
+
+
+@pytest.mark.parametrize("board", sorted(BOARDS))
+def test_detects_board_rails_and_total(tmp_path, board):
+    fake = build_jetson(tmp_path / "root", board)
+    device = _open(fake)
+    module, jetpack, total, rails = EXPECTED[board]
+    info = device.backend.board
+    assert info.module == module and info.jetpack == jetpack
+    assert BOARDS[board].model in device.description
+    assert device.sensor.rails == rails  # NC channels and the sum channel are skipped
+    assert device.sensor.total_label == total
+    reading = device.sensor.read()
+    for rail, files in fake.rail_files.items():
+        raw = [int(f.read_text()) for f in files]
+        watts = raw[0] / 1e3 if len(raw) == 1 else raw[0] * raw[1] / 1e6  # mW, or mV * mA
+        assert reading.rails[rail] == pytest.approx(watts)
+    if total.startswith("derived"):
+        assert reading.total_w == pytest.approx(sum(reading.rails.values()))
+        assert any("sum of the monitored rails" in n for n in device.notes)
+    else:
+        assert reading.total_w == reading.rails[total]
+    assert device.sensor.energy_j() is None
+    device.close()
+
+
+@pytest.mark.parametrize("board", sorted(BOARDS))
+def test_knob_tables_and_units(tmp_path, board):
+    fake = build_jetson(tmp_path / "root", board)
+    device = _open(fake)
+    assert device.knobs["gpu_freq"].values == tuple(GPU_HZ[board])
+    assert device.knobs["gpu_freq"].unit == "Hz"
+    assert device.knobs["cpu_freq"].values == tuple(sorted(set(CPU_KHZ[board])))
+    assert device.knobs["cpu_freq"].unit == "kHz"
+    assert device.knobs["cpu_cores"].values == tuple(range(1, BOARDS[board].cpus + 1))
+    assert ("emc_freq" in device.knobs) == (board != "nano")  # BPMP debugfs on Orin and Xavier only
+    assert device.knobs["power_mode"].read() in device.knobs["power_mode"].values
+    assert device.backend.gpu_devfreq.name == BOARDS[board].gpu_node  # found by of_node, not the VIC node
+    assert not device.measure_only
+    device.close()
+
+
+def test_combined_rail_is_labelled(tmp_path):
+    device = _open(build_jetson(tmp_path / "root", "orin-nano"))
+    assert any("VDD_CPU_GPU_CV" in n and "not the GPU alone" in n for n in device.notes)
+    device.close()
+
+
+@pytest.mark.parametrize("board", sorted(BOARDS))
+def test_every_knob_set_then_restored_exactly(tmp_path, board):
+    fake = build_jetson(tmp_path / "root", board)
+    before = fake.knob_state()
+    device = _open(fake)
+    setting = {"gpu_freq": device.knobs["gpu_freq"].values[1], "cpu_freq": device.knobs["cpu_freq"].values[3],
+               "cpu_cores": 2, "power_mode": device.knobs["power_mode"].values[-1]}
+    if "emc_freq" in device.knobs:
+        setting["emc_freq"] = device.knobs["emc_freq"].min
+    with device.restoring():
+        device.apply(setting)
+        fake.settle()
+        after = fake.knob_state()
+        gpu = fake.gpu
+        assert int((gpu / "min_freq").read_text()) == int((gpu / "max_freq").read_text()) == setting["gpu_freq"]
+        assert device.knobs["gpu_freq"].read() == setting["gpu_freq"]
+        assert device.knobs["cpu_freq"].read() == setting["cpu_freq"]
+        assert device.knobs["cpu_cores"].read() == 2
+        assert device.knobs["power_mode"].read() == setting["power_mode"]
+        assert after != before
+    assert fake.knob_state() == before
+    assert not list((tmp_path / "state").glob("*.json"))  # nothing left to recover
+    device.close()
+
+
+def test_lock_writes_never_cross_min_over_max(tmp_path, monkeypatch):
+    """The kernel rejects min > max: play that rule on every write, in both directions."""
+    fake = build_jetson(tmp_path / "root", "agx-orin-jp6")
+    real_write = sysfs.write_checked
+
+    def kernel_write(path, value, what):
+        if path.name in ("min_freq", "max_freq"):
+            other = path.with_name("max_freq" if path.name == "min_freq" else "min_freq")
+            lo, hi = (int(value), int(other.read_text())) if path.name == "min_freq" else (
+                int(other.read_text()), int(value))
+            if lo > hi:
+                raise KnobWriteError(f"{what}: the kernel rejected {value} for {path} (EINVAL)")
+        real_write(path, value, what)
+
+    monkeypatch.setattr(sysfs, "write_checked", kernel_write)
+    device = _open(fake)
+    gpu = device.knobs["gpu_freq"]
+    with device.restoring():
+        gpu.set(gpu.max)  # raising from the table's bottom: max first
+        gpu.set(gpu.min)  # lowering: min first
+        gpu.set(918_000_000)
+        assert int((fake.gpu / "min_freq").read_text()) == 918_000_000
+    device.close()
+
+
+def test_read_only_tree_is_measure_only_with_reason(tmp_path):
+    fake = build_jetson(tmp_path / "root", "orin-nano", nvpmodel=False)
+    fake.make_read_only()
+    device = _open(fake)
+    assert device.measure_only
+    gpu = device.knobs["gpu_freq"]
+    assert not gpu.writable and "read-only" in gpu.why_read_only
+    assert any(n.startswith("measure-only:") and "batch size alone" in n for n in device.notes)
+    with pytest.raises(KnobWriteError, match="read-only"):
+        gpu.set(gpu.max)
+    device.close()
+
+
+def test_rejected_mode_change_is_one_line_and_original_kept(tmp_path):
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    (fake.root / "etc/nvpmodel.refuse").write_text("1\n")
+    before = fake.knob_state()
+    device = _open(fake)
+    with pytest.raises(KnobWriteError) as err:
+        device.knobs["power_mode"].set("7W")
+    message = str(err.value)
+    assert "\n" not in message and "failed to set power mode 1" in message and "back at its original" in message
+    assert fake.knob_state() == before
+    assert not list((tmp_path / "state").glob("*.json"))
+    device.close()
+
+
+def test_write_refused_by_kernel_names_knob_file_and_errno(tmp_path):
+    from fakes.jetson_tree import reject_writes
+
+    target = tmp_path / "max_freq"
+    target.write_text("1\n")
+    reject_writes(target)
+    with pytest.raises(KnobWriteError, match=r"gpu_freq: the kernel rejected 5 for .*max_freq \(ENOSPC"):
+        sysfs.write_checked(target, 5, "gpu_freq")
+
+
+def test_state_is_written_before_the_first_write(tmp_path, monkeypatch):
+    """If the original cannot be recorded, nothing is changed."""
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("EDGETUNE_STATE_DIR", str(blocker / "state"))
+    before = fake.knob_state()
+    device = _open(fake)
+    with pytest.raises(OSError):
+        device.knobs["gpu_freq"].set(408_000_000)
+    assert fake.knob_state() == before
+
+
+# ------------------------------------------------------------------------------------------ faults
+
+
+def test_vanished_and_garbage_rails_raise_and_monitor_counts_them(tmp_path):
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    clock = VirtualClock()
+    device = _open(fake)
+    sensor = jetson.JetsonPowerSensor(jetson.find_rails(fake.root), fake.root, clock=clock, detect_s=0)
+    monitor = PowerMonitor(sensor, clock, rate_hz=100)
+    monitor.start()
+    clock.advance(0.5)
+    good = monitor.total_samples
+    for text in ("", "-5\n", "12a7\n"):
+        fake.set_rail_text("VDD_IN", text)
+        with pytest.raises(ValueError, match="VDD_IN|in1_input|curr1_input"):
+            sensor.read()
+        clock.advance(0.1)
+    fake.set_rail("VDD_IN", 5080, 1500)
+    fake.remove_rail("VDD_SOC")
+    with pytest.raises(OSError):
+        sensor.read()
+    clock.advance(0.1)
+    dropped = monitor.dropped
+    assert dropped >= 35  # ~10 samples per bad 0.1 s, all dropped, none stored
+    build_jetson(tmp_path / "fresh", "orin-nano")  # restore the vanished rail's files from a fresh tree
+    for f in fake.rail_files["VDD_SOC"]:
+        f.write_text((tmp_path / "fresh" / f.relative_to(fake.root)).read_text())
+    clock.advance(0.5)
+    monitor.stop()
+    assert monitor.dropped == dropped and monitor.total_samples > good  # the run went on
+    assert monitor.latest().total_w == pytest.approx(5.080 * 1.5)
+    device.close()
+
+
+def test_stale_sensor_is_detected(tmp_path):
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    clock = VirtualClock()
+    sensor = jetson.JetsonPowerSensor(jetson.find_rails(fake.root), fake.root, clock=clock, detect_s=0)
+    with PowerMonitor(sensor, clock, rate_hz=100) as monitor:
+        clock.advance(1.0)
+        fake.set_rail("VDD_IN", 5080, 950)
+        clock.advance(1.0)
+        assert not monitor.stale
+        clock.advance(3.0)  # no new value for 3 s, far beyond the 8 ms update period
+        assert monitor.stale
+        fake.set_rail("VDD_IN", 5080, 990)
+        clock.advance(0.1)
+        assert not monitor.stale
+
+
+def test_update_period_measured_from_changing_values(tmp_path):
+    fake = build_jetson(tmp_path / "root", "nano")  # iio: no update_interval attribute
+    stop = threading.Event()
+
+    def monitor_chip():  # a new conversion every 20 ms
+        ma = 400
+        while not stop.is_set():
+            ma = 400 + (ma - 399) % 50
+            fake.set_rail("POM_5V_IN", 5072, ma)
+            time.sleep(0.020)
+
+    worker = threading.Thread(target=monitor_chip, daemon=True)
+    worker.start()
+    try:
+        sensor = jetson.JetsonPowerSensor(jetson.find_rails(fake.root), fake.root, detect_s=0.4)
+        period = sensor.update_period_s
+    finally:
+        stop.set()
+        worker.join()
+    assert sensor.period_source == "measured"
+    assert 0.012 < period < 0.045
+
+
+def test_static_tree_falls_back_to_interval_then_default(tmp_path):
+    orin = jetson.JetsonPowerSensor(jetson.find_rails(build_jetson(tmp_path / "a", "orin-nano").root),
+                                    tmp_path / "a", detect_s=0.02)
+    assert orin.update_period_s == pytest.approx(0.008) and orin.period_source == "hwmon update_interval"
+    nano = jetson.JetsonPowerSensor(jetson.find_rails(build_jetson(tmp_path / "b", "nano").root),
+                                    tmp_path / "b", detect_s=0.02)
+    assert nano.update_period_s == jetson.DEFAULT_UPDATE_PERIOD_S and nano.period_source.startswith("default")
+
+
+# ------------------------------------------------------------------------------------------ root & registry
+
+
+def test_root_from_environment_and_registry(tmp_path, monkeypatch):
+    fake = build_jetson(tmp_path / "root", "xavier-nx")
+    monkeypatch.setenv("EDGETUNE_SYSFS_ROOT", str(fake.root))
+    found = [p for p in jetson.probe() if p.found]
+    assert found and found[0].spec == "jetson" and "Xavier NX" in found[0].summary
+    device = open_device("jetson", detect_period_s=0)
+    assert device.name == "jetson" and not device.simulated
+    device.close()
+    assert any(p.platform == "jetson" and p.found for p in probe_platforms())
+
+
+def test_not_a_jetson_is_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(jetson.DeviceError, match="no Jetson board under") as err:
+        jetson.open(root=tmp_path / "empty")
+    assert "\n" not in str(err.value)
+    assert not jetson.probe(root=tmp_path / "empty")[0].found
+    with pytest.raises(jetson.DeviceError, match="not a directory"):
+        jetson.open(root=tmp_path / "missing")
+
+
+def test_paths_are_discovered_not_built_from_input(tmp_path):
+    fake = build_jetson(tmp_path / "root", "agx-orin-jp5")
+    device = _open(fake)
+    assert Path(device.backend.paths["gpu_freq"]).resolve() == fake.gpu.resolve()
+    with pytest.raises(jetson.DeviceError):
+        device.knobs["gpu_freq"].set("../../etc/passwd")
+    device.close()
