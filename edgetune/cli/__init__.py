@@ -62,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
+    if args.command != "restore":  # `edgetune restore` does this itself, and says when there is nothing
+        _recover_knobs()
     try:
         return int(args.func(args) or 0)
     except (UsageError, DeviceError) as exc:
@@ -70,6 +72,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("edgetune: interrupted", file=sys.stderr)
         return 130
+
+
+def _recover_knobs() -> None:
+    """Restore knobs a killed run (kill -9, power cut) left changed; never stops the command itself."""
+    try:
+        from edgetune.power.state import recover
+
+        recover()
+    except Exception as exc:  # noqa: BLE001 - recovery trouble is reported, the user's command still runs
+        print(f"edgetune: warning: could not check for knobs left changed by an earlier run: {exc}",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

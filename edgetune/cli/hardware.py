@@ -1,0 +1,265 @@
+"""``edgetune devices``, ``edgetune monitor`` and ``edgetune restore``: the hardware, seen from the shell.
+
+* ``devices`` lists every platform found (Jetson, NVML GPUs, RAPL, and the simulated twin's profiles)
+  with its sensor (rails, what the total is, update period) and knobs (range in human units, writable or
+  why not). ``--json`` prints the same as one JSON document.
+* ``monitor`` prints live power per rail - like tegrastats, but at up to hundreds of Hz and with energy
+  totals - optionally logs every sample to CSV, and ends (``--duration`` or Ctrl-C) with a summary:
+  energy, mean, peak, maximum 1-s average, dropped samples.
+* ``restore`` writes back the knobs a killed run left changed (see :mod:`edgetune.power.state`).
+
+The sysfs root comes from ``EDGETUNE_SYSFS_ROOT`` (default ``/``), so all three run against a copied tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import time
+from typing import Any
+
+from edgetune.cli import UsageError
+from edgetune.power import registry, state
+from edgetune.power.base import Device, DeviceError, Knob, format_value
+from edgetune.power.monitor import PowerMonitor
+
+__all__ = ["describe_device", "register"]
+
+PRINT_INTERVAL_S = 0.5
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("devices", help="list the power hardware found, its sensors and knobs",
+                              description="List every platform found (Jetson, NVML GPUs, RAPL, simulated "
+                                          "twins) with its power sensor and knobs.")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    p.set_defaults(func=cmd_devices)
+
+    p = subparsers.add_parser("monitor", help="print live power per rail and log it to CSV",
+                              description="Print live board and per-rail power; Ctrl-C ends with a summary.")
+    p.add_argument("--device", default="auto", help="device spec: auto, jetson, nvml[:i], rapl, sim:<profile>")
+    p.add_argument("--rate", type=float, default=None, metavar="HZ",
+                   help="samples per second (default: 100, or the sensor's update rate where slower)")
+    p.add_argument("--csv", default=None, metavar="FILE", help="write every sample to this CSV file")
+    p.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
+    p.set_defaults(func=cmd_monitor)
+
+    p = subparsers.add_parser("restore", help="restore knobs an interrupted run left changed",
+                              description="Write back the original knob values recorded in the state "
+                                          "files of runs that were killed before they could restore them.")
+    p.set_defaults(func=cmd_restore)
+
+
+# ---------------------------------------------------------------------------------------------- devices
+
+
+def _knob_range(knob: Knob) -> str:
+    if not knob.numeric:
+        return ", ".join(map(str, knob.values))
+    if len(knob.values) == 1:
+        return format_value(knob.values[0], knob.unit)
+    return (f"{format_value(knob.min, knob.unit)} .. {format_value(knob.max, knob.unit)} "
+            f"({len(knob.values)} steps)")
+
+
+def describe_device(device: Device) -> dict[str, Any]:
+    """What ``devices`` shows for one opened device, as data."""
+    sensor = device.sensor
+    knobs = []
+    for name, knob in device.knobs.items():
+        try:
+            current: Any = knob.read()
+        except (OSError, ValueError, DeviceError) as exc:
+            current = f"unreadable: {exc}"
+        knobs.append({
+            "name": name,
+            "unit": knob.unit,
+            "description": knob.description,
+            "range": _knob_range(knob),
+            "values": list(knob.values),
+            "current": current,
+            "writable": knob.writable,
+            "why_read_only": "" if knob.writable else knob.why_read_only,
+        })
+    return {
+        "spec": device.name,
+        "description": device.description,
+        "simulated": device.simulated,
+        "measure_only": device.measure_only,
+        "sensor": {
+            "rails": list(sensor.rails),
+            "total": sensor.total_label,
+            "update_period_s": sensor.update_period_s,
+            "update_period_source": getattr(sensor, "period_source", ""),
+            "energy_counter": sensor.energy_j() is not None,
+        },
+        "knobs": knobs,
+        "notes": list(device.notes),
+    }
+
+
+def _devices_report() -> dict[str, Any]:
+    platforms = []
+    for found in registry.probe_platforms():
+        entry: dict[str, Any] = {"platform": found.platform, "found": found.found, "spec": found.spec,
+                                 "summary": found.summary, "details": list(found.details)}
+        if found.found and found.platform in registry.REAL_PLATFORMS:
+            try:
+                device = registry.open_device(found.spec)
+            except DeviceError as exc:
+                entry["error"] = str(exc)
+            else:
+                try:
+                    entry["device"] = describe_device(device)
+                finally:
+                    device.close()
+        platforms.append(entry)
+    hardware = [p for p in platforms if p["found"] and p["platform"] in registry.REAL_PLATFORMS]
+    sims = [p["spec"] for p in platforms if p["found"] and p["platform"] == "sim"]
+    return {"hardware_found": bool(hardware), "simulated": sims, "platforms": platforms}
+
+
+def _print_device(d: dict[str, Any]) -> None:
+    s = d["sensor"]
+    print(f"  {d['description']}")
+    period = s["update_period_s"]
+    src = f", {s['update_period_source']}" if s.get("update_period_source") else ""
+    print(f"    power: total = {s['total']}; rails: {', '.join(s['rails']) or 'none'}; "
+          f"updates every {period * 1e3:.3g} ms{src}"
+          + ("; hardware energy counter" if s["energy_counter"] else ""))
+    for k in d["knobs"]:
+        current = k["current"] if isinstance(k["current"], str) else format_value(k["current"], k["unit"])
+        access = "writable" if k["writable"] else f"read-only: {k['why_read_only']}"
+        print(f"    {k['name']:<11} {k['range']}; now {current}; {access}")
+    if d["measure_only"]:
+        print("    measure-only: no knob can be set here; the search tunes batch size alone")
+    for note in d["notes"]:
+        print(f"    note: {note}")
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    report = _devices_report()
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    for p in report["platforms"]:
+        if p["platform"] == "sim" or p["platform"] == "trace":
+            continue
+        mark = "found" if p["found"] else "not found"
+        print(f"{p['platform']}: {mark}" + (f" ({p['spec']})" if p["found"] and p["spec"] else "")
+              + (f" - {p['summary']}" if not p["found"] and p["summary"] else ""))
+        if "device" in p:
+            _print_device(p["device"])
+        elif "error" in p:
+            print(f"  cannot open: {p['error']}")
+    if not report["hardware_found"]:
+        print("no power hardware found on this machine (no Jetson, NVML GPU or RAPL package).")
+    if report["simulated"]:
+        print(f"simulated devices available: {', '.join(report['simulated'])}"
+              + (" (the default when no hardware is found)" if not report["hardware_found"] else ""))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- monitor
+
+
+def _fmt_w(w: float) -> str:
+    return f"{w:7.2f} W" if math.isfinite(w) else "    n/a"
+
+
+def cmd_monitor(args: argparse.Namespace) -> int:
+    if args.rate is not None and not (0 < args.rate <= 10_000):
+        raise UsageError(f"--rate {args.rate:g} is out of range; use a rate between 0 and 10000 Hz")
+    if args.duration is not None and not args.duration > 0:
+        raise UsageError(f"--duration {args.duration:g} must be positive seconds")
+    device = registry.open_device(args.device)
+    try:
+        return _monitor(device, args)
+    finally:
+        device.close()
+
+
+def _monitor(device: Device, args: argparse.Namespace) -> int:
+    sensor, clock = device.sensor, device.clock
+    monitor = PowerMonitor(sensor, clock, rate_hz=args.rate)
+    period = 1.0 / monitor.rate_hz
+    rails = list(sensor.rails)
+    out = open(args.csv, "w", newline="") if args.csv else None  # noqa: SIM115 - closed in finally
+    writer = None
+    if out is not None:
+        writer = csv.writer(out)
+        writer.writerow(["t_s", "total_w", *[f"{r}_w" for r in rails]])
+    sim = " (simulated)" if device.simulated else ""
+    print(f"monitoring {device.description}{sim}: total = {sensor.total_label}, {monitor.rate_hz:g} Hz"
+          + (f", logging to {args.csv}" if args.csv else "") + "; Ctrl-C to stop", flush=True)
+    t0 = clock.now()
+    monitor.begin_window("monitor")
+    next_due = t0 + period
+    next_print = t0 + PRINT_INTERVAL_S
+    energy = 0.0
+    last: tuple[float, float] | None = None
+    try:
+        while True:
+            reading = monitor.sample()
+            if reading is not None:
+                if last is not None and reading.t > last[0]:
+                    energy += (reading.t - last[0]) * (reading.total_w + last[1]) / 2
+                last = (reading.t, reading.total_w)
+                if writer is not None:
+                    writer.writerow([f"{reading.t - t0:.4f}", f"{reading.total_w:.4f}",
+                                     *[f"{reading.rails.get(r, math.nan):.4f}" for r in rails]])
+            now = clock.now()
+            if now >= next_print:
+                next_print += PRINT_INTERVAL_S
+                latest = monitor.latest()
+                if latest is not None:
+                    parts = "  ".join(f"{r} {_fmt_w(latest.rails.get(r, math.nan)).strip()}" for r in rails)
+                    stale = "  STALE: sensor not updating" if monitor.stale else ""
+                    drop = f"  dropped {monitor.dropped}" if monitor.dropped else ""
+                    print(f"{now - t0:7.1f} s  {parts}  | total {_fmt_w(latest.total_w).strip()}  "
+                          f"1-s avg {_fmt_w(monitor.moving_average()).strip()}  E {energy:.1f} J{drop}{stale}",
+                          flush=True)
+            if args.duration is not None and now - t0 >= args.duration:
+                break
+            delay = next_due - clock.now()
+            next_due += period
+            if delay > 0:
+                if clock.virtual:
+                    time.sleep(delay)  # pace the twin in real time so the display is watchable
+                clock.sleep(delay)
+            elif -delay > period:
+                next_due = clock.now() + period
+    except KeyboardInterrupt:
+        print()
+    finally:
+        if out is not None:
+            out.close()
+    stats = monitor.end_window("monitor")
+    print(f"summary: {stats.duration_s:.2f} s, {stats.samples} samples, energy {stats.energy_j:.2f} J "
+          f"({sensor.total_label}), mean {stats.mean_w:.2f} W, peak {stats.peak_w:.2f} W, "
+          f"max 1-s avg {stats.max_avg_w:.2f} W, dropped samples {stats.dropped}"
+          + ("; sensor stale (values stopped changing)" if monitor.stale else ""))
+    if stats.rail_energy_j:
+        print("  per rail: " + ", ".join(f"{r} {e:.2f} J" for r, e in stats.rail_energy_j.items()))
+    if stats.hardware_energy_j is not None:
+        print(f"  hardware energy counter: {stats.hardware_energy_j:.2f} J")
+    if monitor.dropped and monitor.last_error:
+        print(f"  last bad read: {monitor.last_error}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- restore
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    files = state.pending()
+    if not files:
+        print(f"nothing to restore: no state files in {state.state_dir()}")
+        return 0
+    lines = state.recover(report=print)
+    if not lines:
+        print("nothing to restore: the state files belong to edgetune runs still in progress")
+    return 0 if all("incomplete" not in line and "cannot" not in line for line in lines) else 1
+
