@@ -1,0 +1,341 @@
+"""The budget guard: a feedback controller that keeps board power under a budget by moving down and up a
+ladder of knob settings.
+
+The control law is a pure function, :func:`control`, of the guard's state, one observation of power and
+the ladder's power model; it returns the next state and a :class:`Decision`. The controller
+(:mod:`edgetune.runtime.controller`) calls it on a ticker of the device clock and applies the rung it picks.
+
+The ladder
+    Rungs are complete knob settings ordered by power, lowest first (:func:`build_ladder`): the GPU
+    frequency table from its lowest value up, with the other knobs at the plan's values; below the lowest
+    GPU frequency, the memory (EMC) and CPU frequencies step down. A guard on one ladder never has to
+    reason about several knobs at once.
+
+The law, in words
+    *Trip.* When the short (``fast_window_s``) average exceeds the budget, the guard jumps down at once to
+    the highest rung whose estimated power is ``target_margin`` under the budget, estimating every rung from
+    what is being drawn now (so an added load of +2 W is accounted for in one move). After a trip the
+    tripped rung and everything above it are barred for ``block_s``, doubling on each repeat trip: a rung
+    that overshoots cannot be re-entered at once, so the guard cannot cycle (no limit cycle, the usual
+    anti-oscillation device of DVFS governors).
+    *Climb.* After ``up_dwell_s`` at one rung with both averages at least ``up_margin`` under the budget,
+    the guard climbs to the highest unbarred rung estimated ``up_margin`` under the budget. The band between
+    ``target_margin`` and ``up_margin`` is the hysteresis.
+    *Anti-windup.* A climb that does not raise power by at least a quarter of the estimate (the clock is
+    capped: a thermal throttle) is undone and the rung barred, so the guard does not wind up to the top
+    rung while throttled and then overshoot when the throttle lifts.
+    *Settle time.* A trip acts within one tick of the fast average crossing the budget; the 1-s moving
+    average then holds at most one second of the excess, so it is back under the budget within
+    ``fast_window_s + tick + 1 s`` (about 1.3 s) of the disturbance.
+
+Rung power estimates
+    Each rung has a prior power (from the predictors' hardware model where one is fitted, else from the
+    frequency ratio: dynamic power grows at least linearly with the clock). Observations at a rung replace
+    its prior; a change seen at a rung already observed is taken as additive (another load, a warmer board)
+    and applies to every rung alike. Estimates for unobserved rungs scale the dynamic part (above idle) of
+    the nearest observed rung by the ratio of priors, then add the offset.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from edgetune.power.base import Knob, KnobValue
+
+__all__ = [
+    "Decision",
+    "GuardParams",
+    "GuardState",
+    "LadderModel",
+    "Observation",
+    "build_ladder",
+    "control",
+    "frequency_prior",
+]
+
+# knobs the ladder is built on, in order of preference for the main rungs
+PRIMARY_KNOBS = ("gpu_freq", "power_limit", "cpu_freq")
+# knobs that extend the ladder below the primary knob's lowest value, in order
+SECONDARY_KNOBS = ("emc_freq", "mem_freq", "cpu_freq")
+
+
+@dataclass(frozen=True)
+class GuardParams:
+    """Tuning of the control law (device-clock seconds; margins are fractions of the budget).
+
+    Attributes:
+        target_margin: after a trip, aim this far under the budget.
+        up_margin: climb only when power now and the estimate for the new rung are this far under the budget;
+            the band between the two margins is the hysteresis.
+        fast_window_s: the short average a trip acts on. Short enough to act fast, long enough to average
+            out sensor noise (20 samples at 100 Hz).
+        down_dwell_s: after any move, the time before the next trip may act (the fast window must refill with
+            the new rung's power, else one overshoot is counted twice).
+        up_dwell_s: time at one rung with headroom before a climb.
+        block_s: how long a tripped rung (and those above it) stays barred; doubles on a repeat trip within
+            ``block_s`` of the last block expiring, up to ``block_max_s``.
+        block_max_s: the longest bar.
+        windup_fraction: a climb that raises power by less than this fraction of its estimate is undone.
+        steady_fraction: climb only while power is flat: the fast and the 1-s average within this fraction
+            of the budget of each other (a climb during a transient would misjudge the climb's effect).
+        tick_s: how often the controller calls :func:`control` (device clock).
+    """
+
+    target_margin: float = 0.05
+    up_margin: float = 0.09
+    fast_window_s: float = 0.2
+    down_dwell_s: float = 0.25
+    up_dwell_s: float = 2.0
+    block_s: float = 10.0
+    block_max_s: float = 120.0
+    windup_fraction: float = 0.25
+    steady_fraction: float = 0.03
+    tick_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.target_margin < self.up_margin < 1:
+            raise ValueError("guard margins must satisfy 0 <= target_margin < up_margin < 1")
+        if min(self.fast_window_s, self.down_dwell_s, self.up_dwell_s, self.block_s, self.tick_s) <= 0:
+            raise ValueError("guard times must be positive")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the guard sees at one tick.
+
+    Attributes:
+        t: device-clock time (s).
+        fast_w: average board power over the last ``fast_window_s``.
+        avg_w: the 1-s moving average (the figure the budget is judged by).
+        budget_w: the budget in force now.
+    """
+
+    t: float
+    fast_w: float
+    avg_w: float
+    budget_w: float
+
+
+@dataclass(frozen=True)
+class LadderModel:
+    """Prior power estimates of each rung (ascending) and the device's idle power.
+
+    ``prior_w`` need only be right in shape: observations calibrate it (see the module docstring).
+    """
+
+    prior_w: tuple[float, ...]
+    idle_w: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.prior_w:
+            raise ValueError("the ladder has no rungs")
+
+    def __len__(self) -> int:
+        return len(self.prior_w)
+
+    def estimate(self, rung: int, observed: Mapping[int, float]) -> float:
+        """Estimated power at ``rung`` from the observations (rung -> W) and the priors."""
+        if rung in observed:
+            return observed[rung]
+        if not observed:
+            return self.prior_w[rung]
+        nearest = min(observed, key=lambda k: (abs(k - rung), -k))
+        dyn_prior = self.prior_w[nearest] - self.idle_w
+        ratio = (self.prior_w[rung] - self.idle_w) / dyn_prior if dyn_prior > 0 else 1.0
+        return self.idle_w + (observed[nearest] - self.idle_w) * ratio
+
+
+@dataclass(frozen=True)
+class GuardState:
+    """Everything the law remembers between ticks.
+
+    Attributes:
+        rung: the rung applied now.
+        ceiling: the highest rung the guard may climb to (the plan's rung, or the top when the budget is
+            raised above the plan's).
+        changed_t: device time of the last move (or of the start).
+        blocked_from: rungs at or above this are barred until ``blocked_until``.
+        blocked_until: end of the bar.
+        block_len_s: length of the current bar (doubles on repeat trips).
+        observed: steady power seen per rung (rung -> W), without the additive offset.
+        offset_w: the additive change seen since (another load, a warmer board): on every rung alike.
+        climb_from: (rung, power before the climb, estimated rise) while a climb awaits its check.
+        budget_w: the budget the state was built for (a change resets the bars).
+        trips: trips so far.
+    """
+
+    rung: int
+    ceiling: int
+    changed_t: float = -math.inf
+    blocked_from: int | None = None
+    blocked_until: float = -math.inf
+    block_len_s: float = 0.0
+    observed: Mapping[int, float] = field(default_factory=dict)
+    offset_w: float = 0.0
+    climb_from: tuple[int, float, float] | None = None
+    budget_w: float | None = None
+    trips: int = 0
+
+    def barred(self, rung: int, t: float) -> bool:
+        return self.blocked_from is not None and rung >= self.blocked_from and t < self.blocked_until
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The law's output: the rung to apply (unchanged when ``reason`` is empty) and why it moved."""
+
+    rung: int
+    reason: str = ""
+    infeasible: bool = False
+
+    @property
+    def moved(self) -> bool:
+        return bool(self.reason)
+
+
+def _observe(observed: Mapping[int, float], offset_w: float, rung: int, now_w: float) -> tuple[dict[int, float], float]:
+    """Take ``now_w`` seen at ``rung``: a change at a known rung is an additive offset on every rung."""
+    if rung in observed:
+        return dict(observed), now_w - observed[rung]
+    return dict(observed) | {rung: now_w - offset_w}, offset_w
+
+
+def _bar_length(state: GuardState, t: float, params: GuardParams) -> float:
+    """``block_s``, doubled (up to ``block_max_s``) when the last bar ended less than ``block_s`` ago."""
+    repeat = state.blocked_from is not None and t < state.blocked_until + params.block_s
+    return min(params.block_max_s, state.block_len_s * 2) if repeat and state.block_len_s else params.block_s
+
+
+def control(state: GuardState, obs: Observation, model: LadderModel, params: GuardParams) -> tuple[GuardState, Decision]:
+    """One tick of the budget guard (pure): the next state and the rung to apply.
+
+    >>> model = LadderModel((4.0, 6.0, 8.0, 10.0), idle_w=2.0)
+    >>> s = GuardState(rung=3, ceiling=3)
+    >>> s, d = control(s, Observation(t=0.0, fast_w=12.0, avg_w=11.0, budget_w=10.0), model, GuardParams())
+    >>> d.rung, d.reason.split(":")[0]
+    (2, 'trip')
+    """
+    t, budget = obs.t, obs.budget_w
+    n = len(model)
+    if not (math.isfinite(obs.fast_w) and math.isfinite(obs.avg_w)):
+        return state, Decision(state.rung)
+    if state.budget_w is not None and budget != state.budget_w:
+        # a new budget: bars earned under the old one no longer say anything
+        state = replace(state, blocked_from=None, blocked_until=-math.inf, block_len_s=0.0, climb_from=None)
+    state = replace(state, budget_w=budget)
+    since = t - state.changed_t
+    steady = since >= params.fast_window_s + params.tick_s
+    if steady:
+        observed, offset = _observe(state.observed, state.offset_w, state.rung, obs.fast_w)
+        state = replace(state, observed=observed, offset_w=offset)
+
+    def estimate(rung: int, observed: Mapping[int, float], offset: float) -> float:
+        return model.estimate(rung, observed) + offset
+
+    # --- trip: act on the fast average, once the fast window holds only the current rung's power
+    over = obs.fast_w > budget or (obs.avg_w > budget and obs.fast_w > budget * (1 - params.target_margin / 2))
+    if over and since >= params.down_dwell_s:
+        now, offset = _observe(state.observed, state.offset_w, state.rung, obs.fast_w)
+        goal = budget * (1 - params.target_margin)
+        below = [r for r in range(state.rung - 1, -1, -1) if estimate(r, now, offset) <= goal]
+        target = below[0] if below else 0
+        infeasible = not below
+        if target == state.rung:  # already at the bottom: nothing left to give
+            return replace(state, observed=now, offset_w=offset), Decision(state.rung, infeasible=True)
+        block = _bar_length(state, t, params)
+        new = replace(
+            state, rung=target, changed_t=t, observed=now, offset_w=offset, climb_from=None, trips=state.trips + 1,
+            blocked_from=target + 1, blocked_until=t + block, block_len_s=block,
+        )
+        reason = f"trip: {obs.fast_w:.2f} W > {budget:.2f} W budget, down {state.rung - target} rung(s)"
+        if infeasible:
+            reason += " (lowest rung: the budget cannot be met by the knobs)"
+        return new, Decision(target, reason, infeasible)
+
+    # --- anti-windup: a climb that bought no power is undone
+    if state.climb_from is not None and steady:
+        prev, before_w, rise = state.climb_from
+        state = replace(state, climb_from=None)
+        if obs.fast_w - before_w < params.windup_fraction * rise:
+            block = _bar_length(state, t, params)
+            new = replace(
+                state, rung=prev, changed_t=t, blocked_from=prev + 1, blocked_until=t + block,
+                block_len_s=block, observed={k: v for k, v in state.observed.items() if k <= prev},
+            )
+            return new, Decision(prev, f"no response: +{obs.fast_w - before_w:.2f} W for an expected "
+                                       f"+{rise:.2f} W (clock capped?), back {state.rung - prev} rung(s)")
+
+    # --- climb: after a dwell with headroom, to the highest unbarred rung estimated under the band
+    if since >= params.up_dwell_s and state.rung < min(state.ceiling, n - 1):
+        band = budget * (1 - params.up_margin)
+        flat = abs(obs.fast_w - obs.avg_w) <= params.steady_fraction * budget
+        if obs.fast_w <= band and obs.avg_w <= band and flat:
+            target = state.rung
+            for r in range(state.rung + 1, min(state.ceiling, n - 1) + 1):
+                if state.barred(r, t) or estimate(r, state.observed, state.offset_w) > band:
+                    break
+                target = r
+            if target > state.rung:
+                rise = model.estimate(target, state.observed) - model.estimate(state.rung, state.observed)
+                new = replace(state, rung=target, changed_t=t, climb_from=(state.rung, obs.fast_w, rise))
+                return new, Decision(target, f"climb: {obs.avg_w:.2f} W under {band:.2f} W, "
+                                             f"up {target - state.rung} rung(s)")
+    return state, Decision(state.rung)
+
+
+# ---------------------------------------------------------------------------------------------- ladders
+
+
+def build_ladder(knobs: Mapping[str, Knob], setting: Mapping[str, KnobValue]) -> list[dict[str, KnobValue]]:
+    """Rungs (complete settings, ascending power) around ``setting`` over the writable knobs.
+
+    The main rungs run the primary knob (GPU frequency, else power limit, else CPU frequency) over its
+    whole table with the other knobs as in ``setting``; below its lowest value the secondary knobs (EMC,
+    memory, CPU frequency) step down one at a time, so a budget under the lowest GPU clock's power still
+    has somewhere to go. Returns ``[dict(setting)]`` when no knob is writable (measure-only).
+    """
+    writable = {k: v for k, v in knobs.items() if v.writable and v.numeric}
+    base = {k: v for k, v in setting.items()}
+    primary = next((k for k in PRIMARY_KNOBS if k in writable), None)
+    if primary is None:
+        return [base]
+    rungs = [dict(base, **{primary: v}) for v in writable[primary].values]
+    floor = dict(rungs[0])
+    extension: list[dict[str, KnobValue]] = []
+    for name in SECONDARY_KNOBS:
+        if name == primary or name not in writable:
+            continue
+        current = floor.get(name, writable[name].max)
+        for v in reversed(writable[name].values):
+            if v < current:
+                floor = dict(floor, **{name: v})
+                extension.append(floor)
+    return list(reversed(extension)) + rungs
+
+
+def frequency_prior(ladder: Sequence[Mapping[str, KnobValue]], knobs: Mapping[str, Knob], idle_w: float,
+                    top_w: float) -> LadderModel:
+    """A prior in shape only: dynamic power proportional to the product of each knob's value over its maximum.
+
+    Linear in each clock is the least the dynamic power falls with frequency (it falls faster above the
+    voltage knee), so the prior errs towards estimating too much power for low rungs: a trip then goes one
+    rung too low rather than not low enough. Observations correct it.
+    """
+    primary = next((k for k in PRIMARY_KNOBS if any(k in rung for rung in ladder)
+                    and len({rung.get(k) for rung in ladder}) > 1), None)
+    scales = []
+    for rung in ladder:
+        s = 1.0
+        for name, value in rung.items():
+            knob = knobs.get(name)
+            if knob is None or not knob.numeric or isinstance(value, str) or not float(knob.max) > 0:
+                continue
+            if name in PRIMARY_KNOBS or name in SECONDARY_KNOBS:
+                # memory and CPU clocks carry a smaller share of board power than the GPU clock
+                share = 1.0 if name == primary else 0.3
+                s *= (1 - share) + share * float(value) / float(knob.max)
+        scales.append(s)
+    top = max(scales) or 1.0
+    return LadderModel(tuple(idle_w + (top_w - idle_w) * s / top for s in scales), idle_w=idle_w)

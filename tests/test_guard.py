@@ -1,0 +1,222 @@
+"""The budget guard's control law as a pure function, and in a closed loop with a simple seeded plant."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from edgetune.power.base import Knob
+from edgetune.runtime.guard import (
+    GuardParams,
+    GuardState,
+    LadderModel,
+    Observation,
+    build_ladder,
+    control,
+    frequency_prior,
+)
+
+P = GuardParams()
+# power per rung of a plant whose dynamic power grows faster than linearly with the clock
+FREQS = np.linspace(306e6, 1020e6, 9)
+IDLE = 3.0
+TRUE_W = tuple(IDLE + 9.0 * (f / FREQS[-1]) ** 1.8 for f in FREQS)
+
+
+def obs(t: float, fast: float, avg: float | None = None, budget: float = 10.0) -> Observation:
+    return Observation(t, fast, fast if avg is None else avg, budget)
+
+
+def test_trip_jumps_to_the_highest_rung_estimated_under_the_target():
+    model = LadderModel(TRUE_W, idle_w=IDLE)
+    state = GuardState(rung=8, ceiling=8)
+    state, d = control(state, obs(5.0, TRUE_W[8]), model, P)
+    assert d.moved and d.reason.startswith("trip")
+    goal = 10.0 * (1 - P.target_margin)
+    assert TRUE_W[d.rung] <= goal < TRUE_W[d.rung + 1]
+    assert state.barred(d.rung + 1, 5.0) and not state.barred(d.rung, 5.0)
+    assert state.trips == 1
+
+
+def test_an_additive_load_is_corrected_in_one_move():
+    model = LadderModel(TRUE_W, idle_w=IDLE)
+    state = GuardState(rung=5, ceiling=8, changed_t=0.0)
+    state, d = control(state, obs(3.0, TRUE_W[5]), model, P)  # steady: learns rung 5
+    assert not d.moved
+    state, d = control(state, obs(3.05, TRUE_W[5] + 2.5), model, P)  # +2.5 W from another process
+    assert d.moved
+    assert TRUE_W[d.rung] + 2.5 <= 10.0 * (1 - P.target_margin) < TRUE_W[d.rung + 1] + 2.5
+
+
+def test_no_move_inside_the_hysteresis_band():
+    model = LadderModel(TRUE_W, idle_w=IDLE)
+    state = GuardState(rung=4, ceiling=8, changed_t=0.0)
+    # between budget * (1 - up_margin) and the budget: neither trip nor climb, however long
+    for i in range(200):
+        state, d = control(state, obs(1.0 + 0.05 * i, 10.0 * (1 - P.up_margin / 2)), model, P)
+        assert not d.moved
+
+
+def test_climb_after_dwell_then_barred_rung_is_not_reentered_until_the_bar_ends():
+    model = LadderModel(TRUE_W, idle_w=IDLE)
+    state = GuardState(rung=8, ceiling=8, changed_t=0.0)
+    state, _ = control(state, obs(1.0, TRUE_W[8], budget=12.0), model, P)  # steady at the top rung
+    state, d = control(state, obs(1.05, TRUE_W[8] + 3.0, budget=12.0), model, P)  # +3 W load: trip
+    low = d.rung
+    assert d.moved and TRUE_W[low] + 3.0 <= 12.0 * (1 - P.target_margin)
+    # the load stays 3 s, then goes away: headroom, but the rungs above the trip stay barred
+    t = 1.05
+    while t < 1.05 + P.block_s - 0.1:
+        t += P.tick_s
+        load = 3.0 if t < 4.0 else 0.0
+        state, d = control(state, obs(t, TRUE_W[state.rung] + load, budget=12.0), model, P)
+        assert state.rung == low
+    # after the bar the guard climbs to the highest rung under the band, and stays there
+    for _ in range(400):
+        t += P.tick_s
+        state, d = control(state, obs(t, TRUE_W[state.rung], budget=12.0), model, P)
+    assert state.rung == max(r for r in range(9) if TRUE_W[r] <= 12.0 * (1 - P.up_margin))
+
+
+def test_repeat_trips_double_the_bar():
+    model = LadderModel(TRUE_W, idle_w=IDLE)
+    state = GuardState(rung=8, ceiling=8)
+    state, _ = control(state, obs(0.0, 12.0), model, P)
+    first = state.block_len_s
+    state = GuardState(**{**state.__dict__, "rung": 8, "changed_t": -10.0})
+    state, _ = control(state, obs(1.0, 12.0), model, P)
+    assert state.block_len_s == pytest.approx(2 * first)
+
+
+def test_a_climb_that_buys_no_power_is_undone():
+    """Anti-windup: a capped clock (thermal throttle) makes higher rungs draw nothing more."""
+    model = LadderModel(TRUE_W, idle_w=IDLE)
+    state = GuardState(rung=3, ceiling=8, changed_t=0.0)
+    capped = TRUE_W[3]
+    t, moves = 0.0, []
+    for _ in range(400):
+        t += P.tick_s
+        state, d = control(state, obs(t, capped), model, P)
+        if d.moved:
+            moves.append(d.reason.split(":")[0])
+    assert moves == ["climb", "no response"] * 2  # a second try after the 10-s bar, the next bar is 20 s
+    assert state.rung == 3 and state.block_len_s == 2 * P.block_s
+
+
+def test_a_lower_budget_is_followed_and_clears_the_old_bars():
+    model = LadderModel(TRUE_W, idle_w=IDLE)
+    state = GuardState(rung=8, ceiling=8)
+    state, _ = control(state, obs(0.0, TRUE_W[8]), model, P)
+    assert state.blocked_from is not None
+    state, d = control(state, obs(1.0, TRUE_W[state.rung], budget=7.0), model, P)
+    assert d.moved and TRUE_W[d.rung] <= 7.0 * (1 - P.target_margin)
+    assert state.blocked_until == pytest.approx(1.0 + P.block_s)
+
+
+def test_budget_below_the_lowest_rung_is_reported_infeasible():
+    model = LadderModel(TRUE_W, idle_w=IDLE)
+    state, d = control(GuardState(rung=4, ceiling=8), obs(0.0, TRUE_W[4], budget=2.0), model, P)
+    assert d.rung == 0 and d.infeasible
+    state, d = control(state, obs(1.0, TRUE_W[0], budget=2.0), model, P)
+    assert not d.moved and d.infeasible
+
+
+def test_non_finite_power_changes_nothing():
+    state = GuardState(rung=2, ceiling=8)
+    new, d = control(state, obs(0.0, math.nan), LadderModel(TRUE_W, idle_w=IDLE), P)
+    assert new == state and not d.moved
+
+
+def test_params_are_validated():
+    with pytest.raises(ValueError, match="margins"):
+        GuardParams(target_margin=0.1, up_margin=0.05)
+    with pytest.raises(ValueError, match="positive"):
+        GuardParams(tick_s=0)
+
+
+# ---------------------------------------------------------------------------------------------- closed loop
+
+
+def _closed_loop(disturbances, budgets, seconds=60.0, seed=0, start_rung=8):
+    """Run the law against a plant: rung power + additive offset (+ a clock cap), 100 Hz noisy samples."""
+    rng = np.random.default_rng(seed)
+    prior = frequency_prior([{"gpu_freq": f} for f in FREQS],
+                            {"gpu_freq": Knob("gpu_freq", "Hz", list(FREQS), read=lambda: FREQS[-1])},
+                            IDLE, 12.0)
+    state = GuardState(rung=start_rung, ceiling=8)
+    dt, t = 0.01, 0.0
+    ts, ps, moves = [], [], 0
+    for k in range(int(seconds / dt)):
+        t = k * dt
+        offset = sum(w for (t0, w, _cap) in disturbances if t >= t0)
+        cap = min([c for (t0, _w, c) in disturbances if t >= t0 and c is not None], default=len(FREQS) - 1)
+        rung = min(state.rung, cap)
+        ts.append(t)
+        ps.append(TRUE_W[rung] + offset + rng.normal(0, 0.15))
+        if k % int(P.tick_s / dt) == 0 and t > 0:
+            budget = [w for (t0, w) in budgets if t >= t0][-1]
+            arr_t, arr_p = np.asarray(ts), np.asarray(ps)
+            fast = arr_p[arr_t > t - P.fast_window_s].mean()
+            avg = arr_p[arr_t > t - 1.0].mean()
+            state, d = control(state, Observation(t, fast, avg, budget), prior, P)
+            moves += d.moved
+    t_arr, p_arr = np.asarray(ts), np.asarray(ps)
+    avg = np.array([p_arr[(t_arr > x - 1.0) & (t_arr <= x)].mean() for x in t_arr])
+    budget = np.array([[w for (t0, w) in budgets if x >= t0][-1] for x in t_arr])
+    return t_arr, avg, budget, moves
+
+
+def _last_over_after(t, avg, budget, t0, t1):
+    sel = (t >= t0) & (t < t1) & (avg > budget)
+    return float(t[sel].max() - t0) if sel.any() else 0.0
+
+
+def test_closed_loop_settles_within_two_seconds_without_oscillation():
+    events = [(10.0, 2.5, None), (30.0, -2.5, None), (40.0, 0.0, 2), (50.0, 0.0, None)]
+    # at 40 s the clock is capped at rung 2 (throttle); the cap stays: the guard must not wind up
+    t, avg, budget, moves = _closed_loop(events, [(0.0, 10.0), (20.0, 7.0), (25.0, 10.0)])
+    assert moves <= 16  # a few moves per event, no limit cycle
+    for t0, t1 in [(0.0, 10.0), (10.0, 20.0), (20.0, 25.0), (25.0, 30.0), (30.0, 40.0), (40.0, 60.0)]:
+        assert _last_over_after(t, avg, budget, t0, t1) <= 2.0, (t0, t1)
+    # the last 20 s (no new event after 40 s) are quiet: the guard sits still
+    _, avg2, budget2, _ = _closed_loop([(0.0, 1.0, None)], [(0.0, 10.0)], seconds=40.0, seed=1)
+    assert (avg2[t[: avg2.size] > 3.0] <= budget2[t[: avg2.size] > 3.0]).all()
+
+
+def test_closed_loop_is_deterministic_under_a_seed():
+    a = _closed_loop([(5.0, 2.0, None)], [(0.0, 10.0)], seconds=15.0, seed=3)
+    b = _closed_loop([(5.0, 2.0, None)], [(0.0, 10.0)], seconds=15.0, seed=3)
+    assert np.array_equal(a[1], b[1]) and a[3] == b[3]
+
+
+# ---------------------------------------------------------------------------------------------- ladders
+
+
+def _knob(name, unit, values, writable=True):
+    return Knob(name, unit, values, read=lambda: values[-1], write=(lambda v: None) if writable else None)
+
+
+def test_ladder_runs_the_gpu_table_then_steps_memory_down():
+    knobs = {"gpu_freq": _knob("gpu_freq", "Hz", [306e6, 612e6, 918e6]),
+             "emc_freq": _knob("emc_freq", "Hz", [204e6, 665e6, 2133e6]),
+             "power_mode": Knob("power_mode", "", ["7W", "15W"], read=lambda: "15W", write=lambda v: None)}
+    ladder = build_ladder(knobs, {"gpu_freq": 918e6, "emc_freq": 2133e6, "power_mode": "15W"})
+    assert [r["gpu_freq"] for r in ladder] == [306e6, 306e6, 306e6, 612e6, 918e6]
+    assert [r["emc_freq"] for r in ladder] == [204e6, 665e6, 2133e6, 2133e6, 2133e6]
+    assert all(r["power_mode"] == "15W" for r in ladder)
+    prior = frequency_prior(ladder, knobs, idle_w=2.0, top_w=10.0)
+    assert list(prior.prior_w) == sorted(prior.prior_w) and prior.prior_w[-1] == pytest.approx(10.0)
+
+
+def test_measure_only_has_a_single_rung():
+    knobs = {"gpu_freq": _knob("gpu_freq", "Hz", [306e6, 918e6], writable=False)}
+    assert build_ladder(knobs, {"gpu_freq": 918e6}) == [{"gpu_freq": 918e6}]
+
+
+def test_estimate_scales_the_dynamic_part_of_the_nearest_observation():
+    model = LadderModel((4.0, 6.0, 10.0), idle_w=2.0)
+    assert model.estimate(0, {}) == 4.0
+    assert model.estimate(0, {2: 18.0}) == pytest.approx(2.0 + 16.0 * 2.0 / 8.0)
+    assert model.estimate(1, {0: 5.0, 2: 18.0}) in (pytest.approx(2.0 + 3.0 * 2.0), pytest.approx(2.0 + 16 * 0.5))
