@@ -208,9 +208,8 @@ def _restore_all_active(why: str) -> None:
 
 
 def _handler(signum: int, frame: Any) -> None:
-    name = signal.Signals(signum).name
-    _restore_all_active(name)
-    previous = _previous_handlers.get(signum, signal.SIG_DFL)
+    previous = _previous_handlers.get(signum, signal.SIG_DFL)  # before restoring: that uninstalls
+    _restore_all_active(signal.Signals(signum).name)
     _uninstall_handlers()
     if callable(previous):
         previous(signum, frame)
@@ -230,8 +229,8 @@ def _install_handlers() -> None:
     for name in _SIGNALS:
         signum = getattr(signal, name)
         previous = signal.getsignal(signum)
-        if previous == signal.SIG_IGN and signum != signal.SIGINT:
-            continue  # nohup'd: the user asked to ignore it
+        if previous == signal.SIG_IGN:
+            continue  # ignored (nohup, a background job): the signal will not end the run
         _previous_handlers[signum] = previous
         signal.signal(signum, _handler)
 
