@@ -1,0 +1,330 @@
+"""Step time and power for any batch size and knob setting, from a handful of measurements.
+
+The model has two layers, both fitted in log space (errors are relative, as the targets are):
+
+1. A **physics base** with few parameters, so it extrapolates from 5-10 points:
+
+   * ``frequency`` (DVFS knobs ``gpu_freq``, ``emc_freq``, ``cpu_freq``, ``mem_freq``, ``cpu_cores``):
+     time per sample = c0/b + c1 + sum_k (ck/f_k + ck'/(b f_k)) - a fixed per-step cost (kernel launches,
+     the optimizer step) amortised over the batch plus per-sample work that runs at each clock; power =
+     p0 + sum_k (pk f_k + pk' f_k^3 + pk'' f_k^3 log b) - static power plus dynamic C V^2 f, with V rising
+     with f (so ~f^3) and activity rising with batch size. Coefficients are non-negative
+     (``scipy.optimize.nnls``): every term is a cost, which keeps extrapolation physical.
+   * ``power_cap`` (a ``power_limit`` knob, e.g. NVML, the Zeus traces): the workload draws
+     P_free(b) = p_lo + (p_hi - p_lo) sigmoid(h (log2 b - m)) when unconstrained; the limit caps it:
+     P = softmin(P_free, kappa * limit); the GPU lowers its clock to stay under the cap, so time per
+     sample = (a/b + c + d b) (P_free / P)^alpha. Fitted by bounded nonlinear least squares on time and
+     power jointly, from several starts.
+   * ``generic`` (knob names unknown): time per sample = c0/b + c1 + c2 b + sum_k (ck/k + ck'/(b k)),
+     power = p0 + p1 log b + sum_k (pk k + pk' k log b), non-negative.
+
+2. A **residual Gaussian process** on (log2 b, knobs scaled to [0, 1]) of log(measured / base), with a
+   white-noise term: it corrects what the physics misses and gives the uncertainty (its predictive std,
+   noise included). ``residual="none"`` keeps the base alone, with the base's residual spread as std.
+
+``experiments/predictor_comparison.py`` compares this against a plain GP, gradient boosting and the bases
+alone by cross-validation on the Zeus traces (and the twin where present) and records why this one stays.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares, nnls
+from sklearn.base import BaseEstimator
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.gaussian_process import GaussianProcessRegressor
+from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+__all__ = ["BASES", "FREQUENCY_KNOBS", "HardwareModel", "Prediction"]
+
+#: Knobs whose value is a clock (or a count of cores): time scales with 1/value.
+FREQUENCY_KNOBS = ("gpu_freq", "emc_freq", "cpu_freq", "mem_freq", "cpu_cores")
+BASES = ("auto", "frequency", "power_cap", "generic")
+BATCH = "batch_size"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted step time and power, one entry per input row; std = one standard deviation."""
+
+    step_time_s: np.ndarray
+    power_w: np.ndarray
+    peak_power_w: np.ndarray
+    step_time_std: np.ndarray
+    power_std: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.step_time_s.size)
+
+
+# ------------------------------------------------------------------------------------------ input checks
+
+
+def _as_matrix(X: Sequence[Mapping[str, float]], knobs: Sequence[str] | None = None) -> tuple[list[str], np.ndarray]:
+    """(knob names, array of shape (n, len(knobs) + 1) with batch size last); validates."""
+    if isinstance(X, Mapping) or not hasattr(X, "__len__"):
+        raise ValueError("X must be a sequence of mappings (knob -> value, plus 'batch_size')")
+    if len(X) == 0:
+        raise ValueError("X is empty")
+    first = X[0]
+    if not isinstance(first, Mapping) or BATCH not in first:
+        raise ValueError("each row of X must be a mapping with a 'batch_size' entry")
+    names = sorted(k for k in first if k != BATCH) if knobs is None else list(knobs)
+    rows = np.empty((len(X), len(names) + 1))
+    for i, row in enumerate(X):
+        keys = set(row) - {BATCH}
+        if keys != set(names):
+            raise ValueError(f"row {i} of X has knobs {sorted(keys)}; the model expects {names}")
+        try:
+            rows[i, :-1] = [float(row[k]) for k in names]
+            rows[i, -1] = float(row[BATCH])
+        except (TypeError, ValueError):
+            raise ValueError(f"row {i} of X has a non-numeric value") from None
+    if not np.all(np.isfinite(rows)) or np.any(rows <= 0):
+        raise ValueError("knob values and batch sizes must be positive finite numbers")
+    return names, rows
+
+
+def _as_target(y: Sequence[float] | np.ndarray, n: int, name: str) -> np.ndarray:
+    a = np.asarray(y, dtype=float).ravel()
+    if a.size != n:
+        raise ValueError(f"{name} has {a.size} values for {n} rows of X")
+    if not np.all(np.isfinite(a)) or np.any(a <= 0):
+        raise ValueError(f"{name} must hold positive finite numbers")
+    return a
+
+
+# ------------------------------------------------------------------------------------------ bases
+# Each base is a pair of pure functions: fit(k, b, t_sample, p, scale) -> params; predict(params, k, b)
+# -> (time per sample, power). ``k`` holds knob values divided by ``scale`` (their largest fitted value).
+
+
+def _nnls_relative(A: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative least squares on relative error: minimise sum ((A c - y) / y)^2."""
+    coef, _ = nnls(A / y[:, None], np.ones_like(y))
+    return coef
+
+
+def _frequency_features(k: np.ndarray, b: np.ndarray, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    lb = np.log2(b)[:, None]
+    inv = 1.0 / k
+    time = np.hstack([1.0 / b[:, None], np.ones_like(lb), inv, inv / b[:, None]])
+    freq = np.array([n != "cpu_cores" for n in names])
+    f = k[:, freq]
+    power = np.hstack([np.ones_like(lb), k, f**3, f**3 * lb / 10.0])
+    return time, power
+
+
+def _generic_features(k: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    lb = np.log2(b)[:, None]
+    time = np.hstack([1.0 / b[:, None], np.ones_like(lb), b[:, None] / 1024.0, 1.0 / k, 1.0 / (k * b[:, None])])
+    power = np.hstack([np.ones_like(lb), lb / 10.0, k, k * lb / 10.0])
+    return time, power
+
+
+@dataclass(frozen=True)
+class _LinearBase:
+    kind: str
+    names: tuple[str, ...]
+    time_coef: np.ndarray
+    power_coef: np.ndarray
+
+    @staticmethod
+    def fit(kind: str, names: Sequence[str], k: np.ndarray, b: np.ndarray, t: np.ndarray, p: np.ndarray) -> _LinearBase:
+        At, Ap = _LinearBase._features(kind, names, k, b)
+        return _LinearBase(kind, tuple(names), _nnls_relative(At, t), _nnls_relative(Ap, p))
+
+    @staticmethod
+    def _features(kind: str, names: Sequence[str], k: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return _frequency_features(k, b, names) if kind == "frequency" else _generic_features(k, b)
+
+    def predict(self, k: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        At, Ap = self._features(self.kind, self.names, k, b)
+        tiny = 1e-12  # an all-zero fit (degenerate data) must not give log(0) downstream
+        return np.maximum(At @ self.time_coef, tiny), np.maximum(Ap @ self.power_coef, tiny)
+
+
+_SOFTMIN_N = 12.0  # sharpness of the cap: (x^-n + y^-n)^(-1/n) is within 6% of min(x, y) at x = y
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+@dataclass(frozen=True)
+class _PowerCapBase:
+    """Parameters: p_lo, p_hi - p_lo, m, h, kappa, alpha, log a, log c, log d (see module docstring)."""
+
+    theta: np.ndarray
+    limit_scale: float
+
+    @staticmethod
+    def _power(th: np.ndarray, x: np.ndarray, limit_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        free = th[0] + th[1] * _sigmoid(th[3] * (x - th[2]))
+        cap = th[4] * limit_w
+        return free, (free**-_SOFTMIN_N + cap**-_SOFTMIN_N) ** (-1.0 / _SOFTMIN_N)
+
+    @staticmethod
+    def _time(th: np.ndarray, b: np.ndarray, free: np.ndarray, power: np.ndarray) -> np.ndarray:
+        a, c, d = np.exp(th[6:9])
+        return (a / b + c + d * b / 1024.0) * (free / power) ** th[5]
+
+    @staticmethod
+    def fit(k: np.ndarray, b: np.ndarray, t: np.ndarray, p: np.ndarray, limit_scale: float) -> _PowerCapBase:
+        limit = k[:, 0] * limit_scale
+        x = np.log2(b)
+        lt, lp = np.log(t), np.log(p)
+        t_scale = float(np.median(t * b))
+        lt = lt - math.log(t_scale)
+
+        def residuals(th: np.ndarray) -> np.ndarray:
+            free, power = _PowerCapBase._power(th, x, limit)
+            time = _PowerCapBase._time(th, b, free, power)
+            # weak priors keep the 9 parameters identifiable from ~10 rows: a moderate sigmoid slope, a cap
+            # a little under the nominal limit (averages include slack), and frequency roughly tracking power
+            prior = 0.05 * np.array([(th[3] - 1.0) / 2.0, (th[4] - 0.93) / 0.1, th[5] - 1.0])
+            return np.concatenate([np.log(power) - lp, np.log(time) - lt, prior])
+
+        lo = [1e-3, 0.0, x.min() - 6, 0.05, 0.5, 0.0, -30, -30, -30]
+        hi = [p.max() * 1.5, p.max() * 3.0, x.max() + 6, 10.0, 1.1, 4.0, 10, 10, 10]
+        best = None
+        for m0 in np.linspace(x.min(), x.max(), 4):
+            # start with the time terms from a quick non-negative fit of the uncapped form
+            coef = _nnls_relative(np.column_stack([1.0 / b, np.ones_like(b), b / 1024.0]), t / t_scale)
+            th0 = np.array([p.min() * 0.9, max(p.max() - p.min(), 1.0) * 1.2, m0, 1.0, 0.93, 1.0,
+                            *np.log(np.maximum(coef, 1e-6))])
+            th0 = np.clip(th0, np.array(lo) + 1e-6, np.array(hi) - 1e-6)
+            r = least_squares(residuals, th0, bounds=(lo, hi), method="trf", max_nfev=400)
+            if best is None or r.cost < best.cost:
+                best = r
+        theta = best.x.copy()
+        theta[6:9] += math.log(t_scale)
+        return _PowerCapBase(theta, limit_scale)
+
+    def predict(self, k: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        free, power = self._power(self.theta, np.log2(b), k[:, 0] * self.limit_scale)
+        return self._time(self.theta, b, free, power), power
+
+
+# ------------------------------------------------------------------------------------------ the model
+
+
+def _residual_gp(dims: int, random_state: int | None) -> GaussianProcessRegressor:
+    # residuals are small (log ratios of a few %): a small signal variance and a smooth, anisotropic RBF
+    kernel = ConstantKernel(0.01, (1e-4, 1.0)) * RBF([2.0] + [1.0] * (dims - 1), (0.5, 100.0)) + WhiteKernel(
+        1e-3, (1e-5, 1e-1))
+    return GaussianProcessRegressor(kernel, normalize_y=False, random_state=random_state)
+
+
+class HardwareModel(BaseEstimator):
+    """Predicts step time, mean and peak power from measured (setting, batch size) rows.
+
+    Args:
+        base: ``auto`` (``power_cap`` for a lone ``power_limit`` knob, ``frequency`` when every knob is a
+            clock or core count, else ``generic``), or one of those by name.
+        residual: ``gp`` (a Gaussian process corrects the base and gives the uncertainty) or ``none``.
+        random_state: seed of the GP optimiser.
+
+    Example::
+
+        model = HardwareModel().fit([{"gpu_freq": 6.1e8, "batch_size": 32}, ...], times, powers)
+        pred = model.predict([{"gpu_freq": 9.2e8, "batch_size": 64}])
+        pred.step_time_s, pred.power_w, pred.step_time_std
+    """
+
+    def __init__(self, base: str = "auto", residual: str = "gp", random_state: int | None = 0) -> None:
+        self.base = base
+        self.residual = residual
+        self.random_state = random_state
+
+    # sklearn convention: fitted attributes end with "_"
+    def fit(self, X: Sequence[Mapping[str, float]], step_time_s, power_w, peak_power_w=None) -> HardwareModel:
+        """Fit on rows ``X`` (knob values plus ``batch_size``) and their measured time and power."""
+        if self.base not in BASES:
+            raise ValueError(f"base must be one of {', '.join(BASES)}, got {self.base!r}")
+        if self.residual not in ("gp", "none"):
+            raise ValueError(f"residual must be 'gp' or 'none', got {self.residual!r}")
+        names, M = _as_matrix(X)
+        n = M.shape[0]
+        if n < 2:
+            raise ValueError("need at least 2 measured rows to fit")
+        t = _as_target(step_time_s, n, "step_time_s")
+        p = _as_target(power_w, n, "power_w")
+        b = M[:, -1]
+        self.knobs_ = names
+        self.scale_ = M[:, :-1].max(axis=0) if names else np.zeros(0)
+        span = M[:, :-1].max(axis=0) - M[:, :-1].min(axis=0) if names else np.zeros(0)
+        self.gp_span_ = np.where(span > 0, span / self.scale_, 1.0)  # the fitted knob range, scaled
+        k = M[:, :-1] / self.scale_ if names else M[:, :0]
+        kind = self.base
+        if kind == "auto":
+            if names == ["power_limit"]:
+                kind = "power_cap"
+            elif names and all(nm in FREQUENCY_KNOBS for nm in names):
+                kind = "frequency"
+            else:
+                kind = "generic"
+        if kind == "power_cap" and names != ["power_limit"]:
+            raise ValueError(f"base 'power_cap' needs exactly one knob, power_limit; got {names}")
+        if kind == "frequency" and not names:
+            kind = "generic"
+        self.base_kind_ = kind
+        t_sample = t / b  # the bases model time per sample; step time = b x that
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            if kind == "power_cap":
+                self.base_model_ = _PowerCapBase.fit(k, b, t_sample, p, float(self.scale_[0]))
+            else:
+                self.base_model_ = _LinearBase.fit(kind, names, k, b, t_sample, p)
+        bt, bp = self._base_predict(k, b)
+        rt, rp = np.log(t / bt), np.log(p / bp)
+        Z = self._gp_inputs(k, b)
+        if self.residual == "gp":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                self.time_gp_ = _residual_gp(Z.shape[1], self.random_state).fit(Z, rt)
+                self.power_gp_ = _residual_gp(Z.shape[1], self.random_state).fit(Z, rp)
+        dof = max(n - 3, 1)
+        self.time_spread_ = float(math.sqrt(np.sum(rt**2) / dof))
+        self.power_spread_ = float(math.sqrt(np.sum(rp**2) / dof))
+        if peak_power_w is not None:
+            peak = _as_target(peak_power_w, n, "peak_power_w")
+            # the peak-to-mean ratio is a property of the workload's step (bursts), nearly constant
+            self.peak_ratio_ = float(np.exp(np.median(np.log(np.maximum(peak / p, 1.0)))))
+        else:
+            self.peak_ratio_ = 1.0
+        self.n_train_ = n
+        return self
+
+    def _base_predict(self, k: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ts, p = self.base_model_.predict(k, b)
+        return ts * b, p
+
+    def _gp_inputs(self, k: np.ndarray, b: np.ndarray) -> np.ndarray:
+        # a length scale of 1 is two octaves of batch size, or half the measured range of a knob
+        return np.column_stack([np.log2(b) / 2.0, 2.0 * k / self.gp_span_])
+
+    def predict(self, X: Sequence[Mapping[str, float]]) -> Prediction:
+        """Predict every row of ``X`` (same knobs as in :meth:`fit`)."""
+        if not hasattr(self, "base_model_"):
+            raise ValueError("this HardwareModel is not fitted yet; call fit first")
+        _, M = _as_matrix(X, self.knobs_)
+        b = M[:, -1]
+        k = M[:, :-1] / self.scale_ if self.knobs_ else M[:, :0]
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            t, p = self._base_predict(k, b)
+        if self.residual == "gp":
+            Z = self._gp_inputs(k, b)
+            mt, st = self.time_gp_.predict(Z, return_std=True)
+            mp, sp = self.power_gp_.predict(Z, return_std=True)
+            t, p = t * np.exp(mt), p * np.exp(mp)
+        else:
+            st = np.full(b.size, self.time_spread_)
+            sp = np.full(b.size, self.power_spread_)
+        return Prediction(step_time_s=t, power_w=p, peak_power_w=p * self.peak_ratio_,
+                          step_time_std=t * st, power_std=p * sp)
