@@ -47,13 +47,14 @@ from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, RestorableKnob, StateTracker
 from edgetune.power.sysfs import (
     ROOT_FIX,
-    CpufreqPolicy,
     FastReader,
+    cpu_freq_knob,
     find_cpufreq_policies,
     first_existing,
     is_root,
     lock_range,
     read_int,
+    read_only_reason,
     read_text,
     sysfs_root,
     writable,
@@ -337,13 +338,6 @@ def _find_gpu_devfreq(root: Path) -> Path | None:
     return first_existing(root / k for k in known if (root / k / "available_frequencies").exists())
 
 
-def _read_only_reason(files: list[Path]) -> str:
-    if not is_root():
-        return f"knob files are root-only; {ROOT_FIX}"
-    bad = next((f for f in files if not writable(f)), files[0])
-    return f"the kernel exposes {bad} read-only"
-
-
 def _range_knob(name: str, unit: str, values: tuple[int, ...], min_file: Path, max_file: Path,
                 cur_file: Path, tracker: StateTracker, description: str) -> RestorableKnob:
     """A frequency locked by a (min, max) limit pair (devfreq); restored as the pair it found."""
@@ -369,45 +363,8 @@ def _range_knob(name: str, unit: str, values: tuple[int, ...], min_file: Path, m
     files = [min_file, max_file]
     ok = all(writable(f) for f in files)
     return RestorableKnob(name, unit, values, read=read, write=write, writable=ok,
-                          why_read_only="" if ok else _read_only_reason(files), snapshot=snapshot,
+                          why_read_only="" if ok else read_only_reason(files), snapshot=snapshot,
                           restore_snapshot=restore, tracker=tracker, description=description)
-
-
-def _cpu_freq_knob(policies: list[CpufreqPolicy], tracker: StateTracker) -> RestorableKnob:
-    table = policies[0].frequencies_khz
-
-    def step_for(policy: CpufreqPolicy, khz: int) -> int:
-        below = [f for f in policy.frequencies_khz if f <= khz]
-        return below[-1] if below else policy.frequencies_khz[0]
-
-    def files(p: CpufreqPolicy) -> tuple[Path, Path]:
-        return p.path / "scaling_min_freq", p.path / "scaling_max_freq"
-
-    def read() -> int:
-        return read_int(policies[0].path / "scaling_cur_freq")
-
-    def write(value: int) -> None:
-        for p in policies:
-            f = step_for(p, int(value))
-            lock_range(files(p), p.limits(), (f, f), "cpu_freq")
-
-    def snapshot() -> dict[str, Any]:
-        return {p.name: list(p.limits()) for p in policies}
-
-    def restore(snap: dict[str, Any]) -> None:
-        for p in policies:
-            lo, hi = (int(v) for v in snap[p.name])
-            if not (0 < lo <= hi):
-                raise ValueError(f"cpu_freq: saved range {lo}..{hi} kHz for {p.name} is not a valid range")
-            lock_range(files(p), p.limits(), (lo, hi), "cpu_freq")
-
-    all_files = [f for p in policies for f in files(p)]
-    ok = all(writable(f) for f in all_files)
-    names = ", ".join(p.name for p in policies)
-    return RestorableKnob("cpu_freq", "kHz", table, read=read, write=write, writable=ok,
-                          why_read_only="" if ok else _read_only_reason(all_files), snapshot=snapshot,
-                          restore_snapshot=restore, tracker=tracker,
-                          description=f"CPU clock of every cluster ({names})")
 
 
 def _cpu_cores_knob(root: Path, tracker: StateTracker) -> RestorableKnob | None:
@@ -449,7 +406,7 @@ def _cpu_cores_knob(root: Path, tracker: StateTracker) -> RestorableKnob | None:
     files = list(online_files.values())
     ok = all(writable(f) for f in files)
     return RestorableKnob("cpu_cores", "cores", list(range(1, len(cpus) + 1)), read=read, write=write,
-                          writable=ok, why_read_only="" if ok else _read_only_reason(files),
+                          writable=ok, why_read_only="" if ok else read_only_reason(files),
                           snapshot=snapshot, restore_snapshot=restore, tracker=tracker,
                           description="online CPU cores (cpu0 always online)")
 
@@ -483,7 +440,7 @@ def _emc_knob(root: Path, board: BoardInfo, tracker: StateTracker) -> Restorable
     files = [rate, locked]
     ok = all(writable(f) for f in files)
     return RestorableKnob("emc_freq", "Hz", values, read=read, write=write, writable=ok,
-                          why_read_only="" if ok else _read_only_reason(files), snapshot=snapshot,
+                          why_read_only="" if ok else read_only_reason(files), snapshot=snapshot,
                           restore_snapshot=restore, tracker=tracker,
                           description="memory (EMC) clock through BPMP debugfs")
 
@@ -606,7 +563,7 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, detect_period_
         notes.append("no GPU devfreq node found: gpu_freq cannot be tuned")
     policies = find_cpufreq_policies(base)
     if policies:
-        knobs["cpu_freq"] = _cpu_freq_knob(policies, tracker)
+        knobs["cpu_freq"] = cpu_freq_knob(policies, tracker)
         paths["cpu_freq"] = ", ".join(str(p.path) for p in policies)
     cores = _cpu_cores_knob(base, tracker)
     if cores is not None:

@@ -18,13 +18,16 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from edgetune.power.base import DeviceError, KnobWriteError
+from edgetune.power.state import RestorableKnob, StateTracker
 
 __all__ = [
     "ROOT_ENV",
     "CpufreqPolicy",
     "FastReader",
+    "cpu_freq_knob",
     "find_cpufreq_policies",
     "is_root",
     "read_int",
@@ -211,6 +214,58 @@ def lock_range(files: tuple[Path, Path], current: tuple[int, int], target: tuple
     else:
         write_checked(min_file, lo, what)
         write_checked(max_file, hi, what)
+
+
+def read_only_reason(files: list[Path]) -> str:
+    if not is_root():
+        return f"knob files are root-only; {ROOT_FIX}"
+    bad = next((f for f in files if not writable(f)), files[0])
+    return f"the kernel exposes {bad} read-only"
+
+
+def cpu_freq_knob(policies: list[CpufreqPolicy], tracker: StateTracker) -> RestorableKnob:
+    """One ``cpu_freq`` knob (kHz) locking every cpufreq policy (cluster) to the same step.
+
+    Values are the first policy's table; a policy whose table lacks a step gets its nearest step at or
+    below it. One knob rather than one per cluster: clusters of Jetsons and x86 packages share a table,
+    and a per-cluster search space would multiply the trials for little gain. The snapshot is every
+    policy's (min, max) pair, so restore returns the governor's range.
+    """
+    table = policies[0].frequencies_khz
+
+    def step_for(policy: CpufreqPolicy, khz: int) -> int:
+        below = [f for f in policy.frequencies_khz if f <= khz]
+        return below[-1] if below else policy.frequencies_khz[0]
+
+    def files(p: CpufreqPolicy) -> tuple[Path, Path]:
+        return p.path / "scaling_min_freq", p.path / "scaling_max_freq"
+
+    def read() -> int:
+        return read_int(policies[0].path / "scaling_cur_freq")
+
+    def write(value: int) -> None:
+        for p in policies:
+            f = step_for(p, int(value))
+            lock_range(files(p), p.limits(), (f, f), "cpu_freq")
+
+    def snapshot() -> dict[str, Any]:
+        return {p.name: list(p.limits()) for p in policies}
+
+    def restore(snap: dict[str, Any]) -> None:
+        for p in policies:
+            lo, hi = (int(v) for v in snap[p.name])
+            if not (0 < lo <= hi):
+                raise ValueError(f"cpu_freq: saved range {lo}..{hi} kHz for {p.name} is not a valid range")
+            lock_range(files(p), p.limits(), (lo, hi), "cpu_freq")
+
+    all_files = [f for p in policies for f in files(p)]
+    ok = all(writable(f) for f in all_files)
+    names = ", ".join(p.name for p in policies)
+    return RestorableKnob("cpu_freq", "kHz", table, read=read, write=write, writable=ok,
+                          why_read_only="" if ok else read_only_reason(all_files), snapshot=snapshot,
+                          restore_snapshot=restore, tracker=tracker,
+                          description=f"CPU clock of every cluster ({names})")
+
 
 
 def first_existing(paths: Iterable[Path]) -> Path | None:

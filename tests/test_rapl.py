@@ -1,0 +1,104 @@
+"""The RAPL backend against a fake powercap tree: wrap-around, power from deltas, cpufreq knob, restore."""
+
+from __future__ import annotations
+
+import pytest
+from fakes.rapl_tree import MAX_RANGE_UJ, build_rapl
+
+from edgetune.power import PowerMonitor, VirtualClock, open_device, rapl
+
+
+@pytest.fixture(autouse=True)
+def _state_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGETUNE_STATE_DIR", str(tmp_path / "state"))
+
+
+def _sensor(fake, clock):
+    return rapl.RaplSensor(rapl.find_zones(fake.root), clock=clock)
+
+
+def test_zones_skip_core_uncore_and_psys(tmp_path):
+    fake = build_rapl(tmp_path / "root", packages=2)
+    assert [z.name for z in rapl.find_zones(fake.root)] == ["package-0", "dram-0", "package-1", "dram-1"]
+    device = rapl.open(root=fake.root)
+    assert device.sensor.total_label == "derived: package-0 + dram-0 + package-1 + dram-1"
+    assert "Xeon" in device.description and "2 package(s)" in device.description
+    device.close()
+
+
+def test_power_from_energy_deltas(tmp_path):
+    fake = build_rapl(tmp_path / "root")
+    clock = VirtualClock()
+    sensor = _sensor(fake, clock)
+    clock.advance(0.5)
+    fake.add_energy("package-0", 20.0)  # 40 W for 0.5 s
+    fake.add_energy("dram-0", 2.5)  # 5 W
+    reading = sensor.read()
+    assert reading.rails == {"package-0": pytest.approx(40.0), "dram-0": pytest.approx(5.0)}
+    assert reading.total_w == pytest.approx(45.0)
+    assert sensor.energy_j() == pytest.approx(22.5)
+
+
+def test_counter_wrap_around(tmp_path):
+    fake = build_rapl(tmp_path / "root", start_uj=MAX_RANGE_UJ - 3_000_000)  # 3 J before the wrap
+    clock = VirtualClock()
+    sensor = _sensor(fake, clock)
+    for _ in range(4):  # 4 x 2.5 J per 0.1 s: crosses max_energy_range_uj once
+        clock.advance(0.1)
+        fake.add_energy("package-0", 2.5)
+        fake.add_energy("dram-0", 0.5)
+        reading = sensor.read()
+        assert reading.rails["package-0"] == pytest.approx(25.0)
+        assert reading.rails["dram-0"] == pytest.approx(5.0)
+    assert int(fake.counters["package-0"].read_text()) < 10_000_000  # it did wrap
+    assert sensor.energy_j() == pytest.approx(12.0)
+
+
+def test_monitor_energy_matches_counter(tmp_path):
+    fake = build_rapl(tmp_path / "root")
+    clock = VirtualClock()
+    sensor = _sensor(fake, clock)
+    monitor = PowerMonitor(sensor, clock, rate_hz=100)
+    monitor.start()
+    monitor.begin_window("w")
+    for _ in range(200):  # 2 s at 30 W package + 4 W DRAM, counters moving every 10 ms
+        clock.advance(0.01)
+        fake.add_energy("package-0", 0.30)
+        fake.add_energy("dram-0", 0.04)
+    stats = monitor.end_window("w")
+    monitor.stop()
+    assert stats.hardware_energy_j == pytest.approx(68.0)
+    assert stats.energy_j == pytest.approx(68.0, rel=0.02)
+    assert stats.mean_w == pytest.approx(34.0, rel=0.02)
+
+
+def test_garbage_counter_raises(tmp_path):
+    fake = build_rapl(tmp_path / "root")
+    sensor = _sensor(fake, VirtualClock())
+    fake.counters["dram-0"].chmod(0o644)
+    fake.counters["dram-0"].write_text("oops\n")
+    with pytest.raises(ValueError, match="energy_uj"):
+        sensor.read()
+
+
+def test_cpu_freq_knob_on_intel_pstate(tmp_path):
+    fake = build_rapl(tmp_path / "root")
+    before = fake.knob_state()
+    device = open_device("rapl", root=fake.root)
+    knob = device.knobs["cpu_freq"]
+    assert knob.unit == "kHz" and knob.min == 800_000 and knob.max == 3_200_000 and 100_000 in {
+        b - a for a, b in zip(knob.values, knob.values[1:])}
+    assert any("intel_pstate" in n for n in device.notes)
+    with device.restoring():
+        device.apply({"cpu_freq": "1.5GHz"})
+        assert {v for k, v in fake.knob_state().items()} == {"1500000\n"}
+    assert fake.knob_state() == before
+    device.close()
+
+
+def test_no_rapl_is_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(rapl.DeviceError, match="no RAPL package zones") as err:
+        rapl.open(root=tmp_path / "empty")
+    assert "\n" not in str(err.value)
+    assert not rapl.probe(root=tmp_path / "empty")[0].found
