@@ -50,7 +50,7 @@ __all__ = ["Search", "SearchError", "SearchResult", "TrialRecord", "make_sampler
 
 CONSTRAINT = "power_w"
 #: sampler used by ``sampler = "auto"``: chosen by experiments/sampler_comparison.py
-AUTO_SAMPLER = "tpe"
+AUTO_SAMPLER = "guided"
 _DUPLICATE_STALL = 30  # consecutive duplicate proposals before a random unmeasured setting is enqueued
 
 
@@ -365,8 +365,10 @@ class Search:
         n_existing = 0
         with contextlib.suppress(KeyError):
             n_existing = len(optuna.load_study(study_name=self.study_name, storage=storage).trials)
+        guided = {"budget_w": self.budget_w if self.constrained else None, "tolerance": self.tolerance,
+                  "target": self.target, **dict(self.guided_options or {})}
         sampler = make_sampler(self.sampler_name, seed=self.seed + n_existing, n_trials=self.n_trials,
-                               objective=self.objective, space=self.space, guided_options=self.guided_options)
+                               objective=self.objective, space=self.space, guided_options=guided)
         study = optuna.create_study(storage=storage, study_name=self.study_name, sampler=sampler,
                                     directions=DIRECTIONS[self.objective], load_if_exists=True)
         identity = {
@@ -552,7 +554,8 @@ class Search:
                     if reason:
                         stop_reason = reason
                         break
-                    if self._should_stop_patience(records):
+                    if reason is None and not hasattr(study.sampler, "should_stop") and \
+                            self._should_stop_patience(records):
                         stop_reason = (f"no improvement over {self.margin:.0%} in the last {self.patience} "
                                        f"measured settings")
                         break
