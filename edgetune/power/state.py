@@ -159,7 +159,14 @@ class RestorableKnob(Knob):
             if not self._changed:
                 raise
             try:
-                self.restore()
+                untouched = self._saved is not None and self.snapshot() == self._saved
+            except (DeviceError, OSError, ValueError):
+                untouched = False
+            try:
+                if untouched:  # refused before anything changed (no permission, not supported)
+                    self._forget()
+                else:
+                    self.restore()
                 tail = f"; {self.name} is back at its original value"
             except (DeviceError, OSError, ValueError) as again:
                 tail = f"; restoring the original failed too ({again}); run `edgetune restore`"
@@ -173,12 +180,15 @@ class RestorableKnob(Knob):
         elif self._original is not None:  # no tracker: fall back to the single remembered value
             assert self._write is not None
             self._write(self._original)
+        self._forget()
+        return True
+
+    def _forget(self) -> None:
         self._changed = False
         self._original = None
         self._saved = None
         if self.tracker is not None:
             self.tracker.forget(self)
-        return True
 
 
 # ---------------------------------------------------------------------------------------------- tracker

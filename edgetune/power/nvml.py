@@ -1,0 +1,336 @@
+"""NVIDIA GPUs through NVML (``pynvml`` from the nvidia-ml-py package).
+
+* power: ``nvmlDeviceGetPowerUsage`` (mW), and the total energy counter
+  ``nvmlDeviceGetTotalEnergyConsumption`` (mJ, Volta and newer) where the GPU keeps one - on Ampere and
+  newer the power figure is itself an average, so window energy is best taken from the counter
+  (``WindowStats.hardware_energy_j``);
+* knobs: ``gpu_freq`` (Hz; NVML speaks MHz) locked with ``nvmlDeviceSetGpuLockedClocks`` from the
+  supported-clocks table and reset with ``nvmlDeviceResetGpuLockedClocks``; ``mem_freq`` (Hz) likewise
+  with the memory locked clocks; ``power_limit`` (W) within the management-limit constraints, restored to
+  the limit found;
+* devices: ``nvml`` is the first visible GPU, ``nvml:<i>`` the i-th, ``nvml:<UUID>`` one GPU by UUID.
+  ``CUDA_VISIBLE_DEVICES`` is honoured (indices or UUIDs/prefixes, as CUDA reads it), so index i here is
+  the GPU that ``cuda:i`` names in torch.
+
+NVML cannot report whether clocks were locked before edgetune ran: restore resets them to the default
+(unlocked) state, which is the state of nearly every machine. Setting anything needs root; without it the
+knobs are read-only with the fix in one line, and the device is in measure-only mode.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from edgetune.power.base import Device, DeviceError, KnobWriteError, PowerReading, RealClock, WorkloadCost
+from edgetune.power.registry import PlatformProbe
+from edgetune.power.state import DeviceIdentity, RestorableKnob, StateTracker
+from edgetune.power.sysfs import ROOT_FIX, is_root
+
+__all__ = ["NvmlGpu", "NvmlPowerSensor", "nvml_message", "open", "probe", "visible_indices"]
+
+#: NVML refreshes the power reading about every 20-100 ms depending on the GPU; sampling at 50 Hz is plenty.
+NVML_UPDATE_PERIOD_S = 0.02
+
+_ERROR_NAMES = {  # NVML return codes (nvml.h) -> what the user should know
+    3: "not supported on this GPU",
+    4: f"not permitted: {ROOT_FIX}",
+    999: "NVML reported an unknown error (code 999); check `nvidia-smi` and the kernel log (dmesg)",
+    15: "the GPU has fallen off the bus (GPU is lost); check `nvidia-smi` and reboot",
+    2: "NVML rejected the value (invalid argument)",
+}
+
+
+def _pynvml():
+    try:
+        import pynvml
+    except ImportError:
+        raise DeviceError("NVML: the nvidia-ml-py package is not installed; pip install nvidia-ml-py") from None
+    return pynvml
+
+
+def nvml_message(exc: BaseException, what: str) -> str:
+    """One line for an NVML error: what was attempted, what NVML said, the fix where there is one."""
+    code = getattr(exc, "value", None)
+    return f"{what}: {_ERROR_NAMES.get(code, f'NVML error {code}: {exc}')}"
+
+
+def _call(what: str, fn: Callable[..., Any], *args: Any, error: type[DeviceError] = DeviceError) -> Any:
+    nvml = _pynvml()
+    try:
+        return fn(*args)
+    except nvml.NVMLError as exc:
+        raise error(nvml_message(exc, what)) from None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def visible_indices(nvml: Any, count: int) -> list[int]:
+    """Physical NVML indices of the GPUs CUDA may use, in CUDA's order."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        return list(range(count))
+    uuids = None
+    chosen: list[int] = []
+    for item in (x.strip() for x in env.split(",")):
+        if not item:
+            break
+        if item.isdigit() or (item.startswith("-") and item[1:].isdigit()):
+            i = int(item)
+            if not 0 <= i < count:
+                break  # CUDA stops at the first invalid entry
+            chosen.append(i)
+            continue
+        if uuids is None:
+            uuids = [_text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
+        key = item if item.startswith("GPU-") else f"GPU-{item}"
+        matches = [i for i, u in enumerate(uuids) if u.startswith(key)]
+        if len(matches) != 1:
+            break
+        chosen.append(matches[0])
+    return list(dict.fromkeys(chosen))
+
+
+@dataclass
+class NvmlGpu:
+    """One GPU: its physical NVML index, handle, name and UUID."""
+
+    index: int
+    handle: Any
+    name: str
+    uuid: str
+
+
+class NvmlPowerSensor:
+    """GPU board power (``nvmlDeviceGetPowerUsage``) and the hardware energy counter where present."""
+
+    update_period_s = NVML_UPDATE_PERIOD_S
+    period_source = "NVML refresh interval"
+
+    def __init__(self, gpu: NvmlGpu, label: str, clock: RealClock | None = None) -> None:
+        self._nvml = _pynvml()
+        self._gpu = gpu
+        self._clock = clock or RealClock()
+        self.rails = (label,)
+        self.total_label = f"{label} board power (NVML)"
+        try:
+            self._nvml.nvmlDeviceGetTotalEnergyConsumption(gpu.handle)
+            self.has_energy_counter = True
+        except self._nvml.NVMLError:
+            self.has_energy_counter = False
+
+    def read(self) -> PowerReading:
+        t = self._clock.now()
+        try:
+            mw = self._nvml.nvmlDeviceGetPowerUsage(self._gpu.handle)
+        except self._nvml.NVMLError as exc:
+            raise DeviceError(nvml_message(exc, f"power reading of GPU {self._gpu.index}")) from None
+        w = mw / 1e3
+        return PowerReading(t, w, {self.rails[0]: w})
+
+    def energy_j(self) -> float | None:
+        if not self.has_energy_counter:
+            return None
+        try:
+            return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._gpu.handle) / 1e3
+        except self._nvml.NVMLError:
+            return None
+
+
+def _run_step(fn: Callable[[], Any], batch_size: int, cost: WorkloadCost | None) -> Any:
+    result = fn()
+    torch = sys.modules.get("torch")  # never imported here; a CUDA step is done only once synchronised
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return result
+
+
+def _clock_knobs(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: bool, why: str) -> dict[str, RestorableKnob]:
+    h = gpu.handle
+    knobs: dict[str, RestorableKnob] = {}
+    try:
+        mem_mhz = sorted(nvml.nvmlDeviceGetSupportedMemoryClocks(h))
+    except nvml.NVMLError:
+        return knobs  # no clock tables (NotSupported): nothing to lock
+    gfx_mhz = sorted({int(f) for m in mem_mhz for f in nvml.nvmlDeviceGetSupportedGraphicsClocks(h, m)})
+
+    def _reset(what: str, fn: Callable[[Any], None]) -> None:
+        try:
+            fn(h)
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) == nvml.NVML_ERROR_NOT_SUPPORTED:
+                return  # a GPU that cannot lock clocks never had them locked: nothing to undo
+            raise KnobWriteError(nvml_message(exc, what)) from None
+
+    def gpu_read() -> int:
+        return int(_call("GPU clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_GRAPHICS)) * 1_000_000
+
+    def gpu_write(hz: int) -> None:
+        mhz = round(hz / 1e6)
+        _call("gpu_freq", nvml.nvmlDeviceSetGpuLockedClocks, h, mhz, mhz, error=KnobWriteError)
+
+    def gpu_reset(snap: dict[str, Any]) -> None:
+        if snap.get("locked") is not False:
+            raise ValueError(f"gpu_freq: unexpected saved state {snap!r}")
+        _reset("gpu_freq reset", nvml.nvmlDeviceResetGpuLockedClocks)
+
+    knobs["gpu_freq"] = RestorableKnob(
+        "gpu_freq", "Hz", [f * 1_000_000 for f in gfx_mhz], read=gpu_read, write=gpu_write, writable=writable,
+        why_read_only=why, snapshot=lambda: {"locked": False}, restore_snapshot=gpu_reset, tracker=tracker,
+        description="GPU locked clocks (nvmlDeviceSetGpuLockedClocks)")
+
+    if len(mem_mhz) > 1:
+        def mem_read() -> int:
+            return int(_call("memory clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_MEM)) * 1_000_000
+
+        def mem_write(hz: int) -> None:
+            mhz = round(hz / 1e6)
+            _call("mem_freq", nvml.nvmlDeviceSetMemoryLockedClocks, h, mhz, mhz, error=KnobWriteError)
+
+        def mem_reset(snap: dict[str, Any]) -> None:
+            if snap.get("locked") is not False:
+                raise ValueError(f"mem_freq: unexpected saved state {snap!r}")
+            _reset("mem_freq reset", nvml.nvmlDeviceResetMemoryLockedClocks)
+
+        knobs["mem_freq"] = RestorableKnob(
+            "mem_freq", "Hz", [m * 1_000_000 for m in mem_mhz], read=mem_read, write=mem_write,
+            writable=writable, why_read_only=why, snapshot=lambda: {"locked": False},
+            restore_snapshot=mem_reset, tracker=tracker,
+            description="memory locked clocks (nvmlDeviceSetMemoryLockedClocks)")
+    return knobs
+
+
+def _power_limit_knob(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: bool,
+                      why: str) -> RestorableKnob | None:
+    h = gpu.handle
+    try:
+        lo_mw, hi_mw = nvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
+        default_mw = nvml.nvmlDeviceGetPowerManagementDefaultLimit(h)
+        current_mw = nvml.nvmlDeviceGetPowerManagementLimit(h)
+    except nvml.NVMLError:
+        return None
+    step = 5 if hi_mw >= 100_000 else 1  # W: fine enough for a budget, few enough to search
+    lo_w, hi_w = lo_mw / 1e3, hi_mw / 1e3
+    grid = {float(w) for w in range(int(-(-lo_w // step) * step), int(hi_w) + 1, step)}
+    values = sorted(grid | {lo_w, hi_w, default_mw / 1e3, current_mw / 1e3})
+
+    def read() -> float:
+        return _call("power limit", nvml.nvmlDeviceGetPowerManagementLimit, h) / 1e3
+
+    def write(watts: float) -> None:
+        _call("power_limit", nvml.nvmlDeviceSetPowerManagementLimit, h, round(watts * 1e3), error=KnobWriteError)
+
+    def restore(snap: dict[str, Any]) -> None:
+        mw = int(snap["limit_mw"])
+        if not lo_mw <= mw <= hi_mw:
+            raise ValueError(f"power_limit: saved {mw / 1e3:g} W is outside {lo_w:g}..{hi_w:g} W")
+        _call("power_limit", nvml.nvmlDeviceSetPowerManagementLimit, h, mw, error=KnobWriteError)
+
+    return RestorableKnob(
+        "power_limit", "W", values, read=read, write=write, writable=writable, why_read_only=why,
+        snapshot=lambda: {"limit_mw": int(nvml.nvmlDeviceGetPowerManagementLimit(h))}, restore_snapshot=restore,
+        tracker=tracker, description=f"board power limit (default {default_mw / 1e3:g} W)")
+
+
+def _init() -> Any:
+    nvml = _pynvml()
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        code = getattr(exc, "value", None)
+        if code in (getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", 12), getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", 9)):
+            raise DeviceError("NVML: no NVIDIA driver on this machine (libnvidia-ml not found or driver not "
+                              "loaded)") from None
+        raise DeviceError(nvml_message(exc, "NVML initialisation")) from None
+    return nvml
+
+
+def _select(nvml: Any, arg: str) -> tuple[int, NvmlGpu]:
+    """(visible index, GPU) for ``arg``: '' or an index among the visible GPUs, or a UUID."""
+    count = _call("GPU count", nvml.nvmlDeviceGetCount)
+    visible = visible_indices(nvml, count)
+    arg = arg.strip()
+    if arg.startswith("GPU-"):
+        for i in range(count):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            if _text(nvml.nvmlDeviceGetUUID(h)) == arg:
+                return (visible.index(i) if i in visible else -1), NvmlGpu(i, h, _text(nvml.nvmlDeviceGetName(h)), arg)
+        raise DeviceError(f"no NVIDIA GPU with UUID {arg}; list them with `edgetune devices`")
+    if arg and not arg.isdigit():
+        raise DeviceError(f"nvml:{arg} is not a GPU index or UUID; use nvml:0, nvml:1 ... or nvml:GPU-<uuid>")
+    want = int(arg or 0)
+    if not visible:
+        raise DeviceError("no NVIDIA GPU visible (CUDA_VISIBLE_DEVICES hides them all, or none is installed)")
+    if want >= len(visible):
+        raise DeviceError(f"nvml:{want}: only {len(visible)} GPU(s) visible (nvml:0..nvml:{len(visible) - 1})")
+    i = visible[want]
+    h = _call(f"GPU {i}", nvml.nvmlDeviceGetHandleByIndex, i)
+    return want, NvmlGpu(i, h, _text(nvml.nvmlDeviceGetName(h)), _text(nvml.nvmlDeviceGetUUID(h)))
+
+
+def open(arg: str = "", **_other: Any) -> Device:
+    """Open a GPU through NVML: ``arg`` is a visible index (default 0) or a UUID."""
+    nvml = _init()
+    try:
+        visible_index, gpu = _select(nvml, arg)
+        label = f"GPU{visible_index if visible_index >= 0 else gpu.index}"
+        try:
+            nvml.nvmlDeviceGetPowerUsage(gpu.handle)
+        except nvml.NVMLError as exc:
+            raise DeviceError(nvml_message(exc, f"power reading of {gpu.name}")
+                              + "; on Jetson before Thor use --device jetson") from None
+        sensor = NvmlPowerSensor(gpu, label)
+        description = f"{gpu.name} ({gpu.uuid}, NVML index {gpu.index})"
+        tracker = StateTracker(DeviceIdentity(f"nvml:{gpu.uuid}", description, serial=gpu.uuid))
+        writable = is_root()
+        why = "" if writable else f"NVML clock and power-limit settings need root; {ROOT_FIX}"
+        knobs = _clock_knobs(nvml, gpu, tracker, writable, why)
+        limit = _power_limit_knob(nvml, gpu, tracker, writable, why)
+        if limit is not None:
+            knobs["power_limit"] = limit
+    except BaseException:
+        nvml.nvmlShutdown()
+        raise
+    notes = []
+    notes.append("energy from the GPU's own counter (nvmlDeviceGetTotalEnergyConsumption)"
+                 if sensor.has_energy_counter else "no hardware energy counter on this GPU: energy is integrated")
+    notes.append("restore resets locked clocks to the driver default (NVML cannot read earlier locks)")
+    if not any(k.writable for k in knobs.values()):
+        notes.append(f"measure-only: {why or 'no settable clocks or power limit on this GPU'}; "
+                     f"the search tunes batch size alone")
+
+    def close() -> None:
+        try:
+            tracker.restore_all()
+        finally:
+            nvml.nvmlShutdown()
+
+    return Device(name=f"nvml:{visible_index}" if visible_index >= 0 else f"nvml:{gpu.uuid}",
+                  description=description, simulated=False, knobs=dict(knobs), sensor=sensor, clock=RealClock(),
+                  run_step=_run_step, notes=notes, close=close, backend=gpu)
+
+
+def probe() -> list[PlatformProbe]:
+    """One entry per visible GPU; none found when NVML or the driver is missing."""
+    try:
+        nvml = _init()
+    except DeviceError as exc:
+        return [PlatformProbe("nvml", False, summary=str(exc))]
+    try:
+        count = nvml.nvmlDeviceGetCount()
+        visible = visible_indices(nvml, count)
+        found = []
+        for k, i in enumerate(visible):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            found.append(PlatformProbe("nvml", True, spec=f"nvml:{k}",
+                                       summary=f"{_text(nvml.nvmlDeviceGetName(h))} (NVML index {i})"))
+        return found or [PlatformProbe("nvml", False, summary="NVML found no visible GPU")]
+    except nvml.NVMLError as exc:
+        return [PlatformProbe("nvml", False, summary=nvml_message(exc, "NVML"))]
+    finally:
+        nvml.nvmlShutdown()

@@ -1,0 +1,165 @@
+"""The NVML backend against a fake pynvml with real names, units, clock tables and error codes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fakes.nvml_gpus import FAKE_NVML_DIR, a100, h100, p100, read_gpus, rtx_a6000, write_gpus
+
+from edgetune.power import DeviceError, KnobWriteError, open_device
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def fake_nvml(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(FAKE_NVML_DIR))
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    monkeypatch.setenv("EDGETUNE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    path = tmp_path / "nvml.json"
+
+    def make(gpus, **kw):
+        env = write_gpus(path, gpus, **kw)
+        monkeypatch.setenv("FAKE_NVML_STATE", env["FAKE_NVML_STATE"])
+        return path
+
+    yield make
+    sys.modules.pop("pynvml", None)  # never leak the fake to other tests
+
+
+def test_a100_tables_power_energy(fake_nvml):
+    fake_nvml([a100()])
+    from edgetune.power import nvml
+
+    device = open_device("nvml")
+    assert device.name == "nvml:0" and "A100-SXM4-40GB" in device.description
+    gpu = device.knobs["gpu_freq"]
+    assert gpu.unit == "Hz" and gpu.min == 210_000_000 and gpu.max == 1_410_000_000 and len(gpu.values) == 81
+    assert "mem_freq" not in device.knobs  # one memory clock: nothing to choose
+    limit = device.knobs["power_limit"]
+    assert limit.unit == "W" and limit.min == 100.0 and limit.max == 400.0 and limit.read() == 400.0
+    reading = device.sensor.read()
+    assert reading.total_w == pytest.approx(310.0) and reading.rails == {"GPU0": reading.total_w}
+    assert device.sensor.energy_j() > 123_456  # mJ counter -> J
+    assert isinstance(device.sensor, nvml.NvmlPowerSensor)
+    assert any("nvmlDeviceGetTotalEnergyConsumption" in n for n in device.notes)
+    device.close()
+
+
+def test_lock_and_reset_clocks_and_limit(fake_nvml):
+    path = fake_nvml([a100()])
+    device = open_device("nvml:0")
+    with device.restoring():
+        device.apply({"gpu_freq": "1005MHz", "power_limit": 250})
+        (gpu,) = read_gpus(path)
+        assert gpu["locked_gpu_mhz"] == 1005 and gpu["limit_mw"] == 250_000
+        assert device.knobs["gpu_freq"].read() == 1_005_000_000
+        assert device.sensor.read().total_w < 250  # the fake draws less at a lower clock
+    (gpu,) = read_gpus(path)
+    assert gpu["locked_gpu_mhz"] == 0 and gpu["limit_mw"] == 400_000
+    device.close()
+
+
+def test_memory_clock_knob_where_there_are_several(fake_nvml):
+    path = fake_nvml([rtx_a6000()])
+    device = open_device("nvml")
+    mem = device.knobs["mem_freq"]
+    assert mem.values == (405_000_000, 810_000_000, 7_001_000_000, 8_001_000_000)
+    with device.restoring():
+        mem.set("7001MHz")
+        assert read_gpus(path)[0]["locked_mem_mhz"] == 7001
+    assert read_gpus(path)[0]["locked_mem_mhz"] == 0
+    device.close()
+
+
+def test_several_gpus_and_cuda_visible_devices(fake_nvml, monkeypatch):
+    fake_nvml([a100(), h100(), rtx_a6000()])
+    from edgetune.power import nvml
+
+    assert [p.spec for p in nvml.probe()] == ["nvml:0", "nvml:1", "nvml:2"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    assert [p.summary.split(" (")[0] for p in nvml.probe()] == ["NVIDIA RTX A6000", "NVIDIA A100-SXM4-40GB"]
+    device = open_device("nvml:1")
+    assert "A100" in device.description and device.sensor.rails == ("GPU1",)
+    device.close()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-9d1c")  # a UUID prefix, as CUDA accepts
+    device = open_device("nvml:0")
+    assert "H100" in device.description
+    device.close()
+    with pytest.raises(DeviceError, match=r"only 1 GPU\(s\) visible"):
+        open_device("nvml:1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(DeviceError, match="no NVIDIA GPU visible"):
+        open_device("nvml")
+    device = open_device("nvml:GPU-4e0a7f1c-2b9d-4c63-8f1e-a100a100a100")  # by UUID, whatever is visible
+    assert "A100" in device.description
+    device.close()
+
+
+def test_not_supported_is_one_line_and_nothing_left_changed(fake_nvml):
+    path = fake_nvml([p100()])
+    device = open_device("nvml")
+    assert device.sensor.energy_j() is None
+    assert any("no hardware energy counter" in n for n in device.notes)
+    with pytest.raises(KnobWriteError) as err:
+        device.knobs["gpu_freq"].set(device.knobs["gpu_freq"].max)
+    assert str(err.value).startswith("gpu_freq: not supported on this GPU") and "\n" not in str(err.value)
+    assert "back at its original" in str(err.value)
+    assert read_gpus(path)[0]["locked_gpu_mhz"] == 0
+    assert not list((path.parent / "state").glob("*.json"))
+    device.close()
+
+
+def test_no_permission_names_the_fix(fake_nvml):
+    path = fake_nvml([a100()], privileged=False)
+    device = open_device("nvml")
+    with pytest.raises(KnobWriteError, match=r"power_limit: not permitted: run edgetune as root"):
+        device.knobs["power_limit"].set(300)
+    assert read_gpus(path)[0]["limit_mw"] == 400_000
+    device.close()
+
+
+def test_unknown_error_on_power_read_raises_for_the_monitor(fake_nvml):
+    path = fake_nvml([a100()])
+    device = open_device("nvml")
+    write_gpus(path, [dict(a100(), fail={"nvmlDeviceGetPowerUsage": 999})])
+    with pytest.raises(DeviceError, match=r"unknown error \(code 999\)"):
+        device.sensor.read()
+    device.close()
+
+
+def test_no_driver(fake_nvml, monkeypatch):
+    fake_nvml([a100()])
+    monkeypatch.delenv("FAKE_NVML_STATE")
+    from edgetune.power import nvml
+
+    (found,) = nvml.probe()
+    assert not found.found and "no NVIDIA driver" in found.summary
+    with pytest.raises(DeviceError, match="no NVIDIA driver"):
+        open_device("nvml")
+
+
+def test_kill_9_then_restore_resets_the_gpu(fake_nvml, tmp_path):
+    path = fake_nvml([a100(), h100()])
+    env = dict(os.environ, EDGETUNE_STATE_DIR=str(tmp_path / "state"), CUDA_VISIBLE_DEVICES="1",
+               **write_gpus(path, [a100(), h100()]))
+    env["PYTHONPATH"] = os.pathsep.join([str(FAKE_NVML_DIR), str(REPO)])
+    code = ("import time; from edgetune.power import open_device; d = open_device('nvml:0'); "
+            "d.apply({'gpu_freq': '900MHz', 'power_limit': 450}); print('changed', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "changed"
+    proc.kill()
+    proc.wait(timeout=10)
+    assert read_gpus(path)[1]["locked_gpu_mhz"] == 900 and read_gpus(path)[1]["limit_mw"] == 450_000
+    env["CUDA_VISIBLE_DEVICES"] = "0"  # recovery finds the GPU by UUID, not by what is visible now
+    done = subprocess.run([sys.executable, "-m", "edgetune", "restore"], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "restored" in done.stdout and "H100" in done.stdout
+    h = read_gpus(path)[1]
+    assert h["locked_gpu_mhz"] == 0 and h["limit_mw"] == 700_000
