@@ -918,6 +918,8 @@ def open(arg: str = "", seed: int = 0, compute: bool = True, **_: Any) -> Device
 def _describe_range(values: tuple[KnobValue, ...], unit: str) -> str:
     if isinstance(values[0], str):
         return ", ".join(map(str, values))
+    if unit == "cores":
+        return f"{values[0]}-{values[-1]} cores"
     return f"{format_value(values[0], unit)} - {format_value(values[-1], unit)} ({len(values)} steps)"
 
 
