@@ -234,7 +234,7 @@ def fit_steps_to_target(batch_sizes: Sequence[float], steps: Sequence[float]) ->
                          "reached the target)")
     A = np.column_stack([np.ones_like(b), 1.0 / b]) / s[:, None]
     (alpha, beta), _ = nnls(A, np.ones_like(s))
-    if alpha <= 0:
+    if alpha <= 1e-9 * beta / b.min():  # the constant term is round-off next to the 1/b term
         # steps keep falling with batch size all the way: B_noise lies beyond the data
         return StepsFit(s_min=0.0, b_noise=math.inf)
     return StepsFit(s_min=float(alpha), b_noise=float(beta / alpha))
