@@ -184,7 +184,6 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 def _monitor(device: Device, args: argparse.Namespace) -> int:
     sensor, clock = device.sensor, device.clock
     monitor = PowerMonitor(sensor, clock, rate_hz=args.rate)
-    period = 1.0 / monitor.rate_hz
     rails = list(sensor.rails)
     out = open(args.csv, "w", newline="") if args.csv else None  # noqa: SIM115 - closed in finally
     writer = None
@@ -192,8 +191,11 @@ def _monitor(device: Device, args: argparse.Namespace) -> int:
         writer = csv.writer(out)
         writer.writerow(["t_s", "total_w", *[f"{r}_w" for r in rails]])
     sim = " (simulated)" if device.simulated else ""
-    print(f"monitoring {device.description}{sim}: total = {sensor.total_label}, {monitor.rate_hz:g} Hz"
+    update_ms = sensor.update_period_s * 1e3  # measured once, now, not in the middle of the run
+    print(f"monitoring {device.description}{sim}: total = {sensor.total_label}, {monitor.rate_hz:g} Hz "
+          f"(sensor updates every {update_ms:.3g} ms)"
           + (f", logging to {args.csv}" if args.csv else "") + "; Ctrl-C to stop", flush=True)
+    period = 1.0 / monitor.rate_hz
     t0 = clock.now()
     monitor.begin_window("monitor")
     next_due = t0 + period

@@ -250,6 +250,13 @@ def measure_update_period(read_raw: Callable[[], Any], budget_s: float = DEFAULT
     the median time between changes. None when fewer than three changes were seen (static values)."""
     if budget_s <= 0:
         return None
+    try:
+        return _measure(read_raw, budget_s, clock)
+    except (OSError, ValueError):
+        return None  # a bad read while measuring: fall back rather than fail the run
+
+
+def _measure(read_raw: Callable[[], Any], budget_s: float, clock: Callable[[], float]) -> float | None:
     start = clock()
     last = read_raw()
     changes: list[float] = []

@@ -84,7 +84,8 @@ def writable(path: Path) -> bool:
         mode = path.stat().st_mode
     except OSError:
         return False
-    return bool(mode & 0o222) and os.access(path, os.W_OK)
+    effective = os.access in os.supports_effective_ids  # the euid decides a write, as for open(2)
+    return bool(mode & 0o222) and os.access(path, os.W_OK, effective_ids=effective)
 
 
 def write_checked(path: Path, value: int | str, what: str) -> None:

@@ -1,0 +1,195 @@
+"""`edgetune devices`, `monitor` and `restore`, run as a user runs them, against fake trees."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from fakes.jetson_tree import build_jetson
+from fakes.rapl_tree import build_rapl
+
+from edgetune.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGETUNE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("FAKE_NVML_STATE", raising=False)
+
+
+def _env(root: Path, tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ, EDGETUNE_SYSFS_ROOT=str(root), EDGETUNE_STATE_DIR=str(tmp_path / "state"))
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env.pop("FAKE_NVML_STATE", None)
+    return env
+
+
+def _edgetune(args, root, tmp_path, timeout=60):
+    return subprocess.run([sys.executable, "-m", "edgetune", *args], env=_env(root, tmp_path), cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+# ------------------------------------------------------------------------------------------ devices
+
+
+def test_devices_without_hardware_points_to_the_twin(tmp_path, monkeypatch, capsys):
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("EDGETUNE_SYSFS_ROOT", str(tmp_path / "empty"))
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert "no power hardware found" in out and "sim:orin-nano" in out
+
+
+def test_devices_on_a_jetson_tree(tmp_path):
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    done = _edgetune(["devices"], fake.root, tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "jetson: found (jetson)" in out and "Orin Nano 8GB" in out and "JetPack 6" in out
+    assert "total = VDD_IN; rails: VDD_IN, VDD_CPU_GPU_CV, VDD_SOC; updates every 8 ms" in out
+    assert "gpu_freq    306 MHz .. 624.75 MHz (5 steps); now 306 MHz; writable" in out
+    assert "cpu_freq    115.2 MHz .. 1.5104 GHz (20 steps)" in out
+    assert "emc_freq    204 MHz .. 2.133 GHz (3 steps)" in out
+    assert "power_mode  15W, 7W; now 15W; writable" in out
+    assert "not the GPU alone" in out
+
+
+def test_devices_json(tmp_path, monkeypatch, capsys):
+    fake = build_jetson(tmp_path / "root", "agx-orin-jp6")
+    build_rapl(fake.root)  # an x86 tree beside it: both platforms are listed
+    monkeypatch.setenv("EDGETUNE_SYSFS_ROOT", str(fake.root))
+    assert main(["devices", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["hardware_found"] is True
+    by_platform = {p["platform"]: p for p in report["platforms"] if p["found"]}
+    jet = by_platform["jetson"]["device"]
+    assert jet["sensor"]["total"].startswith("derived: VDD_GPU_SOC")
+    gpu = next(k for k in jet["knobs"] if k["name"] == "gpu_freq")
+    assert gpu["values"][0] == 306_000_000 and gpu["writable"] is True and gpu["unit"] == "Hz"
+    assert by_platform["rapl"]["device"]["sensor"]["energy_counter"] is True
+    assert "sim:orin-nano" in report["simulated"]
+
+
+def test_devices_read_only_tree_says_why(tmp_path):
+    fake = build_jetson(tmp_path / "root", "xavier-nx", nvpmodel=False)
+    fake.make_read_only()
+    out = _edgetune(["devices"], fake.root, tmp_path).stdout
+    assert "read-only: the kernel exposes" in out
+    assert "measure-only" in out and "batch size alone" in out
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="drops root to show the non-root view")
+def test_devices_without_root_names_the_fix(tmp_path):
+    tree = Path(tempfile.mkdtemp(prefix="edgetune-nonroot-"))  # readable by an unprivileged user
+    try:
+        tree.chmod(0o755)
+        fake = build_jetson(tree / "root", "orin-nano")
+        code = ("import os, sys\n"
+                "from edgetune.cli import main, build_parser\n"
+                "import edgetune.power.jetson, edgetune.power.nvml, edgetune.power.rapl, edgetune.power.sim\n"
+                "from edgetune.power import registry\n"
+                "build_parser(); registry.probe_platforms()  # load every lazy import while still root\n"
+                "os.setegid(65534); os.seteuid(65534)\n"
+                "sys.exit(main(['devices']))\n")
+        env = _env(fake.root, tmp_path)
+        env["EDGETUNE_STATE_DIR"] = str(tree / "state")
+        done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        assert "read-only: knob files are root-only; run edgetune as root (sudo edgetune ...)" in done.stdout
+        assert "power_mode" in done.stdout and "nvpmodel needs root" in done.stdout
+        assert "measure-only" in done.stdout
+    finally:
+        shutil.rmtree(tree)
+
+
+# ------------------------------------------------------------------------------------------ monitor
+
+
+def test_monitor_logs_csv_and_summarises(tmp_path):
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    out_csv = tmp_path / "power.csv"
+    done = _edgetune(["monitor", "--device", "jetson", "--rate", "200", "--duration", "1", "--csv", str(out_csv)],
+                     fake.root, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "monitoring NVIDIA Jetson Orin Nano" in done.stdout and "total = VDD_IN" in done.stdout
+    assert "VDD_IN" in done.stdout and "1-s avg" in done.stdout
+    summary = next(line for line in done.stdout.splitlines() if line.startswith("summary:"))
+    assert "dropped samples 0" in summary and "mean 4.75 W" in summary and "peak 4.75 W" in summary
+    rows = list(csv.DictReader(out_csv.open()))
+    assert set(rows[0]) == {"t_s", "total_w", "VDD_IN_w", "VDD_CPU_GPU_CV_w", "VDD_SOC_w"}
+    assert 120 <= len(rows) <= 205  # 200 Hz for 1 s on a loaded 2-core CI box
+    assert float(rows[-1]["total_w"]) == pytest.approx(5.080 * 0.936, abs=1e-3)
+
+
+def test_monitor_survives_bad_reads_and_counts_them(tmp_path):
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    proc = subprocess.Popen([sys.executable, "-m", "edgetune", "monitor", "--device", "jetson", "--rate", "100",
+                             "--duration", "2"], env=_env(fake.root, tmp_path), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert "monitoring" in proc.stdout.readline()
+    time.sleep(0.4)
+    fake.set_rail_text("VDD_IN", "garbage\n")
+    time.sleep(0.3)
+    fake.set_rail("VDD_IN", 5080, 2000)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    summary = next(line for line in out.splitlines() if line.startswith("summary:"))
+    dropped = int(summary.rsplit("dropped samples ", 1)[1].split(";")[0])
+    assert 5 <= dropped <= 40
+    assert "peak 10.16 W" in summary  # the run went on and saw the new load
+    assert "last bad read:" in out and "expected a number" in out
+
+
+def test_monitor_ctrl_c_prints_summary(tmp_path):
+    fake = build_jetson(tmp_path / "root", "nano")
+    proc = subprocess.Popen([sys.executable, "-m", "edgetune", "monitor", "--device", "jetson"],
+                            env=_env(fake.root, tmp_path), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert "monitoring" in proc.stdout.readline()
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "summary:" in out and "energy" in out and "max 1-s avg" in out and "POM_5V_IN" in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["monitor", "--rate", "0"], "--rate 0 is out of range"),
+    (["monitor", "--duration", "-1"], "--duration -1 must be positive"),
+    (["monitor", "--device", "tpu:7"], "unknown device 'tpu:7'"),
+    (["monitor", "--device", "jetson"], "no Jetson board under"),
+])
+def test_monitor_bad_input_is_one_line_exit_2(tmp_path, monkeypatch, capsys, args, message):
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("EDGETUNE_SYSFS_ROOT", str(tmp_path / "empty"))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_monitor_rapl(tmp_path, monkeypatch, capsys):
+    fake = build_rapl(tmp_path / "root")
+    monkeypatch.setenv("EDGETUNE_SYSFS_ROOT", str(fake.root))
+    assert main(["monitor", "--device", "rapl", "--duration", "0.3", "--rate", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "derived: package-0 + dram-0" in out and "hardware energy counter: 0.00 J" in out
+
+
+# ------------------------------------------------------------------------------------------ restore
+
+
+def test_restore_with_nothing_to_do(tmp_path, capsys):
+    assert main(["restore"]) == 0
+    assert "nothing to restore" in capsys.readouterr().out
