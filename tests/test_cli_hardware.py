@@ -154,9 +154,11 @@ def test_monitor_survives_bad_reads_and_counts_them(tmp_path):
 
 def test_monitor_ctrl_c_prints_summary(tmp_path):
     fake = build_jetson(tmp_path / "root", "nano")
-    proc = subprocess.Popen([sys.executable, "-m", "edgetune", "monitor", "--device", "jetson"],
-                            env=_env(fake.root, tmp_path), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # `python -m edgetune monitor`, with Ctrl-C delivered as in a terminal (a background job ignores it)
+    code = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "sys.argv = ['edgetune', 'monitor', '--device', 'jetson']; runpy.run_module('edgetune', run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=_env(fake.root, tmp_path), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert "monitoring" in proc.stdout.readline()
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
