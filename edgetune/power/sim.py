@@ -54,7 +54,6 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from importlib import resources
-from types import MappingProxyType
 from typing import Any, TypeVar
 
 import numpy as np
@@ -148,7 +147,7 @@ class Calibration:
     visible_memory_frac: float
     os_reserve_gib: float
     static_w: float
-    static_split: Mapping[str, float]
+    static_split: tuple[tuple[str, float], ...]
     gpu_cap_nf_per_tpc: float
     gpu_leak_w_per_tpc: float
     gpu_v_min: float
@@ -290,9 +289,10 @@ def _mode_budget(name: str, power_max_w: float) -> float:
     return float(match.group(1)) if match else power_max_w
 
 
-def _parse_split(text: str) -> Mapping[str, float]:
+def _parse_split(text: str) -> tuple[tuple[str, float], ...]:
+    """``VDD_SOC=0.4;VDD_IN=0.6`` -> (("VDD_SOC", 0.4), ("VDD_IN", 0.6)); a tuple keeps Profile hashable."""
     pairs = (item.split("=") for item in text.split(";") if item.strip())
-    return MappingProxyType({rail.strip(): float(share) for rail, share in pairs})
+    return tuple((rail.strip(), float(share)) for rail, share in pairs)
 
 
 def _load_profiles() -> dict[str, Profile]:
@@ -312,7 +312,7 @@ def _load_profiles() -> dict[str, Profile]:
         for row in calibration:
             raw = row[name]
             kind = kinds[row["parameter"]]
-            values[row["parameter"]] = (_parse_split(raw) if "Mapping" in str(kind)
+            values[row["parameter"]] = (_parse_split(raw) if "tuple" in str(kind)
                                         else int(float(raw)) if kind in (int, "int") else float(raw))
         cal = Calibration(**values)
         power_max = float(m["power_max_w"])
@@ -539,7 +539,7 @@ def idle_power(profile: Profile, clocks: Clocks) -> _StepPower:
 
 def _rail_matrix(profile: Profile) -> tuple[tuple[float, ...], ...]:
     """rows: sensor channels; columns: :data:`_COMPONENTS`; rail power = row . component powers."""
-    layout, split = profile.rails, profile.calibration.static_split
+    layout, split = profile.rails, dict(profile.calibration.static_split)
     unknown = set(split) - set(layout.channels)
     if unknown or abs(sum(split.values()) - 1.0) > 1e-9:
         raise DeviceError(f"profile {profile.name}: static_split must share 1.0 over {layout.channels}")
@@ -646,6 +646,8 @@ class Twin:
         self.steps = 0
         self.sensor = TwinSensor(self)
         self.knobs = self._make_knobs()
+        self._allowed = {name: frozenset(v for v in knob.values if not isinstance(v, bool))
+                         for name, knob in self.knobs.items()}
         self._device: Device | None = None
 
     def __repr__(self) -> str:
@@ -709,16 +711,20 @@ class Twin:
         merged = dict(self._setting)
         if not setting:
             return merged
+        knobs, allowed = self.knobs, self._allowed
         for name in setting:
-            if name not in self.knobs:
+            if name not in knobs:
                 raise DeviceError(f"unknown knob {name!r} on sim:{self.profile.name}; "
-                                  f"knobs here: {', '.join(self.knobs)}")
+                                  f"knobs here: {', '.join(knobs)}")
         if "power_mode" in setting:
-            merged.update(self._mode_setting(self.profile.mode(
-                str(self.knobs["power_mode"].validate(setting["power_mode"])))))
+            mode = setting["power_mode"]
+            if mode not in allowed["power_mode"]:
+                mode = knobs["power_mode"].validate(mode)
+            merged.update(self._mode_setting(self.profile.mode(str(mode))))
         for name, value in setting.items():
             if name != "power_mode":
-                merged[name] = self.knobs[name].validate(value)
+                # exact table values (what an oracle sweeps) skip the parsing path
+                merged[name] = value if value in allowed[name] else knobs[name].validate(value)
         return merged
 
     def effective_clocks(self, setting: Mapping[str, KnobValue] | None = None) -> Clocks:
@@ -795,7 +801,7 @@ class Twin:
             memory_s=times["memory"],
             launch_s=times["launch"],
             load_s=times["load"],
-            rails_w=MappingProxyType(dict(zip(self.profile.rails.channels, mean))),
+            rails_w=dict(zip(self.profile.rails.channels, mean)),
             clocks=clocks,
         )
         if len(self._cache) > 65536:  # a search visits a few thousand settings; bound it anyway
