@@ -80,14 +80,17 @@ def test_climb_after_dwell_then_barred_rung_is_not_reentered_until_the_bar_ends(
     assert state.rung == max(r for r in range(9) if TRUE_W[r] <= 12.0 * (1 - P.up_margin))
 
 
-def test_repeat_trips_double_the_bar():
+def test_a_second_trip_on_the_way_down_keeps_the_bar_a_trip_after_it_doubles_it():
     model = LadderModel(TRUE_W, idle_w=IDLE)
     state = GuardState(rung=8, ceiling=8)
     state, _ = control(state, obs(0.0, 12.0), model, P)
-    first = state.block_len_s
-    state = GuardState(**{**state.__dict__, "rung": 8, "changed_t": -10.0})
-    state, _ = control(state, obs(1.0, 12.0), model, P)
-    assert state.block_len_s == pytest.approx(2 * first)
+    first_until = state.blocked_until
+    state, d = control(state, obs(0.5, 11.0), model, P)  # same event, still too high: further down
+    assert d.moved and state.block_len_s == P.block_s and state.blocked_until > first_until
+    # the bar ends, the guard climbs back and trips again soon after: now the bar doubles
+    state = GuardState(**{**state.__dict__, "rung": 8, "changed_t": state.blocked_until})
+    state, _ = control(state, obs(state.blocked_until + 1.0, 12.0), model, P)
+    assert state.block_len_s == pytest.approx(2 * P.block_s)
 
 
 def test_a_climb_that_buys_no_power_is_undone():
@@ -96,12 +99,12 @@ def test_a_climb_that_buys_no_power_is_undone():
     state = GuardState(rung=3, ceiling=8, changed_t=0.0)
     capped = TRUE_W[3]
     t, moves = 0.0, []
-    for _ in range(400):
+    while t < 2 * P.up_dwell_s + 2 * P.block_s:
         t += P.tick_s
         state, d = control(state, obs(t, capped), model, P)
         if d.moved:
             moves.append(d.reason.split(":")[0])
-    assert moves == ["climb", "no response"] * 2  # a second try after the 10-s bar, the next bar is 20 s
+    assert moves == ["climb", "no response"] * 2  # a second try after the first bar, the next bar is twice as long
     assert state.rung == 3 and state.block_len_s == 2 * P.block_s
 
 

@@ -8,7 +8,8 @@ the ladder's power model; it returns the next state and a :class:`Decision`. The
 The ladder
     Rungs are complete knob settings ordered by power, lowest first (:func:`build_ladder`): the GPU
     frequency table from its lowest value up, with the other knobs at the plan's values; below the lowest
-    GPU frequency, the memory (EMC) and CPU frequencies step down. A guard on one ladder never has to
+    GPU frequency, the CPU and then the memory (EMC) frequencies step down (a lower CPU clock costs a
+    GPU-bound step little time; the lowest EMC clocks cost much). A guard on one ladder never has to
     reason about several knobs at once.
 
 The law, in words
@@ -18,9 +19,10 @@ The law, in words
     tripped rung and everything above it are barred for ``block_s``, doubling on each repeat trip: a rung
     that overshoots cannot be re-entered at once, so the guard cannot cycle (no limit cycle, the usual
     anti-oscillation device of DVFS governors).
-    *Climb.* After ``up_dwell_s`` at one rung with both averages at least ``up_margin`` under the budget,
-    the guard climbs to the highest unbarred rung estimated ``up_margin`` under the budget. The band between
-    ``target_margin`` and ``up_margin`` is the hysteresis.
+    *Climb.* After ``up_dwell_s`` at one rung with both averages at least ``up_margin`` under the budget
+    and steady, the guard climbs to the highest unbarred rung estimated ``up_margin`` under the budget (a
+    rung already measured: ``target_margin``, its power is known). The band between ``target_margin`` and
+    ``up_margin`` is the hysteresis; the bars and the dwell keep it from cycling.
     *Anti-windup.* A climb that does not raise power by at least a quarter of the estimate (the clock is
     capped: a thermal throttle) is undone and the rung barred, so the guard does not wind up to the top
     rung while throttled and then overshoot when the throttle lifts.
@@ -38,6 +40,7 @@ Rung power estimates
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -58,7 +61,7 @@ __all__ = [
 # knobs the ladder is built on, in order of preference for the main rungs
 PRIMARY_KNOBS = ("gpu_freq", "power_limit", "cpu_freq")
 # knobs that extend the ladder below the primary knob's lowest value, in order
-SECONDARY_KNOBS = ("emc_freq", "mem_freq", "cpu_freq")
+SECONDARY_KNOBS = ("cpu_freq", "emc_freq", "mem_freq")
 
 
 @dataclass(frozen=True)
@@ -67,15 +70,15 @@ class GuardParams:
 
     Attributes:
         target_margin: after a trip, aim this far under the budget.
-        up_margin: climb only when power now and the estimate for the new rung are this far under the budget;
-            the band between the two margins is the hysteresis.
+        up_margin: climb only when power now and the estimate for the new rung are this far under the budget
+            (a rung measured before: ``target_margin``); the band between the margins is the hysteresis.
         fast_window_s: the short average a trip acts on. Short enough to act fast, long enough to average
             out sensor noise (20 samples at 100 Hz).
         down_dwell_s: after any move, the time before the next trip may act (the fast window must refill with
             the new rung's power, else one overshoot is counted twice).
         up_dwell_s: time at one rung with headroom before a climb.
         block_s: how long a tripped rung (and those above it) stays barred; doubles on a repeat trip within
-            ``block_s`` of the last block expiring, up to ``block_max_s``.
+            ``block_s`` of the last bar ending, up to ``block_max_s``.
         block_max_s: the longest bar.
         windup_fraction: a climb that raises power by less than this fraction of its estimate is undone.
         steady_fraction: climb only while power is flat: the fast and the 1-s average within this fraction
@@ -83,12 +86,12 @@ class GuardParams:
         tick_s: how often the controller calls :func:`control` (device clock).
     """
 
-    target_margin: float = 0.05
-    up_margin: float = 0.09
+    target_margin: float = 0.04
+    up_margin: float = 0.08
     fast_window_s: float = 0.2
     down_dwell_s: float = 0.25
     up_dwell_s: float = 2.0
-    block_s: float = 10.0
+    block_s: float = 5.0
     block_max_s: float = 120.0
     windup_fraction: float = 0.25
     steady_fraction: float = 0.03
@@ -123,14 +126,26 @@ class LadderModel:
     """Prior power estimates of each rung (ascending) and the device's idle power.
 
     ``prior_w`` need only be right in shape: observations calibrate it (see the module docstring).
+    ``primary_steps[i]`` says that rung ``i`` differs from rung ``i - 1`` in the primary knob (GPU clock):
+    only climbs over such steps can be capped by a thermal throttle, so only they get the anti-windup check
+    (empty: every climb does).
     """
 
     prior_w: tuple[float, ...]
     idle_w: float = 0.0
+    primary_steps: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.prior_w:
             raise ValueError("the ladder has no rungs")
+        if self.primary_steps and len(self.primary_steps) != len(self.prior_w):
+            raise ValueError("primary_steps needs one flag per rung")
+
+    def moves_primary(self, lo: int, hi: int) -> bool:
+        """Whether going from rung ``lo`` up to ``hi`` changes the primary knob (the one a throttle caps)."""
+        if not self.primary_steps:
+            return True
+        return any(self.primary_steps[lo + 1: hi + 1])
 
     def __len__(self) -> int:
         return len(self.prior_w)
@@ -203,9 +218,19 @@ def _observe(observed: Mapping[int, float], offset_w: float, rung: int, now_w: f
 
 
 def _bar_length(state: GuardState, t: float, params: GuardParams) -> float:
-    """``block_s``, doubled (up to ``block_max_s``) when the last bar ended less than ``block_s`` ago."""
-    repeat = state.blocked_from is not None and t < state.blocked_until + params.block_s
-    return min(params.block_max_s, state.block_len_s * 2) if repeat and state.block_len_s else params.block_s
+    """How long a new bar lasts.
+
+    While a bar is in force the guard is still answering the same event (a second trip on the way down):
+    the bar keeps its length. A trip within ``block_s`` after a bar ended means the guard climbed back into
+    trouble: the bar doubles, up to ``block_max_s``. Otherwise ``block_s``.
+    """
+    if state.blocked_from is None or not state.block_len_s:
+        return params.block_s
+    if t < state.blocked_until:
+        return state.block_len_s
+    if t < state.blocked_until + params.block_s:
+        return min(params.block_max_s, 2 * state.block_len_s)
+    return params.block_s
 
 
 def control(state: GuardState, obs: Observation, model: LadderModel, params: GuardParams) -> tuple[GuardState, Decision]:
@@ -251,14 +276,14 @@ def control(state: GuardState, obs: Observation, model: LadderModel, params: Gua
         )
         reason = f"trip: {obs.fast_w:.2f} W > {budget:.2f} W budget, down {state.rung - target} rung(s)"
         if infeasible:
-            reason += " (lowest rung: the budget cannot be met by the knobs)"
+            reason += " (the lowest rung: no rung is estimated under the target)"
         return new, Decision(target, reason, infeasible)
 
-    # --- anti-windup: a climb that bought no power is undone
+    # --- anti-windup: a climb of the GPU clock that bought no power is undone
     if state.climb_from is not None and steady:
         prev, before_w, rise = state.climb_from
         state = replace(state, climb_from=None)
-        if obs.fast_w - before_w < params.windup_fraction * rise:
+        if model.moves_primary(prev, state.rung) and obs.fast_w - before_w < params.windup_fraction * rise:
             block = _bar_length(state, t, params)
             new = replace(
                 state, rung=prev, changed_t=t, blocked_from=prev + 1, blocked_until=t + block,
@@ -273,8 +298,12 @@ def control(state: GuardState, obs: Observation, model: LadderModel, params: Gua
         flat = abs(obs.fast_w - obs.avg_w) <= params.steady_fraction * budget
         if obs.fast_w <= band and obs.avg_w <= band and flat:
             target = state.rung
+            # a rung measured before is known to within the noise: it may be re-entered up to the trip
+            # target; an estimated one only up to the band (its estimate may be off)
+            known = budget * (1 - params.target_margin)
             for r in range(state.rung + 1, min(state.ceiling, n - 1) + 1):
-                if state.barred(r, t) or estimate(r, state.observed, state.offset_w) > band:
+                limit = known if r in state.observed else band
+                if state.barred(r, t) or estimate(r, state.observed, state.offset_w) > limit:
                     break
                 target = r
             if target > state.rung:
@@ -292,8 +321,8 @@ def build_ladder(knobs: Mapping[str, Knob], setting: Mapping[str, KnobValue]) ->
     """Rungs (complete settings, ascending power) around ``setting`` over the writable knobs.
 
     The main rungs run the primary knob (GPU frequency, else power limit, else CPU frequency) over its
-    whole table with the other knobs as in ``setting``; below its lowest value the secondary knobs (EMC,
-    memory, CPU frequency) step down one at a time, so a budget under the lowest GPU clock's power still
+    whole table with the other knobs as in ``setting``; below its lowest value the secondary knobs (CPU,
+    EMC, memory frequency) step down one at a time, so a budget under the lowest GPU clock's power still
     has somewhere to go. Returns ``[dict(setting)]`` when no knob is writable (measure-only).
     """
     writable = {k: v for k, v in knobs.items() if v.writable and v.numeric}
@@ -334,8 +363,18 @@ def frequency_prior(ladder: Sequence[Mapping[str, KnobValue]], knobs: Mapping[st
                 continue
             if name in PRIMARY_KNOBS or name in SECONDARY_KNOBS:
                 # memory and CPU clocks carry a smaller share of board power than the GPU clock
-                share = 1.0 if name == primary else 0.3
+                share = 1.0 if name == primary else 0.15
                 s *= (1 - share) + share * float(value) / float(knob.max)
         scales.append(s)
     top = max(scales) or 1.0
-    return LadderModel(tuple(idle_w + (top_w - idle_w) * s / top for s in scales), idle_w=idle_w)
+    return LadderModel(tuple(idle_w + (top_w - idle_w) * s / top for s in scales), idle_w=idle_w,
+                       primary_steps=primary_steps(ladder))
+
+
+def primary_steps(ladder: Sequence[Mapping[str, KnobValue]]) -> tuple[bool, ...]:
+    """Per rung: does it differ from the rung below in the primary knob (see :class:`LadderModel`)."""
+    primary = next((k for k in PRIMARY_KNOBS if any(k in rung for rung in ladder)
+                    and len({rung.get(k) for rung in ladder}) > 1), None)
+    if primary is None:
+        return (False,) * len(ladder)
+    return (False,) + tuple(a.get(primary) != b.get(primary) for a, b in itertools.pairwise(ladder))

@@ -1,0 +1,368 @@
+"""Energy, time and power of a training run, per step and per epoch, and budget violations.
+
+The accounting consumes the power monitor's samples incrementally (:meth:`Accounting.update`, called on
+the controller's ticker and at the end), integrates energy (trapezoid, as the monitor does), and splits it
+at the step boundaries the controller marks. Marking a step is O(1) (an append), so the user's loop pays
+nothing for the bookkeeping; the arithmetic runs on the ticker, vectorised.
+
+A budget violation is an interval in which the 1-s moving average of board power exceeds the budget in
+force (budgets can change during the run). For each: start, end, the worst average and the budget.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgetune.power.monitor import PowerMonitor
+
+__all__ = ["Accounting", "EpochRecord", "RunSummary", "StepRecord", "Violation"]
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One training step as the device saw it (device-clock seconds)."""
+
+    step: int
+    epoch: int
+    batch_size: int
+    start_s: float
+    end_s: float
+    time_s: float
+    energy_j: float
+    mean_w: float
+    peak_w: float
+    budget_w: float
+    setting: str
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """One epoch: totals over its steps, and the highest 1-s moving average seen during it."""
+
+    epoch: int
+    steps: int
+    samples: int
+    time_s: float
+    energy_j: float
+    mean_w: float
+    peak_w: float
+    max_avg_w: float
+
+    @property
+    def energy_per_sample_j(self) -> float:
+        return self.energy_j / self.samples if self.samples else math.nan
+
+
+@dataclass(frozen=True)
+class Violation:
+    """An interval in which the 1-s moving average exceeded the budget."""
+
+    start_s: float
+    end_s: float
+    worst_avg_w: float
+    budget_w: float
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def excess_w(self) -> float:
+        return self.worst_avg_w - self.budget_w
+
+
+@dataclass
+class RunSummary:
+    """What a tuned run did: the figures of :meth:`table`, and the records behind them.
+
+    Attributes:
+        device: the device spec; ``simulated`` says whether it is the twin (every report says so).
+        measure_only: True where no knob could be set (the guard only reported).
+        steps, samples: training steps and samples seen.
+        time_s, energy_j: device-clock time and board energy from the first step's start to the end.
+        mean_w, peak_w, max_avg_w: mean power, highest sample, highest 1-s moving average.
+        violations: budget violations; ``time_over_s`` their total time, ``worst_excess_w`` the largest.
+        epochs: per-epoch records.
+        events: (device time, text) of everything the controller did: plan applied, exploration, guard moves.
+        batch_size, setting: what was in force at the end.
+        knobs_restored: whether every knob was back at its original value after exit.
+    """
+
+    device: str
+    simulated: bool
+    measure_only: bool
+    steps: int
+    samples: int
+    time_s: float
+    energy_j: float
+    mean_w: float
+    peak_w: float
+    max_avg_w: float
+    budget_w: float
+    violations: list[Violation]
+    epochs: list[EpochRecord]
+    events: list[tuple[float, str]] = field(default_factory=list)
+    batch_size: int = 0
+    setting: dict = field(default_factory=dict)
+    knobs_restored: bool | None = None
+
+    @property
+    def time_over_s(self) -> float:
+        return float(sum(v.duration_s for v in self.violations))
+
+    @property
+    def worst_excess_w(self) -> float:
+        return max((v.excess_w for v in self.violations), default=0.0)
+
+    @property
+    def energy_per_sample_j(self) -> float:
+        return self.energy_j / self.samples if self.samples else math.nan
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(time_over_s=self.time_over_s, worst_excess_w=self.worst_excess_w,
+                 energy_per_sample_j=self.energy_per_sample_j, violation_count=len(self.violations))
+        return d
+
+    def table(self) -> str:
+        """The summary printed on exit: one row per epoch, then the totals and the budget record."""
+        kind = "simulated twin" if self.simulated else "measured"
+        header = (f"{'epoch':>5} {'steps':>6} {'samples':>8} {'time s':>9} {'energy J':>10} {'mean W':>7} "
+                  f"{'peak W':>7} {'max 1s W':>8} {'J/sample':>9}")
+        lines = [f"edgetune run on {self.device} ({kind}{', measure-only' if self.measure_only else ''})", header]
+        for e in self.epochs:
+            lines.append(f"{e.epoch:>5} {e.steps:>6} {e.samples:>8} {e.time_s:>9.2f} {e.energy_j:>10.1f} "
+                         f"{e.mean_w:>7.2f} {e.peak_w:>7.2f} {e.max_avg_w:>8.2f} {e.energy_per_sample_j:>9.4f}")
+        lines.append(f"{'all':>5} {self.steps:>6} {self.samples:>8} {self.time_s:>9.2f} {self.energy_j:>10.1f} "
+                     f"{self.mean_w:>7.2f} {self.peak_w:>7.2f} {self.max_avg_w:>8.2f} "
+                     f"{self.energy_per_sample_j:>9.4f}")
+        lines.append(f"budget {self.budget_w:g} W (1-s moving average): {len(self.violations)} violation(s), "
+                     f"{self.time_over_s:.2f} s over, worst +{self.worst_excess_w:.2f} W")
+        setting = ", ".join(f"{k}={v}" for k, v in self.setting.items())
+        lines.append(f"final: batch size {self.batch_size}; {setting or 'no knobs set'}; knobs restored: "
+                     f"{'yes' if self.knobs_restored else 'no' if self.knobs_restored is False else 'n/a'}")
+        return "\n".join(lines)
+
+
+class _StepLog:
+    """Per-step rows to CSV or JSONL (by the file's suffix); epochs go to JSONL as ``kind: epoch`` rows."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        suffix = self.path.suffix.lower()
+        if suffix not in (".csv", ".jsonl"):
+            raise ValueError(f"log file {self.path}: use a .csv or .jsonl name")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh: io.TextIOBase = open(self.path, "w", newline="")  # noqa: SIM115 - closed in close()
+        self._jsonl = suffix == ".jsonl"
+        self._csv = None if self._jsonl else csv.DictWriter(self._fh, fieldnames=list(StepRecord.__dataclass_fields__))
+        if self._csv is not None:
+            self._csv.writeheader()
+
+    def step(self, rec: StepRecord) -> None:
+        if self._jsonl:
+            self._fh.write(json.dumps({"kind": "step", **asdict(rec)}) + "\n")
+        else:
+            self._csv.writerow(asdict(rec))  # type: ignore[union-attr]
+
+    def epoch(self, rec: EpochRecord) -> None:
+        if self._jsonl:
+            self._fh.write(json.dumps({"kind": "epoch", **asdict(rec)}) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+class Accounting:
+    """Incremental per-step / per-epoch energy and budget accounting over a :class:`PowerMonitor`.
+
+    Args:
+        monitor: the running power monitor (its kept history must span the ticker period: it keeps 5 s).
+        budget_at: the budget in force at a device time.
+        log: optional ``.csv`` or ``.jsonl`` path for per-step (and per-epoch) rows.
+        keep_trace: keep every sample with its 1-s moving average and budget (benchmarks plot and score it).
+    """
+
+    def __init__(self, monitor: PowerMonitor, budget_at: Callable[[float], float], *, log: str | Path | None = None,
+                 keep_trace: bool = False) -> None:
+        self.monitor = monitor
+        self.budget_at = budget_at
+        self.window_s = monitor.avg_window_s
+        self._log = _StepLog(log) if log else None
+        self.keep_trace = keep_trace
+        self._lock = threading.Lock()
+        # samples not yet released: times, power, cumulative energy from the run's first sample
+        self._t = np.empty(0)
+        self._p = np.empty(0)
+        self._e = np.empty(0)
+        self._t0: float | None = None
+        self._pending: list[tuple[float, int, str, int]] = []  # (end time, batch size, setting, epoch)
+        self._last_end: float | None = None
+        self.steps: list[StepRecord] = []
+        self.epochs: list[EpochRecord] = []
+        self.violations: list[Violation] = []
+        self._open_violation: list | None = None  # [start, worst, budget]
+        self._max_avg = -math.inf
+        self._peak = -math.inf
+        self._epoch_max_avg = -math.inf
+        self._epoch_start_step = 0
+        self.trace_t: list[float] = []
+        self.trace_p: list[float] = []
+        self.trace_avg: list[float] = []
+        self.trace_budget: list[float] = []
+
+    # -- input ------------------------------------------------------------------------------------
+    def start(self, t: float) -> None:
+        """The run starts at device time ``t``: the first step is measured from here."""
+        self._last_end = t
+
+    def mark_step(self, end_s: float, batch_size: int, setting: str, epoch: int) -> None:
+        """A step ended at device time ``end_s`` (O(1); the arithmetic runs in :meth:`update`)."""
+        self._pending.append((end_s, batch_size, setting, epoch))
+
+    # -- processing ---------------------------------------------------------------------------------
+    def _energy_at(self, x: np.ndarray) -> np.ndarray:
+        return np.interp(x, self._t, self._e)
+
+    def update(self) -> None:
+        """Take the monitor's new samples; close every step whose end they cover; track violations."""
+        with self._lock:
+            t_all, p_all = self.monitor.records()
+            if t_all.size == 0:
+                return
+            last = self._t[-1] if self._t.size else -math.inf
+            new = t_all > last
+            if not new.any():
+                self._close_steps()
+                return
+            tn, pn = t_all[new], p_all[new]
+            if self._t.size:
+                t_prev, p_prev, e_prev = self._t[-1], self._p[-1], self._e[-1]
+                tt = np.concatenate([[t_prev], tn])
+                pp = np.concatenate([[p_prev], pn])
+                en = e_prev + np.cumsum(np.diff(tt) * (pp[1:] + pp[:-1]) / 2)
+            else:
+                self._t0 = float(tn[0])
+                en = np.concatenate([[0.0], np.cumsum(np.diff(tn) * (pn[1:] + pn[:-1]) / 2)])
+            self._t = np.concatenate([self._t, tn])
+            self._p = np.concatenate([self._p, pn])
+            self._e = np.concatenate([self._e, en])
+            self._peak = max(self._peak, float(pn.max()))
+            self._track_budget(tn, pn)
+            self._close_steps()
+            self._trim()
+
+    def _moving_average(self, x: np.ndarray) -> np.ndarray:
+        assert self._t0 is not None
+        lo = np.maximum(x - self.window_s, self._t0)
+        span = x - lo
+        avg = (self._energy_at(x) - self._energy_at(lo)) / np.where(span > 0, span, 1.0)
+        return np.where(span > 0, avg, np.interp(x, self._t, self._p))
+
+    def _track_budget(self, tn: np.ndarray, pn: np.ndarray) -> None:
+        avg = self._moving_average(tn)
+        budget = np.array([self.budget_at(float(x)) for x in tn])
+        self._max_avg = max(self._max_avg, float(avg.max()))
+        self._epoch_max_avg = max(self._epoch_max_avg, float(avg.max()))
+        if self.keep_trace:
+            self.trace_t.extend(tn.tolist())
+            self.trace_p.extend(pn.tolist())
+            self.trace_avg.extend(avg.tolist())
+            self.trace_budget.extend(budget.tolist())
+        over = avg > budget
+        for x, a, b, o in zip(tn.tolist(), avg.tolist(), budget.tolist(), over.tolist()):
+            v = self._open_violation
+            if o and v is None:
+                self._open_violation = [x, a, b]
+            elif o:
+                if a - b > v[1] - v[2]:
+                    v[1], v[2] = a, b
+            elif v is not None:
+                self.violations.append(Violation(v[0], x, v[1], v[2]))
+                self._open_violation = None
+
+    def _close_steps(self) -> None:
+        if not self._t.size:
+            return
+        covered = self._t[-1]
+        done = 0
+        for end, batch, setting, epoch in self._pending:
+            if end > covered + 1e-12:
+                break
+            start = self._last_end if self._last_end is not None else float(self._t[0])
+            start = max(start, float(self._t[0]))
+            dt = end - start
+            energy = float(self._energy_at(np.array([end]))[0] - self._energy_at(np.array([start]))[0])
+            i, j = np.searchsorted(self._t, [start, end], side="left")
+            inside = self._p[i:j + 1] if j < self._t.size else self._p[i:]
+            peak = float(inside.max()) if inside.size else float(np.interp(end, self._t, self._p))
+            rec = StepRecord(len(self.steps), epoch, batch, start, end, dt, energy,
+                             energy / dt if dt > 0 else math.nan, peak, self.budget_at(end), setting)
+            self.steps.append(rec)
+            if self._log is not None:
+                self._log.step(rec)
+            self._last_end = end
+            done += 1
+        if done:
+            del self._pending[:done]
+
+    def _trim(self) -> None:
+        # keep what the next moving average and the oldest open step need
+        keep_from = (self._t[-1] - self.window_s - 0.5) if self._t.size else 0.0
+        if self._last_end is not None:
+            keep_from = min(keep_from, self._last_end)
+        cut = int(np.searchsorted(self._t, keep_from)) - 1
+        if cut > 256:
+            self._t, self._p, self._e = self._t[cut:], self._p[cut:], self._e[cut:]
+
+    # -- epochs and the end ----------------------------------------------------------------------------
+    def end_epoch(self, epoch: int) -> EpochRecord | None:
+        """Close the epoch: totals over its steps (call after :meth:`update`)."""
+        steps = [s for s in self.steps[self._epoch_start_step:] if s.epoch == epoch]
+        self._epoch_start_step = len(self.steps)
+        if not steps:
+            return None
+        time_s = sum(s.time_s for s in steps)
+        energy = sum(s.energy_j for s in steps)
+        rec = EpochRecord(epoch, len(steps), sum(s.batch_size for s in steps), time_s, energy,
+                          energy / time_s if time_s > 0 else math.nan, max(s.peak_w for s in steps),
+                          self._epoch_max_avg)
+        self._epoch_max_avg = -math.inf
+        self.epochs.append(rec)
+        if self._log is not None:
+            self._log.epoch(rec)
+        return rec
+
+    def finish(self) -> None:
+        """Close the open violation and the log."""
+        with self._lock:
+            v = self._open_violation
+            if v is not None and self._t.size:
+                self.violations.append(Violation(v[0], float(self._t[-1]), v[1], v[2]))
+                self._open_violation = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    @property
+    def max_avg_w(self) -> float:
+        return self._max_avg if math.isfinite(self._max_avg) else math.nan
+
+    @property
+    def peak_w(self) -> float:
+        return self._peak if math.isfinite(self._peak) else math.nan
+
+    def totals(self) -> tuple[float, float, int]:
+        """(time s, energy J, samples) over the closed steps."""
+        return (sum(s.time_s for s in self.steps), sum(s.energy_j for s in self.steps),
+                sum(s.batch_size for s in self.steps))

@@ -1,0 +1,179 @@
+"""A data loader whose batch size edgetune may change between steps, with the learning rate scaled to match.
+
+:class:`ResizableBatchSampler` draws each batch's indices at the batch size in force when the batch is
+drawn, from one seeded permutation per epoch, so a change in the middle of an epoch neither repeats nor
+skips a sample. :class:`BatchLoader` wraps an ordinary ``torch.utils.data.DataLoader`` over it (workers,
+pinning and collation are torch's), and applies a pending change at the next step (``at="step"``) or at the
+next epoch (``at="epoch"``).
+
+When the batch size changes from b to b', every parameter group's learning rate is scaled by the configured
+rule (:func:`edgetune.predictors.scale_lr`: linear, square root, ...); the optimizer object and its state
+(momentum, Adam moments) are kept as they are. A learning-rate scheduler's ``initial_lr`` is scaled too, so
+a schedule continues from the scaled value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterator, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+__all__ = ["BatchLoader", "ResizableBatchSampler", "rescale_lr"]
+
+
+def rescale_lr(optimizer: torch.optim.Optimizer, old_batch_size: int, new_batch_size: int, rule: str,
+               **rule_options: Any) -> list[float]:
+    """Scale every parameter group's learning rate for a batch-size change; returns the new rates.
+
+    The optimizer's state (momentum buffers, Adam moments) is untouched: only ``lr`` (and a scheduler's
+    ``initial_lr``) change.
+    """
+    from edgetune.predictors import scale_lr
+
+    rates = []
+    for group in optimizer.param_groups:
+        group["lr"] = scale_lr(group["lr"], old_batch_size, new_batch_size, rule, **rule_options)
+        if "initial_lr" in group:
+            group["initial_lr"] = scale_lr(group["initial_lr"], old_batch_size, new_batch_size, rule,
+                                           **rule_options)
+        rates.append(group["lr"])
+    return rates
+
+
+class ResizableBatchSampler(Sampler[list[int]]):
+    """Batches of indices over ``range(num_samples)`` at a batch size that may change between batches.
+
+    Args:
+        num_samples: dataset length.
+        batch_size: the first batch size.
+        shuffle: a fresh permutation each epoch (seeded by ``seed`` and the epoch number: reproducible).
+        seed: the permutation seed.
+        drop_last: drop a last batch smaller than the batch size in force.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False) -> None:
+        if num_samples <= 0:
+            raise ValueError("the dataset is empty")
+        self.num_samples = num_samples
+        self.batch_size = _check_batch_size(batch_size)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        # nominal batch size of every batch drawn and not yet consumed (workers prefetch ahead)
+        self.drawn: deque[int] = deque()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.num_samples, generator=g).tolist()
+        else:
+            order = list(range(self.num_samples))
+        self.epoch += 1
+        self.drawn.clear()
+        pos = 0
+        while pos < self.num_samples:
+            b = self.batch_size  # read per batch: a change takes effect at the next batch drawn
+            if self.drop_last and pos + b > self.num_samples:
+                return
+            self.drawn.append(b)
+            yield order[pos: pos + b]
+            pos += b
+
+    def __len__(self) -> int:
+        n = self.num_samples / self.batch_size
+        return int(n) if self.drop_last else math.ceil(n)
+
+
+def _check_batch_size(b: int) -> int:
+    if not isinstance(b, int) or isinstance(b, bool) or b <= 0:
+        raise ValueError(f"batch size must be a positive integer, got {b!r}")
+    return b
+
+
+class BatchLoader:
+    """Iterate over a dataset in batches whose size edgetune chooses and may change between steps.
+
+    Iterating starts an epoch. ``len(loader)`` is the number of batches at the batch size in force.
+
+    Args:
+        dataset: a map-style ``torch.utils.data.Dataset`` (``len`` and integer indexing).
+        batch_size: the first batch size.
+        optimizer: whose learning rate follows batch-size changes (None: leave it alone).
+        lr_rule: the scaling rule (``linear``, ``sqrt``, ``none``, ... as :func:`edgetune.predictors.scale_lr`).
+        shuffle, seed, drop_last: as :class:`ResizableBatchSampler`.
+        on_epoch_start, on_epoch_end: called with the epoch number (the controller's accounting).
+        on_resize: called with (old, new, learning rates) after a change took effect.
+        on_batch: called with each batch before the loop receives it.
+        loader_options: passed to ``torch.utils.data.DataLoader`` (``num_workers``, ``collate_fn``,
+            ``pin_memory`` ...). With workers, a change reaches the loop after the batches already prefetched;
+            the learning rate changes with the first batch of the new size, not before.
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, *, optimizer: torch.optim.Optimizer | None = None,
+                 lr_rule: str = "linear", shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                 on_epoch_start: Callable[[int], None] | None = None,
+                 on_epoch_end: Callable[[int], None] | None = None,
+                 on_resize: Callable[[int, int, list[float]], None] | None = None,
+                 on_batch: Callable[[Any], None] | None = None,
+                 **loader_options: Any) -> None:
+        if not isinstance(dataset, Sized):
+            raise TypeError("the dataset needs a length (a map-style torch Dataset); iterable datasets cannot "
+                            "be re-batched: take tuner.batch_size and batch them yourself")
+        self.dataset = dataset
+        self.sampler = ResizableBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed,
+                                             drop_last=drop_last)
+        self.optimizer = optimizer
+        self.lr_rule = lr_rule
+        self.on_epoch_start = on_epoch_start
+        self.on_epoch_end = on_epoch_end
+        self.on_resize = on_resize
+        self.on_batch = on_batch
+        self._loader = DataLoader(dataset, batch_sampler=self.sampler, **loader_options)
+        self._effective = batch_size  # the batch size the learning rate is set for
+        self._at_epoch: int | None = None
+        self.epoch = -1
+
+    @property
+    def batch_size(self) -> int:
+        """The batch size of the batches the loop receives now."""
+        return self._effective
+
+    def set_batch_size(self, batch_size: int, at: str = "step") -> None:
+        """Change the batch size from the next step (``at="step"``) or the next epoch (``at="epoch"``)."""
+        batch_size = _check_batch_size(batch_size)
+        if at == "step":
+            self.sampler.batch_size = batch_size
+            self._at_epoch = None
+        elif at == "epoch":
+            self._at_epoch = batch_size
+        else:
+            raise ValueError(f"at must be 'step' or 'epoch', got {at!r}")
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._at_epoch is not None:
+            self.sampler.batch_size, self._at_epoch = self._at_epoch, None
+        self.epoch += 1
+        if self.on_epoch_start is not None:
+            self.on_epoch_start(self.epoch)
+        for batch in self._loader:
+            nominal = self.sampler.drawn.popleft() if self.sampler.drawn else self.sampler.batch_size
+            if nominal != self._effective:
+                old, self._effective = self._effective, nominal
+                rates = (rescale_lr(self.optimizer, old, nominal, self.lr_rule)
+                         if self.optimizer is not None else [])
+                if self.on_resize is not None:
+                    self.on_resize(old, nominal, rates)
+            if self.on_batch is not None:
+                self.on_batch(batch)
+            yield batch
+        if self.on_epoch_end is not None:
+            self.on_epoch_end(self.epoch)
