@@ -294,3 +294,43 @@ def test_paths_are_discovered_not_built_from_input(tmp_path):
     with pytest.raises(jetson.DeviceError):
         device.knobs["gpu_freq"].set("../../etc/passwd")
     device.close()
+
+
+# ------------------------------------------------------------------------------------------ fake board
+
+
+def test_fake_board_power_is_measured_through_sysfs(tmp_path):
+    """The twin plays the board: knob files the backend writes set the load, rail files show it."""
+    from fakes.board import FakeJetsonBoard
+
+    from edgetune.power.base import WorkloadCost, is_out_of_memory
+    from edgetune.power.sim import Twin
+
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    twin = Twin("orin-nano", seed=0, compute=False)
+    cost = WorkloadCost(flops_per_sample=1.2e9, param_bytes=4.5e6, activation_bytes_per_sample=2.5e6,
+                        input_bytes_per_sample=12_288, optimizer_state_bytes=9.0e6)
+    step_s = twin.expected(cost, 32).step_time_s
+    board = FakeJetsonBoard(fake, twin, time_scale=0.03 / step_s)  # ~30 ms of real time per step
+    device = board.drive(_open(fake))
+    measured = {}
+    with device.restoring():
+        for gpu in (306_000_000, 624_750_000):
+            device.apply({"gpu_freq": gpu, "emc_freq": 2_133_000_000})
+            with PowerMonitor(device.sensor, device.clock, rate_hz=200) as monitor:
+                monitor.begin_window("steps")
+                for i in range(12):
+                    assert device.run_step(lambda i=i: i, 32, cost) == i
+                stats = monitor.end_window("steps")
+            truth = twin.expected(cost, 32, {"gpu_freq": gpu, "emc_freq": 2_133_000_000})
+            assert board.steps[-1].clocks.gpu_hz == gpu  # the twin ran at what the backend wrote
+            assert stats.mean_w == pytest.approx(truth.power_w, rel=0.05)
+            assert stats.rail_energy_j["VDD_CPU_GPU_CV"] > 0
+            measured[gpu] = stats.mean_w
+        with pytest.raises(Exception) as err:
+            device.run_step(lambda: None, 10**6, cost)
+        assert is_out_of_memory(err.value)
+    assert measured[624_750_000] > measured[306_000_000] * 1.05
+    assert int((fake.gpu / "max_freq").read_text()) == 624_750_000  # restored: the governor's range again
+    board.idle()
+    device.close()
