@@ -114,6 +114,37 @@ def test_devices_without_root_names_the_fix(tmp_path):
         shutil.rmtree(tree)
 
 
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="drops root to show the non-root view")
+def test_nvml_without_root_is_measure_only(tmp_path):
+    from fakes.nvml_gpus import FAKE_NVML_DIR, a100, write_gpus
+
+    shared = Path(tempfile.mkdtemp(prefix="edgetune-nonroot-"))
+    try:
+        shared.chmod(0o755)
+        (shared / "empty").mkdir()
+        env = _env(shared / "empty", tmp_path)
+        env.update(write_gpus(shared / "nvml.json", [a100()], privileged=False))
+        env["PYTHONPATH"] = os.pathsep.join([str(FAKE_NVML_DIR), str(REPO)])
+        env["EDGETUNE_STATE_DIR"] = str(shared / "state")
+        code = ("import os, sys, pynvml\n"
+                "from edgetune.cli import main, build_parser\n"
+                "from edgetune.power import registry\n"
+                "build_parser(); registry.probe_platforms()  # load every lazy import while still root\n"
+                "os.setegid(65534); os.seteuid(65534)\n"
+                "sys.exit(main(['devices']))\n")
+        done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        out = done.stdout
+        assert "nvml: found (nvml:0)" in out and "NVIDIA A100-SXM4-40GB" in out
+        assert "gpu_freq    210 MHz .. 1.41 GHz (81 steps); now 1.41 GHz; read-only: NVML clock and power-limit " \
+               "settings need root; run edgetune as root (sudo edgetune ...)" in out
+        assert "power_limit 100 W .. 400 W" in out
+        assert "measure-only" in out and "batch size alone" in out
+    finally:
+        shutil.rmtree(shared)
+
+
 # ------------------------------------------------------------------------------------------ monitor
 
 

@@ -190,7 +190,7 @@ def _monitor(device: Device, args: argparse.Namespace) -> int:
     if out is not None:
         writer = csv.writer(out)
         writer.writerow(["t_s", "total_w", *[f"{r}_w" for r in rails]])
-    sim = " (simulated)" if device.simulated else ""
+    sim = " (simulated)" if device.simulated and "simulated" not in device.description else ""
     update_ms = sensor.update_period_s * 1e3  # measured once, now, not in the middle of the run
     print(f"monitoring {device.description}{sim}: total = {sensor.total_label}, {monitor.rate_hz:g} Hz "
           f"(sensor updates every {update_ms:.3g} ms)"
