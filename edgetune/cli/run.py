@@ -1,0 +1,157 @@
+"""``edgetune run``: train a workload at one setting and print what was measured.
+
+    edgetune run --device sim:orin-nano --workload cnn --batch-size 32 --set gpu_freq=max --steps 200
+
+Every knob is named as the device names it (``edgetune devices`` lists them) and takes a value in its unit,
+with a unit suffix (``918MHz``), or ``min``/``max``. Knobs are restored when the run ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from edgetune.cli import UsageError
+from edgetune.power.base import Device, format_value
+
+__all__ = ["register", "positive_int", "parse_assignment"]
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer > 0 (batch size, steps)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text) if text.lstrip("-").isdigit() else None
+    if value is None or value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def parse_assignment(text: str) -> tuple[str, str]:
+    """argparse type for ``--set KNOB=VALUE``."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"expected KNOB=VALUE (e.g. gpu_freq=max), got {text!r}")
+    return name.strip(), value.strip()
+
+
+def resolve_setting(device: Device, assignments: list[tuple[str, str]]) -> dict:
+    """Turn ``--set`` pairs into knob values, with one-line errors naming the knobs that exist."""
+    setting = {}
+    for name, text in assignments:
+        knob = device.knobs.get(name)
+        if knob is None:
+            known = ", ".join(device.knobs) or "none"
+            raise UsageError(f"--set {name}: {device.name} has no knob {name!r}; knobs here: {known}")
+        setting[name] = knob.parse(text)
+        if not knob.writable:
+            raise UsageError(f"--set {name}: read-only on {device.name}: {knob.why_read_only or 'no permission'}")
+    return setting
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "run",
+        help="train a workload at one setting and print the measured step time, power and energy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--device", default="auto", help="device spec: auto (default), sim:<profile>, jetson, nvml[:i], rapl")
+    p.add_argument("--workload", default="cnn", help="built-in workload (cnn, mobilenet, chartransformer) or module:function")
+    p.add_argument("--batch-size", type=positive_int, help="samples per step (default: the workload's default)")
+    p.add_argument("--set", dest="assignments", action="append", type=parse_assignment, default=[],
+                   metavar="KNOB=VALUE", help="set a knob (repeatable): a value in its unit, with a unit, min or max")
+    p.add_argument("--steps", type=positive_int, default=100, help="measured training steps (default 100)")
+    p.add_argument("--warmup", type=non_negative_int, default=5, help="warm-up steps before measuring (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="seed for the workload and the simulated twin")
+    p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from edgetune.power import PowerMonitor, open_device
+    from edgetune.progress import ProgressBar
+    from edgetune.search.trial import MeasurementProtocol, measure_setting
+    from edgetune.workloads import WorkloadError, load_workload
+
+    try:
+        workload = load_workload(args.workload, seed=args.seed)
+    except WorkloadError as exc:
+        raise UsageError(str(exc)) from None
+    batch_size = args.batch_size or workload.default_batch_size
+    device = open_device(args.device, seed=args.seed)
+    try:
+        setting = resolve_setting(device, args.assignments)
+        # `run` executes every step for real, also on the twin: it is a measurement of this one setting
+        protocol = MeasurementProtocol(warmup_steps=args.warmup, measure_steps=args.steps, measure_s=0.0,
+                                       real_steps=None)
+        with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+            with ProgressBar(args.steps, f"{workload.name} b={batch_size}") as bar:
+                m = measure_setting(device, workload, batch_size, setting, protocol, monitor,
+                                    on_step=bar.update)
+            final = device.settings()
+    finally:
+        device.close()
+    if not m.ok:
+        raise UsageError(f"{workload.name} at batch size {batch_size} on {device.name}: {m.error}"
+                         + ("; try a smaller --batch-size" if m.oom else ""))
+    report = {
+        "device": device.name,
+        "description": device.description,
+        "simulated": device.simulated,
+        "workload": workload.name,
+        "batch_size": batch_size,
+        "setting": final,
+        "steps": m.steps,
+        "warmup_steps": args.warmup,
+        "step_time_s": m.step_time_s,
+        "samples_per_s": m.samples_per_s,
+        "mean_power_w": m.mean_power_w,
+        "peak_power_w": m.peak_power_w,
+        "max_avg_power_w": m.max_avg_power_w,
+        "avg_window_s": m.avg_window_s,
+        "energy_j": m.energy_j,
+        "energy_per_sample_j": m.energy_per_sample_j,
+        "duration_s": m.duration_s,
+        "power_samples": m.samples,
+        "dropped_samples": m.dropped,
+        "loss": m.loss,
+        "wall_s": m.wall_s,
+    }
+    if args.json:
+        print(json.dumps(report, default=float))
+        return 0
+    print(_format_report(report, device))
+    return 0
+
+
+def _format_report(r: dict, device: Device) -> str:
+    label = "SIMULATION: " if r["simulated"] else ""
+    knobs = ", ".join(f"{n} {format_value(v, device.knobs[n].unit)}" for n, v in r["setting"].items())
+    rows = [
+        ("steps", f"{r['steps']} measured after {r['warmup_steps']} warm-up"),
+        ("step time", f"{r['step_time_s'] * 1e3:.2f} ms"),
+        ("samples/s", f"{r['samples_per_s']:.1f}"),
+        ("mean power", f"{r['mean_power_w']:.2f} W"),
+        ("peak power", f"{r['peak_power_w']:.2f} W"),
+        (f"{r['avg_window_s']:g}-s avg max", f"{r['max_avg_power_w']:.2f} W"),
+        ("energy", f"{r['energy_j']:.2f} J over {r['duration_s']:.2f} s"),
+        ("energy/sample", f"{r['energy_per_sample_j'] * 1e3:.3f} mJ"),
+        ("power samples", f"{r['power_samples']} ({r['dropped_samples']} dropped)"),
+    ]
+    if not math.isnan(r["loss"]):
+        rows.append(("last loss", f"{r['loss']:.4f}"))
+    lines = [f"{label}{r['workload']} on {r['device']} ({r['description']})",
+             f"batch size {r['batch_size']}; {knobs}"]
+    lines += [f"  {k:<16}{v}" for k, v in rows]
+    lines.append("knobs restored to their values before the run")
+    return "\n".join(lines)

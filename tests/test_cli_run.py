@@ -1,0 +1,79 @@
+"""`edgetune run` as a user runs it: figures printed, bad input answered in one line with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from edgetune.cli import main
+
+RUN = ["run", "--device", "sim:orin-nano", "--workload", "cnn", "--batch-size", "16", "--steps", "8", "--warmup", "1"]
+
+
+def test_run_prints_figures_as_json(capsys):
+    assert main(RUN + ["--set", "gpu_freq=max", "--set", "emc_freq=min", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["simulated"] is True and out["device"] == "sim:orin-nano"
+    assert out["batch_size"] == 16 and out["steps"] == 8
+    assert out["setting"]["gpu_freq"] == max(out["setting"]["gpu_freq"], 1)
+    for key in ("step_time_s", "samples_per_s", "mean_power_w", "peak_power_w", "max_avg_power_w",
+                "energy_per_sample_j"):
+        assert out[key] > 0, key
+    assert out["peak_power_w"] >= out["mean_power_w"]
+    assert out["energy_per_sample_j"] == pytest.approx(out["energy_j"] / (16 * 8))
+
+
+def test_run_table_says_simulation_and_restores(capsys):
+    assert main(RUN + ["--set", "power_mode=7W"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("SIMULATION: cnn on sim:orin-nano")
+    assert "1-s avg max" in out and "energy/sample" in out and "knobs restored" in out
+
+
+def test_lower_gpu_clock_draws_less_power(capsys):
+    figures = {}
+    for value in ("min", "max"):
+        assert main(RUN + ["--set", f"gpu_freq={value}", "--json"]) == 0
+        figures[value] = json.loads(capsys.readouterr().out)
+    assert figures["min"]["mean_power_w"] < figures["max"]["mean_power_w"]
+    assert figures["min"]["step_time_s"] > figures["max"]["step_time_s"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "--device", "sim:orin-pico"], "unknown"),
+        (["run", "--device", "sim:orin-nano", "--workload", "resnet9000"], "resnet9000"),
+        (["run", "--device", "sim:orin-nano", "--set", "gpu_freq=500MHz"], "nearest allowed"),
+        (["run", "--device", "sim:orin-nano", "--set", "turbo=1"], "no knob 'turbo'"),
+        (["run", "--device", "sim:orin-nano", "--set", "gpu_freq"], "KNOB=VALUE"),
+        (["run", "--batch-size", "0"], "positive integer"),
+        (["run", "--steps", "-3"], "positive integer"),
+        (["run", "--device", "sim:orin-nano", "--workload", "no_such_module_xyz:build"], "no_such_module_xyz"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc_info:
+        code = main(argv)
+        raise SystemExit(code)
+    assert exc_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err and "Traceback" not in err
+
+
+def test_out_of_memory_batch_is_reported_not_raised(capsys):
+    code = main(["run", "--device", "sim:orin-nano", "--workload", "cnn", "--batch-size", "400000",
+                 "--steps", "1", "--warmup", "0"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "out of memory" in err and "smaller --batch-size" in err
+
+
+def test_console_entry_point_runs_as_a_process():
+    proc = subprocess.run([sys.executable, "-m", "edgetune", "run", "--device", "sim:orin-nano", "--steps", "3",
+                           "--warmup", "0", "--batch-size", "8", "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["steps"] == 3
