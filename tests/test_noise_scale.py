@@ -87,7 +87,9 @@ def test_steps_law_fit_recovers_parameters():
     with pytest.raises(ValueError, match="never reached"):
         fit_steps_to_target([8, 16], [10.0, math.inf])
     # steps still falling linearly with b: B_noise lies beyond the data
-    assert math.isinf(fit_steps_to_target([8, 16, 32], [400.0, 200.0, 100.0]).b_noise)
+    flat = fit_steps_to_target([8, 16, 32], [400.0, 200.0, 100.0])
+    assert math.isinf(flat.b_noise) and flat.e_min == pytest.approx(3200.0)
+    assert flat.steps(64) == pytest.approx(50.0)
 
 
 def test_learning_rate_rules():

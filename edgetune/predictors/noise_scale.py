@@ -204,14 +204,19 @@ def epochs_to_target(batch_size: float | np.ndarray, s_min: float, b_noise: floa
 
 @dataclass(frozen=True)
 class StepsFit:
-    """A fitted S(b) = S_min (1 + B_noise / b); ``s_min`` in the units of the steps given."""
+    """A fitted S(b) = S_min (1 + B_noise / b) = S_min + E_min / b.
+
+    ``e_min`` = S_min B_noise is the fewest samples that reach the target (tiny batches); ``s_min`` the
+    fewest steps (huge batches), in the units of the steps given. When the data show no floor of steps
+    (``s_min`` = 0), ``b_noise`` is ``inf`` and S(b) = E_min / b.
+    """
 
     s_min: float
     b_noise: float
+    e_min: float
 
     def steps(self, batch_size: float | np.ndarray) -> float | np.ndarray:
-        return steps_to_target(batch_size, self.s_min, self.b_noise)
-
+        return self.s_min + self.e_min / np.asarray(batch_size, dtype=float)
 
 
 def fit_steps_to_target(batch_sizes: Sequence[float], steps: Sequence[float]) -> StepsFit:
@@ -235,9 +240,9 @@ def fit_steps_to_target(batch_sizes: Sequence[float], steps: Sequence[float]) ->
     A = np.column_stack([np.ones_like(b), 1.0 / b]) / s[:, None]
     (alpha, beta), _ = nnls(A, np.ones_like(s))
     if alpha <= 1e-9 * beta / b.min():  # the constant term is round-off next to the 1/b term
-        # steps keep falling with batch size all the way: B_noise lies beyond the data
-        return StepsFit(s_min=0.0, b_noise=math.inf)
-    return StepsFit(s_min=float(alpha), b_noise=float(beta / alpha))
+        # steps keep falling as 1/b all the way: B_noise lies beyond the data
+        return StepsFit(s_min=0.0, b_noise=math.inf, e_min=float(beta))
+    return StepsFit(s_min=float(alpha), b_noise=float(beta / alpha), e_min=float(beta))
 
 
 # ------------------------------------------------------------------------------------------ learning rates
