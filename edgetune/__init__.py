@@ -6,3 +6,14 @@ the embedded default is a simulated Jetson (``sim:<profile>``), always labelled 
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["__version__", "tune"]
+
+
+def __getattr__(name: str):
+    # `edgetune.tune` is imported on first use, so `import edgetune` stays light (no torch import)
+    if name == "tune":
+        from edgetune.runtime.controller import tune
+
+        return tune
+    raise AttributeError(f"module 'edgetune' has no attribute {name!r}")

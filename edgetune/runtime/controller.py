@@ -268,6 +268,12 @@ class Tuner:
         self._device_arg = device
         self._device_options = dict(device_options or {})
         self._requested_batch = batch_size
+        from edgetune.predictors import LR_RULES
+
+        if lr_rule not in LR_RULES:
+            raise ValueError(f"unknown lr_rule {lr_rule!r}; use one of {', '.join(LR_RULES)}")
+        if resize_at not in ("step", "epoch"):
+            raise ValueError(f"resize_at must be 'step' or 'epoch', got {resize_at!r}")
         self.lr_rule = lr_rule
         self.resize_at = resize_at
         self.seed = seed
@@ -373,7 +379,9 @@ class Tuner:
         else:
             old, self._batch_size = self._batch_size, batch_size
             if self.optimizer is not None and old and old != batch_size:
-                rates = rescale_lr(self.optimizer, old, batch_size, self.lr_rule)
+                b_noise = self.online.b_noise if self.online is not None else None
+                options = {"b_noise": b_noise} if self.lr_rule == "adascale" else {}
+                rates = rescale_lr(self.optimizer, old, batch_size, self.lr_rule, **options)
                 self._on_resize(old, batch_size, rates)
 
     def apply_setting(self, setting: Mapping[str, KnobValue], why: str) -> None:
@@ -422,7 +430,7 @@ class Tuner:
 
             self.online = OnlineTuner(self, **self._online_options)
             self._batch_size, start_setting = self.online.start()
-            self._apply(start_setting, "online tuning: first candidate")
+            self._apply(start_setting, f"online tuning: first candidate: batch size {self._batch_size}")
         if self._batch_size <= 0:
             if self._dataset is None:
                 raise ValueError("give batch_size, a plan, or a dataset to tune()")
@@ -525,7 +533,8 @@ class Tuner:
                             f"knobs here: {', '.join(dev.knobs) or 'none'}")
         if plan.budget_w is not None:
             self._reference_budget = plan.budget_w
-        self._apply(plan.setting, f"plan {plan.path or ''}".strip())
+        self._apply(plan.setting, f"plan {plan.path}: batch size {self._batch_size}" if plan.path else
+                    f"plan: batch size {self._batch_size}")
 
     def _apply(self, setting: Mapping[str, KnobValue], why: str) -> None:
         dev = self.device
@@ -536,10 +545,10 @@ class Tuner:
             dev.apply(changes)
             self.setting.update({k: dev.knobs[k].validate(v) for k, v in changes.items()})
         self._anchor = dict(self.setting)  # the chosen setting: the guard climbs back to it, not above
-        text = ", ".join(f"{k}={format_value(dev.knobs[k].validate(v), dev.knobs[k].unit)}" for k, v in writable.items())
+        text = ", ".join(f"{k}={format_value(dev.knobs[k].validate(v), dev.knobs[k].unit)}" for k, v in changes.items())
         if skipped and dev.knobs:
             text += f" (not settable here: {', '.join(skipped)})"
-        self._event(f"{why}: batch size {self._batch_size or self.batch_size}; {text or 'no knobs set'}")
+        self._event(f"{why}; {text or 'knobs unchanged'}")
 
     # -- guard --------------------------------------------------------------------------------------------
     def _ceiling_for(self, budget: float) -> int:

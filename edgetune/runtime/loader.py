@@ -105,7 +105,8 @@ class BatchLoader:
         dataset: a map-style ``torch.utils.data.Dataset`` (``len`` and integer indexing).
         batch_size: the first batch size.
         optimizer: whose learning rate follows batch-size changes (None: leave it alone).
-        lr_rule: the scaling rule (``linear``, ``sqrt``, ``none``, ... as :func:`edgetune.predictors.scale_lr`).
+        lr_rule: the scaling rule (``linear``, ``sqrt``, ``none``, ``adascale`` as
+            :func:`edgetune.predictors.scale_lr`; ``adascale`` needs :attr:`b_noise`).
         shuffle, seed, drop_last: as :class:`ResizableBatchSampler`.
         on_epoch_start, on_epoch_end: called with the epoch number (the controller's accounting).
         on_resize: called with (old, new, learning rates) after a change took effect.
@@ -136,6 +137,8 @@ class BatchLoader:
         self.on_batch = on_batch
         self._loader = DataLoader(dataset, batch_sampler=self.sampler, **loader_options)
         self._effective = batch_size  # the batch size the learning rate is set for
+        #: the gradient noise scale the ``adascale`` rule needs (the online tuner sets it once measured)
+        self.b_noise: float | None = None
         self._at_epoch: int | None = None
         self.epoch = -1
 
@@ -168,7 +171,8 @@ class BatchLoader:
             nominal = self.sampler.drawn.popleft() if self.sampler.drawn else self.sampler.batch_size
             if nominal != self._effective:
                 old, self._effective = self._effective, nominal
-                rates = (rescale_lr(self.optimizer, old, nominal, self.lr_rule)
+                options = {"b_noise": self.b_noise} if self.lr_rule == "adascale" else {}
+                rates = (rescale_lr(self.optimizer, old, nominal, self.lr_rule, **options)
                          if self.optimizer is not None else [])
                 if self.on_resize is not None:
                     self.on_resize(old, nominal, rates)

@@ -16,9 +16,11 @@ What "best" means
     Time to target = steps(b) x step time, with steps(b) = S_min (1 + B_noise / b) (McCandlish et al. 2018;
     S_min is the same for every setting, so it drops out). ``B_noise`` is measured on the real gradients:
     at each explored step an optimizer pre-step hook reads the squared norm of the gradient |G_b|^2 at that
-    batch size; since E|G_b|^2 = |G|^2 + tr(Sigma) / b, a least-squares fit of the per-batch-size means
-    against 1/b gives |G|^2 and tr(Sigma), and B_noise = tr(Sigma) / |G|^2 (the two-batch-size estimator of
-    McCandlish et al., appendix A, over all batch sizes explored). A given ``b_noise`` overrides it.
+    batch size (E|G_b|^2 = |G|^2 + tr(Sigma) / b); every pair of explored batch sizes gives McCandlish et
+    al.'s two-point estimates of |G|^2 and tr(Sigma) (appendix A), averaged by the predictors'
+    :class:`~edgetune.predictors.GradientNoiseScale`; B_noise = tr(Sigma) / |G|^2. The explored batch
+    sizes come from different steps, so this is the noise scale of the exploration's stretch of training.
+    A given ``b_noise`` overrides it.
 
 Safety
     The budget guard stays on during the exploration. A candidate whose power trips the guard is recorded
@@ -29,7 +31,7 @@ Safety
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -73,21 +75,24 @@ class Measurement:
 def noise_scale_from_norms(norms: dict[int, list[float]]) -> tuple[float, float, float] | None:
     """(|G|^2, tr(Sigma), B_noise) from squared gradient norms per batch size; None if not estimable.
 
-    Least squares of the per-batch-size mean of |G_b|^2 against 1/b (E|G_b|^2 = |G|^2 + tr(Sigma)/b);
-    with two batch sizes this is McCandlish et al.'s unbiased two-point estimator. Needs at least two batch
-    sizes, and a positive |G|^2 and tr(Sigma).
+    Every pair of batch sizes b_small < b_big gives McCandlish et al.'s unbiased two-point estimates from the
+    mean |G_b|^2 at each; :class:`~edgetune.predictors.GradientNoiseScale` averages them (its EMA with
+    beta near 1 and bias correction is a plain mean over these few pairs) and takes the ratio. Needs at least
+    two batch sizes, and positive averages.
     """
+    from edgetune.predictors import GradientNoiseScale
+
     sizes = sorted(b for b, v in norms.items() if v)
     if len(sizes) < 2:
         return None
-    x = np.array([1.0 / b for b in sizes])
-    y = np.array([float(np.mean(norms[b])) for b in sizes])
-    w = np.array([len(norms[b]) for b in sizes], dtype=float)
-    A = np.column_stack([np.ones_like(x), x]) * np.sqrt(w)[:, None]
-    (g2, trace), *_ = np.linalg.lstsq(A, y * np.sqrt(w), rcond=None)
-    if not (g2 > 0 and trace > 0):
+    means = {b: float(np.mean(norms[b])) for b in sizes}
+    gns = GradientNoiseScale(beta=0.999)
+    for i, small in enumerate(sizes):
+        for big in sizes[i + 1:]:
+            gns.update(means[small], means[big], small, big)
+    if not math.isfinite(gns.noise_scale):
         return None
-    return float(g2), float(trace), float(trace / g2)
+    return gns.grad_sq, gns.trace_cov, gns.noise_scale
 
 
 def _grad_norm_sq(optimizer: torch.optim.Optimizer) -> float:
@@ -102,7 +107,11 @@ class _Window:
     candidate: Candidate
     steps: int = 0
     open: bool = False
-    norms: list[float] = field(default_factory=list)
+    first_t: float = math.nan  # end of the candidate's first step
+    last_t: float = math.nan
+
+    def step_time(self) -> float:
+        return (self.last_t - self.first_t) / (self.steps - 1) if self.steps >= 2 else math.nan
 
 
 class OnlineTuner:
@@ -212,6 +221,9 @@ class OnlineTuner:
         if self.tuner.batch_size != w.candidate.batch_size:
             return  # the new batch size reaches the loop with the next batch
         w.steps += 1
+        if w.steps == 1:
+            w.first_t = t
+        w.last_t = t
         mon = self.tuner.monitor
         if w.steps == self.warmup_steps:
             mon.begin_window("online")
@@ -227,13 +239,15 @@ class OnlineTuner:
             self._record(m)
 
     def on_guard_move(self, decision: Decision) -> None:
-        """The guard moved during a candidate's window: that candidate does not hold the budget."""
+        """The guard tripped during a candidate: it does not hold the budget. What it drew until then and
+        its step time still inform the hardware model."""
         w = self._window
         if w is not None and decision.reason.startswith("trip"):
             if w.open:
                 self.tuner.monitor.end_window("online")
                 w.open = False
-            self._record(Measurement(w.candidate, w.steps, status="over budget"))
+            power = self.tuner.monitor.moving_average(self.tuner.guard_params.fast_window_s)
+            self._record(Measurement(w.candidate, w.steps, w.step_time(), power, power, status="over budget"))
 
     def on_out_of_memory(self) -> None:
         w = self._window
@@ -250,7 +264,8 @@ class OnlineTuner:
     # -- choosing ---------------------------------------------------------------------------------
     def _record(self, m: Measurement) -> None:
         self.measurements.append(m)
-        what = (f"{m.step_time_s * 1e3:.2f} ms/step, {m.power_w:.2f} W" if m.status == "ok" else m.status)
+        figures = f"{m.step_time_s * 1e3:.2f} ms/step, {m.power_w:.2f} W"
+        what = figures if m.status == "ok" else (f"{m.status} ({figures})" if self._usable(m) else m.status)
         self.tuner._event(f"online: candidate batch size {m.candidate.batch_size}, {self._describe(m.candidate)}: "
                           f"{what}")
         nxt = self._next_candidate()
@@ -270,10 +285,14 @@ class OnlineTuner:
     def _ok(self) -> list[Measurement]:
         return [m for m in self.measurements if m.status == "ok"]
 
+    @staticmethod
+    def _usable(m: Measurement) -> bool:
+        return math.isfinite(m.step_time_s) and math.isfinite(m.power_w) and m.step_time_s > 0
+
     def _fit(self) -> None:
         from edgetune.predictors import HardwareModel
 
-        ok = self._ok()
+        ok = [m for m in self.measurements if self._usable(m)]
         names = [self.primary] if self.primary else []
         X = [{**{k: float(m.candidate.knobs[k]) for k in names}, "batch_size": m.candidate.batch_size} for m in ok]
         if len(ok) < 3 or len({tuple(x.values()) for x in X}) < 3:
@@ -286,14 +305,14 @@ class OnlineTuner:
         done = {m.candidate for m in self.measurements}
         if len(self.measurements) >= self.max_candidates:
             return None
-        # over budget or out of memory rules out what is surely worse: the same batch at higher clocks
-        # (more power), and larger batches (more memory)
+        # over budget or out of memory rules out what is surely worse: power rises with the clock and with
+        # the batch size (the GPU is busier), memory with the batch size
         blocked = set()
         for m in self.measurements:
-            if m.status == "over budget" and self.primary:
-                v = m.candidate.knobs[self.primary]
-                blocked |= {c for c in self._grid() if c.batch_size == m.candidate.batch_size
-                            and c.knobs[self.primary] >= v}
+            if m.status == "over budget":
+                v = m.candidate.knobs.get(self.primary) if self.primary else None
+                blocked |= {c for c in self._grid() if c.batch_size >= m.candidate.batch_size
+                            and (v is None or c.knobs[self.primary] >= v)}
             elif m.status == "out of memory":
                 blocked |= {c for c in self._grid() if c.batch_size >= m.candidate.batch_size}
         self._fit()
@@ -302,7 +321,12 @@ class OnlineTuner:
                 c = self._queue.pop(0)
                 if c not in done and c not in blocked:
                     return c
-            return None
+            # too few measurements to fit (the design was mostly over budget): the fastest-looking of the
+            # rest, highest clock first, then the largest batch
+            rest = [c for c in self._grid() if c not in done and c not in blocked]
+            key = (lambda c: (-float(c.knobs[self.primary]), -c.batch_size)) if self.primary else \
+                (lambda c: -c.batch_size)
+            return min(rest, key=key) if rest else None
         grid = [c for c in self._grid() if c not in done and c not in blocked]
         if not grid:
             return None
@@ -344,6 +368,8 @@ class OnlineTuner:
         else:
             best = min(ok, key=lambda m: m.time_to_target(b_noise))
         self.chosen = best
+        if self.tuner.loader is not None and self.b_noise is not None:
+            self.tuner.loader.b_noise = self.b_noise
         self.tuner._event(f"online: settled on batch size {best.candidate.batch_size}, {self._describe(best.candidate)} "
                           f"after {len(self.measurements)} candidates (B_noise {b_noise:.0f} samples, {source})")
         self._move(best.candidate, "online tuning: settled")
@@ -352,7 +378,7 @@ class OnlineTuner:
         t = self.tuner
         if c.batch_size != t.batch_size:
             t.set_batch_size(c.batch_size, at="step")
-        t.apply_setting(c.knobs, why)
+        t.apply_setting(c.knobs, f"{why}: batch size {c.batch_size}")
 
     def ladder_prior(self, ladder: list[dict[str, KnobValue]]) -> LadderModel | None:
         """Rung powers predicted by the fitted hardware model at the batch size in force, if fitted."""

@@ -1,0 +1,400 @@
+"""``with edgetune.tune(...)`` on the simulated twin: plan, budget guard under disturbances and budget changes,
+accounting, restore on every exit, the loader's batch-size changes, online tuning on a real training run."""
+
+from __future__ import annotations
+
+import doctest
+import itertools
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+import edgetune
+from edgetune.power import Knob, open_device
+from edgetune.runtime import GuardParams, PlanError, load_plan
+from edgetune.runtime.controller import Plan
+from edgetune.workloads import load_workload
+
+SETTLE_S = 2.0
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # tiny models: torch's thread pool only adds contention on a shared 2-core machine
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def cnn_cost():
+    return load_workload("cnn").cost
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    data = TensorDataset(torch.randn(2048, 16), torch.randint(0, 4, (2048,)))
+    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), data
+
+
+def train_until(tuner, model, optimizer, seconds, script=(), losses=None):
+    """The user's plain loop, run until ``seconds`` of device time; ``script`` fires (t, fn) on the clock."""
+    clock = tuner.device.clock
+    pending = sorted(script, key=lambda e: e[0])
+
+    def fire():
+        while pending and pending[0][0] <= clock.now():
+            pending.pop(0)[1]()
+
+    tid = clock.add_ticker(0.01, fire)
+    try:
+        while clock.now() < seconds:
+            for x, y in tuner.loader:
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                if losses is not None:
+                    losses.append(loss.item())
+                if clock.now() >= seconds:
+                    break
+    finally:
+        clock.remove_ticker(tid)
+
+
+def last_over(tuner, t0, t1):
+    """Seconds after ``t0`` at which the 1-s moving average was last above the budget, within [t0, t1)."""
+    a = tuner.accounting
+    t, avg, budget = np.array(a.trace_t), np.array(a.trace_avg), np.array(a.trace_budget)
+    sel = (t >= t0) & (t < t1) & (avg > budget + 1e-9)
+    return float(t[sel].max() - t0) if sel.any() else 0.0
+
+
+# ---------------------------------------------------------------------------------------------- plan, restore
+
+
+def write_plan(tmp_path, **over):
+    plan = {"device": "sim:orin-nano", "simulated": True, "workload": "cnn", "budget_w": 10.0,
+            "objective": "time", "batch_size": 64, "setting": {"gpu_freq": 408000000, "emc_freq": 2133000000}}
+    plan.update(over)
+    path = tmp_path / "best.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def test_plan_is_applied_accounted_and_knobs_restored(tmp_path, cnn_cost):
+    model, opt, data = mlp()
+    dev = open_device("sim:orin-nano", seed=0)
+    before = dev.settings()
+    log = tmp_path / "steps.csv"
+    with edgetune.tune(model, opt, dataset=data, device=dev, plan=write_plan(tmp_path), cost=cnn_cost,
+                       log=log, print_summary=False) as tuner:
+        assert tuner.batch_size == 64 and tuner.budget_w == 10.0
+        assert dev.knobs["gpu_freq"].read() == 408000000
+        for _ in range(2):
+            for x, y in tuner.loader:
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    s = tuner.summary
+    assert dev.settings() == before and s.knobs_restored
+    assert s.steps == 2 * 2048 // 64 and s.samples == 2 * 2048 and len(s.epochs) == 2
+    assert [e.steps for e in s.epochs] == [32, 32]
+    # per-step figures add up to the totals; energy = mean power x time
+    steps = tuner.accounting.steps
+    assert sum(r.energy_j for r in steps) == pytest.approx(s.energy_j)
+    assert s.energy_j == pytest.approx(s.mean_w * s.time_s)
+    expected = dev.backend.expected(cnn_cost, 64, {"gpu_freq": 408000000})
+    assert s.time_s / s.steps == pytest.approx(expected.step_time_s, rel=0.05)
+    assert s.mean_w == pytest.approx(expected.power_w, rel=0.05)
+    assert max(r.peak_w for r in steps) == pytest.approx(s.peak_w)
+    assert not s.violations and s.max_avg_w < 10.0
+    rows = log.read_text().splitlines()
+    assert len(rows) == 1 + s.steps and rows[0].startswith("step,epoch,batch_size")
+    table = s.table()
+    assert "sim:orin-nano (simulated twin)" in table and "0 violation(s)" in table and "knobs restored: yes" in table
+
+
+def test_jsonl_log_has_steps_and_epochs(tmp_path, cnn_cost):
+    model, opt, data = mlp()
+    log = tmp_path / "run.jsonl"
+    with edgetune.tune(model, opt, dataset=data, batch_size=256, budget_w=15, device="sim:orin-nano",
+                       online=False, cost=cnn_cost, log=log, print_summary=False) as tuner:
+        train_until(tuner, model, opt, 0.5)
+    kinds = [json.loads(line)["kind"] for line in log.read_text().splitlines()]
+    assert kinds.count("step") == tuner.summary.steps and kinds.count("epoch") == len(tuner.summary.epochs)
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_knobs_are_restored_when_the_loop_raises(tmp_path, cnn_cost, error, capsys):
+    model, opt, data = mlp()
+    dev = open_device("sim:orin-nano", seed=0)
+    before = dev.settings()
+    with pytest.raises(error), edgetune.tune(model, opt, dataset=data, device=dev, plan=write_plan(tmp_path),
+                                             cost=cnn_cost) as tuner:
+        for i, (x, y) in enumerate(tuner.loader):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            if i == 5:
+                raise error("boom")
+    assert dev.settings() == before
+    assert tuner.summary.knobs_restored and tuner.summary.steps == 6
+    assert "knobs restored: yes" in capsys.readouterr().err  # the summary table is printed on any exit
+
+
+def test_bad_plans_say_what_is_wrong(tmp_path):
+    with pytest.raises(PlanError, match="no such file"):
+        load_plan(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(PlanError, match="not readable JSON"):
+        load_plan(bad)
+    with pytest.raises(PlanError, match="batch_size must be a positive integer"):
+        load_plan(write_plan(tmp_path, batch_size=0))
+    with pytest.raises(PlanError, match="setting must be an object"):
+        load_plan(write_plan(tmp_path, setting=[1]))
+    model, opt, data = mlp()
+    with pytest.raises(PlanError, match="knob.*turbo.*do not exist"), \
+            edgetune.tune(model, opt, dataset=data, device="sim:orin-nano", plan=write_plan(tmp_path, setting={"turbo": 1})):
+        pass
+
+
+def test_steps_are_marked_by_hand_without_an_optimizer(cnn_cost):
+    dev = open_device("sim:orin-nano", seed=0)
+    with edgetune.tune(batch_size=32, budget_w=12, device=dev, cost=cnn_cost, online=False,
+                       print_summary=False) as tuner:
+        assert tuner.loader is None
+        for _ in range(10):
+            tuner.step()
+    assert tuner.summary.steps == 10 and tuner.summary.samples == 320
+    model, opt, data = mlp()
+    with edgetune.tune(model, opt, dataset=data, batch_size=32, budget_w=12, device="sim:orin-nano",
+                       online=False, print_summary=False) as tuner, \
+            pytest.raises(RuntimeError, match="optimizer's step hook"):
+        tuner.step()
+
+
+def test_step_cost_is_measured_from_the_first_real_step():
+    w = load_workload("cnn")
+    x, y = w.make_batch(64)
+    with edgetune.tune(w.model, w.optimizer, dataset=TensorDataset(x, y), batch_size=16, budget_w=15,
+                       device="sim:orin-nano", online=False, print_summary=False) as tuner:
+        for bx, by in tuner.loader:
+            w.optimizer.zero_grad()
+            w.loss_fn(w.model(bx), by).backward()
+            w.optimizer.step()
+    assert tuner.cost.flops_per_sample == pytest.approx(w.cost.flops_per_sample, rel=0.05)
+    assert tuner.cost.param_bytes == w.cost.param_bytes
+    assert tuner.cost.activation_bytes_per_sample == pytest.approx(w.cost.activation_bytes_per_sample, rel=0.25)
+    assert tuner.cost.input_bytes_per_sample > 0
+
+
+# ---------------------------------------------------------------------------------------------- the guard
+
+
+def test_guard_keeps_the_budget_through_disturbances_and_budget_changes(cnn_cost):
+    """Power offset step, thermal throttle on and off, budget 10 -> 7 -> 10 W: the 1-s moving average is
+    over the budget only within 2 s of each event, and the guard does not oscillate."""
+    model, opt, data = mlp()
+    dev = open_device("sim:orin-nano", seed=1)
+    twin = dev.backend
+    plan = Plan(64, {"gpu_freq": 408000000}, 10.0, "sim:orin-nano")
+    with edgetune.tune(model, opt, dataset=data, device=dev, plan=plan, cost=cnn_cost, keep_trace=True,
+                       print_summary=False) as tuner:
+        events = [(4.0, lambda: twin.set_power_offset(2.5)), (10.0, lambda: twin.set_power_offset(0.0)),
+                  (16.0, lambda: twin.set_throttle(306e6)), (22.0, lambda: twin.set_throttle(None)),
+                  (28.0, lambda: tuner.set_budget(7.0)), (34.0, lambda: tuner.set_budget(10.0))]
+        train_until(tuner, model, opt, 40.0, events)
+    times = [0.0] + [t for t, _ in events] + [40.0]
+    for t0, t1 in itertools.pairwise(times):
+        assert last_over(tuner, t0, t1) <= SETTLE_S, f"over budget more than {SETTLE_S} s after t={t0}"
+    moves = [text for _, text in tuner.events if text.startswith("guard")]
+    assert 2 <= len(moves) <= 16, moves
+    assert any("trip" in m for m in moves) and any("climb" in m for m in moves)
+    assert tuner.summary.knobs_restored and dev.settings()["gpu_freq"] == 624750000
+    # after the budget came back, the plan's setting is back in force
+    assert tuner.setting["gpu_freq"] == 408000000
+
+
+def test_budget_file_and_sigusr1_are_followed(tmp_path, cnn_cost):
+    model, opt, data = mlp()
+    budget_file = tmp_path / "budget"
+    budget_file.write_text("10\n")
+    dev = open_device("sim:orin-nano", seed=2)
+    plan = Plan(64, {"gpu_freq": 408000000}, 10.0, "sim:orin-nano")
+
+    def battery_low():
+        budget_file.write_text("7 W\n")
+
+    def garbage():
+        budget_file.write_text("lots\n")
+
+    def sneaky_edit():
+        # same mtime as before: only the signal makes the controller look again
+        st = budget_file.stat()
+        budget_file.write_text("8.5")
+        os.utime(budget_file, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    with edgetune.tune(model, opt, dataset=data, device=dev, plan=plan, cost=cnn_cost, budget_file=budget_file,
+                       keep_trace=True, print_summary=False) as tuner:
+        train_until(tuner, model, opt, 12.0, [(2.0, battery_low), (5.0, garbage), (8.0, sneaky_edit)])
+    budgets = [text for _, text in tuner.events if text.startswith("budget")]
+    assert any("budget 7 W (budget file" in b for b in budgets)
+    assert any("cannot read 'lots' as watts" in b for b in budgets)
+    assert any("budget 8.5 W (budget file" in b for b in budgets)
+    assert last_over(tuner, 2.0, 8.0) <= SETTLE_S
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL  # the handler is gone after exit
+
+
+def test_measure_only_reports_and_changes_nothing(cnn_cost):
+    dev = open_device("sim:orin-nano", seed=0)
+    # a board where we lack root: every knob reads, none writes (faked at the knob boundary)
+    dev.knobs = {name: Knob(k.name, k.unit, k.values, read=k.read, writable=False,
+                            why_read_only="no write permission; run as root") for name, k in dev.knobs.items()}
+    model, opt, data = mlp()
+    with edgetune.tune(model, opt, dataset=data, batch_size=256, budget_w=9.0, device=dev, cost=cnn_cost,
+                       online=False, keep_trace=True, print_summary=False) as tuner:
+        train_until(tuner, model, opt, 3.0)
+    texts = " ".join(text for _, text in tuner.events)
+    assert "measure-only" in texts and "run as root" in texts
+    assert not any(text.startswith("guard") for _, text in tuner.events)
+    s = tuner.summary
+    assert s.measure_only and s.violations and s.time_over_s > 1.0  # 256 at 624 MHz draws > 9 W: reported
+    assert "measure-only" in s.table()
+
+
+def test_guard_can_be_switched_off(cnn_cost):
+    model, opt, data = mlp()
+    with edgetune.tune(model, opt, dataset=data, batch_size=128, budget_w=9.0, device="sim:orin-nano",
+                       cost=cnn_cost, online=False, guard=False, print_summary=False) as tuner:
+        train_until(tuner, model, opt, 2.0)
+    assert tuner.summary.violations and not any(t.startswith("guard") for _, t in tuner.events)
+
+
+def test_guard_params_are_used(cnn_cost):
+    model, opt, data = mlp()
+    params = GuardParams(target_margin=0.15, up_margin=0.2)
+    with edgetune.tune(model, opt, dataset=data, batch_size=128, budget_w=12.0, device="sim:orin-nano",
+                       cost=cnn_cost, online=False, guard=params, keep_trace=True, print_summary=False) as tuner:
+        train_until(tuner, model, opt, 4.0)
+    a = tuner.accounting
+    t, p = np.array(a.trace_t), np.array(a.trace_p)
+    assert p[t > 2.0].mean() <= 12.0 * (1 - 0.15) + 0.2
+
+
+# ---------------------------------------------------------------------------------------------- loader
+
+
+def test_batch_size_changes_scale_the_learning_rate_and_keep_optimizer_state(cnn_cost):
+    model, opt, data = mlp()
+    with edgetune.tune(model, opt, dataset=data, batch_size=32, budget_w=15, device="sim:orin-nano",
+                       online=False, cost=cnn_cost, lr_rule="linear", print_summary=False) as tuner:
+        sizes, rates = [], []
+        for i, (x, y) in enumerate(tuner.loader):
+            sizes.append(len(x))
+            rates.append(opt.param_groups[0]["lr"])
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            if i == 2:
+                momentum = [opt.state[p]["momentum_buffer"] for p in model.parameters()]
+                tuner.set_batch_size(128)
+            if i == 5:
+                tuner.set_batch_size(64, at="epoch")
+        assert sizes[:3] == [32] * 3 and set(sizes[3:-1]) == {128}
+        assert rates[:3] == [0.05] * 3 and rates[3] == pytest.approx(0.2)
+        assert all(opt.state[p]["momentum_buffer"] is m for p, m in zip(model.parameters(), momentum))
+        # seen once each within the epoch, whatever the batch size was
+        assert sum(sizes) == len(data)
+        x, _ = next(iter(tuner.loader))
+        assert len(x) == 64 and opt.param_groups[0]["lr"] == pytest.approx(0.1)
+    assert any("batch size 32 -> 128" in t for _, t in tuner.events)
+
+
+def test_sqrt_rule(cnn_cost):
+    model, opt, data = mlp()
+    with edgetune.tune(model, opt, dataset=data, batch_size=16, budget_w=15, device="sim:orin-nano",
+                       online=False, cost=cnn_cost, lr_rule="sqrt", print_summary=False) as tuner:
+        it = iter(tuner.loader)
+        next(it)
+        tuner.set_batch_size(64)
+        next(it)
+        assert opt.param_groups[0]["lr"] == pytest.approx(0.05 * 2)
+
+
+# ---------------------------------------------------------------------------------------------- online
+
+
+def test_online_tuning_trains_while_it_explores_and_settles_under_the_budget():
+    """A real CNN run: the controller changes batch size and GPU clock while the loss falls."""
+    w = load_workload("cnn", seed=0)
+    x, y = w.make_batch(512)
+    data = TensorDataset(x, y)
+    dev = open_device("sim:orin-nano", seed=0)
+    losses = []
+    options = {"batch_sizes": [8, 16, 32], "steps_per_candidate": 6, "warmup_steps": 2, "max_candidates": 5}
+    with edgetune.tune(w.model, w.optimizer, dataset=data, batch_size=16, budget_w=9.0, device=dev,
+                       online=options, keep_trace=True, print_summary=False) as tuner:
+        for _ in range(2):
+            for bx, by in tuner.loader:
+                loss = w.loss_fn(w.model(bx), by)
+                w.optimizer.zero_grad()
+                loss.backward()
+                w.optimizer.step()
+                losses.append(loss.item())
+    online = tuner.online
+    assert 3 <= len(online.measurements) <= 5 and online.chosen is not None
+    # the exploration moved batch size and GPU clock
+    assert len({m.candidate.batch_size for m in online.measurements}) >= 2
+    assert len({m.candidate.knobs["gpu_freq"] for m in online.measurements}) >= 2
+    texts = [t for _, t in tuner.events]
+    assert any(t.startswith("online: settled") for t in texts)
+    assert len({m.candidate for m in online.measurements}) == len(online.measurements)
+    # every step trained: the steps accounted are the steps the loop ran
+    assert tuner.summary.steps == len(losses)
+    assert np.mean(losses[-10:]) < 0.8 * np.mean(losses[:10])
+    chosen = online.chosen
+    truth = dev.backend.expected(w.cost, chosen.candidate.batch_size, chosen.candidate.knobs)
+    assert truth.power_w <= 9.0
+    assert tuner.summary.time_over_s <= SETTLE_S  # a first candidate over budget, tripped at once
+    assert online.b_noise is not None and online.b_noise > 0
+
+
+def test_noise_scale_from_norms_recovers_a_known_noise_scale():
+    from edgetune.runtime.online import noise_scale_from_norms
+
+    rng = np.random.default_rng(0)
+    g2, trace = 2.0, 400.0  # B_noise = 200
+    norms = {b: list(g2 + trace / b + rng.normal(0, 0.05 * (g2 + trace / b), 50)) for b in (16, 64, 256)}
+    est = noise_scale_from_norms(norms)
+    assert est is not None and est[2] == pytest.approx(200, rel=0.15)
+    assert noise_scale_from_norms({32: [1.0, 2.0]}) is None
+
+
+# ---------------------------------------------------------------------------------------------- docs
+
+
+def test_docstring_examples_run():
+    from edgetune.runtime import controller, guard
+
+    for module in (controller, guard):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0 and result.attempted > 0
+
+
+def test_import_edgetune_stays_light():
+    import subprocess
+    import sys
+
+    code = "import sys, edgetune; print('torch' in sys.modules); print(callable(edgetune.tune))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]
