@@ -79,9 +79,11 @@ __all__ = [
     "Expected",
     "PowerMode",
     "Profile",
+    "StepPower",
     "Twin",
     "TwinSensor",
     "effective_clocks",
+    "idle_power",
     "open",
     "probe",
     "step_model",
@@ -280,7 +282,7 @@ class Profile:
 
 
 def _read_table(name: str) -> list[dict[str, str]]:
-    text = resources.files("edgetune.power").joinpath("profiles", name).read_text(encoding="utf-8")
+    text = resources.files("edgetune.power").joinpath("profiles").joinpath(name).read_text(encoding="utf-8")
     return list(csv.DictReader(io.StringIO(text)))
 
 
@@ -461,7 +463,7 @@ def _smax(*parts: float) -> float:
 
 
 @dataclass(frozen=True)
-class _StepPower:
+class StepPower:
     """Mean power per component over a step; ``gpu`` is the switching part that ripples within a step,
     ``gpu_leak`` the leakage of the powered TPCs (the GPU is rail-gated only at rest)."""
 
@@ -477,7 +479,7 @@ class _StepPower:
 
 
 def step_model(profile: Profile, clocks: Clocks, cost: WorkloadCost, batch_size: int
-               ) -> tuple[dict[str, float], _StepPower]:
+               ) -> tuple[dict[str, float], StepPower]:
     """The roofline step time and DVFS power of one training step (pure; see the module docstring).
 
     Returns the time parts (``step``, ``compute``, ``memory``, ``gpu``, ``launch``, ``load``, ``full``
@@ -527,13 +529,13 @@ def step_model(profile: Profile, clocks: Clocks, cost: WorkloadCost, batch_size:
     p_dram = cal.dram_pj_per_byte * 1e-12 * traffic / step
     times = {"step": step, "compute": t_compute, "memory": t_memory, "gpu": t_gpu, "launch": t_launch,
              "load": t_load, "full": t_full, "occupancy": occupancy, "traffic": traffic}
-    return times, _StepPower(cal.static_w, p_gpu, p_leak, p_cpu, p_emc, p_dram)
+    return times, StepPower(cal.static_w, p_gpu, p_leak, p_cpu, p_emc, p_dram)
 
 
-def idle_power(profile: Profile, clocks: Clocks) -> _StepPower:
+def idle_power(profile: Profile, clocks: Clocks) -> StepPower:
     """Power at rest: static, the online cores idling, the memory controller at its clock; GPU gated."""
     cal = profile.calibration
-    return _StepPower(cal.static_w, 0.0, 0.0, clocks.cores * cal.cpu_idle_w_per_core,
+    return StepPower(cal.static_w, 0.0, 0.0, clocks.cores * cal.cpu_idle_w_per_core,
                       cal.emc_w_at_max * clocks.emc_hz / profile.emc_freqs_hz[-1], 0.0)
 
 
@@ -756,7 +758,7 @@ class Twin:
         return self._throttle_hz
 
     # -- ground truth ----------------------------------------------------------------------------
-    def _rails(self, power: _StepPower, gpu_scale: float = 1.0, offset_w: float = 0.0) -> tuple[float, ...]:
+    def _rails(self, power: StepPower, gpu_scale: float = 1.0, offset_w: float = 0.0) -> tuple[float, ...]:
         """Rail powers of component powers; ``offset_w`` is another process's CPU load."""
         comp = power.vector(gpu_scale)
         return tuple(sum(w * c for w, c in zip(row, comp)) + off * offset_w
