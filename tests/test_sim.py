@@ -200,19 +200,24 @@ def test_smaller_batch_at_higher_gpu_clock_trains_faster_under_a_tight_cap(cost,
     assert small.occupancy < base.occupancy
 
 
-def test_power_and_step_time_are_monotone(cost):
-    twin = Twin("orin-nano", compute=False)
-    freqs = twin.knob_grid()["gpu_freq"]
-    for b in (1, 8, 32, 128, 512):
-        runs = [twin.expected(cost, b, {"gpu_freq": f}) for f in freqs]
-        assert all(a.power_w < z.power_w for a, z in itertools.pairwise(runs))
-        assert all(a.step_time_s > z.step_time_s for a, z in itertools.pairwise(runs))
-    for f in freqs:
-        runs = [twin.expected(cost, b, {"gpu_freq": f}) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)]
-        assert all(a.power_w < z.power_w for a, z in itertools.pairwise(runs))
-        assert all(a.samples_per_s < z.samples_per_s for a, z in itertools.pairwise(runs))
-        assert all(r.peak_power_w > r.power_w for r in runs)
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_power_and_step_time_are_monotone(name, cost):
+    twin = Twin(name, compute=False)
+    grid = twin.knob_grid()
+    for mode in grid["power_mode"]:
+        freqs = [f for f in grid["gpu_freq"] if f <= twin.expected(cost, 1, {"power_mode": mode}).clocks.gpu_hz]
+        for b in (1, 8, 32, 128, 512):
+            runs = [twin.expected(cost, b, {"power_mode": mode, "gpu_freq": f}) for f in freqs]
+            assert all(a.power_w < z.power_w for a, z in itertools.pairwise(runs))
+            assert all(a.step_time_s > z.step_time_s for a, z in itertools.pairwise(runs))
+        for f in freqs:
+            runs = [twin.expected(cost, b, {"power_mode": mode, "gpu_freq": f})
+                    for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)]
+            assert all(a.power_w < z.power_w for a, z in itertools.pairwise(runs))
+            assert all(a.samples_per_s < z.samples_per_s for a, z in itertools.pairwise(runs))
+            assert all(r.peak_power_w > r.power_w for r in runs)
     # slower memory costs time; fewer cores at a low CPU clock make the host the bottleneck
+    twin.device().apply({"power_mode": grid["power_mode"][-1]})
     fast = twin.expected(cost, 128)
     assert twin.expected(cost, 128, {"emc_freq": "min"}).step_time_s > fast.step_time_s
     assert twin.expected(cost, 8, {"cpu_freq": "min", "cpu_cores": 1}).step_time_s > \
