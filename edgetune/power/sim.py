@@ -41,7 +41,10 @@ The models (pure functions; constants per profile in ``profiles/calibration.csv`
 * **Sensor**: the board's INA3221 rails, refreshed every ``sensor_update_period_s`` (the value is held in
   between), with seeded Gaussian noise, rounded to the milliwatt.
 
-Noise-free ground truth for any batch size and setting: :meth:`Twin.expected`.
+Noise-free ground truth for any batch size and setting: :meth:`Twin.expected`. Disturbances for tests
+and benchmarks of the runtime controller: :meth:`Twin.set_power_offset` (another process's load, on the CPU
+rail, from the current virtual time) and :meth:`Twin.set_throttle` (a thermal cap on the GPU clock, from the
+next step).
 """
 
 from __future__ import annotations
