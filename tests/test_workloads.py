@@ -1,0 +1,342 @@
+"""Built-in workloads train for real, their FLOP counts match analytic counts, user workloads load."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from edgetune.workloads import (
+    _FLOP_FORMULAS,
+    BUILTIN_WORKLOADS,
+    Workload,
+    WorkloadError,
+    load_workload,
+    measure_cost,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def builtins() -> dict[str, Workload]:
+    return {name: load_workload(name, seed=0) for name in BUILTIN_WORKLOADS}
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+# (batch size, learning rate, steps): tiny batches so the file stays fast. The image models' learning
+# rates are for batch 128; at these batches they are scaled down (the mobilenet's less than linearly:
+# with zero-gamma blocks it tolerates it, and learns in fewer steps).
+TRAINING = {
+    "cnn": (8, 0.1 * 8 / 128, 20),
+    "mobilenet": (16, 0.05, 16),
+    "chartransformer": (4, None, 15),
+}
+
+
+@pytest.mark.parametrize("name", BUILTIN_WORKLOADS)
+def test_builtin_trains_for_real_and_loss_falls(name: str) -> None:
+    workload = load_workload(name, seed=0)
+    batch_size, lr, steps = TRAINING[name]
+    if lr is not None:
+        workload.set_lr(lr)
+    before = [p.detach().clone() for p in workload.model.parameters()]
+    losses = [workload.train_step(batch_size) for _ in range(steps)]
+    assert all(math.isfinite(v) for v in losses)
+    assert sum(losses[-3:]) / 3 < 0.8 * losses[0], losses
+    assert any(not torch.equal(a, b) for a, b in zip(before, workload.model.parameters()))
+
+
+def test_defaults_follow_common_practice(builtins: dict[str, Workload]) -> None:
+    assert {n: w.default_batch_size for n, w in builtins.items()} == {
+        "cnn": 128, "mobilenet": 128, "chartransformer": 64}
+    assert isinstance(builtins["cnn"].optimizer, torch.optim.SGD)
+    assert isinstance(builtins["chartransformer"].optimizer, torch.optim.AdamW)
+
+
+# ---------------------------------------------------------------------------------------------- FLOPs
+
+
+def _forward_flops_by_hand(model: nn.Module, example: torch.Tensor) -> tuple[float, float]:
+    """2 x multiply-adds of every conv and linear layer, from the layer shapes; and the first layer's."""
+    flops: list[float] = []
+
+    def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        if isinstance(module, nn.Conv2d):
+            kh, kw = module.kernel_size
+            out_positions = output.shape[2] * output.shape[3]
+            flops.append(2 * out_positions * module.out_channels * (module.in_channels // module.groups) * kh * kw)
+        else:
+            flops.append(2 * module.in_features * module.out_features)
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(example)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train()
+    return float(sum(flops)), float(flops[0])
+
+
+@pytest.mark.parametrize("name", ["cnn", "mobilenet"])
+def test_image_model_flops_match_layer_shapes(builtins: dict[str, Workload], name: str) -> None:
+    workload = builtins[name]
+    forward, first_layer = _forward_flops_by_hand(workload.model, torch.zeros(1, 3, 32, 32))
+    # Training is forward + the input gradient + the weight gradient, each as many multiply-adds as the
+    # forward; the first layer needs no input gradient (the images do not require grad).
+    expected = 3 * forward - first_layer
+    assert workload.cost.flops_per_sample == pytest.approx(expected, rel=1e-9)
+
+
+def test_transformer_flops_match_6n_rule_plus_attention(builtins: dict[str, Workload]) -> None:
+    workload = builtins["chartransformer"]
+    model = workload.model
+    seq, layers, heads, head_dim = 64, 6, 6, 64
+    assert (len(model.blocks), model.seq_len) == (layers, seq)
+    # N: weights the tokens are multiplied by (every linear layer; embeddings are lookups)
+    n = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    rule_of_thumb = 6 * n * seq  # Kaplan et al. 2020: 6 N FLOPs per token to train
+    assert rule_of_thumb < workload.cost.flops_per_sample < 1.2 * rule_of_thumb
+    # plus attention: QK^T and AV, 2 * seq * (heads * head_dim) multiply-adds each per token and layer
+    attention = 3 * 2 * 2 * seq * heads * head_dim * layers * seq
+    assert workload.cost.flops_per_sample == pytest.approx(rule_of_thumb + attention, rel=1e-9)
+
+
+def test_depthwise_convolution_backward_counts_groups() -> None:
+    conv = nn.Conv2d(32, 32, 3, padding=1, groups=32, bias=False)
+    x = torch.randn(2, 32, 8, 8, requires_grad=True)
+    with FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS) as counter:
+        conv(x)
+    forward = counter.get_total_flops()
+    assert forward == 2 * 2 * 8 * 8 * 32 * 9
+    with FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS) as counter:
+        conv(x).sum().backward()
+    assert counter.get_total_flops() == 3 * forward
+
+
+def test_cost_bytes_are_measured_from_the_model(builtins: dict[str, Workload]) -> None:
+    for name, workload in builtins.items():
+        cost = workload.cost
+        params = list(workload.model.parameters())
+        assert cost.param_bytes == sum(p.numel() * 4 for p in params)
+        if name == "chartransformer":  # AdamW: two moments per parameter, plus a step counter per tensor
+            assert 2 * cost.param_bytes <= cost.optimizer_state_bytes <= 2 * cost.param_bytes + 8 * len(params)
+            assert cost.input_bytes_per_sample == 2 * 64 * 8  # 64 int64 ids in, 64 out
+        else:  # SGD with momentum: one buffer per parameter
+            assert cost.optimizer_state_bytes == cost.param_bytes
+            assert cost.input_bytes_per_sample == 3 * 32 * 32 * 4 + 8
+        assert cost.activation_bytes_per_sample > 10 * cost.input_bytes_per_sample
+
+
+def test_activation_bytes_are_per_sample(builtins: dict[str, Workload]) -> None:
+    cnn = builtins["cnn"]
+    small, large = measure_cost(cnn, batch_size=2), measure_cost(cnn, batch_size=8)
+    assert small.activation_bytes_per_sample == pytest.approx(large.activation_bytes_per_sample, rel=0.02)
+    assert small.flops_per_sample == pytest.approx(large.flops_per_sample, rel=1e-9)
+    # the conv stages' outputs alone (before BN, ReLU, pooling) are saved for backward
+    conv_outputs = 4 * (32 * 32 * 32 + 64 * 16 * 16 + 128 * 8 * 8)
+    assert large.activation_bytes_per_sample > conv_outputs
+
+
+# ---------------------------------------------------------------------------------------------- determinism
+
+
+def test_same_seed_same_weights_batches_and_losses() -> None:
+    a, b, c = load_workload("cnn", seed=7), load_workload("cnn", seed=7), load_workload("cnn", seed=8)
+    for (name, pa), pb in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.equal(pa, pb), name
+    assert not torch.equal(a.model.state_dict()["features.0.weight"], c.model.state_dict()["features.0.weight"])
+    xa, ya = a.make_batch(4)
+    xb, yb = b.make_batch(4)
+    assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert [a.train_step(4) for _ in range(3)] == [b.train_step(4) for _ in range(3)]
+    assert a.cost == b.cost
+
+
+def test_loading_and_measuring_leave_global_rng_and_weights_alone() -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    workload = load_workload("chartransformer", seed=0)
+    assert torch.equal(torch.rand(3), expected)
+    before = {k: v.clone() for k, v in workload.model.state_dict().items()}
+    measure_cost(workload)
+    assert all(torch.equal(before[k], v) for k, v in workload.model.state_dict().items())
+    assert not workload.optimizer.state
+
+
+def test_text_stream_is_learnable_printable_text(builtins: dict[str, Workload]) -> None:
+    from edgetune.workloads import VOCAB, decode
+
+    assert len(VOCAB) == 96
+    x, y = builtins["chartransformer"].batch_source(2, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (2, 64)
+    assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the next characters
+    text = decode(x[0].tolist())
+    assert any(word in text for word in ("the", "sees", "likes", "finds", "helps", "moon", "garden"))
+
+
+# ---------------------------------------------------------------------------------------------- lr, batch size
+
+
+def test_set_lr_keeps_group_ratios() -> None:
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD([{"params": [model.weight], "lr": 0.1}, {"params": [model.bias], "lr": 0.01}])
+    workload = Workload.from_model(
+        "two-groups", model, lambda b, g: (torch.randn(b, 4, generator=g), torch.randint(0, 2, (b,), generator=g)),
+        optimizer=optimizer)
+    workload.set_lr(0.5)
+    assert workload.lr == 0.5
+    assert optimizer.param_groups[1]["lr"] == pytest.approx(0.05)
+    with pytest.raises(WorkloadError):
+        workload.set_lr(0.0)
+
+
+@pytest.mark.parametrize("batch_size", [0, -3, 2.5, True])
+def test_bad_batch_size_is_one_line(builtins: dict[str, Workload], batch_size: object) -> None:
+    with pytest.raises(WorkloadError, match="batch size must be a positive integer") as info:
+        builtins["cnn"].train_step(batch_size)  # type: ignore[arg-type]
+    assert "\n" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------- user workloads
+
+USER_MODULE = """
+import torch
+from edgetune.workloads import Workload
+
+calls = []
+
+def make_batch(batch_size, generator):
+    return torch.randn(batch_size, 8, generator=generator), torch.randint(0, 3, (batch_size,), generator=generator)
+
+def build(seed=0):
+    calls.append(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    return Workload.from_model("tiny-mlp", model, make_batch, default_batch_size=16, seed=seed)
+
+def build_without_seed():
+    return build()
+
+def build_tuple():
+    model = torch.nn.Linear(8, 3)
+    return model, make_batch, torch.nn.functional.cross_entropy
+
+def build_fails():
+    raise RuntimeError("dataset folder missing\\nsecond line")
+
+def build_wrong_batch():
+    model = torch.nn.Linear(8, 3)
+    return Workload.from_model("bad", model, lambda batch_size: torch.zeros(batch_size, 8))
+
+NOT_A_FUNCTION = 3
+"""
+
+
+@pytest.fixture
+def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = f"edgetune_test_user_{request.node.name.replace('[', '_').replace(']', '').replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def test_example_workload_loads_from_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    # the console script does not put the current directory on sys.path; loading must still find it
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(REPO))])
+    monkeypatch.delitem(sys.modules, "examples.my_workload", raising=False)
+    monkeypatch.delitem(sys.modules, "examples", raising=False)
+    workload = load_workload("examples.my_workload:build", seed=1)
+    assert workload.name == "har-cnn1d" and workload.cost.flops_per_sample > 0
+    losses = [workload.train_step(16) for _ in range(30)]
+    assert sum(losses[-3:]) / 3 < 0.8 * losses[0]
+    by_path = load_workload("examples/my_workload.py:build", seed=1)
+    assert all(torch.equal(p, q) for p, q in zip(by_path.model.state_dict().values(),
+                                                  load_workload("examples.my_workload:build", seed=1)
+                                                  .model.state_dict().values()))
+    assert str(REPO) not in sys.path  # the current directory is on sys.path only while loading
+
+
+def test_user_workload_from_a_module_on_sys_path(user_module: str) -> None:
+    workload = load_workload(f"{user_module}:build", seed=5)
+    assert sys.modules[user_module].calls == [5]
+    assert workload.name == "tiny-mlp" and workload.default_batch_size == 16
+    assert workload.cost.flops_per_sample == 3 * 2 * (8 * 16 + 16 * 3) - 2 * 8 * 16  # no grad for inputs
+    assert math.isfinite(workload.train_step(4))
+    again = load_workload(f"{user_module}:build_without_seed", seed=5)  # seeded globally while it runs
+    assert all(torch.equal(p, q) for p, q in zip(again.model.parameters(), load_workload(
+        f"{user_module}:build_without_seed", seed=5).model.parameters()))
+
+
+@pytest.mark.parametrize(
+    ("suffix", "message"),
+    [
+        (":nope", "has no function 'nope'; did you mean 'build'"),
+        (":NOT_A_FUNCTION", "names a int, not a function"),
+        (":build_tuple", "returned tuple, not a Workload; build one with edgetune.workloads.Workload.from_model"),
+        (":build_fails", "failed: RuntimeError: dataset folder missing second line"),
+        (":build_wrong_batch", "one training step on a batch of 4 failed: TypeError"),
+    ],
+)
+def test_bad_user_workload_is_one_line(user_module: str, suffix: str, message: str) -> None:
+    with pytest.raises(WorkloadError) as info:
+        load_workload(user_module + suffix)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("def build(:\n    pass\n", "SyntaxError"),
+        ("import edgetune_no_such_dependency\n", "ModuleNotFoundError: No module named 'edgetune_no_such_dependency'"),
+        ("raise RuntimeError('bad\\nconfig')\n", "RuntimeError: bad config"),
+    ],
+)
+def test_module_that_fails_to_import_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 source: str, message: str) -> None:
+    name = f"edgetune_broken_{abs(hash(source))}"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(WorkloadError) as info:
+        load_workload(f"{name}:build")
+    assert str(info.value).startswith(f"cannot import '{name}' for workload '{name}:build': ")
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("cnnn", "unknown workload 'cnnn'; did you mean 'cnn'? built-in workloads: cnn, mobilenet, chartransformer"),
+        ("transformer", "did you mean 'chartransformer'?"),
+        ("resnet50", ("unknown workload 'resnet50'; built-in workloads: cnn, mobilenet, chartransformer; "
+                     "or give module:function")),
+        ("", "workload spec must be a name or module:function"),
+        ("edgetune_no_such_module:build", "ModuleNotFoundError: No module named 'edgetune_no_such_module'"),
+        ("missing_file.py:build", "FileNotFoundError: no such file 'missing_file.py'"),
+        (":build", "is not module:function"),
+        ("examples.my_workload:", "is not module:function"),
+    ],
+)
+def test_bad_spec_is_one_line_workload_error(spec: str, message: str) -> None:
+    with pytest.raises(WorkloadError) as info:
+        load_workload(spec)
+    assert isinstance(info.value, ValueError)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_builtin_names_are_case_insensitive() -> None:
+    assert load_workload("CNN").name == "cnn"
