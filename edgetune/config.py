@@ -176,7 +176,7 @@ SCHEMA: dict[str, Key] = {
     "search.margin": Key(0.01, _number(0.0, 1.0), "improvement that counts, as a fraction of the best"),
     "search.timeout_s": Key(0.0, _number(0.0, unit="seconds"), "stop starting trials after this many "
                             "seconds of wall time (0: no limit)"),
-    "protocol.warmup_steps": Key(2, _integer(0), "real training steps after the knobs are set, before measuring"),
+    "protocol.warmup_steps": Key(1, _integer(0), "real training steps after the knobs are set, before measuring"),
     "protocol.measure_steps": Key(5, _integer(1), "the measured window holds at least this many steps"),
     "protocol.measure_s": Key(2.0, _number(0.0, unit="seconds"),
                               "... and spans at least this many seconds of device time"),

@@ -136,6 +136,9 @@ def _lowest_power_w(device, workload, space) -> float | None:
 
 def search(args: argparse.Namespace) -> int:
     cfg = _config(args)
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # edgetune prints its own progress and summary
     from edgetune.power import open_device
     from edgetune.search.space import SpaceError, build_space
     from edgetune.search.study import Search, SearchError

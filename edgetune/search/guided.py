@@ -58,13 +58,14 @@ class GuidedSampler(BaseSampler):
         target: steps to target per batch size.
         seed: seed of the space-filling start and of ties.
         n_startup: measured settings (baseline probes included) before the model is used.
+        min_group: measured settings a power mode needs before it gets a model of its own.
         stop_kappa: standard deviations of optimism in the stopping rule.
         min_feasible_p: settings less likely than this to hold the budget are not worth a measurement.
     """
 
     def __init__(self, space: SearchSpace, *, objective: str = "time", budget_w: float | None = None,
                  tolerance: float = 0.0, target: TargetModel | None = None, seed: int | None = None,
-                 n_startup: int = 6, stop_kappa: float = 2.0, min_feasible_p: float = 0.05) -> None:
+                 n_startup: int = 6, min_group: int = 4, stop_kappa: float = 2.0, min_feasible_p: float = 0.05) -> None:
         self.space = space
         self.objective = objective
         self.budget_w = budget_w
@@ -78,9 +79,18 @@ class GuidedSampler(BaseSampler):
         self._names = list(space.param_names())
         self._levels = self._grid_levels()  # (n, dims) int levels, batch first
         self._rows = self._grid_rows()  # numeric features for the hardware model
+        self._named = [j for j, (_, v) in enumerate(space.knobs) if isinstance(v[0], str)]
+        numeric_names = [n for j, (n, _) in enumerate(space.knobs) if j not in self._named]
+        self._num_rows = [dict({k: r[k] for k in numeric_names}, batch_size=r["batch_size"]) for r in self._rows]
+        # group id: the combination of named-knob levels (0 for every setting where there are none)
+        self._group = np.zeros(self._levels.shape[0], dtype=int)
+        for j in self._named:
+            self._group = self._group * len(space.knobs[j][1]) + self._levels[:, j + 1]
+        self.min_group = min_group
         self._batch = np.array([space.batch_sizes[i] for i in self._levels[:, 0]], dtype=float)
         self._steps = np.array([self.target.steps(b) for b in self._batch])
         self._last: dict[str, Any] = {}
+        self._cache: dict[str, Any] = {}
 
     # -- grid ---------------------------------------------------------------------------------------
     def _grid_levels(self) -> np.ndarray:
@@ -178,23 +188,61 @@ class GuidedSampler(BaseSampler):
             peaks.append(float(m["peak_power_w"]))
         return idx, times, powers, peaks, oom_batches
 
-    def _score(self, study: Study, number: int) -> dict[str, np.ndarray] | None:
+    def _fit_predict(self, study: Study):
+        """Fit the hardware model on the measured settings and predict the grid; cached per measured set.
+
+        Named knobs (power modes) change what the clocks mean: a mode caps the clocks under it and may gate
+        GPU units. So one model is fitted per named-knob combination with enough measurements (its physics
+        base then sees clocks only), and a pooled model (modes as ranks) covers the combinations that have
+        too few yet.
+        """
         idx, times, powers, peaks, oom = self._measured(study)
         if len(idx) < self.n_startup:
             return None
+        key = (tuple(idx), tuple(oom))
+        if self._cache.get("key") == key:
+            return self._cache["value"]
         from edgetune.predictors.hardware_model import HardwareModel
 
+        def fit_predict(rows_fit, t, p, pk, rows_pred):
+            model = HardwareModel(random_state=0).fit(rows_fit, t, p, pk)
+            pred = model.predict(rows_pred)
+            return pred.step_time_s, pred.power_w, pred.step_time_std, pred.power_std
+
+        n = self._levels.shape[0]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                model = HardwareModel().fit([self._rows[i] for i in idx], times, powers, peaks)
-                pred = model.predict(self._rows)
+                if self._named:
+                    out = [np.asarray(a, dtype=float).copy() for a in fit_predict(
+                        [self._rows[i] for i in idx], times, powers, peaks, self._rows)]
+                else:
+                    out = [np.empty(n) for _ in range(4)]
+                groups = self._group[np.asarray(idx)]
+                for g in np.unique(groups):
+                    members = [k for k, gg in enumerate(groups) if gg == g]
+                    if len(members) < self.min_group and self._named:
+                        continue
+                    sel = np.flatnonzero(self._group == g)
+                    res = fit_predict([self._num_rows[idx[k]] for k in members], [times[k] for k in members],
+                                      [powers[k] for k in members], [peaks[k] for k in members],
+                                      [self._num_rows[i] for i in sel])
+                    for a, r in zip(out, res):
+                        a[sel] = r
             except (ValueError, np.linalg.LinAlgError):
                 return None
-        t = np.maximum(pred.step_time_s, 1e-9)
-        p = pred.power_w
-        st = np.maximum(pred.step_time_std / t, 1e-3)  # relative (log-space) std of step time
-        sp = np.maximum(pred.power_std, 1e-3 * np.abs(p))
+        value = (idx, times, powers, oom, out)
+        self._cache = {"key": key, "value": value}
+        return value
+
+    def _score(self, study: Study, number: int) -> dict[str, np.ndarray] | None:
+        fitted = self._fit_predict(study)
+        if fitted is None:
+            return None
+        idx, times, powers, oom, (t, p, t_std, p_std) = fitted
+        t = np.maximum(t, 1e-9)
+        st = np.maximum(t_std / t, 1e-3)  # relative (log-space) std of step time
+        sp = np.maximum(p_std, 1e-3 * np.abs(p))
         objective = self.objective
         if objective == "pareto":
             objective = "time" if number % 2 == 0 else "energy"

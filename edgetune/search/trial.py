@@ -54,7 +54,7 @@ class MeasurementProtocol:
         max_steps: safety cap on the window's steps (a very fast step with a long ``measure_s``).
     """
 
-    warmup_steps: int = 2
+    warmup_steps: int = 1
     measure_steps: int = 5
     measure_s: float = 2.0
     real_steps: int | None = 1

@@ -1,0 +1,113 @@
+"""The TOML config: every key validated with one line naming the key and the fix; CLI flags win."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgetune.cli import main
+from edgetune.config import SCHEMA, ConfigError, example_config, load_config, validate
+
+
+def test_example_config_loads_back_with_every_default(tmp_path):
+    path = tmp_path / "edgetune.toml"
+    path.write_text(example_config())
+    cfg = load_config(path)
+    for key, spec in SCHEMA.items():
+        expected = 10.0 if key == "power_budget_w" else spec.default
+        assert cfg[key] == expected, key
+    # every key appears in the example (commented or not), so `edgetune init` documents all of them
+    for key in SCHEMA:
+        assert key.rpartition(".")[2] + " =" in example_config()
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"search.n_trial": 5}, "unknown key 'search.n_trial'; did you mean 'search.n_trials'?"),
+    ({"objectiv": "time"}, "did you mean 'objective'?"),
+    ({"patience": 3}, "did you mean 'search.patience'?"),
+    ({"gpu_freq": 1}, "knob values go in the [space] section"),
+    ({"objective": "energi"}, "objective must be one of time, energy, throughput, pareto, got 'energi'; "
+                              "did you mean 'energy'?"),
+    ({"power_budget_w": -3}, "power_budget_w must be > 0, got -3"),
+    ({"power_budget_w": "ten"}, "power_budget_w must be a number of watts, got 'ten'"),
+    ({"search.n_trials": True}, "search.n_trials must be a whole number >= 1"),
+    ({"space.batch_sizes": [32, 32]}, "lists a batch size twice"),
+    ({"space.batch_sizes": [0, 8]}, "must hold whole numbers >= 1"),
+    ({"budget.tolerance": 0.9}, "budget.tolerance must be <= 0.5"),
+    ({"efficiency.b_noise": "lots"}, 'must be a number of samples > 0 or "measure"'),
+    ({"protocol.real_steps": -1}, "protocol.real_steps must be >= 0"),
+    ({"space.values": {"gpu_freq": []}}, "gpu_freq must be a non-empty list"),
+])
+def test_bad_keys_and_values_are_one_line_naming_the_key(raw, message):
+    with pytest.raises(ConfigError) as info:
+        validate(raw)
+    text = str(info.value)
+    assert message in text
+    assert "\n" not in text
+
+
+def test_values_are_normalised():
+    cfg = validate({"objective": "Energy", "space.batch_sizes": [64, 16], "space.knobs": "all",
+                    "protocol.real_steps": "all", "efficiency.b_noise": "measure"})
+    assert cfg["objective"] == "energy"
+    assert cfg["space.batch_sizes"] == (16, 64)
+    assert cfg["space.knobs"] is None
+    assert cfg["protocol.real_steps"] is None
+    assert cfg["efficiency.b_noise"] == "measure"
+    assert cfg.protocol().real_steps is None
+
+
+def test_sections_and_flag_overrides(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('power_budget_w = 10.0\nobjective = "energy"\n[search]\nn_trials = 7\n'
+                    '[space]\nbatch_sizes = [8, 16]\nvalues = { gpu_freq = ["max"] }\n')
+    cfg = load_config(path, {"power_budget_w": 12.5, "search.n_trials": None}, {"power_budget_w": "--budget"})
+    assert cfg.budget_w == 12.5  # the flag wins
+    assert cfg["search.n_trials"] == 7  # an unset flag (None) leaves the file's value
+    assert cfg["objective"] == "energy"
+    assert cfg["space.values"] == {"gpu_freq": ("max",)}
+    with pytest.raises(ConfigError, match=r"^--budget must be > 0, got -1$"):
+        load_config(path, {"power_budget_w": -1}, {"power_budget_w": "--budget"})
+
+
+def test_file_problems_are_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist; create one with `edgetune init"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("power_budget_w = = 3\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    section = tmp_path / "section.toml"
+    section.write_text("search = 3\n")
+    with pytest.raises(ConfigError, match=r"\[search\] must be a table"):
+        load_config(section)
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("[search]\nsampler = \"tpe\"\nstorge = \"sqlite:///x.db\"\n")
+    with pytest.raises(ConfigError, match=rf"{unknown}: unknown key 'search.storge'; did you mean 'search.storage'"):
+        load_config(unknown)
+
+
+def test_storage_and_study_name_defaults(tmp_path):
+    cfg = validate({"output": str(tmp_path / "out"), "power_budget_w": 9.5})
+    assert cfg.storage_url() == f"sqlite:///{(tmp_path / 'out' / 'study.db').resolve()}"
+    assert cfg.study_name("sim:orin-nano", "cnn") == "sim:orin-nano-cnn-9.5W-time"
+    assert validate({"search.study_name": "fleet"}).study_name("x", "y") == "fleet"
+
+
+def test_init_writes_the_example_and_refuses_to_overwrite(tmp_path, capsys):
+    path = tmp_path / "sub" / "edgetune.toml"
+    assert main(["init", str(path)]) == 0
+    assert path.read_text() == example_config()
+    assert main(["init", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"edgetune: error: {path} exists; pass --force to overwrite it, or give another path"
+    assert main(["init", str(path), "--force"]) == 0
+
+
+def test_search_reports_a_config_error_in_one_line_exit_2(tmp_path, capsys):
+    path = tmp_path / "c.toml"
+    path.write_text("power_budget_w = 10\n[search]\nn_trial = 3\n")
+    assert main(["search", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"edgetune: error: {path}: unknown key 'search.n_trial'; did you mean 'search.n_trials'?"]
+    assert main(["search", "--device", "sim:orin-nano"]) == 2
+    assert "no power budget: pass --budget WATTS" in capsys.readouterr().err
