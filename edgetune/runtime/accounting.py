@@ -1,9 +1,11 @@
 """Energy, time and power of a training run, per step and per epoch, and budget violations.
 
-The accounting consumes the power monitor's samples incrementally (:meth:`Accounting.update`, called on
-the controller's ticker and at the end), integrates energy (trapezoid, as the monitor does), and splits it
-at the step boundaries the controller marks. Marking a step is O(1) (an append), so the user's loop pays
-nothing for the bookkeeping; the arithmetic runs on the ticker, vectorised.
+The accounting consumes the samples the power monitor takes incrementally, through a :class:`SampleTap`
+between the monitor and the sensor (so each sample is handled once, never by copying the monitor's
+history), integrates energy (trapezoid, as the monitor does) and splits it at the step boundaries the
+controller marks. Marking a step is O(1) (an append), so the user's loop pays nothing for the bookkeeping;
+the arithmetic runs on the controller's ticker (:meth:`Accounting.update`), vectorised. The same tap gives
+the guard its short and 1-s moving averages from a ring of the last two seconds.
 
 A budget violation is an interval in which the 1-s moving average of board power exceeds the budget in
 force (budgets can change during the run). For each: start, end, the worst average and the budget.
@@ -11,6 +13,7 @@ force (budgets can change during the run). For each: start, end, the worst avera
 
 from __future__ import annotations
 
+import bisect
 import csv
 import io
 import json
@@ -22,9 +25,81 @@ from pathlib import Path
 
 import numpy as np
 
-from edgetune.power.monitor import PowerMonitor
+from edgetune.power.base import PowerReading, PowerSensor
 
-__all__ = ["Accounting", "EpochRecord", "RunSummary", "StepRecord", "Violation"]
+__all__ = ["Accounting", "EpochRecord", "RunSummary", "SampleTap", "StepRecord", "Violation"]
+
+
+class SampleTap:
+    """A :class:`~edgetune.power.base.PowerSensor` that passes another through and keeps what was read.
+
+    Give it to the :class:`~edgetune.power.monitor.PowerMonitor` in place of the sensor. Every good reading
+    (finite, non-negative, later than the last: the monitor's own rules) is queued once for the accounting
+    (:meth:`drain`) and kept for ``keep_s`` with its cumulative energy, so a live average over any recent
+    window is two lookups (:meth:`average`), in pure Python: the guard calls it at 20 Hz. Thread-safe: the
+    monitor samples from its thread, the guard reads from its own.
+    """
+
+    def __init__(self, sensor: PowerSensor, keep_s: float = 2.0) -> None:
+        self.sensor = sensor
+        self.rails = sensor.rails
+        self.total_label = sensor.total_label
+        self.update_period_s = sensor.update_period_s
+        self.keep_s = keep_s
+        self._lock = threading.Lock()
+        self._new_t: list[float] = []
+        self._new_p: list[float] = []
+        # recent samples: time, power, cumulative energy (J) since the first sample
+        self._t: list[float] = []
+        self._p: list[float] = []
+        self._e: list[float] = []
+
+    def read(self) -> PowerReading:
+        r = self.sensor.read()
+        t, p = r.t, r.total_w
+        if math.isfinite(p) and p >= 0:
+            with self._lock:
+                if not self._t or t > self._t[-1]:
+                    e = self._e[-1] + (t - self._t[-1]) * (p + self._p[-1]) / 2 if self._t else 0.0
+                    self._t.append(t)
+                    self._p.append(p)
+                    self._e.append(e)
+                    self._new_t.append(t)
+                    self._new_p.append(p)
+                    if len(self._t) > 64 and self._t[len(self._t) // 2] < t - self.keep_s:
+                        cut = bisect.bisect_left(self._t, t - self.keep_s) - 1
+                        del self._t[:cut], self._p[:cut], self._e[:cut]
+        return r
+
+    def energy_j(self) -> float | None:
+        return self.sensor.energy_j()
+
+    def drain(self) -> tuple[np.ndarray, np.ndarray]:
+        """The readings taken since the last drain: times and board power."""
+        with self._lock:
+            t, p = self._new_t, self._new_p
+            self._new_t, self._new_p = [], []
+        return np.asarray(t, dtype=float), np.asarray(p, dtype=float)
+
+    def _energy_at(self, x: float) -> float:
+        """Cumulative energy at time ``x`` for the piecewise-linear power through the samples (exact)."""
+        t, p, e = self._t, self._p, self._e
+        i = max(0, min(bisect.bisect_right(t, x) - 1, len(t) - 2))
+        dt = x - t[i]
+        span = t[i + 1] - t[i]
+        slope = (p[i + 1] - p[i]) / span if span > 0 else 0.0
+        return e[i] + p[i] * dt + 0.5 * slope * dt * dt
+
+    def average(self, window_s: float) -> float:
+        """Mean board power over the last ``window_s`` (the window cut at the first kept sample)."""
+        with self._lock:
+            if not self._t:
+                return math.nan
+            end = self._t[-1]
+            start = max(self._t[0], end - window_s)
+            if end <= start or len(self._t) < 2:
+                return self._p[-1]
+            return (self._e[-1] - self._energy_at(start)) / (end - start)
 
 
 @dataclass(frozen=True)
@@ -184,20 +259,21 @@ class _StepLog:
 
 
 class Accounting:
-    """Incremental per-step / per-epoch energy and budget accounting over a :class:`PowerMonitor`.
+    """Incremental per-step / per-epoch energy and budget accounting over the samples of a :class:`SampleTap`.
 
     Args:
-        monitor: the running power monitor (its kept history must span the ticker period: it keeps 5 s).
+        tap: the tap between the power monitor and its sensor.
         budget_at: the budget in force at a device time.
+        window_s: the moving-average window the budget is judged by.
         log: optional ``.csv`` or ``.jsonl`` path for per-step (and per-epoch) rows.
         keep_trace: keep every sample with its 1-s moving average and budget (benchmarks plot and score it).
     """
 
-    def __init__(self, monitor: PowerMonitor, budget_at: Callable[[float], float], *, log: str | Path | None = None,
-                 keep_trace: bool = False) -> None:
-        self.monitor = monitor
+    def __init__(self, tap: SampleTap, budget_at: Callable[[float], float], *, window_s: float = 1.0,
+                 log: str | Path | None = None, keep_trace: bool = False) -> None:
+        self.tap = tap
         self.budget_at = budget_at
-        self.window_s = monitor.avg_window_s
+        self.window_s = window_s
         self._log = _StepLog(log) if log else None
         self.keep_trace = keep_trace
         self._lock = threading.Lock()
@@ -235,17 +311,12 @@ class Accounting:
         return np.interp(x, self._t, self._e)
 
     def update(self) -> None:
-        """Take the monitor's new samples; close every step whose end they cover; track violations."""
+        """Take the new samples; close every step whose end they cover; track violations."""
         with self._lock:
-            t_all, p_all = self.monitor.records()
-            if t_all.size == 0:
-                return
-            last = self._t[-1] if self._t.size else -math.inf
-            new = t_all > last
-            if not new.any():
+            tn, pn = self.tap.drain()
+            if tn.size == 0:
                 self._close_steps()
                 return
-            tn, pn = t_all[new], p_all[new]
             if self._t.size:
                 t_prev, p_prev, e_prev = self._t[-1], self._p[-1], self._e[-1]
                 tt = np.concatenate([[t_prev], tn])

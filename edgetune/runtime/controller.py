@@ -56,7 +56,7 @@ import torch
 
 from edgetune.power.base import Device, DeviceError, KnobValue, WorkloadCost, format_value, is_out_of_memory
 from edgetune.power.monitor import PowerMonitor
-from edgetune.runtime.accounting import Accounting, RunSummary
+from edgetune.runtime.accounting import Accounting, RunSummary, SampleTap
 from edgetune.runtime.guard import (
     Decision,
     GuardParams,
@@ -411,13 +411,16 @@ class Tuner:
         self._original = dev.settings()
         self.setting = dict(self._original)
         self._anchor = dict(self.setting)
-        self.monitor = PowerMonitor(dev.sensor, dev.clock, rate_hz=self._rate)
+        # the tap hands each sample to the guard and the accounting once, without copying the monitor's history
+        self.tap = SampleTap(dev.sensor, keep_s=2.0 * self.guard_params.fast_window_s + 1.5)
+        self.monitor = PowerMonitor(self.tap, dev.clock, rate_hz=self._rate)
         self.monitor.start()
         t0 = dev.clock.now()
         self._budgets = [(t0, self._initial_budget)]
         simulated = " (simulated)" if dev.simulated and "simulated" not in dev.description else ""
         self._event(f"device {dev.name}: {dev.description}{simulated}")
-        self.accounting = Accounting(self.monitor, self.budget_at, log=self._log, keep_trace=self._keep_trace)
+        self.accounting = Accounting(self.tap, self.budget_at, window_s=self.monitor.avg_window_s, log=self._log,
+                                     keep_trace=self._keep_trace)
         self.accounting.start(t0)
         if dev.measure_only:
             why = "; ".join(sorted({k.why_read_only for k in dev.knobs.values() if k.why_read_only})) or \
@@ -454,6 +457,9 @@ class Tuner:
             raise ValueError("the twin needs the step's cost: pass model= (it is measured from the first step) "
                              "or cost= (for example load_workload(...).cost)")
         self._setup_budget_file()
+        self._virtual = bool(getattr(dev.clock, "virtual", False))
+        self._update_every = max(1, round(0.5 / self.guard_params.tick_s))
+        self._ticks = 0
         self._ticker = _Ticker(dev.clock, self.guard_params.tick_s, self._tick)
         self._entered = True
 
@@ -592,13 +598,16 @@ class Tuner:
                 self._poll_budget_file()
                 if self._guard_active and self._guard_state is not None and self._ladder_model is not None:
                     t = self.device.clock.now()
-                    obs = Observation(t, self.monitor.moving_average(self.guard_params.fast_window_s),
-                                      self.monitor.moving_average(), self.budget_w)
+                    obs = Observation(t, self.tap.average(self.guard_params.fast_window_s),
+                                      self.tap.average(self.monitor.avg_window_s), self.budget_w)
                     self._guard_state, decision = control(self._guard_state, obs, self._ladder_model,
                                                           self.guard_params)
                     if decision.moved:
                         self._guard_move(decision)
-                self.accounting.update()
+                # on the real clock the accounting can wait: every half second is plenty and costs less
+                self._ticks += 1
+                if self._virtual or self._ticks % self._update_every == 0:
+                    self.accounting.update()
             except DeviceError as exc:
                 self._event(f"guard: {exc}")
 

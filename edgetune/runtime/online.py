@@ -246,7 +246,7 @@ class OnlineTuner:
             if w.open:
                 self.tuner.monitor.end_window("online")
                 w.open = False
-            power = self.tuner.monitor.moving_average(self.tuner.guard_params.fast_window_s)
+            power = self.tuner.tap.average(self.tuner.guard_params.fast_window_s)
             self._record(Measurement(w.candidate, w.steps, w.step_time(), power, power, status="over budget"))
 
     def on_out_of_memory(self) -> None:
