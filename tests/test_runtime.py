@@ -398,3 +398,100 @@ def test_import_edgetune_stays_light():
     code = "import sys, edgetune; print('torch' in sys.modules); print(callable(edgetune.tune))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True"]
+
+
+# ---------------------------------------------------------------------------------------------- adapters
+
+
+class _ToyData(torch.utils.data.Dataset):
+    def __init__(self, n=256, hf=False):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 16, generator=g)
+        self.y = (self.x[:, 0] > 0).long()
+        self.hf = hf
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "labels": self.y[i]} if self.hf else (self.x[i], self.y[i])
+
+
+def test_lightning_callback_applies_the_plan_and_restores(tmp_path, cnn_cost):
+    pl = pytest.importorskip("pytorch_lightning")
+    from edgetune.runtime.adapters import LightningCallback
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+            self.batch_size = 8
+            self.losses = []
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(_ToyData(), batch_size=self.batch_size)
+
+        def training_step(self, batch, _):
+            x, y = batch
+            loss = torch.nn.functional.cross_entropy(self.net(x), y)
+            self.losses.append(loss.item())
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    dev = open_device("sim:orin-nano", seed=0)
+    before = dev.settings()
+    callback = LightningCallback(budget_w=10.0, device=dev, plan=write_plan(tmp_path, batch_size=32),
+                                 cost=cnn_cost, print_summary=False)
+    module = Module()
+    trainer = pl.Trainer(max_epochs=2, callbacks=[callback], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                         default_root_dir=tmp_path)
+    trainer.fit(module)
+    s = callback.summary
+    assert module.batch_size == 32 and s.steps == 2 * 256 // 32 and len(s.epochs) == 2
+    assert s.batch_size == 32 and s.knobs_restored and dev.settings() == before
+    assert any(text.startswith("plan") and "gpu_freq=408 MHz" in text for _, text in s.events)
+    assert np.mean(module.losses[-3:]) < np.mean(module.losses[:3])
+
+
+def test_hf_trainer_callback_applies_the_plan_and_restores(tmp_path, cnn_cost):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # the Trainer needs it
+    from edgetune.runtime.adapters import HFTrainerCallback
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+
+        def forward(self, x, labels=None):
+            logits = self.net(x)
+            return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+    torch.manual_seed(0)
+    dev = open_device("sim:orin-nano", seed=0)
+    before = dev.settings()
+    callback = HFTrainerCallback(budget_w=10.0, device=dev, plan=write_plan(tmp_path, batch_size=32),
+                                 cost=cnn_cost, print_summary=False)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), num_train_epochs=2,
+                                          per_device_train_batch_size=16, learning_rate=0.05, report_to=[],
+                                          save_strategy="no", logging_strategy="no", use_cpu=True,
+                                          disable_tqdm=True)
+    trainer = transformers.Trainer(model=Net(), args=args, train_dataset=_ToyData(hf=True), callbacks=[callback])
+    trainer.train()
+    s = callback.summary
+    # the Trainer fixed its batch size when built: the run's own is accounted, the difference reported
+    assert s.steps == 2 * 256 // 16 and s.samples == 2 * 256 and len(s.epochs) == 2
+    assert any("not the plan's 32" in text for _, text in s.events)
+    assert any(text.startswith("plan") and "gpu_freq=408 MHz" in text for _, text in s.events)
+    assert s.knobs_restored and dev.settings() == before
+
+
+def test_adapters_refuse_online_tuning():
+    from edgetune.runtime.adapters import _Adapter
+
+    with pytest.raises(ValueError, match="online tuning needs edgetune's loader"):
+        _Adapter(budget_w=10, online=True)

@@ -371,6 +371,12 @@ class Tuner:
                                "tune() was given no optimizer")
         self._on_step()
 
+    def end_epoch(self) -> None:
+        """Close an epoch in the accounting. ``tuner.loader`` does this itself at the end of each pass; call it
+        when the batches come from elsewhere (the framework adapters call it from their epoch hooks)."""
+        self._on_epoch_end(self.epoch)
+        self.epoch += 1
+
     def set_batch_size(self, batch_size: int, at: str | None = None) -> None:
         """Change the batch size at the next step (or epoch: ``at="epoch"``), scaling the learning rate."""
         at = at or self.resize_at
@@ -493,9 +499,7 @@ class Tuner:
             if hasattr(self, "accounting"):
                 self.monitor.sample()
                 self.accounting.update()
-                if self.loader is None or not self.accounting.epochs or self.accounting.steps and \
-                        self.accounting.steps[-1].epoch >= len(self.accounting.epochs):
-                    self.accounting.end_epoch(self.epoch)
+                self.accounting.end_epoch(self.epoch)  # the open epoch, if it has steps not yet closed
                 self.accounting.finish()
                 self.summary = self._summary(restored_ok)
             if hasattr(self, "monitor"):
@@ -533,6 +537,9 @@ class Tuner:
                         "its setting may not be the best here")
         if self._requested_batch is None or self._requested_batch == plan.batch_size:
             self._batch_size = plan.batch_size
+        else:
+            self._event(f"batch size {self._requested_batch} is in force, not the plan's {plan.batch_size}: "
+                        f"the plan's power and speed were measured at {plan.batch_size}")
         unknown = sorted(set(plan.setting) - set(dev.knobs))
         if unknown:
             raise PlanError(f"plan {plan.path}: knob(s) {', '.join(unknown)} do not exist on {dev.name}; "
