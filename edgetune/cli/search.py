@@ -141,7 +141,7 @@ def search(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # edgetune prints its own progress and summary
     from edgetune.power import open_device
     from edgetune.search.space import SpaceError, build_space
-    from edgetune.search.study import Search, SearchError
+    from edgetune.search.study import Search, SearchError, open_storage
     from edgetune.workloads import WorkloadError, load_workload
 
     try:
@@ -169,7 +169,14 @@ def search(args: argparse.Namespace) -> int:
                          f"({device.max_power_w:.1f} W): no constraint binds; searching unconstrained")
         target = _target(cfg, device, workload, space)
         out = Path(cfg["output"])
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create the output folder {out}: {exc.strerror or exc}") from None
+        try:
+            storage = open_storage(cfg.storage_url())
+        except SearchError as exc:
+            raise UsageError(str(exc)) from None
         study_name = cfg.study_name(device.name, workload.name)
         quiet = args.quiet or not sys.stderr.isatty()
         print(f"edgetune search: {workload.name} on {device.name} ({device.description}), budget {budget:g} W, "
@@ -191,7 +198,7 @@ def search(args: argparse.Namespace) -> int:
                 protocol=cfg.protocol(), storage_url=cfg.storage_url(), study_name=study_name,
                 sampler=cfg["search.sampler"], n_trials=cfg["search.n_trials"], window_s=cfg["budget.window_s"],
                 tolerance=cfg["budget.tolerance"], patience=cfg["search.patience"], margin=cfg["search.margin"],
-                timeout_s=cfg["search.timeout_s"], seed=cfg["seed"], on_trial=on_trial,
+                timeout_s=cfg["search.timeout_s"], seed=cfg["seed"], on_trial=on_trial, storage=storage,
             )
             try:
                 result = s.run()

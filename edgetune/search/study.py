@@ -71,6 +71,20 @@ def _redact(url: str) -> str:
     return url
 
 
+def _postgres_driver(url: str) -> str:
+    """``postgresql://`` names SQLAlchemy's default driver (psycopg 3 since SQLAlchemy 2.1); the project
+    depends on psycopg2 (``edgetune[postgres]``): use whichever is installed."""
+    if not (url.startswith("postgresql://") or url.startswith("postgres://")):
+        return url
+    import importlib.util
+
+    rest = url.split("://", 1)[1]
+    for module, dialect in (("psycopg", "postgresql+psycopg"), ("psycopg2", "postgresql+psycopg2")):
+        if importlib.util.find_spec(module) is not None:
+            return f"{dialect}://{rest}"
+    raise SearchError("a PostgreSQL storage needs a driver: pip install 'edgetune[postgres]' (psycopg2-binary)")
+
+
 def open_storage(url: str, *, heartbeat_s: int = 20) -> optuna.storages.BaseStorage:
     """Open an Optuna storage, checking it is reachable now rather than at the first trial.
 
@@ -78,6 +92,7 @@ def open_storage(url: str, *, heartbeat_s: int = 20) -> optuna.storages.BaseStor
     anything else is an SQLAlchemy URL for :class:`optuna.storages.RDBStorage` with a heartbeat, so that a
     trial whose worker died is detected by the others.
     """
+    given = url
     try:
         if url.startswith("journal:"):
             from optuna.storages.journal import JournalFileBackend, JournalStorage
@@ -86,6 +101,7 @@ def open_storage(url: str, *, heartbeat_s: int = 20) -> optuna.storages.BaseStor
             if path.startswith("//"):
                 path = path[2:]
             return JournalStorage(JournalFileBackend(path))
+        url = _postgres_driver(url)
         engine_kwargs: dict[str, Any] = {}
         if url.startswith("sqlite"):
             # several processes on one file: wait for the lock instead of failing at once
@@ -100,9 +116,11 @@ def open_storage(url: str, *, heartbeat_s: int = 20) -> optuna.storages.BaseStor
         if url.startswith("sqlite"):
             _sqlite_wal(storage)
         return storage
+    except SearchError:
+        raise
     except Exception as exc:  # noqa: BLE001 - sqlalchemy/driver errors vary; the user needs one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SearchError(f"cannot open storage {_redact(url)}: {first[:200]}; check the URL, that the "
+        raise SearchError(f"cannot open storage {_redact(given)}: {first[:200]}; check the URL, that the "
                           f"server runs and accepts this user (or use the default SQLite file)") from None
 
 

@@ -76,8 +76,8 @@ class MeasurementProtocol:
         """One line for reports: what was run for real and what was timed."""
         window = f"window of >= {self.measure_steps} steps and >= {self.measure_s:g} s on the device clock"
         if not virtual_clock or self.real_steps is None:
-            return f"{self.warmup_steps} warm-up steps, then a {window}; every step a real training step"
-        return (f"{self.warmup_steps} real warm-up steps, then a {window} (virtual time); the first "
+            return f"{self.warmup_steps} warm-up step(s), then a {window}; every step a real training step"
+        return (f"{self.warmup_steps} real warm-up step(s), then a {window} (virtual time); the first "
                 f"{self.real_steps} step(s) of the window run the real training step, the twin times the rest")
 
 

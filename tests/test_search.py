@@ -1,0 +1,269 @@
+"""The search on the simulated twin: space, one measured setting, the study, results, the CLI.
+
+Most tests use ``compute=False`` (the twin times the steps; the training itself is not the subject) and a
+tiny real torch workload; one CLI test runs the built-in CNN's real training steps.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import optuna
+import pytest
+import torch
+
+from edgetune.cli import main
+from edgetune.power import PowerMonitor, open_device
+from edgetune.search.efficiency import TargetModel, steps_to_target
+from edgetune.search.results import best_json, write_trials_csv
+from edgetune.search.space import SpaceError, build_space, default_batch_sizes
+from edgetune.search.study import Search
+from edgetune.search.trial import MeasurementProtocol, measure_setting
+from edgetune.workloads import Workload
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+BEST_KEYS = {"device", "simulated", "workload", "budget_w", "objective", "batch_size", "setting", "measured",
+             "predicted", "baseline", "speedup_over_baseline"}
+
+
+def tiny_workload(seed: int = 0) -> Workload:
+    """A real (small) torch model on CIFAR-shaped synthetic images: 12 KB per sample, so huge batches OOM."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
+
+    def make_batch(batch_size, generator):
+        return (torch.randn(batch_size, 3, 32, 32, generator=generator),
+                torch.randint(0, 10, (batch_size,), generator=generator))
+
+    return Workload.from_model("tiny", model, make_batch, default_batch_size=32, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def workload():
+    return tiny_workload()
+
+
+def small_space(device, batch_sizes=(16, 32, 64, 128)):
+    return build_space(device, 32, batch_sizes, ["gpu_freq", "emc_freq"])
+
+
+def search(device, workload, space, budget_w, **kw):
+    kw.setdefault("protocol", MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=2.0))
+    kw.setdefault("storage", optuna.storages.InMemoryStorage())
+    kw.setdefault("study_name", "test")
+    return Search(device, workload, space, budget_w=budget_w, **kw)
+
+
+# ---------------------------------------------------------------------------------------------- space
+
+
+def test_space_defaults_to_every_writable_knob_and_parses_values():
+    device = open_device("sim:orin-nano", compute=False)
+    space = build_space(device, 128)
+    assert space.batch_sizes == default_batch_sizes(128) == (16, 32, 64, 128, 256, 512, 1024)
+    assert set(space.knob_names) == {n for n, k in device.knobs.items() if k.writable and len(k.values) > 1}
+    assert space.size == 7 * math.prod(len(device.knobs[n].values) for n in space.knob_names)
+    sub = build_space(device, 32, [8, 16], ["gpu_freq"], {"gpu_freq": ["max", "306MHz"]})
+    assert sub.knob_values == {"gpu_freq": (306_000_000, device.knobs["gpu_freq"].max)}
+    assert sub.size == 4
+    for cand in sub.grid():
+        assert sub.candidate(sub.params(cand)) == cand
+    with pytest.raises(SpaceError, match="has no knob 'gpu_clock'"):
+        build_space(device, 32, None, ["gpu_clock"])
+    with pytest.raises(SpaceError, match="nearest allowed: 612 MHz or 624.75 MHz"):
+        build_space(device, 32, None, ["gpu_freq"], {"gpu_freq": ["620MHz"]})
+    with pytest.raises(SpaceError, match="not tuned; add it to space.knobs"):
+        build_space(device, 32, None, ["gpu_freq"], {"emc_freq": ["max"]})
+
+
+def test_steps_to_target_is_mccandlish():
+    assert steps_to_target(256, 1000, 256) == pytest.approx(2000)
+    t = TargetModel(s_min=500, b_noise=100)
+    assert t.steps(100) == pytest.approx(1000)
+    assert t.steps(10_000) == pytest.approx(505)
+
+
+# ---------------------------------------------------------------------------------------------- one trial
+
+
+def test_measure_setting_window_covers_the_budget_window(workload):
+    device = open_device("sim:orin-nano", compute=False)
+    protocol = MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=2.0)
+    with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+        m = measure_setting(device, workload, 64, {"gpu_freq": 510_000_000}, protocol, monitor)
+        assert device.knobs["gpu_freq"].read() == 510_000_000
+    assert m.ok and not m.oom and m.error is None
+    assert m.duration_s >= 2.0 and m.steps >= 5
+    assert m.step_time_s == pytest.approx(m.duration_s / m.steps)
+    assert m.samples_per_s == pytest.approx(64 / m.step_time_s)
+    assert m.mean_power_w <= m.max_avg_power_w + 1e-6 <= m.peak_power_w + 2e-6
+    assert m.energy_per_sample_j == pytest.approx(m.energy_j / (64 * m.steps))
+    assert m.holds(m.max_avg_power_w) and not m.holds(m.max_avg_power_w * 0.99)
+    assert m.holds(m.max_avg_power_w * 0.99, tolerance=0.02)
+    assert m.trace_t[0] == pytest.approx(0.0, abs=0.02) and len(m.trace_t) == len(m.trace_w) > 100
+    # the device clock is virtual: the window lasted 2 s of device time, not of wall time
+    assert m.wall_s < m.duration_s
+    assert device.knobs["gpu_freq"].read() == device.knobs["gpu_freq"].max  # restored
+
+
+def test_out_of_memory_is_an_infeasible_result_and_the_monitor_goes_on(workload):
+    device = open_device("sim:orin-nano", compute=False)
+    protocol = MeasurementProtocol(warmup_steps=1, measure_s=0.5)
+    with PowerMonitor(device.sensor, device.clock) as monitor:
+        m = measure_setting(device, workload, 2**20, {}, protocol, monitor)
+        assert not m.ok and m.oom and m.error == f"out of memory at batch size {2**20}"
+        assert math.isnan(m.step_time_s) and not m.holds(100.0)
+        assert measure_setting(device, workload, 32, {}, protocol, monitor).ok
+
+
+def test_real_steps_train_the_model_and_the_twin_times_the_rest():
+    wl = tiny_workload(seed=1)
+    before = [p.detach().clone() for p in wl.model.parameters()]
+    device = open_device("sim:orin-nano", compute=True)
+    protocol = MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=0.5, real_steps=2)
+    with PowerMonitor(device.sensor, device.clock) as monitor:
+        m = measure_setting(device, wl, 16, {}, protocol, monitor)
+    assert m.ok and m.real_steps == 2 and m.steps > 2
+    assert math.isfinite(m.loss) and m.loss > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, wl.model.parameters()))
+    assert "first 2 step(s) of the window run the real training step" in protocol.describe(True)
+
+
+# ---------------------------------------------------------------------------------------------- study
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "guided"])
+def test_search_enqueues_the_baseline_first_and_holds_the_budget(workload, sampler):
+    device = open_device("sim:orin-nano", compute=False, seed=3)
+    start = device.settings()
+    space = small_space(device)
+    s = search(device, workload, space, 9.0, sampler=sampler, n_trials=10, seed=3)
+    result = s.run()
+    assert device.settings() == start  # knobs restored
+    first = min(result.records, key=lambda r: r.number)
+    assert first.role == "baseline" and first.candidate.batch_size == 32
+    assert first.candidate.knobs["gpu_freq"] == device.knobs["gpu_freq"].max
+    probes = [r for r in result.records if r.role == "baseline"]
+    assert result.baseline is not None and result.baseline.feasible
+    # the baseline is the highest GPU frequency that held the budget among the probes
+    held = [r.candidate.knobs["gpu_freq"] for r in probes if r.feasible]
+    assert result.baseline.candidate.knobs["gpu_freq"] == max(held)
+    assert len(result.measured) <= 10
+    assert result.best is not None and result.best.feasible
+    assert result.best.measurement["max_avg_power_w"] <= 9.0
+    assert result.speedup is not None and result.speedup >= 1.0
+    for t in s.study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
+        assert set(t.constraints) == {"power_w"}
+        assert (t.constraints["power_w"] <= 0) == t.user_attrs["feasible"]
+    doc = best_json(result)
+    assert BEST_KEYS <= set(doc)
+    assert doc["batch_size"] == result.best.candidate.batch_size
+    assert doc["baseline"]["setting"] == result.baseline.candidate.knobs
+    json.dumps(doc, allow_nan=False)
+
+
+def test_a_setting_is_never_measured_twice(workload, tmp_path):
+    device = open_device("sim:orin-nano", compute=False)
+    space = build_space(device, 32, [16, 32], ["gpu_freq"], {"gpu_freq": ["min", "max"]})
+    s = search(device, workload, space, None, sampler="random", n_trials=10, patience=0)
+    result = s.run()
+    assert result.stop_reason == "every setting of the space measured"
+    assert len(result.measured) == space.size == 4
+    assert len({r.candidate for r in result.measured}) == 4
+    path = write_trials_csv(result, tmp_path / "trials.csv")
+    rows = list(csv.DictReader(path.open()))
+    assert len(rows) == 4 and {"batch_size", "gpu_freq", "step_time_s", "max_avg_power_w"} <= set(rows[0])
+
+
+def test_guided_search_finds_the_oracle_of_a_small_space(workload):
+    device = open_device("sim:orin-nano", compute=False, seed=1)
+    twin = device.backend
+    space = small_space(device, (16, 32, 64, 128, 256))
+    budget = 8.5
+    target = TargetModel()
+    s = search(device, workload, space, budget, sampler="guided", n_trials=30, seed=1, target=target)
+    result = s.run()
+
+    def true_time(c):
+        e = twin.expected(workload.cost, c.batch_size, c.knobs)
+        return target.steps(c.batch_size) * e.step_time_s if e.power_w <= budget and e.fits else math.inf
+
+    oracle = min(true_time(c) for c in space.grid())
+    chosen = true_time(result.best.candidate)
+    assert chosen <= oracle * 1.05
+    assert len(result.measured) < space.size
+
+
+def test_knobs_restored_and_no_running_trial_after_ctrl_c(workload):
+    device = open_device("sim:orin-nano", compute=False)
+    start = device.settings()
+
+    def interrupt(record, n):
+        raise KeyboardInterrupt
+
+    s = search(device, workload, small_space(device), 9.0, sampler="random", n_trials=5, on_trial=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        s.run()
+    assert device.settings() == start
+    states = {t.state for t in s.study.get_trials()}
+    assert optuna.trial.TrialState.RUNNING not in states
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_search_with_real_cnn_steps_writes_results_and_resumes(tmp_path, capsys):
+    out = tmp_path / "out"
+
+    def argv(n_trials):
+        return ["search", "--device", "sim:orin-nano", "--workload", "cnn", "--budget", "9", "--batch-sizes",
+                "8,16", "--knobs", "gpu_freq", "--n-trials", str(n_trials), "--sampler", "random", "--measure-s",
+                "1", "-o", str(out)]
+
+    assert main(argv(3)) == 0
+    text = capsys.readouterr().out
+    assert "speedup over baseline" in text and "SIMULATED device" in text
+    assert "real training step" in text  # the protocol says what ran for real
+    best = json.loads((out / "best.json").read_text())
+    assert BEST_KEYS <= set(best) and best["simulated"] is True and best["budget_w"] == 9.0
+    assert best["measured"]["max_avg_power_w"] <= 9.0
+    for name in ("trials.csv", "time_vs_energy.png", "power.png", "study.db"):
+        assert (out / name).stat().st_size > 0
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    assert len(rows) == 3 and all(int(r["real_steps"]) == 1 for r in rows if r["ok"] == "True")
+    # the same command again: nothing new to measure; more trials: only the new ones are measured
+    assert main(argv(3)) == 0
+    assert len(list(csv.DictReader((out / "trials.csv").open()))) == 3
+    assert main(argv(4)) == 0
+    rows2 = list(csv.DictReader((out / "trials.csv").open()))
+    assert len(rows2) == 4 and rows2[:3] == rows
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--budget", "2"], "is below the idle power of sim:orin-nano"),
+    (["--budget", "10", "--workload", "no_such_module:build"], "no_such_module"),
+    (["--budget", "10", "--storage", "postgresql://edgetune@127.0.0.1:1/none"], "cannot open storage"),
+    (["--budget", "10", "--knobs", "gpu_clock"], "has no knob 'gpu_clock'"),
+    (["--budget", "10", "--objective", "speed"], "--objective must be one of time, energy"),
+])
+def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, extra, message):
+    argv = ["search", "--device", "sim:orin-nano", "-o", str(tmp_path / "o"), *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("edgetune: error: ") and message in err[0], err
+    if extra[1] == "2":
+        assert "infeasible" in err[0] and "lowest feasible budget is about" in err[0]
+
+
+def test_cli_budget_above_the_device_maximum_runs_unconstrained(tmp_path, capsys):
+    argv = ["search", "--device", "sim:orin-nano", "--workload", "cnn", "--budget", "100", "--batch-sizes", "8",
+            "--knobs", "gpu_freq", "--n-trials", "2", "--sampler", "random", "--measure-s", "0.5",
+            "--warmup-steps", "0", "--real-steps", "0", "-o", str(tmp_path / "o")]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "no constraint binds; searching unconstrained" in captured.err
+    best = json.loads((tmp_path / "o" / "best.json").read_text())
+    assert best["budget_binds"] is False and best["budget_w"] == 100.0
