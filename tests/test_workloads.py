@@ -24,6 +24,16 @@ from edgetune.workloads import (
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread while these tests train: with ``pytest -n 2`` on 2 cores, torch's default of
+    one thread per core oversubscribes the machine and its spinning threads made this file 10x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def builtins() -> dict[str, Workload]:
     return {name: load_workload(name, seed=0) for name in BUILTIN_WORKLOADS}
