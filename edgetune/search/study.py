@@ -414,8 +414,8 @@ class Search:
             h, _, pid = w.rpartition(":")
             if h == host and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
                 # FrozenTrial's id is the storage's key; the public API has no other handle on it
-                storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
                 storage.set_trial_user_attr(t._trial_id, "stale", f"worker {w} died mid-trial")
+                storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
         if isinstance(storage, optuna.storages.RDBStorage):
             optuna.storages.fail_stale_trials(study)  # other hosts: by heartbeat
         retried = {t.user_attrs.get("retry_of") for t in study.get_trials(deepcopy=False)}

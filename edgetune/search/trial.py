@@ -141,7 +141,7 @@ class Measurement:
             return False
         if budget_w is None:
             return True
-        return self.max_avg_power_w <= budget_w * (1.0 + tolerance)
+        return bool(self.max_avg_power_w <= budget_w * (1.0 + tolerance))
 
     def to_dict(self, *, trace: bool = False) -> dict[str, Any]:
         """Plain dict (JSON-ready); the power trace only when asked."""
@@ -248,16 +248,17 @@ def measure_setting(
     result.ok = True
     result.steps = steps
     result.real_steps = real
-    result.duration_s = duration
+    result.duration_s = float(duration)
     result.step_time_s = duration / steps
     result.samples_per_s = batch_size * steps / duration if duration > 0 else math.nan
-    result.mean_power_w = stats.mean_w
-    result.peak_power_w = stats.peak_w
-    result.max_avg_power_w = stats.max_avg_w
-    result.energy_j = stats.energy_j
-    result.energy_per_sample_j = stats.energy_j / (batch_size * steps)
-    result.samples = stats.samples
-    result.dropped = stats.dropped
+    # plain Python numbers: the measurement is stored as JSON in the study
+    result.mean_power_w = float(stats.mean_w)
+    result.peak_power_w = float(stats.peak_w)
+    result.max_avg_power_w = float(stats.max_avg_w)
+    result.energy_j = float(stats.energy_j)
+    result.energy_per_sample_j = float(stats.energy_j) / (batch_size * steps)
+    result.samples = int(stats.samples)
+    result.dropped = int(stats.dropped)
     result.loss = last_loss[0]
     result.wall_s = time.perf_counter() - wall0
     return result
