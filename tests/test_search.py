@@ -79,6 +79,21 @@ def test_space_defaults_to_every_writable_knob_and_parses_values():
         build_space(device, 32, None, ["gpu_freq"], {"emc_freq": ["max"]})
 
 
+def test_b_noise_measured_from_gradient_norms_is_positive():
+    from edgetune.search.efficiency import measure_b_noise
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 2)
+
+    def make_batch(batch_size, generator):  # a learnable task: the label is the sign of the first input
+        x = torch.randn(batch_size, 16, generator=generator)
+        return x, (x[:, 0] > 0).long()
+
+    wl = Workload.from_model("sign", model, make_batch, default_batch_size=32)
+    value = measure_b_noise(wl, 32, steps=10)
+    assert math.isfinite(value) and 0 < value < 1e4
+
+
 def test_steps_to_target_is_mccandlish():
     assert steps_to_target(256, 1000, 256) == pytest.approx(2000)
     t = TargetModel(s_min=500, b_noise=100)
@@ -261,9 +276,13 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, extra, message):
 def test_cli_budget_above_the_device_maximum_runs_unconstrained(tmp_path, capsys):
     argv = ["search", "--device", "sim:orin-nano", "--workload", "cnn", "--budget", "100", "--batch-sizes", "8",
             "--knobs", "gpu_freq", "--n-trials", "2", "--sampler", "random", "--measure-s", "0.5",
-            "--warmup-steps", "0", "--real-steps", "0", "-o", str(tmp_path / "o")]
+            "--warmup-steps", "0", "--real-steps", "0", "--b-noise", "measure", "-o", str(tmp_path / "o")]
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "no constraint binds; searching unconstrained" in captured.err
     best = json.loads((tmp_path / "o" / "best.json").read_text())
     assert best["budget_binds"] is False and best["budget_w"] == 100.0
+    # B_noise measured from gradient norms during the warm-up, and said so
+    assert best["target_model"]["b_noise_source"].startswith("measured from gradient norms")
+    assert best["target_model"]["b_noise"] > 0
+    assert "B_noise measured from gradient norms" in captured.err

@@ -167,7 +167,7 @@ def search(args: argparse.Namespace) -> int:
         if device.max_power_w is not None and budget >= device.max_power_w:
             notes.append(f"note: budget {budget:g} W is at or above the most {device.name} can draw "
                          f"({device.max_power_w:.1f} W): no constraint binds; searching unconstrained")
-        target = _target(cfg, device, workload, space)
+        target = _target(cfg, workload)
         out = Path(cfg["output"])
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -209,16 +209,23 @@ def search(args: argparse.Namespace) -> int:
     return _finish(result, out, cfg)
 
 
-def _target(cfg, device, workload, space):
-    from edgetune.search.efficiency import TargetModel
+def _target(cfg, workload):
+    """The steps-to-target model: B_noise from the config, or measured from gradient norms (warm-up)."""
+    from edgetune.search.efficiency import TargetModel, measure_b_noise
 
     b_noise = cfg["efficiency.b_noise"]
     if b_noise != "measure":
         return TargetModel(cfg["efficiency.s_min"], b_noise, "config")
-    from edgetune.search.efficiency import measure_b_noise
-
-    value = measure_b_noise(device, workload, space.batch_sizes, seed=cfg["seed"])
-    return TargetModel(cfg["efficiency.s_min"], value, "measured from gradient norms during warm-up")
+    steps = 20
+    try:
+        value = measure_b_noise(workload, workload.default_batch_size, steps=steps)
+    except ValueError as exc:
+        raise UsageError(f"efficiency.b_noise = \"measure\": {exc}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise UsageError(f"efficiency.b_noise = \"measure\": the gradient noise scale of {workload.name} was not "
+                         f"positive after {steps} warm-up steps; set efficiency.b_noise to a number of samples")
+    print(f"B_noise measured from gradient norms over {steps} warm-up steps: {value:.0f} samples", file=sys.stderr)
+    return TargetModel(cfg["efficiency.s_min"], value, f"measured from gradient norms over {steps} warm-up steps")
 
 
 def _finish(result, out: Path, cfg) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["DIRECTIONS", "Outcome", "TargetModel", "objective_values", "steps_to_target"]
+__all__ = ["DIRECTIONS", "Outcome", "TargetModel", "measure_b_noise", "objective_values", "steps_to_target"]
 
 #: Optuna study directions per objective.
 DIRECTIONS: dict[str, list[str]] = {
@@ -95,3 +95,32 @@ def scalar_score(outcome: Outcome, objective: str) -> float:
     if objective == "energy":
         return outcome.energy_to_target_j
     return outcome.time_to_target_s
+
+
+def measure_b_noise(workload, batch_size: int, *, steps: int = 20, micro_batches: int = 4,
+                    beta: float = 0.9) -> float:
+    """Estimate B_noise from gradient norms over ``steps`` real training steps of ``workload``.
+
+    Each step splits a batch of ``batch_size`` into ``micro_batches`` equal parts and accumulates their
+    gradients; :class:`edgetune.predictors.GradientNoiseScale` turns the small- and big-batch gradient norms
+    into unbiased |G|^2 and tr(Sigma) (McCandlish et al. 2018, appendix A), averaged with bias correction.
+    The steps train the model (they are the warm-up). Returns ``nan`` when the estimate is not positive
+    (too few steps to tell the signal from the noise).
+    """
+    import torch
+
+    from edgetune.predictors import GradientNoiseScale, measure_noise_scale_step
+
+    if batch_size % micro_batches:
+        batch_size = max(micro_batches, batch_size - batch_size % micro_batches)
+    gns = GradientNoiseScale(beta=beta)
+    model, optimizer = workload.model, workload.optimizer
+    model.train()
+    for _ in range(steps):
+        inputs, targets = workload.make_batch(batch_size)
+        if not isinstance(inputs, torch.Tensor):
+            raise ValueError("measuring B_noise needs a workload whose inputs are one tensor; set "
+                             "efficiency.b_noise to a number")
+        measure_noise_scale_step(gns, model, workload.loss_fn, inputs, targets, micro_batches)
+        optimizer.step()
+    return float(gns.noise_scale)

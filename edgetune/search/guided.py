@@ -60,12 +60,14 @@ class GuidedSampler(BaseSampler):
         n_startup: measured settings (baseline probes included) before the model is used.
         min_group: measured settings a power mode needs before it gets a model of its own.
         stop_kappa: standard deviations of optimism in the stopping rule.
+        stop_confirmations: successive fits that must agree there is nothing left before stopping.
         min_feasible_p: settings less likely than this to hold the budget are not worth a measurement.
     """
 
     def __init__(self, space: SearchSpace, *, objective: str = "time", budget_w: float | None = None,
                  tolerance: float = 0.0, target: TargetModel | None = None, seed: int | None = None,
-                 n_startup: int = 6, min_group: int = 4, stop_kappa: float = 2.0, min_feasible_p: float = 0.05) -> None:
+                 n_startup: int = 6, min_group: int = 4, stop_kappa: float = 2.0, stop_confirmations: int = 2,
+                 min_feasible_p: float = 0.05) -> None:
         self.space = space
         self.objective = objective
         self.budget_w = budget_w
@@ -91,6 +93,8 @@ class GuidedSampler(BaseSampler):
         self._steps = np.array([self.target.steps(b) for b in self._batch])
         self._last: dict[str, Any] = {}
         self._cache: dict[str, Any] = {}
+        self._stop_streak: list[Any] = []
+        self.stop_confirmations = stop_confirmations
 
     # -- grid ---------------------------------------------------------------------------------------
     def _grid_levels(self) -> np.ndarray:
@@ -284,21 +288,30 @@ class GuidedSampler(BaseSampler):
         return {"acquisition": acq, **self._last}
 
     def should_stop(self, study: Study, margin: float) -> str | None:
-        """A reason to stop when no unmeasured setting can plausibly beat the best by ``margin``."""
-        reasons = []
+        """A reason to stop when no unmeasured setting can plausibly beat the best by ``margin``.
+
+        The condition must hold after ``stop_confirmations`` successive measurements (each one the most
+        promising setting left), so one over-confident fit does not end the search.
+        """
         objectives = ["time", "energy"] if self.objective == "pareto" else [self.objective]
         for k, _ in enumerate(objectives):
             s = self._score(study, k)  # k's parity picks the pareto objective
             if s is None or not math.isfinite(s["best"]):
+                self._stop_streak = []
                 return None
             optimistic = s["log_score"] - self.stop_kappa * s["s_log"]
             hope = (~s["taken"]) & (s["p_feas"] >= self.min_feasible_p) & (
                 optimistic < s["best"] + math.log(1.0 - margin))
             if hope.any():
+                self._stop_streak = []
                 return None
-            reasons.append("no unmeasured setting is predicted to beat the best by "
-                           f"{margin:.0%} (hardware model, {self.stop_kappa:g} std optimism)")
-        return reasons[0]
+        key = self._cache.get("key")
+        if key not in self._stop_streak:
+            self._stop_streak.append(key)
+        if len(self._stop_streak) < self.stop_confirmations:
+            return None
+        return (f"no unmeasured setting is predicted to beat the best by {margin:.0%} (hardware model, "
+                f"{self.stop_kappa:g} std optimism, {self.stop_confirmations} fits in a row)")
 
     def __repr__(self) -> str:
         return f"GuidedSampler(grid={self._levels.shape[0]}, objective={self.objective!r})"
