@@ -222,6 +222,12 @@ class RunSummary:
                      f"{self.energy_per_sample_j:>9.4f}")
         lines.append(f"budget {self.budget_w:g} W (1-s moving average): {len(self.violations)} violation(s), "
                      f"{self.time_over_s:.2f} s over, worst +{self.worst_excess_w:.2f} W")
+        texts = [text for _, text in self.events]
+        moves = {kind: sum(t.startswith(f"guard {kind}") for t in texts) for kind in ("trip", "climb", "no response")}
+        if not self.measure_only:
+            lines.append(f"guard: {moves['trip']} trip(s), {moves['climb']} climb(s), {moves['no response']} climb(s) "
+                         f"undone (clock capped)")
+        lines.extend(t for t in texts if t.startswith("online: settled"))
         setting = ", ".join(f"{k}={v}" for k, v in self.setting.items())
         lines.append(f"final: batch size {self.batch_size}; {setting or 'no knobs set'}; knobs restored: "
                      f"{'yes' if self.knobs_restored else 'no' if self.knobs_restored is False else 'n/a'}")

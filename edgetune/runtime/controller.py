@@ -593,10 +593,9 @@ class Tuner:
         prior = self.online.ladder_prior(self._ladder) if self.online is not None else None
         self._ladder_model = prior or frequency_prior(self._ladder, dev.knobs, idle, top)
         rung = self._rung_of(self.setting)
-        # at the start the guard may trip at once; after a re-anchoring the fast window must first refill
-        changed = dev.clock.now() if self._entered else -math.inf
+        # the fast window must first fill with this setting's power (at the start: not the idle before it)
         self._guard_state = GuardState(rung=rung, ceiling=max(rung, self._ceiling_for(self.budget_w)),
-                                       changed_t=changed)
+                                       changed_t=dev.clock.now())
 
     def _tick(self) -> None:
         """One guard tick on the device clock: budget file, the control law, the accounting."""
@@ -686,9 +685,8 @@ class Tuner:
         self.steps += 1
         self.accounting.mark_step(t, b, self._setting_label(), self.epoch)
         if self.online is not None:
-            self.online.after_step(t)
-        if not getattr(self.device.clock, "virtual", False) and self.steps == 1:
-            self.accounting.update()
+            with self._lock:  # the guard's thread may move the online tuner too (real clock)
+                self.online.after_step(t)
 
     def _setting_label(self) -> str:
         knobs = self.device.knobs

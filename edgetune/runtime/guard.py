@@ -176,6 +176,8 @@ class GuardState:
         block_len_s: length of the current bar (doubles on repeat trips).
         observed: steady power seen per rung (rung -> W), without the additive offset.
         offset_w: the additive change seen since (another load, a warmer board): on every rung alike.
+        learn_base: whether the first power seen at a new rung is taken as that rung's own (after a climb)
+            or as a change of the offset (after a trip).
         climb_from: (rung, power before the climb, estimated rise) while a climb awaits its check.
         budget_w: the budget the state was built for (a change resets the bars).
         trips: trips so far.
@@ -189,6 +191,7 @@ class GuardState:
     block_len_s: float = 0.0
     observed: Mapping[int, float] = field(default_factory=dict)
     offset_w: float = 0.0
+    learn_base: bool = True
     climb_from: tuple[int, float, float] | None = None
     budget_w: float | None = None
     trips: int = 0
@@ -210,11 +213,22 @@ class Decision:
         return bool(self.reason)
 
 
-def _observe(observed: Mapping[int, float], offset_w: float, rung: int, now_w: float) -> tuple[dict[int, float], float]:
-    """Take ``now_w`` seen at ``rung``: a change at a known rung is an additive offset on every rung."""
+def _observe(observed: Mapping[int, float], offset_w: float, rung: int, now_w: float, model: LadderModel,
+             learn_base: bool) -> tuple[dict[int, float], float]:
+    """Take ``now_w`` seen at ``rung``; returns the observations (bases) and the additive offset.
+
+    At a rung seen before, a change is an additive offset on every rung (another load, a warmer board). At
+    a new rung the difference from its estimate is either the rung's own (``learn_base``: the guard climbed
+    there, nothing suggests a disturbance) or the offset's (the guard tripped there: something changed, and
+    the power seen in the transient cannot tell a base from an offset). Attributing a trip's transient to
+    the new rung's base would carry the error into every later estimate.
+    """
     if rung in observed:
         return dict(observed), now_w - observed[rung]
-    return dict(observed) | {rung: now_w - offset_w}, offset_w
+    if learn_base or not observed:
+        return dict(observed) | {rung: now_w - offset_w}, offset_w
+    base = model.estimate(rung, observed)
+    return dict(observed) | {rung: base}, now_w - base
 
 
 def _bar_length(state: GuardState, t: float, params: GuardParams) -> float:
@@ -253,7 +267,7 @@ def control(state: GuardState, obs: Observation, model: LadderModel, params: Gua
     since = t - state.changed_t
     steady = since >= params.fast_window_s + params.tick_s
     if steady:
-        observed, offset = _observe(state.observed, state.offset_w, state.rung, obs.fast_w)
+        observed, offset = _observe(state.observed, state.offset_w, state.rung, obs.fast_w, model, state.learn_base)
         state = replace(state, observed=observed, offset_w=offset)
 
     def estimate(rung: int, observed: Mapping[int, float], offset: float) -> float:
@@ -262,7 +276,7 @@ def control(state: GuardState, obs: Observation, model: LadderModel, params: Gua
     # --- trip: act on the fast average, once the fast window holds only the current rung's power
     over = obs.fast_w > budget or (obs.avg_w > budget and obs.fast_w > budget * (1 - params.target_margin / 2))
     if over and since >= params.down_dwell_s:
-        now, offset = _observe(state.observed, state.offset_w, state.rung, obs.fast_w)
+        now, offset = _observe(state.observed, state.offset_w, state.rung, obs.fast_w, model, state.learn_base)
         goal = budget * (1 - params.target_margin)
         below = [r for r in range(state.rung - 1, -1, -1) if estimate(r, now, offset) <= goal]
         target = below[0] if below else 0
@@ -272,6 +286,7 @@ def control(state: GuardState, obs: Observation, model: LadderModel, params: Gua
         block = _bar_length(state, t, params)
         new = replace(
             state, rung=target, changed_t=t, observed=now, offset_w=offset, climb_from=None, trips=state.trips + 1,
+            learn_base=False,
             blocked_from=target + 1, blocked_until=t + block, block_len_s=block,
         )
         reason = f"trip: {obs.fast_w:.2f} W > {budget:.2f} W budget, down {state.rung - target} rung(s)"
@@ -308,7 +323,8 @@ def control(state: GuardState, obs: Observation, model: LadderModel, params: Gua
                 target = r
             if target > state.rung:
                 rise = model.estimate(target, state.observed) - model.estimate(state.rung, state.observed)
-                new = replace(state, rung=target, changed_t=t, climb_from=(state.rung, obs.fast_w, rise))
+                new = replace(state, rung=target, changed_t=t, climb_from=(state.rung, obs.fast_w, rise),
+                              learn_base=True)
                 return new, Decision(target, f"climb: {obs.avg_w:.2f} W under {band:.2f} W, "
                                              f"up {target - state.rung} rung(s)")
     return state, Decision(state.rung)
