@@ -495,3 +495,17 @@ def test_adapters_refuse_online_tuning():
 
     with pytest.raises(ValueError, match="online tuning needs edgetune's loader"):
         _Adapter(budget_w=10, online=True)
+
+
+def test_an_epoch_left_early_is_still_accounted(cnn_cost):
+    model, opt, data = mlp()
+    with edgetune.tune(model, opt, dataset=data, batch_size=256, budget_w=15, device="sim:orin-nano",
+                       online=False, cost=cnn_cost, print_summary=False) as tuner:
+        for epoch in range(3):
+            for i, (x, y) in enumerate(tuner.loader):
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                if epoch == 1 and i == 2:
+                    break
+    s = tuner.summary
+    assert [e.steps for e in s.epochs] == [8, 3, 8] and sum(e.steps for e in s.epochs) == s.steps

@@ -404,21 +404,23 @@ class Accounting:
 
     # -- epochs and the end ----------------------------------------------------------------------------
     def end_epoch(self, epoch: int) -> EpochRecord | None:
-        """Close the epoch: totals over its steps (call after :meth:`update`)."""
-        steps = [s for s in self.steps[self._epoch_start_step:] if s.epoch == epoch]
+        """Close epoch ``epoch`` (call after :meth:`update`): totals over its steps. An earlier epoch left
+        open (a loop that broke out of its loader) is closed first. Returns None if it had no steps."""
+        pending = self.steps[self._epoch_start_step:]
         self._epoch_start_step = len(self.steps)
-        if not steps:
-            return None
-        time_s = sum(s.time_s for s in steps)
-        energy = sum(s.energy_j for s in steps)
-        rec = EpochRecord(epoch, len(steps), sum(s.batch_size for s in steps), time_s, energy,
-                          energy / time_s if time_s > 0 else math.nan, max(s.peak_w for s in steps),
-                          self._epoch_max_avg)
+        rec = None
+        for e in sorted({s.epoch for s in pending if s.epoch <= epoch}):
+            steps = [s for s in pending if s.epoch == e]
+            time_s = sum(s.time_s for s in steps)
+            energy = sum(s.energy_j for s in steps)
+            rec = EpochRecord(e, len(steps), sum(s.batch_size for s in steps), time_s, energy,
+                              energy / time_s if time_s > 0 else math.nan, max(s.peak_w for s in steps),
+                              self._epoch_max_avg)
+            self.epochs.append(rec)
+            if self._log is not None:
+                self._log.epoch(rec)
         self._epoch_max_avg = -math.inf
-        self.epochs.append(rec)
-        if self._log is not None:
-            self._log.epoch(rec)
-        return rec
+        return rec if rec is not None and rec.epoch == epoch else None
 
     def finish(self) -> None:
         """Close the open violation and the log."""

@@ -694,6 +694,11 @@ class Tuner:
                         if k in knobs and knobs[k].writable)
 
     def _on_epoch_start(self, epoch: int) -> None:
+        if epoch > 0:
+            with self._lock:  # if the loop left the last epoch early (a break), close it now
+                self.monitor.sample()
+                self.accounting.update()
+                self.accounting.end_epoch(self.epoch)
         self.epoch = epoch
 
     def _on_epoch_end(self, epoch: int) -> None:
