@@ -18,7 +18,9 @@ The model has two layers, both fitted in log space (errors are relative, as the 
      P = softmin(P_free, kappa * limit); the GPU lowers its clock to stay under the cap, so time per
      sample = (a/b + c + d b) (P_free / P)^alpha, the d b term extrapolated at most one octave beyond the
      largest measured batch. Fitted by bounded nonlinear least squares on time and power jointly (weak
-     priors on the shape parameters), from four starts of the sigmoid's centre.
+     priors on the shape parameters), from four starts of the sigmoid's centre; then the power curve alone
+     is refitted on the power rows (the joint fit trades power accuracy for time: Zeus power MAPE 4.1% ->
+     3.6%).
    * ``generic`` (knob names unknown): time per sample = c0/b + c1 + c2 b + sum_k (ck/k + ck'/(b k)),
      power = p0 + p1 log b + sum_k (pk k + pk' k log b), non-negative.
 
@@ -240,6 +242,7 @@ class _PowerCapBase:
     theta: np.ndarray
     limit_scale: float
     b_cap: float = math.inf
+    power_theta: np.ndarray | None = None  # p_lo, p_hi - p_lo, m, h, kappa refitted on power alone
 
     @staticmethod
     def _power(th: np.ndarray, x: np.ndarray, limit_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -283,12 +286,27 @@ class _PowerCapBase:
             if best is None or r.cost < best.cost:
                 best = r
         theta = best.x.copy()
+
+        # The joint fit trades power accuracy for time; power alone is a 5-parameter curve that the power
+        # rows pin down well, so refit it on them, starting from the joint solution.
+        def power_residuals(th5: np.ndarray) -> np.ndarray:
+            th = np.concatenate([th5, theta[5:]])
+            return np.concatenate([np.log(_PowerCapBase._power(th, x, limit)[1]) - lp,
+                                   0.05 * np.array([(th[3] - 1.0) / 2.0, (th[4] - 0.93) / 0.1])])
+
+        power_theta = least_squares(power_residuals, theta[:5], bounds=(lo[:5], hi[:5]), method="trf",
+                                    max_nfev=400).x
         theta[6:9] += math.log(t_scale)
-        return _PowerCapBase(theta, limit_scale, _GROWTH_EXTRAPOLATION * b_max)
+        return _PowerCapBase(theta, limit_scale, _GROWTH_EXTRAPOLATION * b_max, power_theta)
 
     def predict(self, k: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        free, power = self._power(self.theta, np.log2(b), k[:, 0] * self.limit_scale)
-        return self._time(self.theta, b, free, power, self.b_cap), power
+        x, limit = np.log2(b), k[:, 0] * self.limit_scale
+        free, power = self._power(self.theta, x, limit)
+        if self.power_theta is not None:
+            _, power_only = self._power(np.concatenate([self.power_theta, self.theta[5:]]), x, limit)
+        else:
+            power_only = power
+        return self._time(self.theta, b, free, power, self.b_cap), power_only
 
 
 # ------------------------------------------------------------------------------------------ the model
