@@ -90,7 +90,8 @@ class GuidedSampler(BaseSampler):
             self._group = self._group * len(space.knobs[j][1]) + self._levels[:, j + 1]
         self.min_group = min_group
         self._batch = np.array([space.batch_sizes[i] for i in self._levels[:, 0]], dtype=float)
-        self._steps = np.array([self.target.steps(b) for b in self._batch])
+        steps_per_batch = {b: float(self.target.steps(b)) for b in space.batch_sizes}
+        self._steps = np.array([steps_per_batch[int(b)] for b in self._batch])
         self._last: dict[str, Any] = {}
         self._cache: dict[str, Any] = {}
         self._stop_streak: list[Any] = []
@@ -217,12 +218,15 @@ class GuidedSampler(BaseSampler):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                if self._named:
+                groups = self._group[np.asarray(idx)]
+                counts = {g: int(np.sum(groups == g)) for g in np.unique(self._group)}
+                if self._named and min(counts.values()) < self.min_group:
+                    # some power mode has too few measurements for a model of its own: the pooled model
+                    # covers it (only until every mode has its own; a fit costs about a second)
                     out = [np.asarray(a, dtype=float).copy() for a in fit_predict(
                         [self._rows[i] for i in idx], times, powers, peaks, self._rows)]
                 else:
                     out = [np.empty(n) for _ in range(4)]
-                groups = self._group[np.asarray(idx)]
                 for g in np.unique(groups):
                     members = [k for k, gg in enumerate(groups) if gg == g]
                     if len(members) < self.min_group and self._named:
