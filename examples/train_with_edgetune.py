@@ -60,8 +60,9 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
-    with edgetune.tune(model, optimizer, dataset=train_set, batch_size=32, budget_w=budget, device=args.device,
-                       plan=args.plan, budget_file=args.budget_file, log=args.log) as tuner:
+    # with a plan, its batch size is used; without one, online tuning starts from 32 and explores around it
+    with edgetune.tune(model, optimizer, dataset=train_set, batch_size=None if args.plan else 32, budget_w=budget,
+                       device=args.device, plan=args.plan, budget_file=args.budget_file, log=args.log) as tuner:
         for epoch in range(args.epochs):
             total, seen = 0.0, 0
             for x, y in tuner.loader:                  # batches at the batch size edgetune chose
