@@ -317,7 +317,7 @@ def part2(quick: bool) -> tuple[float, float, float, bool]:
             bare_times.append(time.perf_counter() - t)
         bare_round = statistics.median(bare_times[-steps:])
         dev = wall_device()
-        with edgetune.tune(w.model, w.optimizer, batch_size=32, budget_w=5.0, device=dev, online=False,
+        with edgetune.tune(w.model, w.optimizer, batch_size=32, budget_w=5.0, device=dev, online=False, cost=w.cost,
                            monitor_rate_hz=100.0, print_summary=False) as tuner:
             # instrumentation of this benchmark only: time the controller's work at each step boundary
             on_step = tuner._on_step

@@ -457,11 +457,12 @@ class Tuner:
             if self.online is not None:
                 self._hook_handles.append(self.optimizer.register_step_pre_hook(
                     lambda opt, args, kwargs: self.online.before_step()))
-        if self.cost is None and self.model is not None:
+        # only the twin needs the step's cost (real hardware runs the step itself): measure it there
+        if self.cost is None and dev.simulated:
+            if self.model is None:
+                raise ValueError("the twin needs the step's cost: pass model= (it is measured from the first "
+                                 "step) or cost= (for example load_workload(...).cost)")
             self._cost_meter = _CostMeter(self.model)
-        elif self.cost is None and dev.simulated:
-            raise ValueError("the twin needs the step's cost: pass model= (it is measured from the first step) "
-                             "or cost= (for example load_workload(...).cost)")
         self._setup_budget_file()
         self._virtual = bool(getattr(dev.clock, "virtual", False))
         self._update_every = max(1, round(0.5 / self.guard_params.tick_s))
