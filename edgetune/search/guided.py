@@ -2,11 +2,16 @@
 
 After a small space-filling start, every proposal is made from the whole space at once: the
 :class:`~edgetune.predictors.HardwareModel` is fitted on the settings measured so far (step time and the
-budget's moving-average power, with uncertainty), predicts every setting of the grid, and the sampler
-proposes the unmeasured setting with the largest *constrained expected improvement*: the expected
-improvement of the objective (in log space, where the model's errors are relative) times the probability
-that the setting holds the budget. So measurements go where the prediction could beat the incumbent, or
-where feasibility is uncertain (power near the budget) and the prize is large.
+budget's moving-average power, with uncertainty), predicts the candidates, and the sampler proposes the
+unmeasured setting with the largest *constrained expected improvement*: the expected improvement of the
+objective (in log space, where the model's errors are relative) times the probability that the setting
+holds the budget. So measurements go where the prediction could beat the incumbent, or where feasibility
+is uncertain (power near the budget) and the prize is large.
+
+The candidates are the whole grid when it has at most ``max_candidates`` settings (Orin Nano with every
+knob: 24k). Larger grids (AGX Orin: 429k) are searched the way discrete Bayesian optimisation usually is:
+a fresh random sample of the grid plus the neighbours (one level up or down in one knob) of the best
+measured settings, then the neighbours of the best candidates of that first pass.
 
 :meth:`GuidedSampler.should_stop` ends the search when no unmeasured setting has a meaningful chance to
 improve the best by the margin (optimistic bound at two standard deviations, and at least 5% probability of
@@ -49,79 +54,88 @@ def _norm_pdf(z: np.ndarray) -> np.ndarray:
 
 
 class GuidedSampler(BaseSampler):
-    """Constrained expected improvement over the whole grid, from the hardware model's predictions.
+    """Constrained expected improvement over the grid, from the hardware model's predictions.
 
     Args:
-        space: the search space (its grid is scored at every proposal).
+        space: the search space.
         objective: ``time``, ``energy``, ``throughput`` or ``pareto`` (alternates time and energy).
         budget_w: the budget (None: unconstrained); tolerance: allowed overshoot fraction.
         target: steps to target per batch size.
-        seed: seed of the space-filling start and of ties.
+        seed: seed of the space-filling start, the candidate samples and ties.
         n_startup: measured settings (baseline probes included) before the model is used.
         min_group: measured settings a power mode needs before it gets a model of its own.
         stop_kappa: standard deviations of optimism in the stopping rule.
         stop_confirmations: successive fits that must agree there is nothing left before stopping.
         min_feasible_p: settings less likely than this to hold the budget are not worth a measurement.
+        max_candidates: grids up to this size are scored whole; larger ones by sampling (module docs).
     """
 
     def __init__(self, space: SearchSpace, *, objective: str = "time", budget_w: float | None = None,
                  tolerance: float = 0.0, target: TargetModel | None = None, seed: int | None = None,
                  n_startup: int = 6, min_group: int = 4, stop_kappa: float = 2.0, stop_confirmations: int = 2,
-                 min_feasible_p: float = 0.05) -> None:
+                 min_feasible_p: float = 0.05, max_candidates: int = 30_000) -> None:
         self.space = space
         self.objective = objective
         self.budget_w = budget_w
         self.tolerance = tolerance
         self.target = target or TargetModel()
         self.n_startup = n_startup
+        self.min_group = min_group
         self.stop_kappa = stop_kappa
+        self.stop_confirmations = stop_confirmations
         self.min_feasible_p = min_feasible_p
+        self.max_candidates = max_candidates
+        self._seed = seed
         self._rng = np.random.RandomState(seed)
         self._random = RandomSampler(seed=seed)
         self._names = list(space.param_names())
-        self._levels = self._grid_levels()  # (n, dims) int levels, batch first
-        self._rows = self._grid_rows()  # numeric features for the hardware model
+        self._sizes = tuple([len(space.batch_sizes)] + [len(v) for _, v in space.knobs])
+        self._n = int(np.prod(self._sizes))
+        knob_names = list(space.knob_names)
+        # per dimension: the number each level stands for (named values, i.e. power modes, by their rank)
+        self._tables = [np.array(space.batch_sizes, dtype=float)] + [
+            np.array([float(v) if not isinstance(v, str) else float(i + 1) for i, v in enumerate(values)])
+            for _, values in space.knobs]
         self._named = [j for j, (_, v) in enumerate(space.knobs) if isinstance(v[0], str)]
-        numeric_names = [n for j, (n, _) in enumerate(space.knobs) if j not in self._named]
-        self._num_rows = [dict({k: r[k] for k in numeric_names}, batch_size=r["batch_size"]) for r in self._rows]
-        # group id: the combination of named-knob levels (0 for every setting where there are none)
-        self._group = np.zeros(self._levels.shape[0], dtype=int)
-        for j in self._named:
-            self._group = self._group * len(space.knobs[j][1]) + self._levels[:, j + 1]
-        self.min_group = min_group
-        self._batch = np.array([space.batch_sizes[i] for i in self._levels[:, 0]], dtype=float)
-        steps_per_batch = {b: float(self.target.steps(b)) for b in space.batch_sizes}
-        self._steps = np.array([steps_per_batch[int(b)] for b in self._batch])
-        self._last: dict[str, Any] = {}
+        self._pooled_names = knob_names
+        self._numeric_names = [n for j, n in enumerate(knob_names) if j not in self._named]
+        self._steps_table = np.array([float(self.target.steps(b)) for b in space.batch_sizes])
         self._cache: dict[str, Any] = {}
         self._stop_streak: list[Any] = []
-        self.stop_confirmations = stop_confirmations
 
-    # -- grid ---------------------------------------------------------------------------------------
-    def _grid_levels(self) -> np.ndarray:
-        sizes = [len(self.space.batch_sizes)] + [len(v) for _, v in self.space.knobs]
-        return np.array(np.meshgrid(*[np.arange(s) for s in sizes], indexing="ij")).reshape(len(sizes), -1).T
+    # -- the grid, by flat index ----------------------------------------------------------------------
+    def _levels(self, idx: np.ndarray) -> np.ndarray:
+        """(k, dims) levels of flat grid indices (batch size first)."""
+        return np.stack(np.unravel_index(np.asarray(idx, dtype=np.int64), self._sizes), axis=1)
 
-    def _numeric(self, name: str, level: int) -> float:
-        values = self.space.knob_values[name]
-        v = values[level]
-        # named values (power modes) are ordered by power: their rank stands in for a number
-        return float(v) if not isinstance(v, str) else float(level + 1)
-
-    def _grid_rows(self) -> list[dict[str, float]]:
-        names = self.space.knob_names
-        tables = [np.array([self._numeric(n, i) for i in range(len(self.space.knob_values[n]))]) for n in names]
-        cols = {n: tables[j][self._levels[:, j + 1]] for j, n in enumerate(names)}
-        bs = np.array(self.space.batch_sizes, dtype=float)[self._levels[:, 0]]
-        return [dict({n: float(cols[n][i]) for n in names}, batch_size=float(bs[i]))
-                for i in range(self._levels.shape[0])]
+    def _flat(self, levels: np.ndarray) -> np.ndarray:
+        return np.ravel_multi_index(tuple(np.asarray(levels).T), self._sizes)
 
     def _index(self, params: dict[str, Any]) -> int:
-        sizes = [len(self.space.batch_sizes)] + [len(v) for _, v in self.space.knobs]
-        idx = 0
-        for name, size in zip(self._names, sizes):
-            idx = idx * size + int(params[name])
-        return idx
+        return int(self._flat(np.array([[int(params[n]) for n in self._names]]))[0])
+
+    def _rows(self, idx: np.ndarray, names: list[str]) -> list[dict[str, float]]:
+        """Hardware-model rows (knob values and batch size) of grid indices, for the knobs in ``names``."""
+        lv = self._levels(idx)
+        cols = {"batch_size": self._tables[0][lv[:, 0]]}
+        for j, n in enumerate(self.space.knob_names):
+            if n in names:
+                cols[n] = self._tables[j + 1][lv[:, j + 1]]
+        keys = list(cols)
+        arrays = [cols[k].tolist() for k in keys]
+        return [dict(zip(keys, vals)) for vals in zip(*arrays)]
+
+    def _group(self, idx: np.ndarray) -> np.ndarray:
+        """Group id (the combination of named-knob levels) of grid indices; 0 where there are none."""
+        lv = self._levels(idx)
+        g = np.zeros(lv.shape[0], dtype=np.int64)
+        for j in self._named:
+            g = g * self._sizes[j + 1] + lv[:, j + 1]
+        return g
+
+    def _params(self, i: int) -> dict[str, int]:
+        lv = self._levels(np.array([i]))[0]
+        return {name: int(lv[j]) for j, name in enumerate(self._names)}
 
     # -- Optuna sampler interface -------------------------------------------------------------------
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -141,40 +155,39 @@ class GuidedSampler(BaseSampler):
         acq = scores["acquisition"]
         if not np.any(np.isfinite(acq)):
             return self._startup(study)
-        i = int(np.nanargmax(np.where(np.isfinite(acq), acq, -np.inf)))
-        return {name: int(self._levels[i, j]) for j, name in enumerate(self._names)}
+        k = int(np.argmax(np.where(np.isfinite(acq), acq, -np.inf)))
+        return self._params(int(scores["idx"][k]))
 
-    # -- scoring ------------------------------------------------------------------------------------
-    def _taken(self, study: Study) -> np.ndarray:
+    # -- what is known ------------------------------------------------------------------------------
+    def _taken(self, study: Study) -> set[int]:
         """Grid points measured, being measured, or queued."""
-        taken = np.zeros(self._levels.shape[0], dtype=bool)
+        taken: set[int] = set()
         for t in study.get_trials(deepcopy=False):
             if t.params and all(n in t.params for n in self._names):
-                taken[self._index(t.params)] = True
+                taken.add(self._index(t.params))
             elif t.state == TrialState.WAITING and "fixed_params" in t.system_attrs:
                 fp = t.system_attrs["fixed_params"]
                 if all(n in fp for n in self._names):
-                    taken[self._index(fp)] = True
+                    taken.add(self._index(fp))
         return taken
 
     def _startup(self, study: Study) -> dict[str, Any]:
-        """Latin-hypercube-style spread over the levels, skipping settings already taken."""
+        """A space-filling point: the sampled free setting farthest (in normalised levels) from all taken."""
         taken = self._taken(study)
-        free = np.flatnonzero(~taken)
+        pool = self._rng.choice(self._n, min(self._n, 4096), replace=False)
+        free = np.array([i for i in pool if int(i) not in taken], dtype=np.int64)
         if free.size == 0:
-            free = np.arange(self._levels.shape[0])
-        # prefer points far (in normalised level space) from everything taken
-        sizes = np.array([len(self.space.batch_sizes)] + [len(v) for _, v in self.space.knobs], dtype=float)
-        norm = self._levels / np.maximum(sizes - 1, 1)
-        pool = free if free.size <= 4096 else self._rng.choice(free, 4096, replace=False)
-        if taken.any():
-            done = norm[taken]
-            d = np.min(np.abs(norm[pool][:, None, :] - done[None, :, :]).sum(axis=2), axis=1)
-            best = pool[d >= np.max(d) - 1e-12]
+            free = pool
+        scale = np.maximum(np.array(self._sizes, dtype=float) - 1, 1)
+        if taken:
+            done = self._levels(np.array(sorted(taken))) / scale
+            cand = self._levels(free) / scale
+            d = np.min(np.abs(cand[:, None, :] - done[None, :, :]).sum(axis=2), axis=1)
+            best = free[d >= np.max(d) - 1e-12]
             i = int(self._rng.choice(best))
         else:
-            i = int(self._rng.choice(pool))
-        return {name: int(self._levels[i, j]) for j, name in enumerate(self._names)}
+            i = int(self._rng.choice(free))
+        return self._params(i)
 
     def _measured(self, study: Study) -> tuple[list[int], list[float], list[float], list[float], list[int]]:
         idx, times, powers, peaks, oom_batches = [], [], [], [], []
@@ -193,8 +206,9 @@ class GuidedSampler(BaseSampler):
             peaks.append(float(m["peak_power_w"]))
         return idx, times, powers, peaks, oom_batches
 
-    def _fit_predict(self, study: Study):
-        """Fit the hardware model on the measured settings and predict the grid; cached per measured set.
+    # -- the model ----------------------------------------------------------------------------------
+    def _fit(self, study: Study):
+        """Fitted models on the measured settings; cached per measured set.
 
         Named knobs (power modes) change what the clocks mean: a mode caps the clocks under it and may gate
         GPU units. So one model is fitted per named-knob combination with enough measurements (its physics
@@ -209,87 +223,142 @@ class GuidedSampler(BaseSampler):
             return self._cache["value"]
         from edgetune.predictors.hardware_model import HardwareModel
 
-        def fit_predict(rows_fit, t, p, pk, rows_pred):
-            model = HardwareModel(random_state=0).fit(rows_fit, t, p, pk)
-            pred = model.predict(rows_pred)
-            return pred.step_time_s, pred.power_w, pred.step_time_std, pred.power_std
+        def fit(members: list[int], names: list[str]):
+            rows = self._rows(np.array([idx[k] for k in members]), names)
+            return HardwareModel(random_state=0).fit(rows, [times[k] for k in members],
+                                                     [powers[k] for k in members], [peaks[k] for k in members])
 
-        n = self._levels.shape[0]
+        groups = self._group(np.array(idx))
+        n_groups = int(np.prod([self._sizes[j + 1] for j in self._named])) if self._named else 1
+        per_group: dict[int, Any] = {}
+        pooled = None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                groups = self._group[np.asarray(idx)]
-                counts = {g: int(np.sum(groups == g)) for g in np.unique(self._group)}
-                if self._named and min(counts.values()) < self.min_group:
-                    # some power mode has too few measurements for a model of its own: the pooled model
-                    # covers it (only until every mode has its own; a fit costs about a second)
-                    out = [np.asarray(a, dtype=float).copy() for a in fit_predict(
-                        [self._rows[i] for i in idx], times, powers, peaks, self._rows)]
-                else:
-                    out = [np.empty(n) for _ in range(4)]
                 for g in np.unique(groups):
                     members = [k for k, gg in enumerate(groups) if gg == g]
-                    if len(members) < self.min_group and self._named:
-                        continue
-                    sel = np.flatnonzero(self._group == g)
-                    res = fit_predict([self._num_rows[idx[k]] for k in members], [times[k] for k in members],
-                                      [powers[k] for k in members], [peaks[k] for k in members],
-                                      [self._num_rows[i] for i in sel])
-                    for a, r in zip(out, res):
-                        a[sel] = r
+                    if len(members) >= (self.min_group if self._named else 2):
+                        per_group[int(g)] = fit(members, self._numeric_names)
+                if len(per_group) < n_groups:
+                    # some power mode has too few measurements for a model of its own: the pooled model
+                    # covers it (only until every mode has its own; a fit costs about a second)
+                    pooled = fit(list(range(len(idx))), self._pooled_names)
             except (ValueError, np.linalg.LinAlgError):
                 return None
-        value = (idx, times, powers, oom, out)
+        value = (idx, times, powers, oom, per_group, pooled)
         self._cache = {"key": key, "value": value}
         return value
 
-    def _score(self, study: Study, number: int) -> dict[str, np.ndarray] | None:
-        fitted = self._fit_predict(study)
-        if fitted is None:
-            return None
-        idx, times, powers, oom, (t, p, t_std, p_std) = fitted
-        t = np.maximum(t, 1e-9)
-        st = np.maximum(t_std / t, 1e-3)  # relative (log-space) std of step time
-        sp = np.maximum(p_std, 1e-3 * np.abs(p))
-        objective = self.objective
-        if objective == "pareto":
-            objective = "time" if number % 2 == 0 else "energy"
-        if objective == "time":
-            log_score = np.log(self._steps * t)
-            s_log = st
-        elif objective == "energy":
-            log_score = np.log(self._steps * t * p)
-            s_log = np.sqrt(st ** 2 + (sp / np.maximum(p, 1e-9)) ** 2)
-        else:  # throughput: time per sample
-            log_score = np.log(t / self._batch)
-            s_log = st
-        if self.budget_w is not None:
-            limit = self.budget_w * (1.0 + self.tolerance)
-            p_feas = _norm_cdf((limit - p) / sp)
-        else:
-            p_feas = np.ones_like(p)
+    def _predict(self, fitted, cand: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Step time, power and their std for grid indices ``cand``."""
+        _, _, _, _, per_group, pooled = fitted
+        out = [np.full(cand.size, np.nan) for _ in range(4)]
+        groups = self._group(cand)
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            for g in np.unique(groups):
+                sel = np.flatnonzero(groups == g)
+                model = per_group.get(int(g))
+                rows = self._rows(cand[sel], self._numeric_names if model is not None else self._pooled_names)
+                pred = (model or pooled).predict(rows)
+                for a, r in zip(out, (pred.step_time_s, pred.power_w, pred.step_time_std, pred.power_std)):
+                    a[sel] = r
+        return tuple(out)
+
+    def _neighbours(self, idx: np.ndarray) -> np.ndarray:
+        """Every setting one level up or down in one dimension (two in batch size) from ``idx``."""
+        lv = self._levels(idx)
+        out = [idx]
+        for d, size in enumerate(self._sizes):
+            for step in ((-2, -1, 1, 2) if d == 0 else (-1, 1)):
+                moved = lv.copy()
+                moved[:, d] += step
+                ok = (moved[:, d] >= 0) & (moved[:, d] < size)
+                if ok.any():
+                    out.append(self._flat(moved[ok]))
+        return np.unique(np.concatenate(out))
+
+    # -- scoring ------------------------------------------------------------------------------------
+    def _objective(self, number: int) -> str:
+        if self.objective == "pareto":
+            return "time" if number % 2 == 0 else "energy"
+        return self.objective
+
+    def _evaluate(self, fitted, cand: np.ndarray, objective: str, taken: set[int]) -> dict[str, np.ndarray]:
+        idx, times, powers, oom, _, _ = fitted
+        t, p, t_std, p_std = self._predict(fitted, cand)
+        t = np.maximum(np.nan_to_num(t, nan=np.inf), 1e-9)
+        st = np.maximum(np.nan_to_num(t_std / t, nan=1.0), 1e-3)  # relative (log-space) std of step time
+        sp = np.maximum(np.nan_to_num(p_std, nan=np.inf), 1e-3 * np.abs(p))
+        lv = self._levels(cand)
+        steps = self._steps_table[lv[:, 0]]
+        batch = self._tables[0][lv[:, 0]]
+        with np.errstate(all="ignore"):
+            if objective == "time":
+                log_score, s_log = np.log(steps * t), st
+            elif objective == "energy":
+                log_score = np.log(steps * t * p)
+                s_log = np.sqrt(st ** 2 + (sp / np.maximum(p, 1e-9)) ** 2)
+            else:  # throughput: time per sample
+                log_score, s_log = np.log(t / batch), st
+            if self.budget_w is not None:
+                p_feas = _norm_cdf((self.budget_w * (1.0 + self.tolerance) - p) / sp)
+            else:
+                p_feas = np.ones_like(p)
+        p_feas = np.nan_to_num(p_feas, nan=0.0)
         if oom:  # memory grows with the batch, whatever the clocks: larger batches fail too
-            p_feas = np.where(self._levels[:, 0] >= min(oom), 0.0, p_feas)
-        # incumbent: the best measured setting that held the budget
+            p_feas = np.where(lv[:, 0] >= min(oom), 0.0, p_feas)
+        best = self._incumbent(idx, times, powers, objective)
+        free = np.array([int(i) not in taken for i in cand])
+        with np.errstate(all="ignore"):
+            if math.isfinite(best):
+                z = (best - log_score) / s_log
+                ei = s_log * (z * _norm_cdf(z) + _norm_pdf(z))
+            else:  # nothing feasible yet: look for feasibility first
+                ei = np.ones_like(log_score)
+        acq = np.where(free & np.isfinite(log_score), ei * p_feas, -np.inf)
+        return {"idx": cand, "acquisition": acq, "log_score": log_score, "s_log": s_log, "p_feas": p_feas,
+                "free": free, "best": best}
+
+    def _incumbent(self, idx, times, powers, objective: str) -> float:
+        """Log objective of the best measured setting that held the budget."""
         best = math.inf
         for i, tt, pp in zip(idx, times, powers):
             if self.budget_w is None or pp <= self.budget_w * (1.0 + self.tolerance):
-                if objective == "time":
-                    val = math.log(self._steps[i] * tt)
-                elif objective == "energy":
-                    val = math.log(self._steps[i] * tt * pp)
-                else:
-                    val = math.log(tt / self._batch[i])
-                best = min(best, val)
+                b = int(self._levels(np.array([i]))[0, 0])
+                steps, batch = self._steps_table[b], self._tables[0][b]
+                val = {"time": steps * tt, "energy": steps * tt * pp}.get(objective, tt / batch)
+                best = min(best, math.log(val))
+        return best
+
+    def _score(self, study: Study, number: int) -> dict[str, np.ndarray] | None:
+        fitted = self._fit(study)
+        if fitted is None:
+            return None
+        objective = self._objective(number)
+        key = (self._cache.get("key"), objective)
+        if self._cache.get("score_key") == key:
+            return self._cache["score"]
         taken = self._taken(study)
-        if math.isfinite(best):
-            z = (best - log_score) / s_log
-            ei = s_log * (z * _norm_cdf(z) + _norm_pdf(z))
-        else:  # nothing feasible yet: look for feasibility first
-            ei = np.ones_like(log_score)
-        acq = np.where(taken, -np.inf, ei * p_feas)
-        self._last = {"log_score": log_score, "s_log": s_log, "p_feas": p_feas, "best": best, "taken": taken}
-        return {"acquisition": acq, **self._last}
+        if self._n <= self.max_candidates:
+            scores = self._evaluate(fitted, np.arange(self._n), objective, taken)
+        else:
+            rng = np.random.RandomState(None if self._seed is None else self._seed + len(fitted[0]))
+            idx = np.array(fitted[0])
+            first = np.unique(np.concatenate([rng.choice(self._n, self.max_candidates // 2, replace=False),
+                                              self._neighbours(idx)]))
+            s1 = self._evaluate(fitted, first, objective, taken)
+            top = first[np.argsort(-s1["acquisition"])[:32]]
+            second = np.setdiff1d(self._neighbours(self._neighbours(top)), first)
+            if second.size:
+                s2 = self._evaluate(fitted, second, objective, taken)
+                scores = {k: (np.concatenate([s1[k], s2[k]]) if isinstance(s1[k], np.ndarray) else s1[k])
+                          for k in s1}
+            else:
+                scores = s1
+        self._cache["score_key"] = key
+        self._cache["score"] = scores
+        return scores
 
     def should_stop(self, study: Study, margin: float) -> str | None:
         """A reason to stop when no unmeasured setting can plausibly beat the best by ``margin``.
@@ -304,7 +373,7 @@ class GuidedSampler(BaseSampler):
                 self._stop_streak = []
                 return None
             optimistic = s["log_score"] - self.stop_kappa * s["s_log"]
-            hope = (~s["taken"]) & (s["p_feas"] >= self.min_feasible_p) & (
+            hope = s["free"] & (s["p_feas"] >= self.min_feasible_p) & (
                 optimistic < s["best"] + math.log(1.0 - margin))
             if hope.any():
                 self._stop_streak = []
@@ -318,4 +387,4 @@ class GuidedSampler(BaseSampler):
                 f"{self.stop_kappa:g} std optimism, {self.stop_confirmations} fits in a row)")
 
     def __repr__(self) -> str:
-        return f"GuidedSampler(grid={self._levels.shape[0]}, objective={self.objective!r})"
+        return f"GuidedSampler(grid={self._n}, objective={self.objective!r})"
