@@ -25,7 +25,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-__all__ = ["SCHEMA", "Config", "ConfigError", "example_config", "load_config", "validate", "OBJECTIVES", "SAMPLERS"]
+__all__ = ["OBJECTIVES", "SAMPLERS", "SCHEMA", "Config", "ConfigError", "example_config", "load_config", "validate"]
 
 OBJECTIVES = ("time", "energy", "throughput", "pareto")
 SAMPLERS = ("auto", "guided", "tpe", "gp", "random")
@@ -58,7 +58,7 @@ def _number(lo: float | None = None, hi: float | None = None, *, lo_open: bool =
 def _integer(lo: int = 0) -> Callable[[Any], int]:
     def check(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"must be a whole number >= {lo}, got {v!r}")
+            raise ValueError(f"must be a whole number >= {lo}, got {v!r}")  # noqa: TRY004
         if v < lo:
             raise ValueError(f"must be >= {lo}, got {v!r}")
         return int(v)
@@ -68,7 +68,7 @@ def _integer(lo: int = 0) -> Callable[[Any], int]:
 def _text(nonempty: bool = True) -> Callable[[Any], str]:
     def check(v: Any) -> str:
         if not isinstance(v, str):
-            raise ValueError(f"must be a quoted string, got {v!r}")
+            raise ValueError(f"must be a quoted string, got {v!r}")  # noqa: TRY004
         if nonempty and not v.strip():
             raise ValueError("must not be empty")
         return v.strip()
@@ -107,7 +107,7 @@ def _knob_names(v: Any) -> tuple[str, ...] | None:
 
 def _knob_values(v: Any) -> dict[str, tuple[Any, ...]]:
     if not isinstance(v, dict):
-        raise ValueError('must be a table of knob = [values], e.g. gpu_freq = ["306MHz", "max"]')
+        raise ValueError('must be a table of knob = [values], e.g. gpu_freq = ["306MHz", "max"]')  # noqa: TRY004
     out: dict[str, tuple[Any, ...]] = {}
     for name, values in v.items():
         if not isinstance(values, list) or not values:
@@ -268,7 +268,7 @@ def validate(raw: Mapping[str, Any], *, path: Path | None = None,
     sources = dict(sources or {})
     where_default = str(path) if path else "config"
     values: dict[str, Any] = {}
-    for key, value in raw.items():
+    for key in raw:
         if key not in SCHEMA:
             raise _unknown(key, sources.get(key, where_default))
     for key, spec in SCHEMA.items():

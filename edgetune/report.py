@@ -112,8 +112,8 @@ def plot_time_energy(result: SearchResult, path: str | Path) -> Path:
         ax.plot([r.outcome.time_to_target_s for r in result.pareto],
                 [r.outcome.energy_to_target_j for r in result.pareto], "-o", c="tab:green", ms=4,
                 label="Pareto front (feasible)")
-    for r, style, label in ((result.baseline, dict(marker="s", c="tab:orange"), "baseline"),
-                            (result.best, dict(marker="*", c="gold"), "chosen")):
+    for r, style, label in ((result.baseline, {"marker": "s", "c": "tab:orange"}, "baseline"),
+                            (result.best, {"marker": "*", "c": "gold"}, "chosen")):
         if r is not None and r.outcome is not None:
             ax.scatter([r.outcome.time_to_target_s], [r.outcome.energy_to_target_j], s=160, edgecolors="k",
                        zorder=5, label=label, **style)
@@ -152,7 +152,7 @@ def plot_power(result: SearchResult, path: str | Path) -> Path:
         ax.legend(fontsize=8, loc="upper right")
     ax.set_xlabel("measured window time, windows back to back (s, device clock)")
     ax.set_ylabel("board power (W)")
-    ax.set_title(f"power over the measured windows (red: over budget; gold: chosen)"
+    ax.set_title("power over the measured windows (red: over budget; gold: chosen)"
                  + (" [simulated]" if result.simulated else ""), fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()

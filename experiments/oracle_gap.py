@@ -26,15 +26,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import optuna  # noqa: E402
+import optuna
 
-from edgetune.power import open_device  # noqa: E402
-from edgetune.report import format_table  # noqa: E402
-from edgetune.search.efficiency import TargetModel  # noqa: E402
-from edgetune.search.space import build_space  # noqa: E402
-from edgetune.search.study import Search  # noqa: E402
-from edgetune.search.trial import MeasurementProtocol  # noqa: E402
-from edgetune.workloads import load_workload  # noqa: E402
+from edgetune.power import open_device
+from edgetune.report import format_table
+from edgetune.search.efficiency import TargetModel
+from edgetune.search.space import build_space
+from edgetune.search.study import Search
+from edgetune.search.trial import MeasurementProtocol
+from edgetune.workloads import load_workload
 
 CASES = [("orin-nano", (7.0, 10.0, 15.0)), ("orin-agx", (15.0, 30.0, 50.0))]
 WORKLOADS = ("cnn", "mobilenet", "chartransformer")

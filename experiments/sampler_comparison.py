@@ -20,11 +20,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import optuna  # noqa: E402
-from oracle_gap import CASES, WORKLOADS, run_case  # noqa: E402
+import optuna
+from oracle_gap import CASES, WORKLOADS, run_case
 
-from edgetune.report import format_table  # noqa: E402
-from edgetune.workloads import load_workload  # noqa: E402
+from edgetune.report import format_table
+from edgetune.workloads import load_workload
 
 
 def main(argv=None) -> int:

@@ -119,7 +119,7 @@ def measure_b_noise(workload, batch_size: int, *, steps: int = 20, micro_batches
     for _ in range(steps):
         inputs, targets = workload.make_batch(batch_size)
         if not isinstance(inputs, torch.Tensor):
-            raise ValueError("measuring B_noise needs a workload whose inputs are one tensor; set "
+            raise ValueError("measuring B_noise needs a workload whose inputs are one tensor; set "  # noqa: TRY004
                              "efficiency.b_noise to a number")
         measure_noise_scale_step(gns, model, workload.loss_fn, inputs, targets, micro_batches)
         optimizer.step()

@@ -16,7 +16,7 @@ from typing import Any
 
 from edgetune.search.study import SearchResult, TrialRecord
 
-__all__ = ["best_json", "write_best", "write_trials_csv", "TRIAL_COLUMNS"]
+__all__ = ["TRIAL_COLUMNS", "best_json", "write_best", "write_trials_csv"]
 
 MEASURED_KEYS = ("step_time_s", "samples_per_s", "mean_power_w", "peak_power_w", "max_avg_power_w",
                  "energy_per_sample_j")

@@ -74,7 +74,7 @@ def _redact(url: str) -> str:
 def _postgres_driver(url: str) -> str:
     """``postgresql://`` names SQLAlchemy's default driver (psycopg 3 since SQLAlchemy 2.1); the project
     depends on psycopg2 (``edgetune[postgres]``): use whichever is installed."""
-    if not (url.startswith("postgresql://") or url.startswith("postgres://")):
+    if not url.startswith(("postgresql://", "postgres://")):
         return url
     import importlib.util
 
@@ -98,8 +98,7 @@ def open_storage(url: str, *, heartbeat_s: int = 20) -> optuna.storages.BaseStor
             from optuna.storages.journal import JournalFileBackend, JournalStorage
 
             path = url[len("journal:"):]
-            if path.startswith("//"):
-                path = path[2:]
+            path = path.removeprefix("//")
             return JournalStorage(JournalFileBackend(path))
         url = _postgres_driver(url)
         engine_kwargs: dict[str, Any] = {}
@@ -157,7 +156,7 @@ class _Heartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> _Heartbeat:
+    def __enter__(self) -> _Heartbeat:  # noqa: PYI034 - private helper
         if self.interval and hasattr(self.storage, "record_heartbeat"):
             self.storage.record_heartbeat(self.trial_id)
             self._thread = threading.Thread(target=self._run, daemon=True, name="edgetune-heartbeat")
@@ -562,7 +561,7 @@ class Search:
                 if self.timeout_s and time.monotonic() - t_start > self.timeout_s:
                     stop_reason = f"time limit of {self.timeout_s:g} s reached"
                     break
-                probe, found = self._baseline_state(records)
+                probe, _found = self._baseline_state(records)
                 baseline_done = probe is None
                 if probe is not None and not self._waiting_or_running(study, probe):
                     study.enqueue_trial(self.space.params(probe), user_attrs={"role": "baseline"},
