@@ -180,6 +180,23 @@ def test_search_enqueues_the_baseline_first_and_holds_the_budget(workload, sampl
     json.dumps(doc, allow_nan=False)
 
 
+@pytest.mark.parametrize("sampler", ["tpe", "guided"])
+def test_pareto_objective_keeps_the_front_of_time_and_energy(workload, sampler):
+    device = open_device("sim:orin-nano", compute=False, seed=2)
+    s = search(device, workload, small_space(device), 9.0, objective="pareto", sampler=sampler, n_trials=10,
+               seed=2)
+    result = s.run()
+    assert s.study.directions == [optuna.study.StudyDirection.MINIMIZE] * 2
+    feasible = [r for r in result.measured if r.feasible and r.outcome]
+    front = result.pareto
+    assert front and result.best in front
+    for r in front:  # nothing feasible dominates a point of the front
+        o = r.outcome
+        assert not any(f.outcome.time_to_target_s <= o.time_to_target_s and
+                       f.outcome.energy_to_target_j < o.energy_to_target_j for f in feasible)
+    assert len(best_json(result)["pareto_front"]) == len(front)
+
+
 def test_a_setting_is_never_measured_twice(workload, tmp_path):
     device = open_device("sim:orin-nano", compute=False)
     space = build_space(device, 32, [16, 32], ["gpu_freq"], {"gpu_freq": ["min", "max"]})
