@@ -348,8 +348,7 @@ def save_table(table: Table, path: str | os.PathLike) -> None:
     arrays = [table.settings[:, i] for i in range(len(table.knobs))] + [table.batch_size] + [
         getattr(table, _ATTR[n]) for n in names[len(table.knobs) + 1:]]
     with open(path, "w", newline="") as f:
-        for note in table.notes:
-            f.write(f"# {note}\n")
+        f.writelines(f"# {note}\n" for note in table.notes)
         w = csv.writer(f, lineterminator="\n")
         w.writerow(names)
         for i in range(len(table)):

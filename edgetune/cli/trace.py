@@ -83,7 +83,7 @@ def _float(row: dict[str, str], column: str, path: str, line: int) -> float:
 
 def _gpu_name(power_csv: str) -> str:
     stem = os.path.splitext(os.path.basename(power_csv))[0]
-    return stem[len("summary_power_"):] if stem.startswith("summary_power_") else stem
+    return stem.removeprefix("summary_power_")
 
 
 def import_zeus(power_csv: str, train_csv: str, targets: dict[str, float] | None = None,
@@ -135,8 +135,8 @@ def import_zeus(power_csv: str, train_csv: str, targets: dict[str, float] | None
             keys = sorted(data)
             batch = np.array([k[0] for k in keys], dtype=float)
             epochs = None
-            notes = [f"Zeus NSDI'23 trace ({os.path.basename(power_csv)}), {dataset}/{network}, optimizer {opt}; "
-                     f"Apache-2.0, ml-energy/zeus"]
+            notes = [(f"Zeus NSDI'23 trace ({os.path.basename(power_csv)}), {dataset}/{network}, optimizer {opt}; "
+                      f"Apache-2.0, ml-energy/zeus")]
             if opt == main:
                 target = targets.get(dataset)
                 if target is None:

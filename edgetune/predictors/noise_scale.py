@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 __all__ = [
-    "GradientNoiseScale",
     "LR_RULES",
+    "GradientNoiseScale",
     "MicroBatchProbe",
     "StepsFit",
     "adascale_gain",
