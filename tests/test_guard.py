@@ -223,3 +223,22 @@ def test_estimate_scales_the_dynamic_part_of_the_nearest_observation():
     assert model.estimate(0, {}) == 4.0
     assert model.estimate(0, {2: 18.0}) == pytest.approx(2.0 + 16.0 * 2.0 / 8.0)
     assert model.estimate(1, {0: 5.0, 2: 18.0}) in (pytest.approx(2.0 + 3.0 * 2.0), pytest.approx(2.0 + 16 * 0.5))
+
+
+def test_after_the_load_goes_the_guard_climbs_back_without_overshoot_despite_a_wrong_prior():
+    """The prior overestimates the low rungs by 1 W: after a trip there, power reads 1 W low when the load
+    goes, which is the estimate's error, not less load. The guard climbs back without tripping again."""
+    model = LadderModel(TRUE_W, idle_w=IDLE)
+
+    def plant(rung, load):
+        return (TRUE_W[rung] if rung == 8 else TRUE_W[rung] - 1.0) + load
+
+    state = GuardState(rung=8, ceiling=8, changed_t=0.0)
+    t, budget, trips_after = 0.0, 12.2, 0
+    while t < 30.0:
+        t += P.tick_s
+        load = 3.0 if 1.0 <= t < 3.0 else 0.0
+        state, d = control(state, obs(t, plant(state.rung, load), budget=budget), model, P)
+        trips_after += t > 3.5 and d.reason.startswith("trip")
+    assert trips_after == 0 and state.trips >= 1
+    assert state.rung == 8 and 8 in state.measured  # back at the top: 12.0 W fits 12.2 W

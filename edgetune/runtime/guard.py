@@ -178,6 +178,7 @@ class GuardState:
         offset_w: the additive change seen since (another load, a warmer board): on every rung alike.
         learn_base: whether the first power seen at a new rung is taken as that rung's own (after a climb)
             or as a change of the offset (after a trip).
+        measured: rungs whose power was seen there (the others in ``observed`` are estimates).
         climb_from: (rung, power before the climb, estimated rise) while a climb awaits its check.
         budget_w: the budget the state was built for (a change resets the bars).
         trips: trips so far.
@@ -192,6 +193,7 @@ class GuardState:
     observed: Mapping[int, float] = field(default_factory=dict)
     offset_w: float = 0.0
     learn_base: bool = True
+    measured: frozenset[int] = frozenset()
     climb_from: tuple[int, float, float] | None = None
     budget_w: float | None = None
     trips: int = 0
@@ -267,8 +269,11 @@ def control(state: GuardState, obs: Observation, model: LadderModel, params: Gua
     since = t - state.changed_t
     steady = since >= params.fast_window_s + params.tick_s
     if steady:
+        new_rung = state.rung not in state.observed
         observed, offset = _observe(state.observed, state.offset_w, state.rung, obs.fast_w, model, state.learn_base)
-        state = replace(state, observed=observed, offset_w=offset)
+        measured = state.measured | {state.rung} if new_rung and (state.learn_base or not state.observed) \
+            else state.measured
+        state = replace(state, observed=observed, offset_w=offset, measured=measured)
 
     def estimate(rung: int, observed: Mapping[int, float], offset: float) -> float:
         return model.estimate(rung, observed) + offset
@@ -316,9 +321,12 @@ def control(state: GuardState, obs: Observation, model: LadderModel, params: Gua
             # a rung measured before is known to within the noise: it may be re-entered up to the trip
             # target; an estimated one only up to the band (its estimate may be off)
             known = budget * (1 - params.target_margin)
+            # an offset below zero read at a rung whose power is only estimated may be the estimate's error,
+            # not less load: climbing on it could overshoot, so it counts as zero there
+            offset = state.offset_w if state.rung in state.measured else max(state.offset_w, 0.0)
             for r in range(state.rung + 1, min(state.ceiling, n - 1) + 1):
-                limit = known if r in state.observed else band
-                if state.barred(r, t) or estimate(r, state.observed, state.offset_w) > limit:
+                limit = known if r in state.measured else band
+                if state.barred(r, t) or estimate(r, state.observed, offset) > limit:
                     break
                 target = r
             if target > state.rung:
