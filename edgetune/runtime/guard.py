@@ -35,7 +35,10 @@ Rung power estimates
     frequency ratio: dynamic power grows at least linearly with the clock). Observations at a rung replace
     its prior; a change seen at a rung already observed is taken as additive (another load, a warmer board)
     and applies to every rung alike. Estimates for unobserved rungs scale the dynamic part (above idle) of
-    the nearest observed rung by the ratio of priors, then add the offset.
+    the nearest observed rung by the ratio of priors, then add the offset. The first power seen at a new
+    rung is that rung's own after a climb, but the offset's after a trip (a trip means something changed;
+    its transient must not become a rung's base). A negative offset read at a rung whose power is only
+    estimated may be the estimate's error: climbs from there count it as zero.
 """
 
 from __future__ import annotations
