@@ -70,7 +70,7 @@ class Boosting:
     def fit(self, X, t, p):
         self.knobs = sorted(k for k in X[0] if k != "batch_size")
         Z = _matrix(X, self.knobs)
-        kw = dict(n_estimators=200, max_depth=2, learning_rate=0.1, min_samples_leaf=1, random_state=0)
+        kw = {"n_estimators": 200, "max_depth": 2, "learning_rate": 0.1, "min_samples_leaf": 1, "random_state": 0}
         self.gt = GradientBoostingRegressor(**kw).fit(Z, np.log(t))
         self.gp = GradientBoostingRegressor(**kw).fit(Z, np.log(p))
         return self
@@ -194,8 +194,8 @@ def main() -> None:
             results[(name, cand)] = cross_validate(make, data, args.train_size, args.seeds)
     k = args.train_size
     print(f"MAPE (%) of {k} random training rows, {args.seeds} seeds, evaluated on all other rows")
-    print_table(f"target: step time MAPE (%), Zeus tables", list(zeus), results, 0)
-    print_table(f"target: power MAPE (%), Zeus tables", list(zeus), results, 1)
+    print_table("target: step time MAPE (%), Zeus tables", list(zeus), results, 0)
+    print_table("target: power MAPE (%), Zeus tables", list(zeus), results, 1)
     if twin:
         print_table("step time MAPE (%), twin tables", list(twin), results, 0)
         print_table("power MAPE (%), twin tables", list(twin), results, 1)
