@@ -50,6 +50,7 @@ class FakeJetsonBoard:
         self.twin = twin
         self.time_scale = time_scale
         self.steps: list[Any] = []  # the twin's Expected for every step run
+        self.settings: list[dict[str, KnobValue]] = []  # the knob files' setting each step ran at (as steps)
         self.idle()
 
     # -- knob files -> twin ------------------------------------------------------------------------
@@ -99,7 +100,7 @@ class FakeJetsonBoard:
     def step(self, cost: WorkloadCost, batch_size: int) -> Any:
         """One training step's load: rails at the twin's power for the step time. Raises out-of-memory
         (the twin's error, which ``is_out_of_memory`` recognises like torch's) when the batch does not fit."""
-        self.sync()
+        setting = self.sync()
         expected = self.twin.expected(cost, batch_size)
         if not expected.fits:
             raise DeviceOutOfMemoryError(f"CUDA out of memory: batch size {batch_size} needs "
@@ -107,6 +108,7 @@ class FakeJetsonBoard:
         self.publish(dict(expected.rails_w))
         time.sleep(expected.step_time_s * self.time_scale)
         self.steps.append(expected)
+        self.settings.append(setting)
         return expected
 
     # -- wiring --------------------------------------------------------------------------------------
