@@ -158,6 +158,8 @@ SCHEMA: dict[str, Key] = {
     "budget.window_s": Key(1.0, _number(0.0, lo_open=True, unit="seconds"),
                            "the budget holds when the moving average over this window never exceeds it"),
     "budget.tolerance": Key(0.0, _number(0.0, 0.5), "allowed overshoot as a fraction (0.02 = 2%)"),
+    "budget.guard_sigma": Key(2.0, _number(0.0, 10.0), "guard band: standard errors of the measured average "
+                              "added before comparing with the budget (0: none)"),
     "space.batch_sizes": Key(None, _batch_sizes, "batch sizes to try; default: powers of two from the "
                              "workload's default / 8 to x 8", "[16, 32, 64, 128, 256]"),
     "space.knobs": Key(None, _knob_names, 'knobs to tune; "all" = every writable knob of the device',

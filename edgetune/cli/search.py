@@ -27,6 +27,7 @@ __all__ = ["register", "search"]
 FLAG_KEYS = {
     "device": "device", "workload": "workload", "budget": "power_budget_w", "objective": "objective",
     "output": "output", "seed": "seed", "tolerance": "budget.tolerance", "window": "budget.window_s",
+    "guard_sigma": "budget.guard_sigma",
     "batch_sizes": "space.batch_sizes", "knobs": "space.knobs", "n_trials": "search.n_trials",
     "sampler": "search.sampler", "storage": "search.storage", "study_name": "search.study_name",
     "patience": "search.patience", "margin": "search.margin", "timeout": "search.timeout_s",
@@ -83,6 +84,8 @@ def register(subparsers) -> None:
     g.add_argument("--knobs", type=_name_list, metavar="K,K,..", help='knobs to tune (default "all" writable)')
     g.add_argument("--tolerance", type=_number, help="allowed overshoot of the budget, fraction (default 0)")
     g.add_argument("--window", type=_number, metavar="S", help="moving-average window of the budget (default 1 s)")
+    g.add_argument("--guard-sigma", type=_number, metavar="K",
+                   help="guard band in standard errors of the measured average (default 2)")
     g = p.add_argument_group("search")
     g.add_argument("--n-trials", type=_int, help="settings to measure in all (default 40)")
     g.add_argument("--sampler", help="auto (default), guided, tpe, gp, random")
@@ -197,7 +200,8 @@ def search(args: argparse.Namespace) -> int:
                 device, workload, space, budget_w=budget, objective=cfg["objective"], target=target,
                 protocol=cfg.protocol(), storage_url=cfg.storage_url(), study_name=study_name,
                 sampler=cfg["search.sampler"], n_trials=cfg["search.n_trials"], window_s=cfg["budget.window_s"],
-                tolerance=cfg["budget.tolerance"], patience=cfg["search.patience"], margin=cfg["search.margin"],
+                tolerance=cfg["budget.tolerance"], guard_sigma=cfg["budget.guard_sigma"],
+                patience=cfg["search.patience"], margin=cfg["search.margin"],
                 timeout_s=cfg["search.timeout_s"], seed=cfg["seed"], on_trial=on_trial, storage=storage,
             )
             try:

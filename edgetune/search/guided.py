@@ -68,12 +68,13 @@ class GuidedSampler(BaseSampler):
         stop_confirmations: successive fits that must agree there is nothing left before stopping.
         min_feasible_p: settings less likely than this to hold the budget are not worth a measurement.
         max_candidates: grids up to this size are scored whole; larger ones by sampling (module docs).
+        guard_sigma: standard errors added to measured power before it is compared with the budget.
     """
 
     def __init__(self, space: SearchSpace, *, objective: str = "time", budget_w: float | None = None,
                  tolerance: float = 0.0, target: TargetModel | None = None, seed: int | None = None,
                  n_startup: int = 6, min_group: int = 4, stop_kappa: float = 2.0, stop_confirmations: int = 2,
-                 min_feasible_p: float = 0.05, max_candidates: int = 30_000) -> None:
+                 min_feasible_p: float = 0.05, max_candidates: int = 30_000, guard_sigma: float = 0.0) -> None:
         self.space = space
         self.objective = objective
         self.budget_w = budget_w
@@ -85,6 +86,7 @@ class GuidedSampler(BaseSampler):
         self.stop_confirmations = stop_confirmations
         self.min_feasible_p = min_feasible_p
         self.max_candidates = max_candidates
+        self.guard_sigma = guard_sigma
         self._seed = seed
         self._rng = np.random.RandomState(seed)
         self._random = RandomSampler(seed=seed)
@@ -202,7 +204,8 @@ class GuidedSampler(BaseSampler):
                 continue
             idx.append(self._index(t.params))
             times.append(float(m["step_time_s"]))
-            powers.append(float(m["max_avg_power_w"]))
+            # the power the budget is judged by (measured maximum plus the guard band, see Search)
+            powers.append(float(m["max_avg_power_w"]) + self.guard_sigma * float(m.get("power_se_w", 0.0)))
             peaks.append(float(m["peak_power_w"]))
         return idx, times, powers, peaks, oom_batches
 

@@ -301,7 +301,9 @@ class Search:
         device, workload: open device and loaded workload.
         space: the search space.
         budget_w: the power budget (None: unconstrained); judged by the moving average over
-            ``window_s`` with ``tolerance`` (fraction) allowed overshoot.
+            ``window_s`` with ``tolerance`` (fraction) allowed overshoot; the measured maximum plus
+            ``guard_sigma`` standard errors of the measured average must hold it (a reading that happens
+            to be low does not pass a setting whose true power is over the budget).
         objective: ``time``, ``energy``, ``throughput`` or ``pareto``.
         target: steps to target (S_min, B_noise).
         protocol: the measurement protocol.
@@ -333,6 +335,7 @@ class Search:
         n_trials: int = 40,
         window_s: float = 1.0,
         tolerance: float = 0.0,
+        guard_sigma: float = 2.0,
         patience: int = 12,
         margin: float = 0.01,
         timeout_s: float = 0.0,
@@ -358,6 +361,7 @@ class Search:
         self.n_trials = n_trials
         self.window_s = window_s
         self.tolerance = tolerance
+        self.guard_sigma = guard_sigma
         self.patience = patience
         self.margin = margin
         self.timeout_s = timeout_s
@@ -383,7 +387,7 @@ class Search:
         with contextlib.suppress(KeyError):
             n_existing = len(optuna.load_study(study_name=self.study_name, storage=storage).trials)
         guided = {"budget_w": self.budget_w if self.constrained else None, "tolerance": self.tolerance,
-                  "target": self.target, **dict(self.guided_options or {})}
+                  "target": self.target, "guard_sigma": self.guard_sigma, **dict(self.guided_options or {})}
         sampler = make_sampler(self.sampler_name, seed=self.seed + n_existing, n_trials=self.n_trials,
                                objective=self.objective, space=self.space, guided_options=guided)
         study = optuna.create_study(storage=storage, study_name=self.study_name, sampler=sampler,
@@ -491,12 +495,13 @@ class Search:
             return TrialRecord(trial.number, "FAIL", cand, role, True, m.to_dict(), None, False, m.error,
                                self.worker)
         outcome = Outcome.of(cand.batch_size, m.step_time_s, m.energy_per_sample_j, self.target)
-        feasible = m.holds(self.budget_w if self.constrained else None, self.tolerance)
+        feasible = m.holds(self.budget_w if self.constrained else None, self.tolerance, self.guard_sigma)
         trial.set_user_attr("outcome", outcome.__dict__)
         trial.set_user_attr("feasible", feasible)
         if self.constrained:
             assert self.budget_w is not None
-            trial.set_constraint(CONSTRAINT, m.max_avg_power_w - self.budget_w * (1.0 + self.tolerance))
+            trial.set_constraint(CONSTRAINT, m.judged_power_w(self.guard_sigma)
+                                 - self.budget_w * (1.0 + self.tolerance))
         study.tell(trial, objective_values(outcome, self.objective))
         return TrialRecord(trial.number, "COMPLETE", cand, role, True, m.to_dict(), outcome, feasible, None,
                            self.worker, m.trace_t, m.trace_w)

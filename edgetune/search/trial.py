@@ -101,6 +101,10 @@ class Measurement:
         samples_per_s: throughput.
         mean_power_w, peak_power_w: mean and peak of the sampled board power.
         max_avg_power_w: maximum of the moving average (window ``avg_window_s``): what a budget is judged by.
+        power_se_w: standard error of one ``avg_window_s`` average of the sampled power: the sensor's noise and
+            the step's ripple seen through its update instants make a measured average miss the true one
+            by about this much (the std of the window's readings over the root of the sensor updates in one
+            averaging window).
         energy_j: energy over the window.
         energy_per_sample_j: energy / samples.
         samples: power samples in the window; dropped: sensor reads dropped in it.
@@ -123,6 +127,7 @@ class Measurement:
     peak_power_w: float = math.nan
     max_avg_power_w: float = math.nan
     avg_window_s: float = 1.0
+    power_se_w: float = 0.0
     energy_j: float = math.nan
     energy_per_sample_j: float = math.nan
     samples: int = 0
@@ -132,16 +137,21 @@ class Measurement:
     trace_t: list[float] = field(default_factory=list, repr=False)
     trace_w: list[float] = field(default_factory=list, repr=False)
 
-    def holds(self, budget_w: float | None, tolerance: float = 0.0) -> bool:
-        """True when the step ran and its moving-average maximum stayed within ``budget * (1 + tolerance)``.
+    def judged_power_w(self, guard_sigma: float = 0.0) -> float:
+        """The power a budget is judged by: the moving-average maximum plus ``guard_sigma`` standard errors."""
+        return self.max_avg_power_w + guard_sigma * self.power_se_w
 
-        ``budget_w=None`` means unconstrained.
+    def holds(self, budget_w: float | None, tolerance: float = 0.0, guard_sigma: float = 0.0) -> bool:
+        """True when the step ran and its judged power stayed within ``budget * (1 + tolerance)``.
+
+        ``guard_sigma`` standard errors of the measured average are added first (a guard band against a
+        measurement that reads low); ``budget_w=None`` means unconstrained.
         """
         if not self.ok:
             return False
         if budget_w is None:
             return True
-        return bool(self.max_avg_power_w <= budget_w * (1.0 + tolerance))
+        return bool(self.judged_power_w(guard_sigma) <= budget_w * (1.0 + tolerance))
 
     def to_dict(self, *, trace: bool = False) -> dict[str, Any]:
         """Plain dict (JSON-ready); the power trace only when asked."""
@@ -259,6 +269,11 @@ def measure_setting(
     result.energy_per_sample_j = float(stats.energy_j) / (batch_size * steps)
     result.samples = int(stats.samples)
     result.dropped = int(stats.dropped)
+    w = watts[in_window]
+    if w.size > 1:
+        period = max(float(getattr(device.sensor, "update_period_s", 0.0) or 0.0), 1.0 / monitor.rate_hz)
+        updates_per_average = max(1.0, monitor.avg_window_s / period)
+        result.power_se_w = float(np.std(w, ddof=1) / math.sqrt(updates_per_average))
     result.loss = last_loss[0]
     result.wall_s = time.perf_counter() - wall0
     return result
