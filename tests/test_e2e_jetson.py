@@ -60,7 +60,8 @@ def _files_hold(files: dict[str, str], setting: dict, mode_ids: dict[str, int]) 
     gpu = "sys/devices/platform/bus@0/17000000.gpu/devfreq/17000000.gpu"
     assert files[f"{gpu}/min_freq"] == files[f"{gpu}/max_freq"] == f"{setting['gpu_freq']}\n"
     cpu0 = "sys/devices/system/cpu/cpufreq/policy0"
-    assert files[f"{cpu0}/scaling_min_freq"] == files[f"{cpu0}/scaling_max_freq"] == f"{setting['cpu_freq']}\n"
+    cpu_khz = f"{setting['cpu_freq']}\n"
+    assert files[f"{cpu0}/scaling_min_freq"] == files[f"{cpu0}/scaling_max_freq"] == cpu_khz
     online = [name for name, text in files.items() if name.endswith("/online") and text.strip() == "1"]
     assert 1 + len(online) == setting["cpu_cores"]  # cpu0 has no online file: it is always on
     emc = "sys/kernel/debug/bpmp/debug/clk/emc"
@@ -83,14 +84,14 @@ def test_search_on_fake_orin_nano_driven_by_the_twin(tmp_path, monkeypatch, caps
                "--output", str(out), "--quiet"])
     printed = capsys.readouterr()
     assert rc == 0, printed.out + printed.err
-    assert "Orin Nano 8GB" in printed.err and "JetPack 6" in printed.err  # the real backend detected the board
+    assert "Orin Nano 8GB" in printed.err and "JetPack 6" in printed.err  # the real backend saw the board
 
     best = json.loads((out / "best.json").read_text())
     with open(out / "trials.csv", newline="") as f:
         trials = list(csv.DictReader(f))
     assert best["device"] == "jetson" and best["simulated"] is False
     assert len(trials) == 6 and all(t["ok"] == "True" for t in trials)
-    assert {t["role"] for t in trials} >= {"baseline", "search"}  # the sampler chose settings, not only the baseline
+    assert {t["role"] for t in trials} >= {"baseline", "search"}  # the sampler chose settings too
 
     # The board's log splits into trials: warm-up plus measured steps each, and no other step ran.
     spans, start = [], 0
