@@ -154,7 +154,9 @@ class TraceReplay:
         return result
 
     def power_at(self, t: float) -> float:
-        if self._step is not None and self._step[0] <= t < self._step[1]:
+        # the end instant counts as the step's: with steps back to back a reading there belongs to the run,
+        # not to a zero-length idle gap (it would add spurious spread to what the search reads)
+        if self._step is not None and self._step[0] <= t <= self._step[1]:
             return self._step[2]
         return self.idle_power_w
 
