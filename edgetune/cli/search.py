@@ -143,6 +143,7 @@ def search(args: argparse.Namespace) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # edgetune prints its own progress and summary
     from edgetune.power import open_device
+    from edgetune.search.oracle import prepare_trace
     from edgetune.search.space import SpaceError, build_space
     from edgetune.search.study import Search, SearchError, open_storage
     from edgetune.workloads import WorkloadError, load_workload
@@ -154,7 +155,9 @@ def search(args: argparse.Namespace) -> int:
     device = open_device(cfg["device"], seed=cfg["seed"])
     try:
         try:
-            space = build_space(device, workload.default_batch_size, cfg["space.batch_sizes"], cfg["space.knobs"],
+            trace = prepare_trace(device, cfg["space.batch_sizes"])  # a trace: its batch sizes, its epochs
+            space = build_space(device, workload.default_batch_size,
+                                trace.batch_sizes if trace else cfg["space.batch_sizes"], cfg["space.knobs"],
                                 cfg["space.values"])
         except SpaceError as exc:
             raise UsageError(str(exc)) from None
@@ -166,11 +169,11 @@ def search(args: argparse.Namespace) -> int:
                     f"at the lowest knob values)" if low else f"use a budget above {device.idle_power_w:g} W")
             raise UsageError(f"{src} {budget:g} W is below the idle power of {device.name} "
                              f"({device.idle_power_w:.2f} W): no setting can hold it (infeasible); {hint}")
-        notes = []
+        notes = list(trace.notes) if trace else []
         if device.max_power_w is not None and budget >= device.max_power_w:
             notes.append(f"note: budget {budget:g} W is at or above the most {device.name} can draw "
                          f"({device.max_power_w:.1f} W): no constraint binds; searching unconstrained")
-        target = _target(cfg, workload)
+        target = trace.target if trace and trace.target else _target(cfg, workload)
         out = Path(cfg["output"])
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -240,6 +243,10 @@ def _finish(result, out: Path, cfg) -> int:
     trials = write_trials_csv(result, out / "trials.csv")
     plots = write_plots(result, out)
     print(summary_table(result))
+    from edgetune.search.oracle import oracle_lines
+
+    for line in oracle_lines(result):  # on a trace: the gap to the table's own oracle
+        print(line)
     if result.best is None:
         print(f"no measured setting held the budget of {result.budget_w:g} W: raise the budget, allow lower "
               f"knob values, or smaller batch sizes")

@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from edgetune.search.oracle import oracle_fields
 from edgetune.search.study import SearchResult, TrialRecord
 
 __all__ = ["TRIAL_COLUMNS", "best_json", "write_best", "write_trials_csv"]
@@ -79,6 +80,7 @@ def best_json(result: SearchResult) -> dict[str, Any]:
         "protocol": result.protocol,
         "pareto_front": [_plan(r) for r in result.pareto],
     }
+    doc.update(oracle_fields(result))  # on a trace: gap to the table's own oracle, the table's target
     return doc
 
 
