@@ -119,8 +119,11 @@ def plot_time_energy(result: SearchResult, path: str | Path) -> Path:
                        zorder=5, label=label, **style)
     n_fail = sum(1 for r in result.measured if r.outcome is None)
     budget = "unconstrained" if result.budget_w is None else f"budget {result.budget_w:g} W"
-    ax.set_xlabel("time to target (s)")
-    ax.set_ylabel("energy to target (J)")
+    # settings span orders of magnitude (tiny batches at low clocks): log axes keep the front readable
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("time to target (s, log)")
+    ax.set_ylabel("energy to target (J, log)")
     title = f"{result.workload} on {result.device_name}, {budget}"
     if n_fail:
         title += f" ({n_fail} out of memory/failed, not shown)"
@@ -143,7 +146,10 @@ def plot_power(result: SearchResult, path: str | Path) -> Path:
         if not r.trace_t:
             continue
         color = "tab:blue" if r.feasible else "tab:red"
-        ax.plot([offset + t for t in r.trace_t], r.trace_w, lw=0.8, c=color)
+        ax.plot([offset + t for t in r.trace_t], r.trace_w, lw=0.8, c=color, alpha=0.6)
+        ma_t, ma_w = _moving_average(r.trace_t, r.trace_w, (r.measurement or {}).get("avg_window_s", 1.0))
+        if ma_t.size:
+            ax.plot(offset + ma_t, ma_w, lw=1.2, c="k")
         if r is result.best:
             ax.axvspan(offset, offset + r.trace_t[-1], color="gold", alpha=0.3, lw=0)
         offset += r.trace_t[-1] + 0.2
@@ -152,7 +158,7 @@ def plot_power(result: SearchResult, path: str | Path) -> Path:
         ax.legend(fontsize=8, loc="upper right")
     ax.set_xlabel("measured window time, windows back to back (s, device clock)")
     ax.set_ylabel("board power (W)")
-    ax.set_title("power over the measured windows (red: over budget; gold: chosen)"
+    ax.set_title("power over the measured windows (black: moving average; red: over budget; gold: chosen)"
                  + (" [simulated]" if result.simulated else ""), fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -160,6 +166,19 @@ def plot_power(result: SearchResult, path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _moving_average(t: Sequence[float], w: Sequence[float], window_s: float):
+    """The trailing ``window_s`` average of a power record, where a full window is available."""
+    import numpy as np
+
+    t = np.asarray(t, dtype=float)
+    w = np.asarray(w, dtype=float)
+    if t.size < 2 or t[-1] - t[0] < window_s:
+        return np.array([]), np.array([])
+    energy = np.concatenate([[0.0], np.cumsum(np.diff(t) * (w[1:] + w[:-1]) / 2.0)])
+    at = t[t >= t[0] + window_s]
+    return at, (energy[t >= t[0] + window_s] - np.interp(at - window_s, t, energy)) / window_s
 
 
 def write_plots(result: SearchResult, folder: str | Path) -> list[Path]:
