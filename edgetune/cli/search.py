@@ -96,7 +96,7 @@ def register(subparsers) -> None:
     g.add_argument("--timeout", type=_number, metavar="S", help="stop starting trials after S seconds")
     g.add_argument("--seed", type=_int, help="seed (sampler, synthetic data, twin)")
     g = p.add_argument_group("measurement and target")
-    g.add_argument("--warmup-steps", type=_int, help="warm-up steps per trial (default 2)")
+    g.add_argument("--warmup-steps", type=_int, help="warm-up steps per trial (default 1)")
     g.add_argument("--measure-steps", type=_int, help="at least this many measured steps (default 5)")
     g.add_argument("--measure-s", type=_number, help="... over at least this many device seconds (default 2)")
     g.add_argument("--real-steps", type=_int_or_all, help='twin only: real steps in the window (default 1; "all")')
