@@ -235,26 +235,53 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * z))
 
 
+# Weak priors of the power-cap base (centre, width): they keep its 13 parameters identifiable from ~10 rows
+# and pull the shapes to physical values where the rows say little. Each term weighs 0.05 of one row.
+_CAP_PRIORS = {
+    3: (1.0, 2.0),    # h: a moderate sigmoid slope of free power in log2 batch size
+    4: (0.93, 0.1),   # kappa: the mean power sits a little under the nominal limit (averages include slack)
+    5: (1.0, 1.0),    # alpha: clock roughly tracks dynamic power
+    9: (0.3, 0.3),    # sigma: static power, a fraction of the smallest free power
+    10: (math.log(0.1), 1.0),  # log rho: the clock floor's share of dynamic power
+    11: (0.5, 0.5),   # eta: how much of the per-step part slows with the clock
+    12: (1.5, 1.0),   # q: overlap of the per-step and per-sample parts
+}
+_PRIOR_WEIGHT = 0.05
+
+
 @dataclass(frozen=True)
 class _PowerCapBase:
-    """Parameters: p_lo, p_hi - p_lo, m, h, kappa, alpha, log a, log c, log d (see module docstring)."""
+    """Parameters (``theta``): p_lo, p_hi - p_lo, m, h, kappa, alpha, log a, log c, log d, sigma, log rho,
+    eta, q (see the module docstring); ``power_theta``: the first five refitted on the power rows alone."""
 
     theta: np.ndarray
     limit_scale: float
     b_cap: float = math.inf
-    power_theta: np.ndarray | None = None  # p_lo, p_hi - p_lo, m, h, kappa refitted on power alone
+    power_theta: np.ndarray | None = None
 
     @staticmethod
-    def _power(th: np.ndarray, x: np.ndarray, limit_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _power(th: np.ndarray, x: np.ndarray, limit_w: np.ndarray,
+               floor: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(free power, drawn power, static power) at log2 batch size ``x`` under ``limit_w``."""
         free = th[0] + th[1] * _sigmoid(th[3] * (x - th[2]))
-        cap = th[4] * limit_w
-        return free, (free**-_SOFTMIN_N + cap**-_SOFTMIN_N) ** (-1.0 / _SOFTMIN_N)
+        capped = (free**-_SOFTMIN_N + (th[4] * limit_w) ** -_SOFTMIN_N) ** (-1.0 / _SOFTMIN_N)
+        if len(th) <= 5 or not floor:
+            return free, capped, np.zeros_like(free)
+        static = th[9] * th[0]
+        # at its lowest clock the GPU still draws static + rho x the dynamic part: a cap below that is not met
+        lowest = static + (free - static) * math.exp(th[10])
+        return free, (capped**_SOFTMIN_N + lowest**_SOFTMIN_N) ** (1.0 / _SOFTMIN_N), static
 
     @staticmethod
-    def _time(th: np.ndarray, b: np.ndarray, free: np.ndarray, power: np.ndarray,
+    def _time(th: np.ndarray, b: np.ndarray, free: np.ndarray, power: np.ndarray, static: np.ndarray,
               b_cap: float = math.inf) -> np.ndarray:
         a, c, d = np.exp(th[6:9])
-        return (a / b + c + d * np.minimum(b, b_cap) / 1024.0) * (free / power) ** th[5]
+        # the cap lowers the clock until dynamic power (above static) fits: f ~ (dynamic power)^(1/gamma)
+        slowdown = ((free - static) / np.maximum(power - static, 1e-3 * free)) ** th[5]
+        per_step = a / b * slowdown ** th[11]  # launches, optimizer step: partly memory- or host-bound
+        per_sample = (c + d * np.minimum(b, b_cap) / 1024.0) * slowdown  # the GPU's compute
+        q = th[12]
+        return (per_step**q + per_sample**q) ** (1.0 / q)
 
     @staticmethod
     def fit(k: np.ndarray, b: np.ndarray, t: np.ndarray, p: np.ndarray, limit_scale: float) -> _PowerCapBase:
@@ -264,35 +291,37 @@ class _PowerCapBase:
         t_scale = float(np.median(t * b))
         lt = lt - math.log(t_scale)
         b_max = float(b.max())
+        prior_at = list(_CAP_PRIORS)
+        prior_centre = np.array([c for c, _ in _CAP_PRIORS.values()])
+        prior_width = np.array([w for _, w in _CAP_PRIORS.values()])
 
         def residuals(th: np.ndarray) -> np.ndarray:
-            free, power = _PowerCapBase._power(th, x, limit)
-            time = _PowerCapBase._time(th, b, free, power)
-            # weak priors keep the 9 parameters identifiable from ~10 rows: a moderate sigmoid slope, a cap
-            # a little under the nominal limit (averages include slack), and frequency roughly tracking power
-            prior = 0.05 * np.array([(th[3] - 1.0) / 2.0, (th[4] - 0.93) / 0.1, th[5] - 1.0])
+            free, power, static = _PowerCapBase._power(th, x, limit)
+            time = _PowerCapBase._time(th, b, free, power, static)
+            prior = _PRIOR_WEIGHT * (th[prior_at] - prior_centre) / prior_width
             return np.concatenate([np.log(power) - lp, np.log(time) - lt, prior])
 
-        lo = [1e-3, 0.0, x.min() - 6, 0.05, 0.5, 0.0, -30, -30, -30]
-        hi = [p.max() * 1.5, p.max() * 3.0, x.max() + 6, 10.0, 1.1, 4.0, 10, 10, 10]
+        lo = np.array([1e-3, 0.0, x.min() - 6, 0.05, 0.5, 0.0, -30, -30, -30, 0.0, math.log(0.01), 0.0, 1.0])
+        hi = np.array([p.max() * 1.5, p.max() * 3.0, x.max() + 6, 10.0, 1.1, 4.0, 10, 10, 10, 0.95, math.log(0.9),
+                       1.0, 6.0])
         best = None
-        # start the time terms from a quick non-negative fit of the uncapped form
+        # start the time terms from a quick non-negative fit of the uncapped form, the shapes at their priors
         coef = _nnls_relative(np.column_stack([1.0 / b, np.ones_like(b), b / 1024.0]), t / t_scale)
         for m0 in np.linspace(x.min(), x.max(), 4):
             th0 = np.array([p.min() * 0.9, max(p.max() - p.min(), 1.0) * 1.2, m0, 1.0, 0.93, 1.0,
-                            *np.log(np.maximum(coef, 1e-6))])
-            th0 = np.clip(th0, np.array(lo) + 1e-6, np.array(hi) - 1e-6)
+                            *np.log(np.maximum(coef, 1e-6)), 0.0, 0.0, 0.0, 0.0])
+            th0[prior_at] = prior_centre
+            th0 = np.clip(th0, lo + 1e-6, hi - 1e-6)
             r = least_squares(residuals, th0, bounds=(lo, hi), method="trf", max_nfev=400)
             if best is None or r.cost < best.cost:
                 best = r
         theta = best.x.copy()
 
-        # The joint fit trades power accuracy for time; power alone is a 5-parameter curve that the power
-        # rows pin down well, so refit it on them, starting from the joint solution.
+        # The joint fit trades power accuracy for time; the capped power curve alone (5 parameters, no floor:
+        # a smooth max with the floor bends the curve near the cap) is pinned down well by the power rows.
         def power_residuals(th5: np.ndarray) -> np.ndarray:
-            th = np.concatenate([th5, theta[5:]])
-            return np.concatenate([np.log(_PowerCapBase._power(th, x, limit)[1]) - lp,
-                                   0.05 * np.array([(th[3] - 1.0) / 2.0, (th[4] - 0.93) / 0.1])])
+            prior = _PRIOR_WEIGHT * (th5[[3, 4]] - prior_centre[:2]) / prior_width[:2]
+            return np.concatenate([np.log(_PowerCapBase._power(th5, x, limit)[1]) - lp, prior])
 
         power_theta = least_squares(power_residuals, theta[:5], bounds=(lo[:5], hi[:5]), method="trf",
                                     max_nfev=400).x
@@ -301,12 +330,9 @@ class _PowerCapBase:
 
     def predict(self, k: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         x, limit = np.log2(b), k[:, 0] * self.limit_scale
-        free, power = self._power(self.theta, x, limit)
-        if self.power_theta is not None:
-            _, power_only = self._power(np.concatenate([self.power_theta, self.theta[5:]]), x, limit)
-        else:
-            power_only = power
-        return self._time(self.theta, b, free, power, self.b_cap), power_only
+        free, power, static = self._power(self.theta, x, limit)
+        power_only = power if self.power_theta is None else self._power(self.power_theta, x, limit)[1]
+        return self._time(self.theta, b, free, power, static, self.b_cap), power_only
 
 
 # ------------------------------------------------------------------------------------------ the model
