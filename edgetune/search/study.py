@@ -286,8 +286,10 @@ def make_sampler(name: str, *, seed: int, n_trials: int, objective: str, space: 
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "guided":
         from edgetune.search.guided import GuidedSampler
+        from edgetune.search.powercap import PowerCapSampler, is_power_cap_space
 
-        return GuidedSampler(space, objective=objective, seed=seed, **dict(guided_options or {}))
+        cls = PowerCapSampler if is_power_cap_space(space) else GuidedSampler  # a power cap: its own design
+        return cls(space, objective=objective, seed=seed, **dict(guided_options or {}))
     raise SearchError(f"unknown sampler {name!r}; use auto, guided, tpe, gp or random")
 
 

@@ -1,0 +1,124 @@
+"""The guided sampler on a space whose only knob is a power cap (``power_limit``: NVML GPUs, Zeus traces).
+
+A power cap is enforced by the GPU: a setting whose cap is at or below the budget draws about the cap or
+less, so it is (on average) feasible before anything is measured, and for each batch size the fastest
+feasible setting is near the highest cap that holds the budget. :class:`PowerCapSampler` uses that:
+
+1. *Initial design*: the cap nearest at or below the budget (unconstrained: the highest), at batch sizes spread evenly over the range
+   (``design_points``, smallest and largest included). Every such point is informative (near each batch
+   size's best feasible setting) and almost surely feasible; the guided sampler's space-filling start
+   would spend the same measurements on caps far below the budget (slow) or far above (infeasible).
+2. The hardware model's constrained expected improvement, as :class:`~edgetune.search.guided.GuidedSampler`.
+3. *Polish*: when the model finds nothing left that could beat the best by the margin, the unmeasured
+   neighbours of the best setting (one cap level up or down, one batch size level up or down) are measured
+   before stopping, most promising first. Above the power a batch size saturates at, caps change nothing
+   physical, and measured rows then differ by run-to-run noise (the Zeus A40 CIFAR-100 trace: 15.8 to
+   18.0 s per epoch at batch 128 over caps of 125 to 300 W); the model rightly calls them equal, and only
+   measuring them finds the one that measured fastest.
+
+Used by :func:`edgetune.search.study.make_sampler` for ``guided`` (and ``auto``) when the space's only knob
+is ``power_limit``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from optuna.distributions import BaseDistribution
+from optuna.study import Study
+from optuna.trial import FrozenTrial
+
+from edgetune.search.guided import GuidedSampler
+from edgetune.search.space import BATCH, LEVEL, SearchSpace
+
+__all__ = ["PowerCapSampler", "is_power_cap_space"]
+
+CAP = "power_limit"
+
+
+def is_power_cap_space(space: SearchSpace) -> bool:
+    """True when the power cap is the only knob tuned (with the batch size)."""
+    return space.knob_names == (CAP,)
+
+
+class PowerCapSampler(GuidedSampler):
+    """:class:`GuidedSampler` with a power-cap initial design and a polish of the best's neighbours.
+
+    Args:
+        design_points: batch sizes measured at the cap nearest at or below the budget before the model.
+        polish: measure the best setting's unmeasured neighbours before agreeing to stop.
+        **kwargs: as :class:`GuidedSampler`.
+    """
+
+    def __init__(self, space: SearchSpace, *, design_points: int = 3, polish: bool = True, **kwargs: Any) -> None:
+        if not is_power_cap_space(space):
+            raise ValueError(f"PowerCapSampler needs a space whose only knob is {CAP}; got "
+                             f"{', '.join(space.knob_names) or 'none'}")
+        super().__init__(space, **kwargs)
+        self.design_points = design_points
+        self.polish = polish
+
+    # -- 1. initial design ----------------------------------------------------------------------------
+    def design(self) -> list[dict[str, int]]:
+        """The initial design as Optuna params (levels), in measuring order."""
+        caps = [float(v) for v in self.space.knob_values[CAP]]
+        limit = np.inf if self.budget_w is None else self.budget_w * (1.0 + self.tolerance)
+        held = [i for i, c in enumerate(caps) if c <= limit]
+        cap_level = held[-1] if held else 0
+        n_b = len(self.space.batch_sizes)
+        k = max(1, min(n_b, self.design_points))
+        levels = list(dict.fromkeys(np.rint(np.linspace(0, n_b - 1, k)).astype(int).tolist()))
+        return [{BATCH + LEVEL: b, CAP + LEVEL: cap_level} for b in levels]
+
+    def _startup(self, study: Study) -> dict[str, Any]:
+        taken = self._taken(study)
+        for params in self.design():
+            if self._index(params) not in taken:
+                return params
+        return super()._startup(study)
+
+    # -- 3. polish --------------------------------------------------------------------------------------
+    def _polish_candidates(self, study: Study) -> list[int]:
+        """Unmeasured neighbours of the best feasible measured setting, most promising first."""
+        scores = self._score(study, 0)
+        fitted = self._cache.get("value")
+        if scores is None or fitted is None or not np.isfinite(scores["best"]):
+            return []
+        idx, times, powers, _, _, _ = fitted
+        objective = self._objective(0)
+        best_i, best_v = None, np.inf
+        for i, t, p in zip(idx, times, powers):
+            v = self._incumbent([i], [t], [p], objective)
+            if v < best_v:
+                best_i, best_v = i, v
+        if best_i is None:
+            return []
+        taken = self._taken(study)
+        near = [int(i) for i in self._neighbours(np.array([best_i])) if int(i) not in taken]
+        lv = self._levels(np.array([best_i]))[0]
+        near = [i for i in near if np.abs(self._levels(np.array([i]))[0] - lv).max() <= 1]
+        if not near:
+            return []
+        pos = {int(i): k for k, i in enumerate(scores["idx"])}
+        keep = [i for i in near if i in pos and scores["p_feas"][pos[i]] >= self.min_feasible_p]
+        return sorted(keep, key=lambda i: scores["log_score"][pos[i]])
+
+    def should_stop(self, study: Study, margin: float) -> str | None:
+        reason = super().should_stop(study, margin)
+        if reason is None or not self.polish:
+            return reason
+        if self._polish_candidates(study):
+            return None
+        return reason + "; the best setting's neighbours measured"
+
+    def sample_relative(self, study: Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if search_space and self.polish and self._stop_streak:
+            polish = self._polish_candidates(study)
+            if polish:
+                return self._params(polish[0])
+        return super().sample_relative(study, trial, search_space)
+
+    def __repr__(self) -> str:
+        return f"PowerCapSampler(grid={self._n}, objective={self.objective!r})"
