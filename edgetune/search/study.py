@@ -372,6 +372,7 @@ class Search:
         self.on_trial = on_trial
         self.on_step = on_step
         self.worker = _worker_id()
+        self._found_settings = dict(device.settings())  # the baseline's other knobs: as found
         default_b = baseline_batch_size or getattr(workload, "default_batch_size", space.batch_sizes[0])
         # the baseline uses the space's batch size nearest the workload's default
         self.baseline_batch_size = min(space.batch_sizes, key=lambda b: (abs(math.log(b / default_b)), -b))
@@ -437,7 +438,7 @@ class Search:
 
     # -- baseline -----------------------------------------------------------------------------------
     def _baseline_candidate(self, gpu_value: Any) -> Candidate:
-        current = self.device.settings()
+        current = self._found_settings  # as the device was found, not as the last trial left it
         values = self.space.knob_values
         setting = []
         for name, allowed in self.space.knobs:
