@@ -69,12 +69,15 @@ class GuidedSampler(BaseSampler):
         min_feasible_p: settings less likely than this to hold the budget are not worth a measurement.
         max_candidates: grids up to this size are scored whole; larger ones by sampling (module docs).
         guard_sigma: standard errors added to measured power before it is compared with the budget.
+        min_trials_to_stop: measured settings before the stopping rule may end the search (a model fitted on
+            a handful of points is over-confident about the regions it has not seen).
     """
 
     def __init__(self, space: SearchSpace, *, objective: str = "time", budget_w: float | None = None,
                  tolerance: float = 0.0, target: TargetModel | None = None, seed: int | None = None,
                  n_startup: int = 6, min_group: int = 4, stop_kappa: float = 2.0, stop_confirmations: int = 2,
-                 min_feasible_p: float = 0.05, max_candidates: int = 30_000, guard_sigma: float = 0.0) -> None:
+                 min_feasible_p: float = 0.05, max_candidates: int = 30_000, guard_sigma: float = 0.0,
+                 min_trials_to_stop: int = 16) -> None:
         self.space = space
         self.objective = objective
         self.budget_w = budget_w
@@ -87,6 +90,7 @@ class GuidedSampler(BaseSampler):
         self.min_feasible_p = min_feasible_p
         self.max_candidates = max_candidates
         self.guard_sigma = guard_sigma
+        self.min_trials_to_stop = min_trials_to_stop
         self._seed = seed
         self._rng = np.random.RandomState(seed)
         self._random = RandomSampler(seed=seed)
@@ -369,6 +373,8 @@ class GuidedSampler(BaseSampler):
         The condition must hold after ``stop_confirmations`` successive measurements (each one the most
         promising setting left), so one over-confident fit does not end the search.
         """
+        if len(self._measured(study)[0]) < self.min_trials_to_stop:
+            return None
         objectives = ["time", "energy"] if self.objective == "pareto" else [self.objective]
         for k, _ in enumerate(objectives):
             s = self._score(study, k)  # k's parity picks the pareto objective
