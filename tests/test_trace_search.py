@@ -67,3 +67,18 @@ def test_cli_batch_size_without_epochs_to_target_is_one_line_exit_2(small_table,
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert "batch size 16 has no epochs to target in small.csv; use some of 8, 32, 128" in err[-1]
+
+
+def test_power_cap_design_starts_at_the_cap_below_the_budget_across_batch_sizes(small_table):
+    from edgetune.search.powercap import PowerCapSampler
+    from edgetune.search.space import build_space
+
+    dev = open_device(f"trace:{small_table}")
+    plan = prepare_trace(dev)
+    space = build_space(dev, 32, plan.batch_sizes)
+    design = PowerCapSampler(space, budget_w=180.0, target=plan.target, seed=0).design()
+    picked = [space.candidate(p) for p in design]
+    assert [c.batch_size for c in picked] == [8, 32, 128]
+    assert {c.knobs["power_limit"] for c in picked} == {150.0}  # the highest cap at or below 180 W
+    with pytest.raises(ValueError, match="only knob is power_limit"):
+        PowerCapSampler(build_space(open_device("sim:orin-nano", compute=False), 32, (16, 32)))
