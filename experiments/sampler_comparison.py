@@ -51,7 +51,7 @@ def main(argv=None) -> int:
         rows.append([sampler, round(max(gaps), 2), round(statistics.mean(gaps), 2),
                      round(statistics.mean(r["measured"] for r in results), 1),
                      sum(r["violation"] for r in results), round(statistics.mean(r["wall"] for r in results), 1)])
-    print(f"{len(rows and results)} cases per sampler; n_trials {args.n_trials}; seed {args.seed}")
+    print(f"{len(results)} cases per sampler; n_trials {args.n_trials}; seed {args.seed}")
     print(format_table(["sampler", "worst gap %", "mean gap %", "mean trials", "violations", "wall s/search"],
                        rows))
     winner = min(rows, key=lambda r: (r[4], r[1], r[2], r[3]))
