@@ -42,6 +42,45 @@ def test_power_limit_table_from_ten_rows():
     assert np.all(pred.step_time_std > 0) and np.all(pred.power_std > 0)
 
 
+@pytest.mark.parametrize("table, seed, bound", [
+    # 4x slower at 100 W than uncapped, 1.6x at 150 W: the slowdown is convex in the cap (static power)
+    ("a40_sentiment140_bert_base_uncased", 2, 9.0),  # a cap-power-ratio law alone: 16.7%
+    # small batches are per-step bound (time ~ 1/b), large ones per-sample bound, with a sharp knee
+    ("a40_cifar100_shufflenetv2", 0, 10.5),  # additive per-step + per-sample parts: 12.4%
+    ("v100_cifar100_shufflenetv2", 2, 8.0),  # 10.9%
+])
+def test_power_cap_physics_on_the_hard_tables(table, seed, bound):
+    t = load_table(os.path.join(ZEUS_TABLES, f"{table}.csv"))
+    X, time_s, power = t.features(), t.step_time(), t.power_w
+    train, test = split(t, 10, seed=seed)
+    pred = HardwareModel().fit([X[i] for i in train], time_s[train], power[train]).predict([X[i] for i in test])
+    assert mape(pred.step_time_s, time_s[test]) < bound
+
+
+def test_power_cap_base_static_power_and_clock_floor():
+    from edgetune.predictors.hardware_model import _PowerCapBase
+
+    # free power 250 W at every batch size, static 75 W, the lowest clock draws 75 + 0.2 x 175 = 110 W;
+    # time per sample: per-step part 0.1 / b slowing with exponent 0.5, per-sample part 0.01, alpha 1
+    theta = np.array([250.0, 0.0, 5.0, 1.0, 1.0, 1.0, np.log(0.1), np.log(0.01), -30.0, 0.3, np.log(0.2), 0.5, 4.0])
+    limits = np.array([400.0, 250.0, 200.0, 150.0, 110.0, 90.0, 70.0])
+    x, b = np.full(limits.size, 5.0), np.full(limits.size, 32.0)
+    free, drawn, static = _PowerCapBase._power(theta, x, limits)
+    np.testing.assert_allclose(static, 75.0)
+    assert drawn[0] == pytest.approx(250.0, rel=0.01)  # a limit above the free power changes nothing
+    assert drawn[3] == pytest.approx(150.0, rel=0.01)  # a binding cap is met
+    assert drawn[-1] == pytest.approx(110.0, rel=0.01) and drawn[-1] > limits[-1]  # below the floor: not met
+    step = _PowerCapBase._time(theta, b, free, drawn, static)
+    assert np.all(np.diff(step) >= 0)
+    # under the cap, dynamic power (above static) sets the clock: 150 W leaves 75 of 175 W -> 2.33x
+    per_sample = 0.01 * 175.0 / (drawn[3] - 75.0)
+    per_step = 0.1 / 32 * (175.0 / (drawn[3] - 75.0)) ** 0.5
+    assert step[3] == pytest.approx((per_step**4 + per_sample**4) ** 0.25, rel=1e-9)
+    # at the floor the clock cannot fall further: lowering the limit more barely slows the step (without
+    # the floor, 70 W, under the static power, would be an infinite slowdown)
+    assert np.isfinite(step[-1]) and step[-1] < 1.05 * step[-2]
+
+
 def test_uncertainty_grows_away_from_the_data():
     t = load_table(os.path.join(ZEUS_TABLES, "v100_squad_bert_base_uncased.csv"))
     X, time_s, power = t.features(), t.step_time(), t.power_w

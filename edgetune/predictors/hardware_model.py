@@ -14,13 +14,19 @@ The model has two layers, both fitted in log space (errors are relative, as the 
      busy cores: dynamic power C V^2 f with V rising with f, so gamma > 1. All amplitudes positive (log
      parameters); one bounded least-squares fit of time and power together, from a few starts.
    * ``power_cap`` (a ``power_limit`` knob, e.g. NVML, the Zeus traces): the workload draws
-     P_free(b) = p_lo + (p_hi - p_lo) sigmoid(h (log2 b - m)) when unconstrained; the limit caps it:
-     P = softmin(P_free, kappa * limit); the GPU lowers its clock to stay under the cap, so time per
-     sample = (a/b + c + d b) (P_free / P)^alpha, the d b term extrapolated at most one octave beyond the
-     largest measured batch. Fitted by bounded nonlinear least squares on time and power jointly (weak
-     priors on the shape parameters), from four starts of the sigmoid's centre; then the power curve alone
-     is refitted on the power rows (the joint fit trades power accuracy for time: Zeus power MAPE 4.1% ->
-     3.6%).
+     P_free(b) = p_lo + (p_hi - p_lo) sigmoid(h (log2 b - m)) when unconstrained; the limit caps it,
+     P = softmin(P_free, kappa * limit), but not below the clock floor: at its lowest clock the GPU still
+     draws P_s + rho (P_free - P_s), with static power P_s = sigma p_lo (Zeus A40 CIFAR-100 draws 107 W under
+     a 100 W limit). Under the cap the clock falls until the dynamic power fits, f ~ (P - P_s)^(1/gamma),
+     so the slowdown is s = ((P_free - P_s) / (P - P_s))^alpha: convex in the cap (Zeus A40 Sentiment140:
+     1.6x at 150 W, 4x at 100 W, which a power ratio alone cannot give). Time per sample = smax_q(a/b s^eta,
+     (c + d b) s): a per-step part (launches, optimizer step; partly memory-bound, so it slows less, eta
+     <= 1) and a per-sample compute part, overlapping (q fitted: small batches are per-step bound with a
+     sharp knee into the per-sample regime), the d b term extrapolated at most one octave beyond the largest
+     measured batch. Fitted by bounded nonlinear least squares on log time and log power jointly (weak
+     priors on the shape parameters), from two starts of the sigmoid's centre; then the capped power curve
+     alone is refitted on the power rows (the joint fit trades power accuracy for time: Zeus power MAPE
+     4.1% -> 3.6%). On the Zeus tables this cut the time MAPE from 7.3% to 5.9% (worst 15.7% -> 10.4%).
    * ``generic`` (knob names unknown): time per sample = c0/b + c1 + c2 b + sum_k (ck/k + ck'/(b k)),
      power = p0 + p1 log b + sum_k (pk k + pk' k log b), non-negative.
 
@@ -307,7 +313,7 @@ class _PowerCapBase:
         best = None
         # start the time terms from a quick non-negative fit of the uncapped form, the shapes at their priors
         coef = _nnls_relative(np.column_stack([1.0 / b, np.ones_like(b), b / 1024.0]), t / t_scale)
-        for m0 in np.linspace(x.min(), x.max(), 4):
+        for m0 in (x.min(), x.max()):  # more starts in between never won on the Zeus tables
             th0 = np.array([p.min() * 0.9, max(p.max() - p.min(), 1.0) * 1.2, m0, 1.0, 0.93, 1.0,
                             *np.log(np.maximum(coef, 1e-6)), 0.0, 0.0, 0.0, 0.0])
             th0[prior_at] = prior_centre
