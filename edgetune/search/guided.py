@@ -159,10 +159,28 @@ class GuidedSampler(BaseSampler):
         if scores is None:  # the space-filling start
             return self._startup(study)
         acq = scores["acquisition"]
+        lacking = self._lacking_groups(study)
+        if lacking and trial.number % 2 == 1:
+            # every other proposal goes to the power mode measured least, until each has a model of its
+            # own: a mode caps the clocks, so the pooled model cannot tell what a mode it barely saw does
+            in_group = self._group(scores["idx"]) == lacking[0]
+            focused = np.where(in_group, acq, -np.inf)
+            if np.any(np.isfinite(focused)):
+                acq = focused
         if not np.any(np.isfinite(acq)):
             return self._startup(study)
         k = int(np.argmax(np.where(np.isfinite(acq), acq, -np.inf)))
         return self._params(int(scores["idx"][k]))
+
+    def _lacking_groups(self, study: Study) -> list[int]:
+        """Named-knob groups (power modes) with fewer than ``min_group`` measurements, fewest first."""
+        if not self._named:
+            return []
+        idx = self._measured(study)[0]
+        groups = self._group(np.array(idx, dtype=np.int64)) if idx else np.array([], dtype=np.int64)
+        n_groups = int(np.prod([self._sizes[j + 1] for j in self._named]))
+        counts = {g: int(np.sum(groups == g)) for g in range(n_groups)}
+        return sorted((g for g, c in counts.items() if c < self.min_group), key=lambda g: (counts[g], g))
 
     # -- what is known ------------------------------------------------------------------------------
     def _taken(self, study: Study) -> set[int]:
@@ -373,7 +391,7 @@ class GuidedSampler(BaseSampler):
         The condition must hold after ``stop_confirmations`` successive measurements (each one the most
         promising setting left), so one over-confident fit does not end the search.
         """
-        if len(self._measured(study)[0]) < self.min_trials_to_stop:
+        if len(self._measured(study)[0]) < self.min_trials_to_stop or self._lacking_groups(study):
             return None
         objectives = ["time", "energy"] if self.objective == "pareto" else [self.objective]
         for k, _ in enumerate(objectives):
