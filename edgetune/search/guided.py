@@ -14,7 +14,7 @@ a fresh random sample of the grid plus the neighbours (one level up or down in o
 measured settings, then the neighbours of the best candidates of that first pass.
 
 :meth:`GuidedSampler.should_stop` ends the search when no unmeasured setting has a meaningful chance to
-improve the best by the margin (optimistic bound at two standard deviations, and at least 5% probability of
+improve the best by the margin (optimistic bound at 2.5 standard deviations, and at least 5% probability of
 holding the budget).
 
 It is an ordinary Optuna sampler: trials, storage, resume and fleets work as with any other; a fleet's
@@ -75,7 +75,7 @@ class GuidedSampler(BaseSampler):
 
     def __init__(self, space: SearchSpace, *, objective: str = "time", budget_w: float | None = None,
                  tolerance: float = 0.0, target: TargetModel | None = None, seed: int | None = None,
-                 n_startup: int = 6, min_group: int = 4, stop_kappa: float = 2.0, stop_confirmations: int = 2,
+                 n_startup: int = 6, min_group: int = 4, stop_kappa: float = 2.5, stop_confirmations: int = 3,
                  min_feasible_p: float = 0.05, max_candidates: int = 30_000, guard_sigma: float = 0.0,
                  min_trials_to_stop: int = 16) -> None:
         self.space = space
