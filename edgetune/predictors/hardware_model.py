@@ -11,9 +11,8 @@ The model has two layers, both fitted in log space (errors are relative, as the 
      kernel launches), t_load = d b / (f_cpu (cores - 1)) (data loaders), and smax_p(x, y) = (x^p +
      y^p)^(1/p) with p fitted (p = 1: parts add up; p large: the slowest part alone). Power = static +
      G f_gpu^gamma x GPU activity (the GPU part's share of the step) + E f_emc + C cores + H f_cpu^gamma_c x
-     busy cores + D (m0 + m1 b) / step (DRAM energy per byte times the traffic rate; it cut the twin power
-     MAPE from 7.4% to 4.8%): dynamic power C V^2 f with V rising with f, so gamma > 1. All amplitudes
-     positive (log parameters); one bounded least-squares fit of time and power together, from a few starts.
+     busy cores: dynamic power C V^2 f with V rising with f, so gamma > 1. All amplitudes positive (log
+     parameters); one bounded least-squares fit of time and power together, from a few starts.
    * ``power_cap`` (a ``power_limit`` knob, e.g. NVML, the Zeus traces): the workload draws
      P_free(b) = p_lo + (p_hi - p_lo) sigmoid(h (log2 b - m)) when unconstrained; the limit caps it,
      P = softmin(P_free, kappa * limit), but not below the clock floor: at its lowest clock the GPU still
@@ -165,7 +164,7 @@ def _roofline_inputs(names: Sequence[str], k: np.ndarray, scale: np.ndarray, b: 
 @dataclass(frozen=True)
 class _RooflineBase:
     """Parameters: log a, log b_half, log m0, log m1, log l, log d, p | log static, log G, gamma, log E,
-    log C, log H, gamma_c, log D (see the module docstring)."""
+    log C, log H, gamma_c (see the module docstring)."""
 
     names: tuple[str, ...]
     scale: np.ndarray
@@ -191,9 +190,8 @@ class _RooflineBase:
         gamma, gamma_c = th[9], th[13]
         activity = gpu_part / step
         busy = 1.0 + load_core / step  # the main thread plus the loaders' share
-        traffic = (np.exp(th[2]) + np.exp(th[3]) * c["b"]) / step  # bytes moved per second, relative
         return (static + g * c["gpu"] ** gamma * activity + e * c["mem"] + cores * c["cores_norm"]
-                + h * c["cpu"] ** gamma_c * busy + np.exp(th[14]) * traffic)
+                + h * c["cpu"] ** gamma_c * busy)
 
     @staticmethod
     def fit(names: Sequence[str], k: np.ndarray, scale: np.ndarray, b: np.ndarray, t_step: np.ndarray,
@@ -210,10 +208,10 @@ class _RooflineBase:
         t0, p0, lb = float(np.median(np.log(t_step))), float(np.median(p)), float(np.median(np.log(b)))
         start = np.array([t0 - lb, lb, t0 - 1, t0 - lb - 1, t0 - 2, t0 - lb - 2, 4.0,
                           math.log(p0 * 0.4), math.log(p0 * 0.4), 2.5, math.log(p0 * 0.1), math.log(p0 * 0.05),
-                          math.log(p0 * 0.05), 2.5, math.log(p0 * 0.05)])
-        lo = np.array([-30, -10, -30, -30, -30, -30, 1.0, -30, -30, 0.5, -30, -30, -30, 0.5, -30])
-        hi = np.array([10, 15, 10, 10, 10, 10, 8.0, 10, 10, 4.0, 10, 10, 10, 4.0, 10])
-        free = [0, 1, 2, 3, 4, 5, 7, 8, 10, 11, 12, 14]  # the amplitudes; shapes start at their priors
+                          math.log(p0 * 0.05), 2.5])
+        lo = np.array([-30, -10, -30, -30, -30, -30, 1.0, -30, -30, 0.5, -30, -30, -30, 0.5])
+        hi = np.array([10, 15, 10, 10, 10, 10, 8.0, 10, 10, 4.0, 10, 10, 10, 4.0])
+        free = [0, 1, 2, 3, 4, 5, 7, 8, 10, 11, 12]  # the amplitudes; shapes start at their priors
         rng = np.random.default_rng(0)
         best = None
         for attempt in range(_STARTS):
