@@ -51,6 +51,7 @@ __all__ = ["Search", "SearchError", "SearchResult", "TrialRecord", "make_sampler
 CONSTRAINT = "power_w"
 #: sampler used by ``sampler = "auto"``: chosen by experiments/sampler_comparison.py
 AUTO_SAMPLER = "guided"
+_PENDING_WAIT_S = 2.0  # longest wait for another worker's trial to get its values (a dead worker's never do)
 _DUPLICATE_STALL = 30  # consecutive duplicate proposals before a random unmeasured setting is enqueued
 
 
@@ -124,21 +125,30 @@ def open_storage(url: str, *, heartbeat_s: int = 20) -> optuna.storages.BaseStor
 
 
 def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:
-    """Write-ahead log with ``synchronous=NORMAL`` on an SQLite storage.
+    """Write-ahead log with ``synchronous=NORMAL`` and write-locking transactions on an SQLite storage.
 
     The default rollback journal syncs the disk at every commit (about 10 ms each, hundreds per search).
     WAL with NORMAL keeps every committed trial through a crash or ``kill -9`` of the process (only a
     power loss may drop the last commits) and lets readers run beside a writer (fleet workers on one host).
+
+    SQLite ignores ``SELECT ... FOR UPDATE``, so Optuna's pop of an enqueued trial (read WAITING, then
+    write RUNNING) can hand the same trial to two workers. Starting every transaction with
+    ``BEGIN IMMEDIATE`` takes the write lock up front and makes that read-then-write atomic.
     """
     from sqlalchemy import event
 
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # transactions are begun below, not by the driver
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
+    def on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
     event.listen(storage.engine, "connect", on_connect)
+    event.listen(storage.engine, "begin", on_begin)
     storage.engine.dispose()  # connections made before the listener reconnect with it
 
 
@@ -437,13 +447,19 @@ class Search:
         return n
 
     # -- baseline -----------------------------------------------------------------------------------
-    def _baseline_candidate(self, gpu_value: Any) -> Candidate:
+    @property
+    def _baseline_knob(self) -> str | None:
+        """The knob common practice lowers until power fits: the GPU clock, else the power limit."""
+        return next((k for k in ("gpu_freq", "power_limit") if k in self.space.knob_values), None)
+
+    def _baseline_candidate(self, lowered_value: Any) -> Candidate:
         current = self._found_settings  # as the device was found, not as the last trial left it
         values = self.space.knob_values
+        lowered = self._baseline_knob
         setting = []
         for name, allowed in self.space.knobs:
-            if name == "gpu_freq":
-                setting.append((name, gpu_value))
+            if name == lowered:
+                setting.append((name, lowered_value))
                 continue
             now = current.get(name)
             if now in allowed:
@@ -457,24 +473,28 @@ class Search:
     def _baseline_state(self, records: list[TrialRecord]) -> tuple[Candidate | None, TrialRecord | None]:
         """(next probe to measure, or None) and the baseline found so far (or None).
 
-        Probes the highest GPU frequency first, then bisects the GPU frequencies between the highest that
-        held the budget and the lowest that did not.
+        Probes the highest GPU frequency (power limit, where the device has no GPU clock knob) first, then
+        bisects between the highest value that held the budget and the lowest that did not. A baseline
+        that never holds the budget is no baseline: no speedup is claimed over an infeasible setting.
         """
         probes = [r for r in records if r.role == "baseline" and r.measurement is not None]
-        if "gpu_freq" not in self.space.knob_values:
+        lowered = self._baseline_knob
+        if lowered is None:
             cand = self._baseline_candidate(None)
             done = [r for r in probes if r.candidate == cand]
-            return (None, done[0]) if done else (cand, None)
-        freqs = list(self.space.knob_values["gpu_freq"])
-        ok = [freqs.index(r.candidate.knobs["gpu_freq"]) for r in probes if r.feasible]
-        bad = [freqs.index(r.candidate.knobs["gpu_freq"]) for r in probes if not r.feasible]
+            if not done:
+                return cand, None
+            return None, (done[0] if done[0].feasible else None)
+        freqs = list(self.space.knob_values[lowered])
+        ok = [freqs.index(r.candidate.knobs[lowered]) for r in probes if r.feasible]
+        bad = [freqs.index(r.candidate.knobs[lowered]) for r in probes if not r.feasible]
         if any(r.measurement and r.measurement.get("oom") for r in probes):
             return None, None  # the default batch size does not fit in memory: no baseline
         lo = max(ok, default=-1)
         hi = min([i for i in bad if i > lo], default=len(freqs))
         found = None
         if lo >= 0:
-            found = next(r for r in probes if r.feasible and freqs.index(r.candidate.knobs["gpu_freq"]) == lo)
+            found = next(r for r in probes if r.feasible and freqs.index(r.candidate.knobs[lowered]) == lo)
         if hi - lo <= 1:
             return None, found
         nxt = len(freqs) - 1 if not probes else (lo + hi) // 2
@@ -632,17 +652,34 @@ class Search:
             deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)))
 
     def _find_same(self, study: optuna.Study, trial: optuna.Trial) -> FrozenTrial | None:
-        """A trial with the same setting that was measured (or is being measured by another worker)."""
+        """A trial with the same setting that was measured (or is being measured by another worker).
+
+        Ties between workers go to the lower trial number. A lower-numbered RUNNING trial whose
+        parameters are not all written yet (another worker is between creating it and suggesting its
+        values) is waited for, briefly: deciding before its values land would let both workers measure
+        the same setting.
+        """
         params = trial.params
-        best: FrozenTrial | None = None
-        for t in study.get_trials(deepcopy=False):
-            if t.number == trial.number or t.params != params:
-                continue
-            if t.user_attrs.get("measured") and t.state in (TrialState.COMPLETE, TrialState.FAIL):
-                return t
-            if t.state == TrialState.RUNNING and t.number < trial.number and best is None:
-                best = t
-        return best
+        deadline = time.monotonic() + _PENDING_WAIT_S
+        while True:
+            best: FrozenTrial | None = None
+            pending = False
+            for t in study.get_trials(deepcopy=False):
+                if t.number == trial.number:
+                    continue
+                if (t.state == TrialState.RUNNING and t.number < trial.number
+                        and len(t.params) < len(params)):
+                    pending = True
+                    continue
+                if t.params != params:
+                    continue
+                if t.user_attrs.get("measured") and t.state in (TrialState.COMPLETE, TrialState.FAIL):
+                    return t
+                if t.state == TrialState.RUNNING and t.number < trial.number and best is None:
+                    best = t
+            if best is not None or not pending or time.monotonic() > deadline:
+                return best
+            time.sleep(0.02)
 
     # -- results ------------------------------------------------------------------------------------
     def result(self, stop_reason: str = "") -> SearchResult:
