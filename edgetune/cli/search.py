@@ -156,6 +156,9 @@ def search(args: argparse.Namespace) -> int:
     try:
         try:
             trace = prepare_trace(device, cfg["space.batch_sizes"])  # a trace: its batch sizes, its epochs
+            if trace is not None:
+                # the table is the training run: reports and the study name name it, not the unused workload
+                workload.name = Path(device.name.partition(":")[2]).stem
             space = build_space(device, workload.default_batch_size,
                                 trace.batch_sizes if trace else cfg["space.batch_sizes"], cfg["space.knobs"],
                                 cfg["space.values"])

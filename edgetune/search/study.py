@@ -701,8 +701,9 @@ class Search:
             study_name=self.study_name, storage_url=_redact(self.storage_url), objective=self.objective,
             budget_w=self.budget_w, constrained=self.constrained, tolerance=self.tolerance, space=self.space,
             target=self.target, records=records, best=best, baseline=baseline, pareto=pareto,
-            stop_reason=stop_reason, protocol=self.protocol.describe(bool(getattr(self.device.clock, "virtual",
-                                                                                  False))),
+            stop_reason=stop_reason, protocol=self.protocol.describe(
+                bool(getattr(self.device.clock, "virtual", False)),
+                runs_step=bool(getattr(self.device.backend, "compute", True))),
             device_name=self.device.name, device_description=self.device.description,
             simulated=self.device.simulated, workload=getattr(self.workload, "name", str(self.workload)),
         )

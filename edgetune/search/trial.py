@@ -72,9 +72,16 @@ class MeasurementProtocol:
         if self.max_steps < self.measure_steps:
             raise ValueError("max_steps must be >= measure_steps")
 
-    def describe(self, virtual_clock: bool) -> str:
-        """One line for reports: what was run for real and what was timed."""
+    def describe(self, virtual_clock: bool, runs_step: bool = True) -> str:
+        """One line for reports: what was run for real and what was timed.
+
+        ``runs_step`` is False where the device does not execute the training step at all (a trace replay:
+        the table is the training run).
+        """
         window = f"window of >= {self.measure_steps} steps and >= {self.measure_s:g} s on the device clock"
+        if not runs_step:
+            return (f"{self.warmup_steps} warm-up step(s), then a {window} (virtual time); the device replays "
+                    f"measured step times and power, the training step itself is not executed")
         if not virtual_clock or self.real_steps is None:
             return f"{self.warmup_steps} warm-up step(s), then a {window}; every step a real training step"
         return (f"{self.warmup_steps} real warm-up step(s), then a {window} (virtual time); the first "
