@@ -80,7 +80,8 @@ def _boot_id(root: str | None) -> str | None:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while a process with this id runs on this host (also one we may not signal)."""
     if pid <= 0:
         return False
     try:
@@ -327,7 +328,7 @@ class StateTracker:
         except StateFileError:
             return  # corrupt: recovery reports it; our fresh record replaces it
         pid = int(state.get("pid", 0))
-        if pid != os.getpid() and _pid_alive(pid) and state.get("boot_id") == _boot_id(self.identity.root):
+        if pid != os.getpid() and pid_alive(pid) and state.get("boot_id") == _boot_id(self.identity.root):
             raise KnobWriteError(
                 f"another edgetune run (pid {pid}) has changed knobs on {self.identity.spec}; "
                 f"wait for it to finish, or stop it and run `edgetune restore`"
@@ -451,7 +452,7 @@ def recover(
             path.unlink(missing_ok=True)
             say(f"dropped the state file of {identity.spec} from before the last reboot (the reboot reset its clocks)")
             continue
-        if pid != os.getpid() and _pid_alive(pid):
+        if pid != os.getpid() and pid_alive(pid):
             continue  # a live run owns it and restores it itself
         knobs_state: dict[str, dict[str, Any]] = state["knobs"]
         try:

@@ -42,6 +42,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from edgetune.power.base import Device
 from edgetune.power.monitor import PowerMonitor
+from edgetune.power.state import pid_alive
 from edgetune.search.efficiency import DIRECTIONS, Outcome, TargetModel, objective_values, scalar_score
 from edgetune.search.space import Candidate, SearchSpace
 from edgetune.search.trial import Measurement, MeasurementProtocol, measure_setting
@@ -186,16 +187,6 @@ class _Heartbeat:
 
 def _worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -428,7 +419,7 @@ class Search:
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             w = t.user_attrs.get("worker", "")
             h, _, pid = w.rpartition(":")
-            if h == host and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            if h == host and pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
                 # FrozenTrial's id is the storage's key; the public API has no other handle on it
                 storage.set_trial_user_attr(t._trial_id, "stale", f"worker {w} died mid-trial")
                 storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
