@@ -23,7 +23,7 @@ import numpy as np
 
 from edgetune.power.base import Clock, PowerReading, PowerSensor
 
-__all__ = ["PowerMonitor", "WindowStats", "energy_j", "moving_average_max", "window_stats"]
+__all__ = ["PowerMonitor", "WindowStats", "cumulative_energy_j", "energy_j", "moving_average_max", "window_stats"]
 
 DEFAULT_RATE_HZ = 100.0
 
@@ -40,7 +40,10 @@ def energy_j(t: np.ndarray, p: np.ndarray) -> float:
     return float(np.sum(np.diff(t) * (p[1:] + p[:-1]) / 2.0))
 
 
-def _cumulative_energy(t: np.ndarray, p: np.ndarray) -> np.ndarray:
+def cumulative_energy_j(t: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Trapezoid energy (J) from ``t[0]`` to each of the times ``t`` (s) for power ``p`` (W)."""
+    t = np.asarray(t, dtype=float)
+    p = np.asarray(p, dtype=float)
     e = np.zeros_like(t)
     e[1:] = np.cumsum(np.diff(t) * (p[1:] + p[:-1]) / 2.0)
     return e
@@ -73,7 +76,7 @@ def moving_average_max(t: np.ndarray, p: np.ndarray, window_s: float = 1.0) -> f
     duration = t[-1] - t[0]
     if duration <= window_s:
         return energy_j(t, p) / duration if duration > 0 else float(np.max(p))
-    e = _cumulative_energy(t, p)
+    e = cumulative_energy_j(t, p)
     lo, hi = t[0] + window_s, t[-1]
     xs = np.concatenate([t, t + window_s, [lo, hi]])
     xs = np.unique(xs[(xs >= lo) & (xs <= hi)])

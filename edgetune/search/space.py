@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgetune.power.base import Device, KnobValue, KnobValueError, format_value
+from edgetune.power.knobs import Candidate
 
 __all__ = ["Candidate", "SearchSpace", "SpaceError", "build_space", "default_batch_sizes"]
 
@@ -24,24 +25,6 @@ LEVEL = "_level"
 
 class SpaceError(ValueError):
     """A search space that cannot be built from the config (unknown knob, empty list): one line."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One point of the space: a batch size and a value for every tuned knob."""
-
-    batch_size: int
-    setting: tuple[tuple[str, KnobValue], ...]
-
-    @property
-    def knobs(self) -> dict[str, KnobValue]:
-        return dict(self.setting)
-
-    def describe(self, units: Mapping[str, str] | None = None) -> str:
-        units = units or {}
-        parts = [f"batch {self.batch_size}"]
-        parts += [f"{k} {format_value(v, units.get(k, ''))}" for k, v in self.setting]
-        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
