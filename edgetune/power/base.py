@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import enum
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ KnobValue = Union[int, float, str]
 T = TypeVar("T")
 
 __all__ = [
+    "Capability",
     "Clock",
     "Device",
     "DeviceError",
@@ -409,6 +411,26 @@ class WorkloadCost:
 # ---------------------------------------------------------------------------------------------- device
 
 
+class Capability(enum.Enum):
+    """What a device can do beyond the interface every device has; callers ask ``device.has(cap)``.
+
+    Search, runtime and CLI branch on these, never on the backend's type or attributes.
+    """
+
+    #: the clock is virtual: time advances only when a step runs or the caller sleeps (twin, trace replay).
+    VIRTUAL_CLOCK = "virtual_clock"
+    #: ``device.backend.expected(cost, batch_size, setting)`` gives noise-free truth (the twin). For
+    #: scoring and tests only: a search, guard or predictor must never read it.
+    GROUND_TRUTH = "ground_truth"
+    #: ``device.backend`` replays a measurement table (``trace:``): ``.table``, ``.oracle(...)``.
+    TABLE_REPLAY = "table_replay"
+    #: ``run_step`` times the step without executing the training step ``fn`` (twin with compute=False,
+    #: trace replay).
+    SKIPS_STEP = "skips_step"
+    #: ``sensor.energy_j()`` reads a hardware energy counter.
+    ENERGY_COUNTER = "energy_counter"
+
+
 @dataclass
 class Device:
     """A platform's knobs, sensor and clock, with how it runs one training step.
@@ -431,6 +453,7 @@ class Device:
         close: releases platform resources (NVML shutdown ...).
         backend: the platform object behind the device, for platform-specific use (the twin's
             :class:`~edgetune.power.sim.Twin` for ``sim:``, with its noise-free ground truth).
+        capabilities: what the device can do beyond the common interface (:class:`Capability`).
     """
 
     name: str
@@ -445,6 +468,11 @@ class Device:
     notes: list[str] = field(default_factory=list)
     close: Callable[[], None] = lambda: None
     backend: Any = None
+    capabilities: frozenset[Capability] = frozenset()
+
+    def has(self, capability: Capability) -> bool:
+        """True when the device has ``capability``."""
+        return capability in self.capabilities
 
     @property
     def writable_knobs(self) -> dict[str, Knob]:
