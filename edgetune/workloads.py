@@ -54,9 +54,9 @@ import math
 import os
 import random
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import torch
 import torch.nn.functional as F
@@ -65,8 +65,12 @@ from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 from edgetune.power.base import WorkloadCost
 
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
+
 __all__ = [
     "BUILTIN_WORKLOADS",
+    "CostMeter",
     "Workload",
     "WorkloadError",
     "load_workload",
@@ -236,12 +240,18 @@ def _to(x: Any, device: torch.device) -> Any:
     return x
 
 
-def _tensors(x: Any) -> Iterator[Tensor]:
-    if isinstance(x, Tensor):
-        yield x
-    elif isinstance(x, (tuple, list)):
-        for v in x:
-            yield from _tensors(v)
+def _tensors(batch: Any) -> list[Tensor]:
+    """The tensors in a batch (nested tuples, lists and dicts)."""
+    found, stack = [], [batch]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Tensor):
+            found.append(x)
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, Mapping):
+            stack.extend(x.values())
+    return found
 
 
 def _storage_key(t: Tensor) -> tuple[int, int]:
@@ -269,16 +279,112 @@ def _conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padd
 _FLOP_FORMULAS = {torch.ops.aten.convolution_backward: _conv_backward_flops}
 
 
+class CostMeter:
+    """Measures what one training step asks of the hardware while the step runs; no extra step is computed.
+
+    The one definition of a step's :class:`~edgetune.power.base.WorkloadCost`, shared by
+    :func:`measure_cost` (a step on a copy of a workload) and the runtime controller (the user's own first
+    step, as it passes). Between :meth:`start` and :meth:`close` it counts:
+
+    * FLOPs with :class:`torch.utils.flop_counter.FlopCounterMode` and a group-aware convolution backward
+      (matrix products, convolutions, attention kernels; elementwise work is not counted);
+    * the tensors autograd saves for backward (:func:`torch.autograd.graph.saved_tensors_hooks`), each
+      storage once, leaving out the model's parameters and every tensor passed to :meth:`exclude`.
+
+    Usage: ``meter = CostMeter(model).start()``; ``input_bytes = meter.exclude(batch)`` before the forward
+    pass; forward, backward and ``optimizer.step()``; then ``meter.finish(batch_size, optimizer,
+    input_bytes)``. It is also a context manager (``with meter:`` starts and closes it).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self._excluded = {_storage_key(p) for p in model.parameters()}
+        self._saved: dict[tuple[int, int], int] = {}
+        self._flops = FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._active = False
+        self._started = False
+
+    @property
+    def active(self) -> bool:
+        """Whether the meter is counting (started and not yet closed)."""
+        return self._active
+
+    def start(self) -> Self:
+        """Start counting; returns the meter. A meter counts one step: it cannot be restarted."""
+        if self._started:
+            raise RuntimeError("a CostMeter measures one step; build a new one to measure another")
+        self._started = True
+        self._flops.__enter__()
+        self._hooks.__enter__()
+        self._active = True
+        return self
+
+    def close(self) -> None:
+        """Stop counting (idempotent); what was counted stays for :meth:`finish`."""
+        if self._active:
+            self._hooks.__exit__(None, None, None)
+            self._flops.__exit__(None, None, None)
+            self._active = False
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _pack(self, t: Tensor) -> Tensor:
+        key = _storage_key(t)
+        if key not in self._excluded:
+            self._saved[key] = key[1]
+        return t
+
+    def exclude(self, batch: Any) -> float:
+        """Count ``batch``'s tensors (nested tuples, lists, dicts) as the step's input, not as activations;
+        returns their bytes."""
+        total = 0.0
+        for t in _tensors(batch):
+            self._excluded.add(_storage_key(t))
+            total += t.numel() * t.element_size()
+        return total
+
+    def finish(self, batch_size: int, optimizer: torch.optim.Optimizer | None, input_bytes: float) -> WorkloadCost:
+        """Close the meter and return the step's cost per sample of a ``batch_size`` batch.
+
+        Args:
+            batch_size: samples in the measured step.
+            optimizer: the optimizer, after its first step (its state is the optimizer's memory), or None.
+            input_bytes: bytes of the step's inputs and targets (what :meth:`exclude` returned).
+        """
+        self.close()
+        params = list(self.model.parameters())
+        param_storages = {_storage_key(p) for p in params}
+        state_storages: dict[tuple[int, int], int] = {}
+        if optimizer is not None:
+            for state in optimizer.state.values():
+                for value in state.values():
+                    if isinstance(value, Tensor) and _storage_key(value) not in param_storages:
+                        state_storages[_storage_key(value)] = value.numel() * value.element_size()
+        return WorkloadCost(
+            flops_per_sample=self._flops.get_total_flops() / batch_size,
+            param_bytes=float(sum(p.numel() * p.element_size() for p in params)),
+            activation_bytes_per_sample=sum(self._saved.values()) / batch_size,
+            input_bytes_per_sample=input_bytes / batch_size,
+            optimizer_state_bytes=float(sum(state_storages.values())),
+        )
+
+
 def measure_cost(workload: Workload, batch_size: int = _COST_BATCH_SIZE) -> WorkloadCost:
     """Measure what one training step of ``workload`` asks of the hardware, from the real model.
 
     One step runs on a copy of the model and optimizer (the workload's own weights, optimizer state and
-    batch stream are left untouched) on a batch from a separate generator:
+    batch stream are left untouched) on a batch from a separate generator, counted by a
+    :class:`CostMeter`:
 
     * ``flops_per_sample``: FLOPs of forward + backward counted by :class:`torch.utils.flop_counter.
-      FlopCounterMode` (with a group-aware convolution backward), divided by the batch. The counter covers matrix products, convolutions and
-      attention kernels, which dominate; elementwise work (activations, normalisation, the optimizer's
-      per-parameter update, O(parameters) per step) is not counted.
+      FlopCounterMode` (with a group-aware convolution backward), divided by the batch. The counter covers
+      matrix products, convolutions and attention kernels, which dominate; elementwise work (activations,
+      normalisation, the optimizer's per-parameter update, O(parameters) per step) is not counted.
     * ``activation_bytes_per_sample``: bytes of the tensors autograd saves for backward (seen through
       :func:`torch.autograd.graph.saved_tensors_hooks`), each storage once, parameters and the batch itself
       excluded, divided by the batch.
@@ -293,40 +399,16 @@ def measure_cost(workload: Workload, batch_size: int = _COST_BATCH_SIZE) -> Work
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     inputs, targets = _to(inputs, device), _to(targets, device)
 
-    params = list(model.parameters())
-    param_storages = {_storage_key(p) for p in params}
-    batch_storages = {_storage_key(t) for t in _tensors((inputs, targets))}
-    saved: dict[tuple[int, int], int] = {}
-
-    def pack(t: Tensor) -> Tensor:
-        key = _storage_key(t)
-        if key not in param_storages and key not in batch_storages:
-            saved[key] = key[1]
-        return t
-
+    meter = CostMeter(model)
+    input_bytes = meter.exclude((inputs, targets))
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    with torch.random.fork_rng(devices=[]), FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS) as counter:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            outputs = model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
-            loss = workload.loss_fn(outputs, targets)
+    with torch.random.fork_rng(devices=[]), meter:
+        outputs = model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
+        loss = workload.loss_fn(outputs, targets)
         loss.backward()
     optimizer.step()
-
-    state_storages: dict[tuple[int, int], int] = {}
-    for state in optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, Tensor) and _storage_key(value) not in param_storages:
-                state_storages[_storage_key(value)] = value.numel() * value.element_size()
-
-    return WorkloadCost(
-        flops_per_sample=counter.get_total_flops() / batch_size,
-        param_bytes=float(sum(p.numel() * p.element_size() for p in params)),
-        activation_bytes_per_sample=sum(saved.values()) / batch_size,
-        input_bytes_per_sample=sum(t.numel() * t.element_size() for t in _tensors((inputs, targets)))
-        / batch_size,
-        optimizer_state_bytes=float(sum(state_storages.values())),
-    )
+    return meter.finish(batch_size, optimizer, input_bytes)
 
 
 # ---------------------------------------------------------------------------------------------- image data

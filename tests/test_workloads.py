@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import TensorDataset
 from torch.utils.flop_counter import FlopCounterMode
 
+import edgetune
 from edgetune.workloads import (
     _FLOP_FORMULAS,
     BUILTIN_WORKLOADS,
@@ -156,6 +158,26 @@ def test_activation_bytes_are_per_sample(builtins: dict[str, Workload]) -> None:
     # the conv stages' outputs alone (before BN, ReLU, pooling) are saved for backward
     conv_outputs = 4 * (32 * 32 * 32 + 64 * 16 * 16 + 128 * 8 * 8)
     assert large.activation_bytes_per_sample > conv_outputs
+
+
+@pytest.mark.parametrize("name", BUILTIN_WORKLOADS)
+def test_runtime_measures_the_cost_measure_cost_measures(builtins: dict[str, Workload], name: str) -> None:
+    """``edgetune.tune`` on the twin measures the step's cost from the user's first real step: the same
+    figure as :func:`measure_cost` (the twin times every step by it), depthwise convolutions included."""
+    workload = load_workload(name, seed=0)
+    x, y = workload.make_batch(8)
+    with edgetune.tune(workload.model, workload.optimizer, dataset=TensorDataset(x, y), batch_size=8,
+                       budget_w=15, device="sim:orin-nano", online=False, print_summary=False) as tuner:
+        for bx, by in tuner.loader:
+            workload.optimizer.zero_grad()
+            workload.loss((bx, by)).backward()
+            workload.optimizer.step()
+    assert tuner.steps == 1
+    expected = builtins[name].cost
+    assert tuner.cost.flops_per_sample == pytest.approx(expected.flops_per_sample, rel=0.01)
+    assert tuner.cost.param_bytes == expected.param_bytes
+    assert tuner.cost.optimizer_state_bytes == expected.optimizer_state_bytes
+    assert tuner.cost.input_bytes_per_sample == expected.input_bytes_per_sample
 
 
 # ---------------------------------------------------------------------------------------------- determinism
