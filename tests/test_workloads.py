@@ -234,11 +234,20 @@ def test_set_lr_keeps_group_ratios() -> None:
         workload.set_lr(0.0)
 
 
-@pytest.mark.parametrize("batch_size", [0, -3, 2.5, True])
-def test_bad_batch_size_is_one_line(builtins: dict[str, Workload], batch_size: object) -> None:
-    with pytest.raises(WorkloadError, match="batch size must be a positive integer") as info:
+@pytest.mark.parametrize("batch_size", [0, -3, 2.5, True, "8"])
+def test_bad_batch_size_is_one_line_workload_error(builtins: dict[str, Workload], batch_size: object) -> None:
+    # the shared check (edgetune.power.knobs.check_batch_size), raised as the WorkloadError callers catch
+    with pytest.raises(WorkloadError, match="^batch size must be a positive whole number") as info:
         builtins["cnn"].train_step(batch_size)  # type: ignore[arg-type]
     assert "\n" not in str(info.value)
+    with pytest.raises(WorkloadError, match="^default_batch_size must be a positive whole number"):
+        Workload.from_model("bad", nn.Linear(4, 2), lambda b, g: (torch.randn(b, 4), torch.zeros(b, dtype=torch.long)),
+                            default_batch_size=batch_size)  # type: ignore[arg-type]
+
+
+def test_whole_number_batch_size_is_accepted(builtins: dict[str, Workload]) -> None:
+    inputs, targets = builtins["cnn"].make_batch(4.0)  # type: ignore[arg-type]
+    assert inputs.shape[0] == targets.shape[0] == 4
 
 
 # ---------------------------------------------------------------------------------------------- user workloads

@@ -51,12 +51,22 @@ Package layout
 ``loading``  :func:`load_workload`: built-in names and ``module:function`` specs
 """
 
-from edgetune.workloads.core import Batch, BatchSource, LossFn, OptimizerSpec, Workload, WorkloadError
+from edgetune.workloads.core import (
+    DEFAULT_BATCH_SIZE,
+    Batch,
+    BatchSource,
+    LossFn,
+    OptimizerSpec,
+    Workload,
+    WorkloadError,
+)
 from edgetune.workloads.cost import _FLOP_FORMULAS as _FLOP_FORMULAS  # private; imported from here by tests
 from edgetune.workloads.cost import CostMeter, measure_cost
 from edgetune.workloads.data import (
+    IMAGE_NOISE_STD,
     IMAGE_SHAPE,
     NUM_CLASSES,
+    TEXT_SENTENCES,
     VOCAB,
     decode,
     encode,
@@ -68,7 +78,9 @@ from edgetune.workloads.data import (
 from edgetune.workloads.loading import load_workload
 from edgetune.workloads.models import (
     BUILTIN_WORKLOADS,
+    CHAR_CONTEXT,
     MOBILENET_V2_CIFAR,
+    MOBILENET_WIDTH,
     CausalSelfAttention,
     CharTransformer,
     InvertedResidual,
@@ -82,9 +94,14 @@ from edgetune.workloads.models import (
 
 __all__ = [
     "BUILTIN_WORKLOADS",
+    "CHAR_CONTEXT",
+    "DEFAULT_BATCH_SIZE",
+    "IMAGE_NOISE_STD",
     "IMAGE_SHAPE",
     "MOBILENET_V2_CIFAR",
+    "MOBILENET_WIDTH",
     "NUM_CLASSES",
+    "TEXT_SENTENCES",
     "VOCAB",
     "Batch",
     "BatchSource",

@@ -17,14 +17,22 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from edgetune.power.base import WorkloadCost
+from edgetune.power.knobs import BatchSizeError, check_batch_size
 from edgetune.workloads.cost import _COST_BATCH_SIZE, measure_cost
 
-__all__ = ["Batch", "BatchSource", "LossFn", "OptimizerSpec", "Workload", "WorkloadError"]
+__all__ = ["DEFAULT_BATCH_SIZE", "Batch", "BatchSource", "LossFn", "OptimizerSpec", "Workload", "WorkloadError"]
 
 Batch = tuple[Any, Tensor]
 BatchSource = Callable[[int, torch.Generator], Batch]
 LossFn = Callable[[Any, Tensor], Tensor]
 OptimizerSpec = Union[torch.optim.Optimizer, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer], None]  # noqa: UP007 - evaluated at runtime on 3.10 too
+
+# Samples per batch when a workload names none: the default of common training loops (Keras' fit).
+DEFAULT_BATCH_SIZE = 32
+# The optimizer of a workload that brings none: plain SGD with momentum at a learning rate that trains
+# most small models without tuning (torch's own examples use 0.01 with momentum 0.9).
+_DEFAULT_SGD_LR = 0.01
+_DEFAULT_SGD_MOMENTUM = 0.9
 
 
 class WorkloadError(ValueError):
@@ -61,7 +69,7 @@ class Workload:
     batch_source: BatchSource = field(repr=False)
     loss_fn: LossFn = field(repr=False)
     optimizer: torch.optim.Optimizer = field(repr=False)
-    default_batch_size: int = 32
+    default_batch_size: int = DEFAULT_BATCH_SIZE
     seed: int = 0
     cost: WorkloadCost = field(init=False)
 
@@ -91,7 +99,7 @@ class Workload:
         *,
         loss_fn: LossFn = F.cross_entropy,
         optimizer: OptimizerSpec = None,
-        default_batch_size: int = 32,
+        default_batch_size: int = DEFAULT_BATCH_SIZE,
         seed: int = 0,
     ) -> Workload:
         """The workload of ``model`` trained on batches from ``make_batch``.
@@ -108,7 +116,7 @@ class Workload:
             seed: seeds the batch stream.
         """
         if optimizer is None:
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            optimizer = torch.optim.SGD(model.parameters(), lr=_DEFAULT_SGD_LR, momentum=_DEFAULT_SGD_MOMENTUM)
         elif not isinstance(optimizer, torch.optim.Optimizer) and callable(optimizer):
             optimizer = optimizer(model.parameters())
         return cls(name, model, make_batch, loss_fn, optimizer, default_batch_size, seed)
@@ -167,9 +175,12 @@ class Workload:
 
 
 def _check_batch_size(batch_size: Any, what: str) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise WorkloadError(f"{what} must be a positive integer, got {batch_size!r}")
-    return batch_size
+    """:func:`edgetune.power.knobs.check_batch_size`, failing as a :class:`WorkloadError` (what callers of
+    workloads catch, the CLI included)."""
+    try:
+        return check_batch_size(batch_size, what)
+    except BatchSizeError as exc:
+        raise WorkloadError(str(exc)) from None
 
 
 def _to(x: Any, device: torch.device) -> Any:

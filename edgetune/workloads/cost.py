@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
+from edgetune.log import get_logger
 from edgetune.power.base import WorkloadCost
 
 if TYPE_CHECKING:
@@ -24,9 +25,14 @@ if TYPE_CHECKING:
 
 __all__ = ["CostMeter", "measure_cost"]
 
-# Batch size of the one-off cost measurement: big enough that batch-independent tensors (index vectors,
-# scalars) barely move the per-sample figures, small enough that building a workload stays cheap.
+_log = get_logger(__name__)
+
+# Batch size (samples) of the one-off cost measurement: big enough that batch-independent tensors (index
+# vectors, scalars) barely move the per-sample figures, small enough that building a workload stays cheap.
 _COST_BATCH_SIZE = 4
+# The measurement's batch comes from a generator seeded with the workload's seed plus this offset, so it
+# neither consumes nor repeats the workload's own batch stream.
+_COST_SEED_OFFSET = 0x5EED
 
 
 def _tensors(batch: Any) -> list[Tensor]:
@@ -181,7 +187,7 @@ def measure_cost(workload: Workload, batch_size: int = _COST_BATCH_SIZE) -> Work
     * ``input_bytes_per_sample``: bytes of one sample's inputs and targets.
     """
     model, optimizer = copy.deepcopy((workload.model, workload.optimizer))  # one memo: optimizer -> copy
-    generator = torch.Generator().manual_seed(workload.seed + 0x5EED)
+    generator = torch.Generator().manual_seed(workload.seed + _COST_SEED_OFFSET)
     inputs, targets = workload.make_batch(batch_size, generator)
 
     meter = CostMeter(model)
@@ -193,4 +199,7 @@ def measure_cost(workload: Workload, batch_size: int = _COST_BATCH_SIZE) -> Work
         loss = workload.loss_fn(outputs, targets)
         loss.backward()
     optimizer.step()
-    return meter.finish(batch_size, optimizer, input_bytes)
+    cost = meter.finish(batch_size, optimizer, input_bytes)
+    _log.debug("workload %r: %.1f MFLOP, %.0f activation bytes per sample (measured at batch %d)",
+               workload.name, cost.flops_per_sample / 1e6, cost.activation_bytes_per_sample, batch_size)
+    return cost

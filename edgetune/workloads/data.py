@@ -16,8 +16,10 @@ from torch import Tensor
 from edgetune.workloads.core import Batch, BatchSource, WorkloadError
 
 __all__ = [
+    "IMAGE_NOISE_STD",
     "IMAGE_SHAPE",
     "NUM_CLASSES",
+    "TEXT_SENTENCES",
     "VOCAB",
     "decode",
     "encode",
@@ -29,23 +31,30 @@ __all__ = [
 
 # ---------------------------------------------------------------------------------------------- images
 
-IMAGE_SHAPE = (3, 32, 32)  # CIFAR-10
+# (channels, height px, width px) and classes of CIFAR-10, the dataset on-device image training is
+# usually benchmarked on: the built-in image workloads see images of its shape.
+IMAGE_SHAPE = (3, 32, 32)
 NUM_CLASSES = 10
+# Side (px) of the coarse random pattern each class prototype is upsampled from: only low spatial
+# frequencies, as in natural images.
+_PROTOTYPE_GRID_PX = 4
+# Standard deviation of the per-pixel noise added to a prototype: the prototypes' own (unit) scale.
+IMAGE_NOISE_STD = 1.0
 
 
 def image_classes(seed: int, num_classes: int = NUM_CLASSES, shape: tuple[int, int, int] = IMAGE_SHAPE) -> Tensor:
     """One smooth, zero-mean, unit-variance prototype image per class.
 
-    Low-frequency 4x4 patterns upsampled to full size, so the classes differ the way natural images do
+    Low-frequency 4x4-pixel patterns upsampled to full size, so the classes differ the way natural images do
     (in colour and layout) rather than in single pixels, and convolutions with pooling can tell them apart.
     """
     g = torch.Generator().manual_seed(seed)
-    coarse = torch.randn(num_classes, shape[0], 4, 4, generator=g)
+    coarse = torch.randn(num_classes, shape[0], _PROTOTYPE_GRID_PX, _PROTOTYPE_GRID_PX, generator=g)
     fine = F.interpolate(coarse, size=shape[1:], mode="bilinear", align_corners=False)
     return (fine - fine.mean(dim=(1, 2, 3), keepdim=True)) / fine.std(dim=(1, 2, 3), keepdim=True)
 
 
-def image_batches(prototypes: Tensor, noise: float = 1.0) -> BatchSource:
+def image_batches(prototypes: Tensor, noise: float = IMAGE_NOISE_STD) -> BatchSource:
     """Batches of ``prototype[label] + noise * N(0, 1)``: labelled images a network learns to classify.
 
     With noise of the same scale as the signal no single pixel gives the class away, so the loss falls
@@ -87,9 +96,12 @@ _VERBS = ("sees", "likes", "finds", "builds", "paints", "follows", "calls", "hel
 _OBJECTS = ("the red ball", "a small house", "the river", "two birds", "the garden", "a blue car",
             "3 apples", "the moon")
 _ENDINGS = (".", "!", "?", ", then rests.", " at 9:30.")
+# Sentences in the synthetic text: about 62 000 characters (31 a sentence), far more distinct windows than
+# a tuning run draws, and built in milliseconds.
+TEXT_SENTENCES = 2000
 
 
-def synthetic_text(seed: int, sentences: int = 2000) -> str:
+def synthetic_text(seed: int, sentences: int = TEXT_SENTENCES) -> str:
     """A text stream from a tiny grammar: ``<subject> <verb> <object><ending>`` sentences.
 
     Spelling inside words is deterministic and the next word is drawn from a short list, so a character

@@ -19,10 +19,13 @@ from typing import Any
 
 import torch
 
+from edgetune.log import get_logger
 from edgetune.workloads.core import Workload, WorkloadError, _one_line
 from edgetune.workloads.models import _BUILDERS, BUILTIN_WORKLOADS
 
 __all__ = ["load_workload"]
+
+_log = get_logger(__name__)
 
 
 def load_workload(spec: str, *, seed: int = 0) -> Workload:
@@ -49,7 +52,9 @@ def load_workload(spec: str, *, seed: int = 0) -> Workload:
                                 f"{', '.join(BUILTIN_WORKLOADS)}; or give module:function for your own model")
         with _seeded(seed):
             return builder(seed)
-    return _load_user_workload(spec, seed)
+    workload = _load_user_workload(spec, seed)
+    _log.debug("loaded workload %r from %r (seed %d)", workload.name, spec, seed)
+    return workload
 
 
 @contextlib.contextmanager

@@ -34,7 +34,9 @@ from edgetune.workloads.data import (
 
 __all__ = [
     "BUILTIN_WORKLOADS",
+    "CHAR_CONTEXT",
     "MOBILENET_V2_CIFAR",
+    "MOBILENET_WIDTH",
     "CausalSelfAttention",
     "CharTransformer",
     "InvertedResidual",
@@ -75,6 +77,7 @@ class SmallCNN(nn.Module):
 
 
 def build_cnn(seed: int = 0) -> Workload:
+    """The ``cnn`` workload: :class:`SmallCNN` on seeded synthetic CIFAR-shaped images."""
     model = SmallCNN()
     return Workload.from_model(
         "cnn",
@@ -92,10 +95,24 @@ def build_cnn(seed: int = 0) -> Workload:
 # ---------------------------------------------------------------------------------------------- mobilenet
 
 
-def _make_divisible(value: float, divisor: int = 8) -> int:
-    """Round channels to a multiple of 8 as MobileNetV2 does (never below 90% of the request)."""
+# Width multiplier of the built-in MobileNetV2 (one of the paper's multipliers): the sort of MobileNetV2
+# trained on-device, and light enough that a real step runs in tests on a CPU.
+MOBILENET_WIDTH = 0.5
+# Channel counts are rounded to multiples of this (MobileNetV2's rule, friendly to vector units), and never
+# rounded down below this fraction of the requested count.
+_CHANNEL_DIVISOR = 8
+_MIN_ROUNDED_FRACTION = 0.9
+# Channels of the first convolution and of the last 1x1 layer, from Sandler et al. 2018, Table 2.
+_MOBILENET_STEM_CHANNELS = 32
+_MOBILENET_LAST_CHANNELS = 1280
+# Standard deviation of the classifier's initial weights (torchvision's MobileNetV2 initialisation).
+_CLASSIFIER_INIT_STD = 0.01
+
+
+def _make_divisible(value: float, divisor: int = _CHANNEL_DIVISOR) -> int:
+    """Round channels to a multiple of ``divisor`` as MobileNetV2 does (never below 90% of the request)."""
     rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
-    return rounded + divisor if rounded < 0.9 * value else rounded
+    return rounded + divisor if rounded < _MIN_ROUNDED_FRACTION * value else rounded
 
 
 def _conv_bn(c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1, act: bool = True) -> nn.Sequential:
@@ -135,10 +152,10 @@ MOBILENET_V2_CIFAR = ((1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2)
 class MobileNetV2(nn.Module):
     """MobileNetV2 (Sandler et al. 2018) for 32x32 inputs, with a width multiplier."""
 
-    def __init__(self, num_classes: int = NUM_CLASSES, width: float = 0.5,
+    def __init__(self, num_classes: int = NUM_CLASSES, width: float = MOBILENET_WIDTH,
                  setting: tuple[tuple[int, int, int, int], ...] = MOBILENET_V2_CIFAR) -> None:
         super().__init__()
-        c_in = _make_divisible(32 * width)
+        c_in = _make_divisible(_MOBILENET_STEM_CHANNELS * width)
         layers: list[nn.Module] = [_conv_bn(IMAGE_SHAPE[0], c_in, 3)]
         for expand, channels, repeats, stride in setting:
             c_out = _make_divisible(channels * width)
@@ -146,7 +163,7 @@ class MobileNetV2(nn.Module):
                 layers.append(InvertedResidual(c_in, c_out, stride if i == 0 else 1, expand))
                 c_in = c_out
         # the paper keeps the last layer at 1280 channels for widths below 1
-        c_last = _make_divisible(1280 * max(1.0, width))
+        c_last = _make_divisible(_MOBILENET_LAST_CHANNELS * max(1.0, width))
         layers.append(_conv_bn(c_in, c_last, 1))
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Linear(c_last, num_classes)
@@ -158,7 +175,7 @@ class MobileNetV2(nn.Module):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out")
             elif isinstance(m, InvertedResidual) and m.residual:
                 nn.init.zeros_(m.block[-1][1].weight)
-        nn.init.normal_(self.classifier.weight, 0.0, 0.01)
+        nn.init.normal_(self.classifier.weight, 0.0, _CLASSIFIER_INIT_STD)
         nn.init.zeros_(self.classifier.bias)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -166,9 +183,8 @@ class MobileNetV2(nn.Module):
 
 
 def build_mobilenet(seed: int = 0) -> Workload:
-    # Width 0.5 (one of the paper's multipliers): the sort of MobileNetV2 trained on-device, and light
-    # enough that a real step runs in tests on a CPU.
-    model = MobileNetV2(width=0.5)
+    """The ``mobilenet`` workload: :class:`MobileNetV2` at width 0.5 on the ``cnn`` workload's images."""
+    model = MobileNetV2(width=MOBILENET_WIDTH)
     return Workload.from_model(
         "mobilenet",
         model,
@@ -182,6 +198,11 @@ def build_mobilenet(seed: int = 0) -> Workload:
 
 
 # ---------------------------------------------------------------------------------------------- chartransformer
+
+# Context of the built-in character GPT, in characters (the issue's 64-character context).
+CHAR_CONTEXT = 64
+# Standard deviation of GPT-2's initial weights (Radford et al. 2019).
+_GPT2_INIT_STD = 0.02
 
 
 class CausalSelfAttention(nn.Module):
@@ -235,7 +256,7 @@ class CharTransformer(nn.Module):
     """
 
     def __init__(self, vocab_size: int = len(VOCAB), d_model: int = 256, n_layers: int = 6, n_heads: int = 6,
-                 head_dim: int = 64, seq_len: int = 64) -> None:
+                 head_dim: int = 64, seq_len: int = CHAR_CONTEXT) -> None:
         super().__init__()
         self.seq_len = seq_len
         self.token = nn.Embedding(vocab_size, d_model)
@@ -247,7 +268,8 @@ class CharTransformer(nn.Module):
         # residual stream's variance does not grow with depth.
         for name, p in self.named_parameters():
             if p.dim() >= 2:
-                std = 0.02 / math.sqrt(2 * n_layers) if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
+                residual = name.endswith(("proj.weight", "mlp.2.weight"))
+                std = _GPT2_INIT_STD / math.sqrt(2 * n_layers) if residual else _GPT2_INIT_STD
                 nn.init.normal_(p, 0.0, std)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
@@ -261,11 +283,13 @@ class CharTransformer(nn.Module):
 
 
 def _next_char_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Cross-entropy of every position's next-character prediction."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def build_chartransformer(seed: int = 0) -> Workload:
-    seq_len = 64
+    """The ``chartransformer`` workload: :class:`CharTransformer` on seeded grammar text."""
+    seq_len = CHAR_CONTEXT
     model = CharTransformer(seq_len=seq_len)
     return Workload.from_model(
         "chartransformer",
