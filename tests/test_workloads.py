@@ -245,6 +245,21 @@ def test_bad_batch_size_is_one_line_workload_error(builtins: dict[str, Workload]
                             default_batch_size=batch_size)  # type: ignore[arg-type]
 
 
+def _linear_workload(**kwargs: object) -> Workload:
+    return Workload.from_model(
+        "linear", nn.Linear(4, 2),
+        lambda b, g: (torch.randn(b, 4, generator=g), torch.randint(0, 2, (b,), generator=g)), **kwargs)
+
+
+def test_b_noise_is_optional_samples() -> None:
+    assert all(w.b_noise is None for w in (_linear_workload(), load_workload("cnn")))  # not measured yet
+    assert _linear_workload(b_noise=256).b_noise == 256.0
+    for bad in (0, -5.0, float("nan"), float("inf"), "256", True):
+        with pytest.raises(WorkloadError, match="b_noise must be a positive number of samples or None") as info:
+            _linear_workload(b_noise=bad)
+        assert "\n" not in str(info.value)
+
+
 def test_whole_number_batch_size_is_accepted(builtins: dict[str, Workload]) -> None:
     inputs, targets = builtins["cnn"].make_batch(4.0)  # type: ignore[arg-type]
     assert inputs.shape[0] == targets.shape[0] == 4

@@ -60,6 +60,9 @@ class Workload:
         default_batch_size: the batch size common practice uses for this model: the baseline a tuned
             setting is compared against.
         seed: seeds the batch stream (and, in :func:`~edgetune.workloads.load_workload`, the initial weights).
+        b_noise: the gradient noise scale B_noise of this workload, in samples, as measured (McCandlish et
+            al. 2018: around this batch size, doubling the batch stops nearly halving the steps to a
+            target; see :mod:`edgetune.predictors`); None when unknown. Not used yet.
         cost: what one training step asks of the hardware, measured once by
             :func:`~edgetune.workloads.measure_cost`.
     """
@@ -71,6 +74,7 @@ class Workload:
     optimizer: torch.optim.Optimizer = field(repr=False)
     default_batch_size: int = DEFAULT_BATCH_SIZE
     seed: int = 0
+    b_noise: float | None = None
     cost: WorkloadCost = field(init=False)
 
     def __post_init__(self) -> None:
@@ -81,6 +85,12 @@ class Workload:
             raise WorkloadError(f"workload {self.name!r}: optimizer must be a torch.optim.Optimizer, "
                                 f"got {type(self.optimizer).__name__}")
         self.default_batch_size = _check_batch_size(self.default_batch_size, "default_batch_size")
+        if self.b_noise is not None:
+            if isinstance(self.b_noise, bool) or not isinstance(self.b_noise, (int, float)) \
+                    or not (math.isfinite(self.b_noise) and self.b_noise > 0):
+                raise WorkloadError(f"workload {self.name!r}: b_noise must be a positive number of samples "
+                                    f"or None, got {self.b_noise!r}")
+            self.b_noise = float(self.b_noise)
         self._generator = torch.Generator().manual_seed(self.seed)
         try:
             self.cost = measure_cost(self)
@@ -101,6 +111,7 @@ class Workload:
         optimizer: OptimizerSpec = None,
         default_batch_size: int = DEFAULT_BATCH_SIZE,
         seed: int = 0,
+        b_noise: float | None = None,
     ) -> Workload:
         """The workload of ``model`` trained on batches from ``make_batch``.
 
@@ -114,12 +125,14 @@ class Workload:
                 builds one; SGD with momentum 0.9 and lr 0.01 by default.
             default_batch_size: the batch size you would train with without edgetune.
             seed: seeds the batch stream.
+            b_noise: the workload's measured gradient noise scale in samples, if known.
         """
         if optimizer is None:
             optimizer = torch.optim.SGD(model.parameters(), lr=_DEFAULT_SGD_LR, momentum=_DEFAULT_SGD_MOMENTUM)
         elif not isinstance(optimizer, torch.optim.Optimizer) and callable(optimizer):
             optimizer = optimizer(model.parameters())
-        return cls(name, model, make_batch, loss_fn, optimizer, default_batch_size, seed)
+        return cls(name, model, make_batch, loss_fn, optimizer, default_batch_size=default_batch_size, seed=seed,
+                   b_noise=b_noise)
 
     # -- training ---------------------------------------------------------------------------------------
 
