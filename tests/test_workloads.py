@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import TensorDataset
 from torch.utils.flop_counter import FlopCounterMode
 
+import edgetune
 from edgetune.workloads import (
     _FLOP_FORMULAS,
     BUILTIN_WORKLOADS,
@@ -158,6 +160,26 @@ def test_activation_bytes_are_per_sample(builtins: dict[str, Workload]) -> None:
     assert large.activation_bytes_per_sample > conv_outputs
 
 
+@pytest.mark.parametrize("name", BUILTIN_WORKLOADS)
+def test_runtime_measures_the_cost_measure_cost_measures(builtins: dict[str, Workload], name: str) -> None:
+    """``edgetune.tune`` on the twin measures the step's cost from the user's first real step: the same
+    figure as :func:`measure_cost` (the twin times every step by it), depthwise convolutions included."""
+    workload = load_workload(name, seed=0)
+    x, y = workload.make_batch(8)
+    with edgetune.tune(workload.model, workload.optimizer, dataset=TensorDataset(x, y), batch_size=8,
+                       budget_w=15, device="sim:orin-nano", online=False, print_summary=False) as tuner:
+        for bx, by in tuner.loader:
+            workload.optimizer.zero_grad()
+            workload.loss((bx, by)).backward()
+            workload.optimizer.step()
+    assert tuner.steps == 1
+    expected = builtins[name].cost
+    assert tuner.cost.flops_per_sample == pytest.approx(expected.flops_per_sample, rel=0.01)
+    assert tuner.cost.param_bytes == expected.param_bytes
+    assert tuner.cost.optimizer_state_bytes == expected.optimizer_state_bytes
+    assert tuner.cost.input_bytes_per_sample == expected.input_bytes_per_sample
+
+
 # ---------------------------------------------------------------------------------------------- determinism
 
 
@@ -212,11 +234,35 @@ def test_set_lr_keeps_group_ratios() -> None:
         workload.set_lr(0.0)
 
 
-@pytest.mark.parametrize("batch_size", [0, -3, 2.5, True])
-def test_bad_batch_size_is_one_line(builtins: dict[str, Workload], batch_size: object) -> None:
-    with pytest.raises(WorkloadError, match="batch size must be a positive integer") as info:
+@pytest.mark.parametrize("batch_size", [0, -3, 2.5, True, "8"])
+def test_bad_batch_size_is_one_line_workload_error(builtins: dict[str, Workload], batch_size: object) -> None:
+    # the shared check (edgetune.power.knobs.check_batch_size), raised as the WorkloadError callers catch
+    with pytest.raises(WorkloadError, match="^batch size must be a positive whole number") as info:
         builtins["cnn"].train_step(batch_size)  # type: ignore[arg-type]
     assert "\n" not in str(info.value)
+    with pytest.raises(WorkloadError, match="^default_batch_size must be a positive whole number"):
+        Workload.from_model("bad", nn.Linear(4, 2), lambda b, g: (torch.randn(b, 4), torch.zeros(b, dtype=torch.long)),
+                            default_batch_size=batch_size)  # type: ignore[arg-type]
+
+
+def _linear_workload(**kwargs: object) -> Workload:
+    return Workload.from_model(
+        "linear", nn.Linear(4, 2),
+        lambda b, g: (torch.randn(b, 4, generator=g), torch.randint(0, 2, (b,), generator=g)), **kwargs)
+
+
+def test_b_noise_is_optional_samples() -> None:
+    assert all(w.b_noise is None for w in (_linear_workload(), load_workload("cnn")))  # not measured yet
+    assert _linear_workload(b_noise=256).b_noise == 256.0
+    for bad in (0, -5.0, float("nan"), float("inf"), "256", True):
+        with pytest.raises(WorkloadError, match="b_noise must be a positive number of samples or None") as info:
+            _linear_workload(b_noise=bad)
+        assert "\n" not in str(info.value)
+
+
+def test_whole_number_batch_size_is_accepted(builtins: dict[str, Workload]) -> None:
+    inputs, targets = builtins["cnn"].make_batch(4.0)  # type: ignore[arg-type]
+    assert inputs.shape[0] == targets.shape[0] == 4
 
 
 # ---------------------------------------------------------------------------------------------- user workloads

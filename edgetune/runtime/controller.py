@@ -68,6 +68,7 @@ from edgetune.runtime.guard import (
     frequency_prior,
 )
 from edgetune.runtime.loader import BatchLoader, rescale_lr
+from edgetune.workloads import CostMeter
 
 __all__ = ["Plan", "PlanError", "Tuner", "load_plan", "tune"]
 
@@ -139,78 +140,6 @@ class _Ticker:
             self._stop.set()
             self._thread.join(timeout=2.0)
             self._thread = None
-
-
-class _CostMeter:
-    """Measures one real training step's cost while the user's loop runs it (no extra step is computed)."""
-
-    def __init__(self, model: torch.nn.Module | None) -> None:
-        from torch.utils.flop_counter import FlopCounterMode
-
-        self.model = model
-        self._params = ({self._key(p) for p in model.parameters()} if model is not None else set())
-        self._saved: dict[tuple[int, int], int] = {}
-        self._flops = FlopCounterMode(display=False)
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._flops.__enter__()
-        self._hooks.__enter__()
-        self.active = True
-
-    @staticmethod
-    def _key(t: torch.Tensor) -> tuple[int, int]:
-        s = t.untyped_storage()
-        return s.data_ptr(), s.nbytes()
-
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        key = self._key(t)
-        if key not in self._params:
-            self._saved[key] = key[1]
-        return t
-
-    def exclude(self, batch: Any) -> float:
-        """Count ``batch``'s tensors as input, not activations; returns their bytes."""
-        total = 0.0
-        for t in _tensors(batch):
-            self._params.add(self._key(t))
-            total += t.numel() * t.element_size()
-        return total
-
-    def close(self) -> None:
-        if self.active:
-            self._hooks.__exit__(None, None, None)
-            self._flops.__exit__(None, None, None)
-            self.active = False
-
-    def finish(self, batch_size: int, optimizer: torch.optim.Optimizer | None, input_bytes: float) -> WorkloadCost:
-        self.close()
-        params = list(self.model.parameters()) if self.model is not None else []
-        state_bytes = 0.0
-        if optimizer is not None:
-            for state in optimizer.state.values():
-                for v in state.values():
-                    if isinstance(v, torch.Tensor) and self._key(v) not in self._params:
-                        state_bytes += v.numel() * v.element_size()
-        return WorkloadCost(
-            flops_per_sample=self._flops.get_total_flops() / batch_size,
-            param_bytes=float(sum(p.numel() * p.element_size() for p in params)),
-            activation_bytes_per_sample=sum(self._saved.values()) / batch_size,
-            input_bytes_per_sample=input_bytes / batch_size,
-            optimizer_state_bytes=float(state_bytes),
-        )
-
-
-def _tensors(batch: Any) -> list[torch.Tensor]:
-    """The tensors in a batch (nested tuples, lists and dicts)."""
-    found, stack = [], [batch]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, torch.Tensor):
-            found.append(x)
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-        elif isinstance(x, Mapping):
-            stack.extend(x.values())
-    return found
 
 
 def _parse_watts(text: str) -> float:
@@ -304,7 +233,7 @@ class Tuner:
         self.epoch = 0
         self._batch_size = batch_size or 0
         self.setting: dict[str, KnobValue] = {}
-        self._cost_meter: _CostMeter | None = None
+        self._cost_meter: CostMeter | None = None
         self._first_batch_bytes = 0.0
         self._hook_handles: list[Any] = []
         self._ticker: _Ticker | None = None
@@ -462,7 +391,7 @@ class Tuner:
             if self.model is None:
                 raise ValueError("the twin needs the step's cost: pass model= (it is measured from the first "
                                  "step) or cost= (for example load_workload(...).cost)")
-            self._cost_meter = _CostMeter(self.model)
+            self._cost_meter = CostMeter(self.model).start()
         self._setup_budget_file()
         self._virtual = bool(getattr(dev.clock, "virtual", False))
         self._update_every = max(1, round(0.5 / self.guard_params.tick_s))

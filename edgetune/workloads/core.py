@@ -1,0 +1,205 @@
+"""The :class:`Workload` type: a model with its optimizer, loss and seeded batches, and its measured cost.
+
+Everything that tunes or simulates a device drives training through :meth:`Workload.train_step`, one real
+forward/backward/optimizer step. Build a workload with :meth:`Workload.from_model`; bad definitions raise
+:class:`WorkloadError`, one line naming the fix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from edgetune.power.base import WorkloadCost
+from edgetune.power.knobs import BatchSizeError, check_batch_size
+from edgetune.workloads.cost import _COST_BATCH_SIZE, measure_cost
+
+__all__ = ["DEFAULT_BATCH_SIZE", "Batch", "BatchSource", "LossFn", "OptimizerSpec", "Workload", "WorkloadError"]
+
+Batch = tuple[Any, Tensor]
+BatchSource = Callable[[int, torch.Generator], Batch]
+LossFn = Callable[[Any, Tensor], Tensor]
+OptimizerSpec = Union[torch.optim.Optimizer, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer], None]  # noqa: UP007 - evaluated at runtime on 3.10 too
+
+# Samples per batch when a workload names none: the default of common training loops (Keras' fit).
+DEFAULT_BATCH_SIZE = 32
+# The optimizer of a workload that brings none: plain SGD with momentum at a learning rate that trains
+# most small models without tuning (torch's own examples use 0.01 with momentum 0.9).
+_DEFAULT_SGD_LR = 0.01
+_DEFAULT_SGD_MOMENTUM = 0.9
+
+
+class WorkloadError(ValueError):
+    """A workload spec or definition that cannot be used; the message is one line naming the fix."""
+
+
+def _one_line(exc: BaseException) -> str:
+    """``TypeName: message`` on a single line (messages of import errors can span lines)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@dataclass(eq=False)
+class Workload:
+    """A model with its optimizer, loss and seeded synthetic batches.
+
+    Build one with :meth:`from_model`; :attr:`cost` is measured at construction.
+
+    Attributes:
+        name: what reports call the workload.
+        model: the ``torch.nn.Module`` (built on CPU; batches follow the model to its device).
+        batch_source: ``batch_source(batch_size, generator) -> (inputs, targets)``.
+        loss_fn: ``loss_fn(model(inputs), targets) -> scalar loss``.
+        optimizer: the optimizer over ``model``'s parameters.
+        default_batch_size: the batch size common practice uses for this model: the baseline a tuned
+            setting is compared against.
+        seed: seeds the batch stream (and, in :func:`~edgetune.workloads.load_workload`, the initial weights).
+        b_noise: the gradient noise scale B_noise of this workload, in samples, as measured (McCandlish et
+            al. 2018: around this batch size, doubling the batch stops nearly halving the steps to a
+            target; see :mod:`edgetune.predictors`); None when unknown. Not used yet.
+        cost: what one training step asks of the hardware, measured once by
+            :func:`~edgetune.workloads.measure_cost`.
+    """
+
+    name: str
+    model: nn.Module = field(repr=False)
+    batch_source: BatchSource = field(repr=False)
+    loss_fn: LossFn = field(repr=False)
+    optimizer: torch.optim.Optimizer = field(repr=False)
+    default_batch_size: int = DEFAULT_BATCH_SIZE
+    seed: int = 0
+    b_noise: float | None = None
+    cost: WorkloadCost = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, nn.Module):
+            raise WorkloadError(f"workload {self.name!r}: model must be a torch.nn.Module, "
+                                f"got {type(self.model).__name__}")
+        if not isinstance(self.optimizer, torch.optim.Optimizer):
+            raise WorkloadError(f"workload {self.name!r}: optimizer must be a torch.optim.Optimizer, "
+                                f"got {type(self.optimizer).__name__}")
+        self.default_batch_size = _check_batch_size(self.default_batch_size, "default_batch_size")
+        if self.b_noise is not None:
+            if isinstance(self.b_noise, bool) or not isinstance(self.b_noise, (int, float)) \
+                    or not (math.isfinite(self.b_noise) and self.b_noise > 0):
+                raise WorkloadError(f"workload {self.name!r}: b_noise must be a positive number of samples "
+                                    f"or None, got {self.b_noise!r}")
+            self.b_noise = float(self.b_noise)
+        self._generator = torch.Generator().manual_seed(self.seed)
+        try:
+            self.cost = measure_cost(self)
+        except WorkloadError:
+            raise
+        except Exception as exc:
+            raise WorkloadError(f"workload {self.name!r}: one training step on a batch of {_COST_BATCH_SIZE} "
+                                f"failed: {_one_line(exc)}") from exc
+
+    @classmethod
+    def from_model(
+        cls,
+        name: str,
+        model: nn.Module,
+        make_batch: BatchSource,
+        *,
+        loss_fn: LossFn = F.cross_entropy,
+        optimizer: OptimizerSpec = None,
+        default_batch_size: int = DEFAULT_BATCH_SIZE,
+        seed: int = 0,
+        b_noise: float | None = None,
+    ) -> Workload:
+        """The workload of ``model`` trained on batches from ``make_batch``.
+
+        Args:
+            name: what reports call it.
+            model: the network.
+            make_batch: ``make_batch(batch_size, generator) -> (inputs, targets)``, drawing its randomness
+                from ``generator``.
+            loss_fn: ``loss_fn(model(inputs), targets)``; cross-entropy by default.
+            optimizer: an optimizer over ``model.parameters()``, or a function of the parameters that
+                builds one; SGD with momentum 0.9 and lr 0.01 by default.
+            default_batch_size: the batch size you would train with without edgetune.
+            seed: seeds the batch stream.
+            b_noise: the workload's measured gradient noise scale in samples, if known.
+        """
+        if optimizer is None:
+            optimizer = torch.optim.SGD(model.parameters(), lr=_DEFAULT_SGD_LR, momentum=_DEFAULT_SGD_MOMENTUM)
+        elif not isinstance(optimizer, torch.optim.Optimizer) and callable(optimizer):
+            optimizer = optimizer(model.parameters())
+        return cls(name, model, make_batch, loss_fn, optimizer, default_batch_size=default_batch_size, seed=seed,
+                   b_noise=b_noise)
+
+    # -- training ---------------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters live; batches are moved there."""
+        for p in self.model.parameters():
+            return p.device
+        return torch.device("cpu")
+
+    def make_batch(self, batch_size: int, generator: torch.Generator | None = None) -> Batch:
+        """The next synthetic ``(inputs, targets)`` of ``batch_size`` samples, on the model's device.
+
+        Drawn from the workload's seeded stream, or from ``generator`` when given (the stream is then
+        left untouched: :func:`~edgetune.workloads.measure_cost` draws its batch that way).
+        """
+        batch_size = _check_batch_size(batch_size, "batch size")
+        inputs, targets = self.batch_source(batch_size, self._generator if generator is None else generator)
+        device = self.device
+        if device.type != "cpu":
+            inputs, targets = _to(inputs, device), _to(targets, device)
+        return inputs, targets
+
+    def loss(self, batch: Batch) -> Tensor:
+        """The training loss of the model on ``batch`` (forward pass only)."""
+        inputs, targets = batch
+        outputs = self.model(*inputs) if isinstance(inputs, (tuple, list)) else self.model(inputs)
+        return self.loss_fn(outputs, targets)
+
+    def train_step(self, batch_size: int) -> float:
+        """One real training step (forward, backward, optimizer) on a fresh batch; returns the loss."""
+        batch = self.make_batch(batch_size)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss(batch)
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.item())
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the optimizer's first parameter group."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def set_lr(self, lr: float) -> None:
+        """Set the learning rate; other parameter groups keep their ratio to the first group's rate."""
+        if not (lr > 0 and math.isfinite(lr)):
+            raise WorkloadError(f"learning rate must be a positive number, got {lr!r}")
+        groups = self.optimizer.param_groups
+        base = float(groups[0]["lr"])
+        for group in groups:
+            group["lr"] = lr * (float(group["lr"]) / base) if base > 0 else lr
+
+
+def _check_batch_size(batch_size: Any, what: str) -> int:
+    """:func:`edgetune.power.knobs.check_batch_size`, failing as a :class:`WorkloadError` (what callers of
+    workloads catch, the CLI included)."""
+    try:
+        return check_batch_size(batch_size, what)
+    except BatchSizeError as exc:
+        raise WorkloadError(str(exc)) from None
+
+
+def _to(x: Any, device: torch.device) -> Any:
+    """``x`` (a tensor, or tuples and lists of them) on ``device``."""
+    if isinstance(x, Tensor):
+        return x.to(device)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to(v, device) for v in x)
+    return x

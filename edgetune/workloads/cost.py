@@ -1,0 +1,205 @@
+"""What one training step asks of the hardware: :class:`CostMeter`, the FLOP formulas, :func:`measure_cost`.
+
+One definition of a step's :class:`~edgetune.power.base.WorkloadCost`, used twice: :func:`measure_cost`
+meters a step of a :class:`~edgetune.workloads.Workload` on a copy of its model when the workload is built,
+and the runtime controller meters the user's own first step as it passes (``edgetune.tune`` on the twin).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
+
+from edgetune.log import get_logger
+from edgetune.power.base import WorkloadCost
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
+
+    from edgetune.workloads.core import Workload
+
+__all__ = ["CostMeter", "measure_cost"]
+
+_log = get_logger(__name__)
+
+# Batch size (samples) of the one-off cost measurement: big enough that batch-independent tensors (index
+# vectors, scalars) barely move the per-sample figures, small enough that building a workload stays cheap.
+_COST_BATCH_SIZE = 4
+# The measurement's batch comes from a generator seeded with the workload's seed plus this offset, so it
+# neither consumes nor repeats the workload's own batch stream.
+_COST_SEED_OFFSET = 0x5EED
+
+
+def _tensors(batch: Any) -> list[Tensor]:
+    """The tensors in a batch (nested tuples, lists and dicts)."""
+    found, stack = [], [batch]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Tensor):
+            found.append(x)
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, Mapping):
+            stack.extend(x.values())
+    return found
+
+
+def _storage_key(t: Tensor) -> tuple[int, int]:
+    """Identifies the memory behind ``t``: views of one storage share it."""
+    s = t.untyped_storage()
+    return s.data_ptr(), s.nbytes()
+
+
+def _conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                         _output_padding, _groups, output_mask, out_shape=None, **kwargs) -> int:
+    """FLOPs of ``aten.convolution_backward``: the forward's count for each gradient computed.
+
+    The input gradient is a transposed convolution of the output gradient with the same weights, and the
+    weight gradient a convolution of the input with the output gradient: each does exactly the forward's
+    multiply-adds. torch's own formula ignores ``groups`` in both (pytorch/pytorch PR #183405), which
+    counts a depthwise convolution's backward ``channels`` times over: 6.5x too many training FLOPs for
+    MobileNetV2. For ``groups=1`` the two formulas agree.
+    """
+    forward = conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed)
+    return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
+
+
+_FLOP_FORMULAS = {torch.ops.aten.convolution_backward: _conv_backward_flops}
+
+
+class CostMeter:
+    """Measures what one training step asks of the hardware while the step runs; no extra step is computed.
+
+    The one definition of a step's :class:`~edgetune.power.base.WorkloadCost`, shared by
+    :func:`measure_cost` (a step on a copy of a workload) and the runtime controller (the user's own first
+    step, as it passes). Between :meth:`start` and :meth:`close` it counts:
+
+    * FLOPs with :class:`torch.utils.flop_counter.FlopCounterMode` and a group-aware convolution backward
+      (matrix products, convolutions, attention kernels; elementwise work is not counted);
+    * the tensors autograd saves for backward (:func:`torch.autograd.graph.saved_tensors_hooks`), each
+      storage once, leaving out the model's parameters and every tensor passed to :meth:`exclude`.
+
+    Usage: ``meter = CostMeter(model).start()``; ``input_bytes = meter.exclude(batch)`` before the forward
+    pass; forward, backward and ``optimizer.step()``; then ``meter.finish(batch_size, optimizer,
+    input_bytes)``. It is also a context manager (``with meter:`` starts and closes it).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self._excluded = {_storage_key(p) for p in model.parameters()}
+        self._saved: dict[tuple[int, int], int] = {}
+        self._flops = FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._active = False
+        self._started = False
+
+    @property
+    def active(self) -> bool:
+        """Whether the meter is counting (started and not yet closed)."""
+        return self._active
+
+    def start(self) -> Self:
+        """Start counting; returns the meter. A meter counts one step: it cannot be restarted."""
+        if self._started:
+            raise RuntimeError("a CostMeter measures one step; build a new one to measure another")
+        self._started = True
+        self._flops.__enter__()
+        self._hooks.__enter__()
+        self._active = True
+        return self
+
+    def close(self) -> None:
+        """Stop counting (idempotent); what was counted stays for :meth:`finish`."""
+        if self._active:
+            self._hooks.__exit__(None, None, None)
+            self._flops.__exit__(None, None, None)
+            self._active = False
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _pack(self, t: Tensor) -> Tensor:
+        key = _storage_key(t)
+        if key not in self._excluded:
+            self._saved[key] = key[1]
+        return t
+
+    def exclude(self, batch: Any) -> float:
+        """Count ``batch``'s tensors (nested tuples, lists, dicts) as the step's input, not as activations;
+        returns their bytes."""
+        total = 0.0
+        for t in _tensors(batch):
+            self._excluded.add(_storage_key(t))
+            total += t.numel() * t.element_size()
+        return total
+
+    def finish(self, batch_size: int, optimizer: torch.optim.Optimizer | None, input_bytes: float) -> WorkloadCost:
+        """Close the meter and return the step's cost per sample of a ``batch_size`` batch.
+
+        Args:
+            batch_size: samples in the measured step.
+            optimizer: the optimizer, after its first step (its state is the optimizer's memory), or None.
+            input_bytes: bytes of the step's inputs and targets (what :meth:`exclude` returned).
+        """
+        self.close()
+        params = list(self.model.parameters())
+        param_storages = {_storage_key(p) for p in params}
+        state_storages: dict[tuple[int, int], int] = {}
+        if optimizer is not None:
+            for state in optimizer.state.values():
+                for value in state.values():
+                    if isinstance(value, Tensor) and _storage_key(value) not in param_storages:
+                        state_storages[_storage_key(value)] = value.numel() * value.element_size()
+        return WorkloadCost(
+            flops_per_sample=self._flops.get_total_flops() / batch_size,
+            param_bytes=float(sum(p.numel() * p.element_size() for p in params)),
+            activation_bytes_per_sample=sum(self._saved.values()) / batch_size,
+            input_bytes_per_sample=input_bytes / batch_size,
+            optimizer_state_bytes=float(sum(state_storages.values())),
+        )
+
+
+def measure_cost(workload: Workload, batch_size: int = _COST_BATCH_SIZE) -> WorkloadCost:
+    """Measure what one training step of ``workload`` asks of the hardware, from the real model.
+
+    One step runs on a copy of the model and optimizer (the workload's own weights, optimizer state and
+    batch stream are left untouched) on a batch from a separate generator, counted by a
+    :class:`CostMeter`:
+
+    * ``flops_per_sample``: FLOPs of forward + backward counted by :class:`torch.utils.flop_counter.
+      FlopCounterMode` (with a group-aware convolution backward), divided by the batch. The counter covers
+      matrix products, convolutions and attention kernels, which dominate; elementwise work (activations,
+      normalisation, the optimizer's per-parameter update, O(parameters) per step) is not counted.
+    * ``activation_bytes_per_sample``: bytes of the tensors autograd saves for backward (seen through
+      :func:`torch.autograd.graph.saved_tensors_hooks`), each storage once, parameters and the batch itself
+      excluded, divided by the batch.
+    * ``param_bytes``: sum of parameter sizes.
+    * ``optimizer_state_bytes``: bytes of the state the optimizer holds after one step (SGD momentum:
+      one buffer per parameter; Adam: two).
+    * ``input_bytes_per_sample``: bytes of one sample's inputs and targets.
+    """
+    model, optimizer = copy.deepcopy((workload.model, workload.optimizer))  # one memo: optimizer -> copy
+    generator = torch.Generator().manual_seed(workload.seed + _COST_SEED_OFFSET)
+    inputs, targets = workload.make_batch(batch_size, generator)
+
+    meter = CostMeter(model)
+    input_bytes = meter.exclude((inputs, targets))
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.random.fork_rng(devices=[]), meter:
+        outputs = model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
+        loss = workload.loss_fn(outputs, targets)
+        loss.backward()
+    optimizer.step()
+    cost = meter.finish(batch_size, optimizer, input_bytes)
+    _log.debug("workload %r: %.1f MFLOP, %.0f activation bytes per sample (measured at batch %d)",
+               workload.name, cost.flops_per_sample / 1e6, cost.activation_bytes_per_sample, batch_size)
+    return cost

@@ -1,0 +1,139 @@
+"""Loading a workload from its spec: a built-in name, or ``module:function`` naming the user's own.
+
+``module`` is a dotted module importable from the current directory, PYTHONPATH or site-packages, or a
+``path/to/file.py``. Every failure (an unknown name, a module that does not import, a missing function, a
+function that fails or returns no :class:`~edgetune.workloads.Workload`) is one :class:`WorkloadError` line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from edgetune.log import get_logger
+from edgetune.workloads.core import Workload, WorkloadError, _one_line
+from edgetune.workloads.models import _BUILDERS, BUILTIN_WORKLOADS
+
+__all__ = ["load_workload"]
+
+_log = get_logger(__name__)
+
+
+def load_workload(spec: str, *, seed: int = 0) -> Workload:
+    """The workload named by ``spec``, its weights and batches seeded by ``seed``.
+
+    ``spec`` is a built-in name (:data:`BUILTIN_WORKLOADS`) or ``module:function`` (``package.module``
+    importable from the current directory, PYTHONPATH or site-packages, or a ``path/to/file.py``) naming a
+    function that returns a :class:`Workload`; the function receives ``seed=`` if it accepts it.
+
+    Raises:
+        WorkloadError: one line: an unknown name (with the nearest built-in), a module that does not import
+            (with the import error), a missing function, a function that fails or returns no Workload.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise WorkloadError(f"workload spec must be a name or module:function, got {spec!r}; "
+                            f"built-in workloads: {', '.join(BUILTIN_WORKLOADS)}")
+    spec = spec.strip()
+    if ":" not in spec:
+        builder = _BUILDERS.get(spec.lower())
+        if builder is None:
+            close = difflib.get_close_matches(spec.lower(), BUILTIN_WORKLOADS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise WorkloadError(f"unknown workload {spec!r}; {hint}built-in workloads: "
+                                f"{', '.join(BUILTIN_WORKLOADS)}; or give module:function for your own model")
+        with _seeded(seed):
+            return builder(seed)
+    workload = _load_user_workload(spec, seed)
+    _log.debug("loaded workload %r from %r (seed %d)", workload.name, spec, seed)
+    return workload
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """Seed torch's global generator for model initialisation without disturbing the caller's stream."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+@contextlib.contextmanager
+def _cwd_on_path() -> Iterator[None]:
+    """Make modules in the current directory importable, as ``python -m`` does (console scripts don't)."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(cwd)
+
+
+def _import(module_name: str, spec: str) -> Any:
+    try:
+        if module_name.endswith(".py"):
+            if not os.path.isfile(module_name):
+                raise FileNotFoundError(f"no such file {module_name!r}")
+            name = "edgetune_user_" + os.path.splitext(os.path.basename(module_name))[0]
+            file_spec = importlib.util.spec_from_file_location(name, module_name)
+            assert file_spec is not None and file_spec.loader is not None
+            module = importlib.util.module_from_spec(file_spec)
+            sys.modules[name] = module
+            try:
+                file_spec.loader.exec_module(module)
+            except BaseException:
+                sys.modules.pop(name, None)
+                raise
+            return module
+        return importlib.import_module(module_name)
+    except Exception as exc:
+        raise WorkloadError(f"cannot import {module_name!r} for workload {spec!r}: {_one_line(exc)}") from exc
+
+
+def _load_user_workload(spec: str, seed: int) -> Workload:
+    module_name, _, func_name = spec.rpartition(":")
+    if not module_name or not func_name or not func_name.isidentifier():
+        raise WorkloadError(f"workload spec {spec!r} is not module:function (e.g. my_package.models:build)")
+    with _cwd_on_path():
+        module = _import(module_name, spec)
+        func = getattr(module, func_name, None)
+        if func is None:
+            functions = sorted(n for n, v in vars(module).items()
+                               if inspect.isfunction(v) and not n.startswith("_") and v.__module__ == module.__name__)
+            close = difflib.get_close_matches(func_name, functions, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise WorkloadError(f"module {module_name!r} has no function {func_name!r}; {hint}"
+                                f"functions there: {', '.join(functions) or 'none'}")
+        if not callable(func):
+            raise WorkloadError(f"{spec!r} names a {type(func).__name__}, not a function returning a Workload")
+        kwargs = {"seed": seed} if _accepts_seed(func) else {}
+        try:
+            with _seeded(seed):
+                result = func(**kwargs)
+        except WorkloadError as exc:
+            raise WorkloadError(f"workload {spec!r}: {exc}") from exc
+        except Exception as exc:
+            raise WorkloadError(f"workload function {spec!r} failed: {_one_line(exc)}") from exc
+    if not isinstance(result, Workload):
+        raise WorkloadError(f"{spec!r} returned {type(result).__name__}, not a Workload; build one with "
+                            f"edgetune.workloads.Workload.from_model(name, model, make_batch, ...)")
+    return result
+
+
+def _accepts_seed(func: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "seed" and p.kind is not p.POSITIONAL_ONLY or p.kind is p.VAR_KEYWORD for p in params)
