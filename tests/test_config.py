@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from edgetune.cli import main
@@ -111,3 +113,21 @@ def test_search_reports_a_config_error_in_one_line_exit_2(tmp_path, capsys):
     assert err == [f"edgetune: error: {path}: unknown key 'search.n_trial'; did you mean 'search.n_trials'?"]
     assert main(["search", "--device", "sim:orin-nano"]) == 2
     assert "no power budget: pass --budget WATTS" in capsys.readouterr().err
+
+
+def _search_flags() -> dict[str, str]:
+    """``edgetune search``'s flags -> their help text, as argparse renders it (``%%`` -> ``%``)."""
+    import argparse
+
+    from edgetune.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {opt: (action.help or "").replace("%%", "%") for action in sub.choices["search"]._actions
+            for opt in action.option_strings if opt.startswith("--")}
+
+
+def test_search_help_states_the_n_trials_default_the_search_uses():
+    stated = re.search(r"\(default (\d+)\)", _search_flags()["--n-trials"])
+    assert stated is not None
+    assert int(stated.group(1)) == load_config()["search.n_trials"]
