@@ -169,7 +169,8 @@ SCHEMA: dict[str, Key] = {
     "search.n_trials": Key(40, _integer(1), "most settings measured (baseline probes included); the guided "
                            "sampler usually stops sooner; 40 take about half a minute on the twin on 2 CPU cores"),
     "search.sampler": Key("auto", _choice(SAMPLERS),
-                          "auto (= guided), guided (predictor-guided), tpe, gp or random"),
+                          "auto: the measured winner, guided (experiments/sampler_comparison.py); guided "
+                          "(predictor-guided), tpe, gp or random"),
     "search.storage": Key("", _text(nonempty=False),
                           "Optuna storage URL shared by a fleet (postgresql://..., sqlite:///...); "
                           "default: sqlite in the output folder", '"postgresql://user@host/edgetune"'),

@@ -131,3 +131,18 @@ def test_search_help_states_the_n_trials_default_the_search_uses():
     stated = re.search(r"\(default (\d+)\)", _search_flags()["--n-trials"])
     assert stated is not None
     assert int(stated.group(1)) == load_config()["search.n_trials"]
+
+
+def test_readme_and_help_name_one_default_sampler_and_what_auto_resolves_to():
+    from pathlib import Path
+
+    from edgetune.search.study import AUTO_SAMPLER
+
+    default = load_config()["search.sampler"]
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    stated = re.search(r"`--sampler (\w+)`, the default", readme)
+    assert stated is not None and stated.group(1) == default
+    assert f"resolves to the measured winner, `{AUTO_SAMPLER}`" in readme
+    sampler_help = _search_flags()["--sampler"]
+    assert f"(default {default})" in sampler_help
+    assert f"{default}: the measured winner, {AUTO_SAMPLER}" in sampler_help

@@ -88,7 +88,8 @@ def register(subparsers) -> None:
                    help="guard band in standard errors of the measured average (default 2)")
     g = p.add_argument_group("search")
     g.add_argument("--n-trials", type=_int, help="settings to measure in all (default 40)")
-    g.add_argument("--sampler", help="auto (default), guided, tpe, gp, random")
+    g.add_argument("--sampler", help="auto: the measured winner, guided (experiments/sampler_comparison.py); "
+                   "guided, tpe, gp, random (default auto)")
     g.add_argument("--storage", help="Optuna storage URL for a fleet (postgresql://..., sqlite:///..., journal:FILE)")
     g.add_argument("--study-name", help="study name (default from device, workload, budget, objective)")
     g.add_argument("--patience", type=_int, help="stop after this many trials without improvement (0: never)")
