@@ -88,7 +88,7 @@ def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
 def _batch_sizes(v: Any) -> tuple[int, ...] | None:
     if v is None:
         return None
-    if not isinstance(v, list) or not v:
+    if not isinstance(v, (list, tuple)) or not v:  # a tuple: an already validated value
         raise ValueError(f"must be a non-empty list of whole numbers, e.g. [16, 32, 64], got {v!r}")
     if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in v):
         raise ValueError(f"must hold whole numbers >= 1, got {v!r}")
@@ -100,7 +100,7 @@ def _batch_sizes(v: Any) -> tuple[int, ...] | None:
 def _knob_names(v: Any) -> tuple[str, ...] | None:
     if v is None or v == "all":
         return None
-    if not isinstance(v, list) or any(not isinstance(k, str) for k in v):
+    if not isinstance(v, (list, tuple)) or any(not isinstance(k, str) for k in v):
         raise ValueError(f'must be "all" or a list of knob names, e.g. ["gpu_freq", "emc_freq"], got {v!r}')
     return tuple(v)
 
@@ -110,7 +110,7 @@ def _knob_values(v: Any) -> dict[str, tuple[Any, ...]]:
         raise ValueError('must be a table of knob = [values], e.g. gpu_freq = ["306MHz", "max"]')  # noqa: TRY004
     out: dict[str, tuple[Any, ...]] = {}
     for name, values in v.items():
-        if not isinstance(values, list) or not values:
+        if not isinstance(values, (list, tuple)) or not values:
             raise ValueError(f"{name} must be a non-empty list of values, got {values!r}")
         if any(isinstance(x, bool) or not isinstance(x, (int, float, str)) for x in values):
             raise ValueError(f"{name} must list numbers or strings (\"918MHz\", \"max\"), got {values!r}")
@@ -119,7 +119,7 @@ def _knob_values(v: Any) -> dict[str, tuple[Any, ...]]:
 
 
 def _real_steps(v: Any) -> int | None:
-    if v == "all":
+    if v == "all" or v is None:  # None: an already validated "all"
         return None
     return _integer(0)(v)
 

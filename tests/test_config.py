@@ -146,3 +146,13 @@ def test_readme_and_help_name_one_default_sampler_and_what_auto_resolves_to():
     sampler_help = _search_flags()["--sampler"]
     assert f"(default {default})" in sampler_help
     assert f"{default}: the measured winner, {AUTO_SAMPLER}" in sampler_help
+
+
+def test_a_validated_config_validates_again_unchanged():
+    cfg = validate({"power_budget_w": 10, "space.batch_sizes": [64, 16], "space.knobs": ["gpu_freq"],
+                    "space.values": {"gpu_freq": ["max", 306_000_000]}, "protocol.real_steps": "all",
+                    "efficiency.b_noise": "measure"})
+    again = cfg.with_values(**{"search.n_trials": 5})
+    assert again["search.n_trials"] == 5
+    assert {k: v for k, v in again.values.items() if k != "search.n_trials"} == \
+        {k: v for k, v in cfg.values.items() if k != "search.n_trials"}
