@@ -211,14 +211,6 @@ class Config:
     def budget_w(self) -> float | None:
         return self.values["power_budget_w"]
 
-    def protocol(self):
-        from edgetune.search.trial import MeasurementProtocol
-
-        return MeasurementProtocol(
-            warmup_steps=self["protocol.warmup_steps"], measure_steps=self["protocol.measure_steps"],
-            measure_s=self["protocol.measure_s"], real_steps=self["protocol.real_steps"],
-        )
-
     def storage_url(self) -> str:
         url = self["search.storage"]
         if url:

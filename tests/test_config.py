@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -55,7 +56,9 @@ def test_values_are_normalised():
     assert cfg["space.knobs"] is None
     assert cfg["protocol.real_steps"] is None
     assert cfg["efficiency.b_noise"] == "measure"
-    assert cfg.protocol().real_steps is None
+    from edgetune.cli.search import measurement_protocol
+
+    assert measurement_protocol(cfg).real_steps is None
 
 
 def test_sections_and_flag_overrides(tmp_path):
@@ -134,8 +137,6 @@ def test_search_help_states_the_n_trials_default_the_search_uses():
 
 
 def test_readme_and_help_name_one_default_sampler_and_what_auto_resolves_to():
-    from pathlib import Path
-
     from edgetune.search.study import AUTO_SAMPLER
 
     default = load_config()["search.sampler"]
@@ -156,3 +157,14 @@ def test_a_validated_config_validates_again_unchanged():
     assert again["search.n_trials"] == 5
     assert {k: v for k, v in again.values.items() if k != "search.n_trials"} == \
         {k: v for k, v in cfg.values.items() if k != "search.n_trials"}
+
+
+def test_config_does_not_import_the_search():
+    import ast
+
+    import edgetune.config
+
+    tree = ast.parse(Path(edgetune.config.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not [m for m in imported if m == "edgetune.search" or m.startswith("edgetune.search.")]

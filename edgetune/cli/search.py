@@ -21,7 +21,7 @@ from typing import Any
 
 from edgetune.cli import UsageError
 
-__all__ = ["register", "search"]
+__all__ = ["measurement_protocol", "register", "search"]
 
 # flag dest -> config key (flags override the config file)
 FLAG_KEYS = {
@@ -205,7 +205,7 @@ def search(args: argparse.Namespace) -> int:
 
             s = Search(
                 device, workload, space, budget_w=budget, objective=cfg["objective"], target=target,
-                protocol=cfg.protocol(), storage_url=cfg.storage_url(), study_name=study_name,
+                protocol=measurement_protocol(cfg), storage_url=cfg.storage_url(), study_name=study_name,
                 sampler=cfg["search.sampler"], n_trials=cfg["search.n_trials"], window_s=cfg["budget.window_s"],
                 tolerance=cfg["budget.tolerance"], guard_sigma=cfg["budget.guard_sigma"],
                 patience=cfg["search.patience"], margin=cfg["search.margin"],
@@ -218,6 +218,16 @@ def search(args: argparse.Namespace) -> int:
     finally:
         device.close()
     return _finish(result, out, cfg)
+
+
+def measurement_protocol(cfg):
+    """The search's :class:`~edgetune.search.trial.MeasurementProtocol` from the config's ``[protocol]``."""
+    from edgetune.search.trial import MeasurementProtocol
+
+    return MeasurementProtocol(
+        warmup_steps=cfg["protocol.warmup_steps"], measure_steps=cfg["protocol.measure_steps"],
+        measure_s=cfg["protocol.measure_s"], real_steps=cfg["protocol.real_steps"],
+    )
 
 
 def _target(cfg, workload):
