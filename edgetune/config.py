@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgetune.power.knobs import KNOBS
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
@@ -241,11 +243,8 @@ def _flatten(data: Mapping[str, Any], where: str) -> dict[str, Any]:
     return flat
 
 
-KNOB_NAMES = ("gpu_freq", "emc_freq", "cpu_freq", "cpu_cores", "power_mode", "power_limit", "mem_freq")
-
-
 def _unknown(key: str, where: str) -> ConfigError:
-    if key.split(".")[-1] in KNOB_NAMES:
+    if key.split(".")[-1] in KNOBS:  # a knob named where a key goes
         knob = key.split(".")[-1]
         return ConfigError(f"{where}: unknown key {key!r}; knob values go in the [space] section: "
                            f"values = {{ {knob} = [...] }}, and knobs = [\"{knob}\", ...]")

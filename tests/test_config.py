@@ -168,3 +168,12 @@ def test_config_does_not_import_the_search():
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not [m for m in imported if m == "edgetune.search" or m.startswith("edgetune.search.")]
+
+
+def test_every_registered_knob_named_as_a_key_points_to_the_space_section():
+    from edgetune.power.knobs import KNOBS
+
+    for name in KNOBS:
+        for key in (name, f"space.{name}"):
+            with pytest.raises(ConfigError, match=rf"knob values go in the \[space\] section: values = {{ {name} ="):
+                validate({key: 1})
