@@ -13,9 +13,11 @@ import json
 import math
 
 from edgetune.cli import UsageError
+from edgetune.cli.flags import flag_help
+from edgetune.config import SCHEMA
 from edgetune.power.base import Device, format_value
 
-__all__ = ["register", "positive_int", "parse_assignment"]
+__all__ = ["parse_assignment", "positive_int", "register"]
 
 
 def positive_int(text: str) -> int:
@@ -65,14 +67,17 @@ def register(subparsers) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--device", default="auto", help="device spec: auto (default), sim:<profile>, jetson, nvml[:i], rapl")
-    p.add_argument("--workload", default="cnn", help="built-in workload (cnn, mobilenet, chartransformer) or module:function")
+    # the flags `search` shares take their default and help from the config schema
+    p.add_argument("--device", default=SCHEMA["device"].default, help=flag_help(SCHEMA["device"], name_key=False))
+    p.add_argument("--workload", default=SCHEMA["workload"].default,
+                   help=flag_help(SCHEMA["workload"], name_key=False))
     p.add_argument("--batch-size", type=positive_int, help="samples per step (default: the workload's default)")
     p.add_argument("--set", dest="assignments", action="append", type=parse_assignment, default=[],
                    metavar="KNOB=VALUE", help="set a knob (repeatable): a value in its unit, with a unit, min or max")
     p.add_argument("--steps", type=positive_int, default=100, help="measured training steps (default 100)")
     p.add_argument("--warmup", type=non_negative_int, default=5, help="warm-up steps before measuring (default 5)")
-    p.add_argument("--seed", type=int, default=0, help="seed for the workload and the simulated twin")
+    p.add_argument("--seed", type=int, default=SCHEMA["seed"].default,
+                   help=f"seed for the workload and the simulated twin (default {SCHEMA['seed'].default})")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     p.set_defaults(func=run)
 
