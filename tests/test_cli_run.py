@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -78,3 +79,20 @@ def test_console_entry_point_runs_as_a_process():
                           check=False)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["steps"] == 3
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_draws_on_a_terminal_only(monkeypatch, capsys):
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(RUN + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 8  # stdout holds the JSON alone
+    drawn = terminal.getvalue()
+    assert "cnn b=16" in drawn and "/8" in drawn
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: nothing drawn
+    assert main(RUN + ["--json"]) == 0
+    assert sys.stderr.getvalue() == ""

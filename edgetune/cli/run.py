@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 
 from edgetune.cli import UsageError
 from edgetune.cli.flags import flag_help
@@ -83,8 +84,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from edgetune.power import PowerMonitor, open_device
-    from edgetune.progress import ProgressBar
     from edgetune.search.trial import MeasurementProtocol, measure_setting
     from edgetune.workloads import WorkloadError, load_workload
 
@@ -100,9 +102,11 @@ def run(args: argparse.Namespace) -> int:
         protocol = MeasurementProtocol(warmup_steps=args.warmup, measure_steps=args.steps, measure_s=0.0,
                                        real_steps=None)
         with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
-            with ProgressBar(args.steps, f"{workload.name} b={batch_size}") as bar:
+            # the bar draws on a terminal only (disable=None) and clears itself at the end
+            with tqdm(total=args.steps, desc=f"{workload.name} b={batch_size}", unit="step", file=sys.stderr,
+                      leave=False, disable=None) as bar:
                 m = measure_setting(device, workload, batch_size, setting, protocol, monitor,
-                                    on_step=bar.update)
+                                    on_step=lambda done: bar.update(done - bar.n))
             final = device.settings()
     finally:
         device.close()

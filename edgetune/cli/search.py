@@ -108,20 +108,22 @@ def search(args: argparse.Namespace) -> int:
         except SearchError as exc:
             raise UsageError(str(exc)) from None
         study_name = cfg.study_name(device.name, workload.name)
-        quiet = args.quiet or not sys.stderr.isatty()
         print(f"edgetune search: {workload.name} on {device.name} ({device.description}), budget {budget:g} W, "
               f"objective {cfg.objective}", file=sys.stderr)
         print(f"space: {space.describe()}", file=sys.stderr)
         for line in notes + list(device.notes or []):
             print(line, file=sys.stderr)
-        from edgetune.progress import ProgressBar
+        from tqdm import tqdm
 
-        with ProgressBar(cfg.search.n_trials, "trials", enabled=not quiet) as bar:
+        # the bar draws on a terminal only (disable=None), never with --quiet; it clears itself at the end
+        with tqdm(total=cfg.search.n_trials, desc="trials", unit="trial", file=sys.stderr, leave=False,
+                  disable=True if args.quiet else None) as bar:
             def on_trial(rec, n):
                 o = rec.outcome
                 note = (f"#{rec.number} b={rec.candidate.batch_size} " +
                         (f"{o.time_to_target_s:.0f}s {'ok' if rec.feasible else 'over'}" if o else "failed"))
-                bar.update(n, note)
+                bar.set_postfix_str(note, refresh=False)
+                bar.update(n - bar.n)  # n: trials measured so far, this worker's and the fleet's
 
             s = Search(
                 device, workload, space, budget_w=budget, objective=cfg.objective, target=target,
