@@ -23,7 +23,7 @@ from typing import Any
 from edgetune.cli import UsageError
 from edgetune.power import registry, state
 from edgetune.power.base import Device, DeviceError, Knob, format_value
-from edgetune.power.monitor import PowerMonitor
+from edgetune.power.monitor import PowerMonitor, energy_j
 
 __all__ = ["describe_device", "register"]
 
@@ -206,8 +206,8 @@ def _monitor(device: Device, args: argparse.Namespace) -> int:
         while True:
             reading = monitor.sample()
             if reading is not None:
-                if last is not None and reading.t > last[0]:
-                    energy += (reading.t - last[0]) * (reading.total_w + last[1]) / 2
+                if last is not None and reading.t > last[0]:  # the running total, one trapezoid at a time
+                    energy += energy_j((last[0], reading.t), (last[1], reading.total_w))
                 last = (reading.t, reading.total_w)
                 if writer is not None:
                     writer.writerow([f"{reading.t - t0:.4f}", f"{reading.total_w:.4f}",
