@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import subprocess
 import sys
 
@@ -96,3 +97,29 @@ def test_progress_bar_draws_on_a_terminal_only(monkeypatch, capsys):
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: nothing drawn
     assert main(RUN + ["--json"]) == 0
     assert sys.stderr.getvalue() == ""
+
+
+WORKLOAD_THAT_LOGS = '''
+import torch
+
+from edgetune.log import get_logger
+from edgetune.workloads import Workload
+
+
+def build():
+    get_logger("edgetune.workloads.user").info("built the user's workload")
+    model = torch.nn.Linear(4, 2)
+    make = lambda b, g: (torch.randn(b, 4, generator=g), torch.randint(0, 2, (b,), generator=g))
+    return Workload.from_model("user", model, make, default_batch_size=4)
+'''
+
+
+def test_library_log_records_reach_stderr_as_edgetune_lines(tmp_path, monkeypatch, capsys):
+    (tmp_path / "logging_workload.py").write_text(WORKLOAD_THAT_LOGS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    root = logging.getLogger("edgetune")
+    before = (list(root.handlers), root.level, root.propagate)
+    assert main(["run", "--device", "sim:orin-nano", "--workload", "logging_workload:build", "--steps", "1",
+                 "--warmup", "0", "--json"]) == 0
+    assert "edgetune: built the user's workload" in capsys.readouterr().err.splitlines()
+    assert (list(root.handlers), root.level, root.propagate) == before  # main leaves logging as it found it
