@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = ["format_table", "plot_power", "plot_time_energy", "summary_table", "write_plots"]
 
+SCIENTIFIC_FROM = 1e5  # table cells this large print as 1.234e+05: 4 significant digits would drop digits
+
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A plain aligned text table (numbers right-aligned)."""
@@ -51,7 +53,7 @@ def _cell(v: object) -> str:
     if isinstance(v, float):
         if not math.isfinite(v):
             return "-"
-        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
+        return f"{v:.4g}" if abs(v) < SCIENTIFIC_FROM else f"{v:.3e}"
     return str(v)
 
 
@@ -96,6 +98,8 @@ TIME_ENERGY_SIZE_IN = (7, 5)  # inches: a square-ish scatter with room for the l
 POWER_SIZE_IN = (9, 4)  # inches: wide, windows run back to back along the time axis
 PLOT_DPI = 110  # 770x550 and 990x440 pixels: readable on a laptop screen, small files
 WINDOW_GAP_S = 0.2  # gap drawn between consecutive measured windows in the power plot
+TITLE_FONT_PT = 10  # titles name device, workload and budget: long, so smaller than matplotlib's 12
+LEGEND_FONT_PT = 8  # the legend must not hide the points
 FALLBACK_AVG_WINDOW_S = 1.0  # the budget's default window, for a record that does not name its own
 
 
@@ -148,9 +152,9 @@ def plot_time_energy(result: SearchResult, path: str | Path) -> Path:
     title = f"{result.workload} on {result.device_name}, {budget}"
     if n_fail:
         title += f" ({n_fail} out of memory/failed, not shown)"
-    ax.set_title(title + (" [simulated]" if result.simulated else ""), fontsize=10)
+    ax.set_title(title + (" [simulated]" if result.simulated else ""), fontsize=TITLE_FONT_PT)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=LEGEND_FONT_PT)
     return _save(fig, path)
 
 
@@ -173,11 +177,11 @@ def plot_power(result: SearchResult, path: str | Path) -> Path:
         offset += r.trace_t[-1] + WINDOW_GAP_S
     if result.budget_w is not None:
         ax.axhline(result.budget_w, c="k", ls="--", lw=1, label=f"budget {result.budget_w:g} W")
-        ax.legend(fontsize=8, loc="upper right")
+        ax.legend(fontsize=LEGEND_FONT_PT, loc="upper right")
     ax.set_xlabel("measured window time, windows back to back (s, device clock)")
     ax.set_ylabel("board power (W)")
     ax.set_title("power over the measured windows (black: moving average; red: over budget; gold: chosen)"
-                 + (" [simulated]" if result.simulated else ""), fontsize=10)
+                 + (" [simulated]" if result.simulated else ""), fontsize=TITLE_FONT_PT)
     ax.grid(alpha=0.3)
     return _save(fig, path)
 

@@ -20,6 +20,9 @@ from edgetune.power.base import Device, format_value
 
 __all__ = ["parse_assignment", "positive_int", "register"]
 
+DEFAULT_STEPS = 100  # measured steps: a window of seconds on a board, enough for the 1-s power average
+DEFAULT_WARMUP_STEPS = 5  # steps before measuring: caches, allocator and the clock ramp settle
+
 
 def positive_int(text: str) -> int:
     """argparse type: an integer > 0 (batch size, steps)."""
@@ -75,8 +78,10 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=positive_int, help="samples per step (default: the workload's default)")
     p.add_argument("--set", dest="assignments", action="append", type=parse_assignment, default=[],
                    metavar="KNOB=VALUE", help="set a knob (repeatable): a value in its unit, with a unit, min or max")
-    p.add_argument("--steps", type=positive_int, default=100, help="measured training steps (default 100)")
-    p.add_argument("--warmup", type=non_negative_int, default=5, help="warm-up steps before measuring (default 5)")
+    p.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS,
+                   help=f"measured training steps (default {DEFAULT_STEPS})")
+    p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP_STEPS,
+                   help=f"warm-up steps before measuring (default {DEFAULT_WARMUP_STEPS})")
     p.add_argument("--seed", type=int, default=SCHEMA["seed"].default,
                    help=f"seed for the workload and the simulated twin (default {SCHEMA['seed'].default})")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
@@ -98,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     device = open_device(args.device, seed=args.seed)
     try:
         setting = resolve_setting(device, args.assignments)
-        # `run` executes every step for real, also on the twin: it is a measurement of this one setting
+        # `run` executes every step for real, also on the twin: it is a measurement of this one setting;
+        # the window is exactly --steps long (no minimum duration)
         protocol = MeasurementProtocol(warmup_steps=args.warmup, measure_steps=args.steps, measure_s=0.0,
                                        real_steps=None)
         with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:

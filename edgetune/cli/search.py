@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 __all__ = ["measurement_protocol", "register", "search"]
 
+BUDGET_HINT_STEP_W = 0.1  # the lowest feasible budget is suggested rounded up to this step (a budget one can type)
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("search", help="co-select batch size and knobs under a power budget (Optuna, "
                               "hardware in the loop)", description=__doc__,
@@ -89,7 +92,8 @@ def search(args: argparse.Namespace) -> int:
         src = cfg.sources.get("power_budget_w", "power_budget_w")
         if device.idle_power_w is not None and budget <= device.idle_power_w:
             low = _lowest_power_w(device, workload, space)
-            hint = (f"the lowest feasible budget is about {math.ceil(low * 10) / 10:g} W (smallest batch size "
+            lowest_w = math.ceil(low / BUDGET_HINT_STEP_W) * BUDGET_HINT_STEP_W
+            hint = (f"the lowest feasible budget is about {lowest_w:g} W (smallest batch size "
                     f"at the lowest knob values)" if low else f"use a budget above {device.idle_power_w:g} W")
             raise UsageError(f"{src} {budget:g} W is below the idle power of {device.name} "
                              f"({device.idle_power_w:.2f} W): no setting can hold it (infeasible); {hint}")
