@@ -1,13 +1,20 @@
-"""The search configuration: a TOML file, CLI flags on top, every key validated.
+"""The search configuration: a TOML file, CLI flags on top, loaded into frozen, typed sections.
 
-One flat table of keys (``device``, ``workload``, ``power_budget_w`` ...) and a few sections
-(``[budget]``, ``[space]``, ``[search]``, ``[protocol]``, ``[efficiency]``). :data:`SCHEMA` lists every
-key with its default and its check; :func:`load_config` reads a file, merges overrides (the CLI's flags,
-which win) and validates everything at once, raising :class:`ConfigError` with one line that names the key
-and the fix. An unknown key gets the nearest known key as a suggestion (difflib).
+A config file has a few top-level keys (``device``, ``workload``, ``power_budget_w`` ...) and the sections
+``[budget]``, ``[space]``, ``[search]``, ``[protocol]`` and ``[efficiency]``. Each section is a frozen
+dataclass (:class:`BudgetSection` ...); a :class:`Config` holds the top-level keys and one of each, so code
+reads ``config.search.n_trials``, ``config.protocol.warmup_steps``, ``config.power_budget_w``.
 
-:func:`example_config` is the commented file ``edgetune init`` writes; a test loads it back, so the example
-and the schema cannot drift apart.
+The dataclass fields are the schema: each field's metadata is a :class:`Key` with its check, its help line
+and, where the key has one, its command-line :class:`Flag`. :data:`SCHEMA` lists the keys by dotted name
+(``search.n_trials``) in file order. Everything else is generated from it, so nothing can drift from the
+defaults: the validation, the commented file ``edgetune init`` writes (:func:`example_config`, loaded back
+by a test), and the flags of ``edgetune search`` with their help texts and defaults
+(:mod:`edgetune.cli.flags`).
+
+:func:`load_config` reads a file, merges overrides (the CLI's flags, which win) and validates everything at
+once, raising :class:`ConfigError` with one line that names the key and the fix. An unknown key gets the
+nearest known key as a suggestion (difflib).
 """
 
 from __future__ import annotations
@@ -16,19 +23,55 @@ import difflib
 import math
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
+
+from edgetune.power.knobs import KNOBS
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-__all__ = ["OBJECTIVES", "SAMPLERS", "SCHEMA", "Config", "ConfigError", "example_config", "load_config", "validate"]
+__all__ = [
+    "MEASURE",
+    "OBJECTIVES",
+    "SAMPLERS",
+    "SCHEMA",
+    "SECTIONS",
+    "BudgetSection",
+    "Config",
+    "ConfigError",
+    "EfficiencySection",
+    "Flag",
+    "Key",
+    "ProtocolSection",
+    "SearchSection",
+    "SpaceSection",
+    "example_config",
+    "load_config",
+    "validate",
+]
 
 OBJECTIVES = ("time", "energy", "throughput", "pareto")
 SAMPLERS = ("auto", "guided", "tpe", "gp", "random")
+#: ``efficiency.b_noise = "measure"``: measure the gradient noise scale during the warm-up
+MEASURE = "measure"
+#: the study's SQLite file in the output folder when no ``search.storage`` URL is given
+STUDY_DB = "study.db"
+
+MAX_TOLERANCE = 0.5  # fraction: a budget that may be overshot by more than half is no budget
+MAX_GUARD_SIGMA = 10.0  # standard errors: a wider band no longer guards against noise, it rejects settings
+MAX_MARGIN = 1.0  # fraction of the best: an improvement cannot count only when it doubles the objective
+SUGGEST_CUTOFF = 0.5  # difflib similarity a dotted key needs to be suggested for an unknown one
+SUGGEST_TAIL_CUTOFF = 0.6  # ... and a key's last part for a bare or misplaced name (stricter: names are short)
+
+# help groups of the search's flags, in the order `edgetune search --help` lists them
+TUNE = "what to tune"
+SEARCH = "search"
+MEASUREMENT = "measurement and target"
 
 
 class ConfigError(ValueError):
@@ -36,8 +79,8 @@ class ConfigError(ValueError):
 
 
 # ---------------------------------------------------------------------------------------------- checks
-# Each check takes the raw TOML value and returns the clean value or raises ValueError with the fix
-# (the caller prefixes the key and where it came from).
+# Each check takes the raw TOML (or flag) value and returns the clean value or raises ValueError with the
+# fix (the caller prefixes the key and where it came from). A check accepts its own clean values again.
 
 
 def _number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, unit: str = "",
@@ -88,7 +131,7 @@ def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
 def _batch_sizes(v: Any) -> tuple[int, ...] | None:
     if v is None:
         return None
-    if not isinstance(v, list) or not v:
+    if not isinstance(v, (list, tuple)) or not v:  # a tuple: an already validated value
         raise ValueError(f"must be a non-empty list of whole numbers, e.g. [16, 32, 64], got {v!r}")
     if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in v):
         raise ValueError(f"must hold whole numbers >= 1, got {v!r}")
@@ -100,139 +143,318 @@ def _batch_sizes(v: Any) -> tuple[int, ...] | None:
 def _knob_names(v: Any) -> tuple[str, ...] | None:
     if v is None or v == "all":
         return None
-    if not isinstance(v, list) or any(not isinstance(k, str) for k in v):
+    if not isinstance(v, (list, tuple)) or any(not isinstance(k, str) for k in v):
         raise ValueError(f'must be "all" or a list of knob names, e.g. ["gpu_freq", "emc_freq"], got {v!r}')
     return tuple(v)
 
 
-def _knob_values(v: Any) -> dict[str, tuple[Any, ...]]:
-    if not isinstance(v, dict):
+def _knob_values(v: Any) -> Mapping[str, tuple[Any, ...]]:
+    if not isinstance(v, Mapping):
         raise ValueError('must be a table of knob = [values], e.g. gpu_freq = ["306MHz", "max"]')  # noqa: TRY004
     out: dict[str, tuple[Any, ...]] = {}
     for name, values in v.items():
-        if not isinstance(values, list) or not values:
+        if not isinstance(values, (list, tuple)) or not values:
             raise ValueError(f"{name} must be a non-empty list of values, got {values!r}")
         if any(isinstance(x, bool) or not isinstance(x, (int, float, str)) for x in values):
             raise ValueError(f"{name} must list numbers or strings (\"918MHz\", \"max\"), got {values!r}")
         out[name] = tuple(values)
-    return out
+    return MappingProxyType(out)
 
 
 def _real_steps(v: Any) -> int | None:
-    if v == "all":
+    if v == "all" or v is None:  # None: an already validated "all"
         return None
     return _integer(0)(v)
 
 
 def _b_noise(v: Any) -> float | str:
-    if v == "measure":
-        return "measure"
+    if v == MEASURE:
+        return MEASURE
     try:
         return _number(0.0, lo_open=True)(v)  # type: ignore[return-value]
     except ValueError:
-        raise ValueError(f'must be a number of samples > 0 or "measure", got {v!r}') from None
+        raise ValueError(f'must be a number of samples > 0 or "{MEASURE}", got {v!r}') from None
+
+
+# ---------------------------------------------------------------------------------------------- flag text
+# A flag's text -> the raw value its key's check takes; ValueError with the fix.
+
+
+def _flag_number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"expected a number, got {text!r}") from None
+
+
+def _flag_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"expected a whole number, got {text!r}") from None
+
+
+def _flag_int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ValueError(f"expected comma-separated whole numbers (16,32,64), got {text!r}") from None
+
+
+def _flag_names(text: str) -> Any:
+    return "all" if text.strip() == "all" else [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _flag_int_or_all(text: str) -> Any:
+    return "all" if text == "all" else _flag_int(text)
+
+
+def _flag_number_or_measure(text: str) -> Any:
+    return MEASURE if text == MEASURE else _flag_number(text)
+
+
+# ---------------------------------------------------------------------------------------------- schema
+
+
+@dataclass(frozen=True)
+class Flag:
+    """The ``edgetune search`` flag that overrides a key.
+
+    Attributes:
+        name: the long option (``--n-trials``).
+        parse: the flag's text -> the raw value the key's check takes (ValueError with the fix).
+        metavar: placeholder in the help (argparse's default: the option's name in capitals).
+        group: help section (None: the parser's own options).
+        short: a one-letter alias (``-o``).
+    """
+
+    name: str
+    parse: Callable[[str], Any] = str
+    metavar: str | None = None
+    group: str | None = None
+    short: str | None = None
+
+    @property
+    def dest(self) -> str:
+        """The argparse attribute the flag's value lands in (``n_trials``)."""
+        return self.name.lstrip("-").replace("-", "_")
+
+    @property
+    def option_strings(self) -> tuple[str, ...]:
+        return (self.name, self.short) if self.short else (self.name,)
 
 
 @dataclass(frozen=True)
 class Key:
-    """One config key: default, check, and the line ``edgetune init`` writes above it."""
+    """One config key.
 
-    default: Any
+    Attributes:
+        check: raw value -> clean value; ValueError naming the fix.
+        help: the line above the key in ``edgetune init``'s file, and its flag's help.
+        example: shown (commented out) in the example file instead of the default.
+        flag: its ``edgetune search`` flag, if it has one.
+        default_text: how the help states the default where the value says nothing by itself
+            (``None`` for "every writable knob", ``""`` for "SQLite in the output folder").
+        name, section, attr, default: filled from the dataclass field (``search.n_trials``, ``search``,
+            ``n_trials``, 40); ``section`` is ``""`` for a top-level key.
+    """
+
     check: Callable[[Any], Any]
     help: str
-    example: str | None = None  # shown in the example file instead of the default (commented out)
+    example: str | None = None
+    flag: Flag | None = None
+    default_text: str | None = None
+    name: str = ""
+    section: str = ""
+    attr: str = ""
+    default: Any = None
+
+    @property
+    def stated_default(self) -> str | None:
+        """The default as help texts state it (None: there is none to state)."""
+        if self.default_text is not None:
+            return self.default_text
+        return None if self.default is None else _show(self.default)
+
+    def value_in(self, config: Config) -> Any:
+        """This key's value in ``config``."""
+        return getattr(getattr(config, self.section) if self.section else config, self.attr)
 
 
-#: Every key, dotted ``section.key`` for keys in a section. Order is the example file's order.
-SCHEMA: dict[str, Key] = {
-    "device": Key("auto", _text(), "auto, sim:<profile> (sim:orin-nano, sim:orin-agx ...), jetson, nvml[:i], "
-                  "rapl, trace:<table.csv>"),
-    "workload": Key("cnn", _text(), "cnn, mobilenet, chartransformer, or package.module:function of your code"),
-    "power_budget_w": Key(None, _number(0.0, lo_open=True, unit="watts", allow_none=True),
-                          "the power budget in watts, judged by the moving average of board power", "10.0"),
-    "objective": Key("time", _choice(OBJECTIVES),
-                     "time (time to target), energy (energy to target), throughput (samples/s), pareto "
-                     "(time and energy)"),
-    "output": Key("edgetune-out", _text(), "output folder: best.json, trials.csv, study.db, plots"),
-    "seed": Key(0, _integer(0), "seed of the sampler, the workload's synthetic data and the twin"),
-    "budget.window_s": Key(1.0, _number(0.0, lo_open=True, unit="seconds"),
-                           "the budget holds when the moving average over this window never exceeds it"),
-    "budget.tolerance": Key(0.0, _number(0.0, 0.5), "allowed overshoot as a fraction (0.02 = 2%)"),
-    "budget.guard_sigma": Key(2.0, _number(0.0, 10.0), "guard band: standard errors of the measured average "
-                              "added before comparing with the budget (0: none)"),
-    "space.batch_sizes": Key(None, _batch_sizes, "batch sizes to try; default: powers of two from the "
-                             "workload's default / 8 to x 8", "[16, 32, 64, 128, 256]"),
-    "space.knobs": Key(None, _knob_names, 'knobs to tune; "all" = every writable knob of the device',
-                       '["gpu_freq", "emc_freq"]'),
-    "space.values": Key({}, _knob_values, "allowed subset of values per knob (units accepted: \"918MHz\", "
-                        "\"max\")", '{ gpu_freq = ["306MHz", "624.75MHz", "max"] }'),
-    "search.n_trials": Key(40, _integer(1), "most settings measured (baseline probes included); the guided "
-                           "sampler usually stops sooner; 40 take about half a minute on the twin on 2 CPU cores"),
-    "search.sampler": Key("auto", _choice(SAMPLERS),
-                          "auto (= guided), guided (predictor-guided), tpe, gp or random"),
-    "search.storage": Key("", _text(nonempty=False),
-                          "Optuna storage URL shared by a fleet (postgresql://..., sqlite:///...); "
-                          "default: sqlite in the output folder", '"postgresql://user@host/edgetune"'),
-    "search.study_name": Key("", _text(nonempty=False), "default: <device>-<workload>-<budget>W-<objective>"),
-    "search.patience": Key(12, _integer(0), "stop after this many trials without an improvement larger "
-                           "than the margin (0: never)"),
-    "search.margin": Key(0.01, _number(0.0, 1.0), "improvement that counts, as a fraction of the best"),
-    "search.timeout_s": Key(0.0, _number(0.0, unit="seconds"), "stop starting trials after this many "
-                            "seconds of wall time (0: no limit)"),
-    "protocol.warmup_steps": Key(1, _integer(0), "real training steps after the knobs are set, before measuring"),
-    "protocol.measure_steps": Key(5, _integer(1), "the measured window holds at least this many steps"),
-    "protocol.measure_s": Key(2.0, _number(0.0, unit="seconds"),
-                              "... and spans at least this many seconds of device time"),
-    "protocol.real_steps": Key(1, _real_steps, 'on the simulated twin: how many window steps run the real '
-                               'training step (the twin times the rest); "all" runs every one'),
-    "efficiency.s_min": Key(1000.0, _number(0.0, lo_open=True, unit="steps"),
-                            "steps to target at a very large batch (S_min, McCandlish et al. 2018)"),
-    "efficiency.b_noise": Key(256.0, _b_noise, 'gradient noise scale B_noise in samples, or "measure" '
-                              "(from gradient norms during the warm-up)"),
-}
+_KEY = "edgetune.config.key"  # field metadata: the field's Key
+_SECTION = "edgetune.config.section"  # field metadata: the field is a section
 
-SECTIONS = sorted({k.split(".")[0] for k in SCHEMA if "." in k})
+
+def _key(default: Any, check: Callable[[Any], Any], help: str, **options: Any) -> Any:
+    """A schema field: a dataclass field whose metadata is its :class:`Key`."""
+    meta = {_KEY: Key(check, help, **options)}
+    if isinstance(default, Mapping):  # a mapping is mutable: each config gets its own read-only view
+        items = dict(default)
+        return field(default_factory=lambda: MappingProxyType(dict(items)), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _show(value: Any) -> str:
+    """A clean value as a help text or the example file shows it."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_show(v) for v in value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class BudgetSection:
+    """``[budget]``: how the power budget is judged."""
+
+    window_s: float = _key(1.0, _number(0.0, lo_open=True, unit="seconds"),
+                           "the budget holds when the moving average over this window never exceeds it",
+                           flag=Flag("--window", _flag_number, "S", TUNE))
+    tolerance: float = _key(0.0, _number(0.0, MAX_TOLERANCE), "allowed overshoot as a fraction (0.02 = 2%)",
+                            flag=Flag("--tolerance", _flag_number, group=TUNE))
+    guard_sigma: float = _key(2.0, _number(0.0, MAX_GUARD_SIGMA),
+                              "guard band: standard errors of the measured average added before comparing "
+                              "with the budget (0: none)", flag=Flag("--guard-sigma", _flag_number, "K", TUNE))
+
+
+@dataclass(frozen=True)
+class SpaceSection:
+    """``[space]``: the batch sizes and knob values searched."""
+
+    batch_sizes: tuple[int, ...] | None = _key(
+        None, _batch_sizes, "batch sizes to try", example="[16, 32, 64, 128, 256]",
+        default_text="powers of two from the workload's default / 8 to x 8",
+        flag=Flag("--batch-sizes", _flag_int_list, "B,B,..", TUNE))
+    knobs: tuple[str, ...] | None = _key(
+        None, _knob_names, 'knobs to tune; "all" = every writable knob of the device',
+        example='["gpu_freq", "emc_freq"]', default_text="all", flag=Flag("--knobs", _flag_names, "K,K,..", TUNE))
+    values: Mapping[str, tuple[Any, ...]] = _key(
+        {}, _knob_values, "allowed subset of values per knob (units accepted: \"918MHz\", \"max\")",
+        example='{ gpu_freq = ["306MHz", "624.75MHz", "max"] }')
+
+
+@dataclass(frozen=True)
+class SearchSection:
+    """``[search]``: the study (sampler, storage) and when it stops."""
+
+    n_trials: int = _key(40, _integer(1), "most settings measured (baseline probes included); the guided "
+                         "sampler usually stops sooner; the default takes about half a minute on the twin on "
+                         "2 CPU cores", flag=Flag("--n-trials", _flag_int, "N", SEARCH))
+    sampler: str = _key("auto", _choice(SAMPLERS),
+                        "auto: the measured winner, guided (experiments/sampler_comparison.py); guided "
+                        "(predictor-guided), tpe, gp or random", flag=Flag("--sampler", group=SEARCH))
+    storage: str = _key("", _text(nonempty=False), "Optuna storage URL shared by a fleet (postgresql://..., "
+                        "sqlite:///..., journal:FILE)", example='"postgresql://user@host/edgetune"',
+                        default_text=f"sqlite:///<output>/{STUDY_DB}", flag=Flag("--storage", group=SEARCH))
+    study_name: str = _key("", _text(nonempty=False), "study name; the same storage and name resume a study",
+                           default_text="<device>-<workload>-<budget>W-<objective>",
+                           flag=Flag("--study-name", group=SEARCH))
+    patience: int = _key(12, _integer(0), "stop after this many trials without an improvement larger than "
+                         "the margin (0: never)", flag=Flag("--patience", _flag_int, group=SEARCH))
+    margin: float = _key(0.01, _number(0.0, MAX_MARGIN), "improvement that counts, as a fraction of the best",
+                         flag=Flag("--margin", _flag_number, group=SEARCH))
+    timeout_s: float = _key(0.0, _number(0.0, unit="seconds"), "stop starting trials after this many seconds "
+                            "of wall time (0: no limit)", flag=Flag("--timeout", _flag_number, "S", SEARCH))
+
+
+@dataclass(frozen=True)
+class ProtocolSection:
+    """``[protocol]``: how one setting is measured (the search's ``MeasurementProtocol``)."""
+
+    warmup_steps: int = _key(1, _integer(0), "real training steps after the knobs are set, before measuring",
+                             flag=Flag("--warmup-steps", _flag_int, group=MEASUREMENT))
+    measure_steps: int = _key(5, _integer(1), "the measured window holds at least this many steps",
+                              flag=Flag("--measure-steps", _flag_int, group=MEASUREMENT))
+    measure_s: float = _key(2.0, _number(0.0, unit="seconds"),
+                            "... and spans at least this many seconds of device time",
+                            flag=Flag("--measure-s", _flag_number, group=MEASUREMENT))
+    real_steps: int | None = _key(1, _real_steps, "on the simulated twin: how many window steps run the real "
+                                  'training step (the twin times the rest); "all" runs every one',
+                                  flag=Flag("--real-steps", _flag_int_or_all, group=MEASUREMENT))
+
+
+@dataclass(frozen=True)
+class EfficiencySection:
+    """``[efficiency]``: steps to target, S_min (1 + B_noise / b) (McCandlish et al. 2018)."""
+
+    s_min: float = _key(1000.0, _number(0.0, lo_open=True, unit="steps"),
+                        "steps to target at a very large batch (S_min, McCandlish et al. 2018)",
+                        flag=Flag("--s-min", _flag_number, group=MEASUREMENT))
+    b_noise: float | str = _key(256.0, _b_noise, f'gradient noise scale B_noise in samples, or "{MEASURE}" '
+                                "(from gradient norms during the warm-up)",
+                                flag=Flag("--b-noise", _flag_number_or_measure, group=MEASUREMENT))
 
 
 @dataclass(frozen=True)
 class Config:
-    """A validated configuration (see :data:`SCHEMA`); ``values`` maps dotted keys to clean values."""
+    """A validated configuration: the top-level keys and one frozen section per ``[section]``.
 
-    values: Mapping[str, Any]
+    Build one with :func:`load_config` or :func:`validate`; ``Config()`` holds every default (and no budget).
+    ``path`` is the file it was read from; ``sources`` maps a dotted key to where its value came from (the
+    file, or the flag that overrode it).
+    """
+
+    device: str = _key("auto", _text(), "auto, sim:<profile> (sim:orin-nano, sim:orin-agx ...), jetson, "
+                       "nvml[:i], rapl, trace:<table.csv>", flag=Flag("--device", group=TUNE))
+    workload: str = _key("cnn", _text(), "cnn, mobilenet, chartransformer, or package.module:function of your "
+                         "code", flag=Flag("--workload", group=TUNE))
+    power_budget_w: float | None = _key(
+        None, _number(0.0, lo_open=True, unit="watts", allow_none=True),
+        "the power budget in watts, judged by the moving average of board power; the search needs one",
+        example="10.0", flag=Flag("--budget", _flag_number, "W", TUNE))
+    objective: str = _key("time", _choice(OBJECTIVES), "time (time to target), energy (energy to target), "
+                          "throughput (samples/s), pareto (time and energy)", flag=Flag("--objective", group=TUNE))
+    output: str = _key("edgetune-out", _text(), f"output folder: best.json, trials.csv, {STUDY_DB}, plots",
+                       flag=Flag("--output", short="-o"))
+    seed: int = _key(0, _integer(0), "seed of the sampler, the workload's synthetic data and the twin",
+                     flag=Flag("--seed", _flag_int, group=SEARCH))
+    budget: BudgetSection = field(default_factory=BudgetSection, metadata={_SECTION: True})
+    space: SpaceSection = field(default_factory=SpaceSection, metadata={_SECTION: True})
+    search: SearchSection = field(default_factory=SearchSection, metadata={_SECTION: True})
+    protocol: ProtocolSection = field(default_factory=ProtocolSection, metadata={_SECTION: True})
+    efficiency: EfficiencySection = field(default_factory=EfficiencySection, metadata={_SECTION: True})
     path: Path | None = None
-    sources: Mapping[str, str] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
-    def __getitem__(self, key: str) -> Any:
-        return self.values[key]
-
-    # the names the rest of edgetune reads
-    @property
-    def budget_w(self) -> float | None:
-        return self.values["power_budget_w"]
-
-    def protocol(self):
-        from edgetune.search.trial import MeasurementProtocol
-
-        return MeasurementProtocol(
-            warmup_steps=self["protocol.warmup_steps"], measure_steps=self["protocol.measure_steps"],
-            measure_s=self["protocol.measure_s"], real_steps=self["protocol.real_steps"],
-        )
+    def flat(self) -> dict[str, Any]:
+        """Every key's value by dotted name (``{"search.n_trials": 40, ...}``), in :data:`SCHEMA` order."""
+        return {name: key.value_in(self) for name, key in SCHEMA.items()}
 
     def storage_url(self) -> str:
-        url = self["search.storage"]
-        if url:
-            return url
-        return f"sqlite:///{(Path(self['output']) / 'study.db').resolve()}"
+        """``search.storage``, or the SQLite file in the output folder."""
+        if self.search.storage:
+            return self.search.storage
+        return f"sqlite:///{(Path(self.output) / STUDY_DB).resolve()}"
 
     def study_name(self, device_name: str, workload_name: str) -> str:
-        if self["search.study_name"]:
-            return self["search.study_name"]
-        budget = "unconstrained" if self.budget_w is None else f"{self.budget_w:g}W"
-        return f"{device_name}-{workload_name}-{budget}-{self['objective']}"
+        """``search.study_name``, or one made of the device, workload, budget and objective."""
+        if self.search.study_name:
+            return self.search.study_name
+        budget = "unconstrained" if self.power_budget_w is None else f"{self.power_budget_w:g}W"
+        return f"{device_name}-{workload_name}-{budget}-{self.objective}"
 
     def with_values(self, **changes: Any) -> Config:
         """A copy with dotted keys replaced (``with_values(**{"search.n_trials": 5})``), validated."""
-        return validate({**self.values, **changes}, path=self.path)
+        return validate({**self.flat(), **changes}, path=self.path, sources=self.sources)
+
+
+def _bind(f: Field, section: str) -> Key:
+    default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+    name = f"{section}.{f.name}" if section else f.name
+    return replace(f.metadata[_KEY], name=name, section=section, attr=f.name, default=default)
+
+
+#: ``[section]`` name -> its dataclass, in file order.
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(Config) if f.metadata.get(_SECTION)}  # type: ignore[misc]
+
+#: Every key by dotted name (``section.key`` for keys in a section), in the example file's order.
+SCHEMA: dict[str, Key] = {
+    **{f.name: _bind(f, "") for f in fields(Config) if _KEY in f.metadata},
+    **{f"{sec}.{g.name}": _bind(g, sec) for sec, cls in SECTIONS.items() for g in fields(cls)},
+}
+
+
+# ---------------------------------------------------------------------------------------------- loading
 
 
 def _flatten(data: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -248,21 +470,29 @@ def _flatten(data: Mapping[str, Any], where: str) -> dict[str, Any]:
     return flat
 
 
-KNOB_NAMES = ("gpu_freq", "emc_freq", "cpu_freq", "cpu_cores", "power_mode", "power_limit", "mem_freq")
-
-
 def _unknown(key: str, where: str) -> ConfigError:
-    if key.split(".")[-1] in KNOB_NAMES:
+    if key.split(".")[-1] in KNOBS:  # a knob named where a key goes
         knob = key.split(".")[-1]
         return ConfigError(f"{where}: unknown key {key!r}; knob values go in the [space] section: "
                            f"values = {{ {knob} = [...] }}, and knobs = [\"{knob}\", ...]")
-    near = difflib.get_close_matches(key, SCHEMA, n=1, cutoff=0.5)
+    near = difflib.get_close_matches(key, SCHEMA, n=1, cutoff=SUGGEST_CUTOFF)
     if not near:  # a known key in the wrong section, or a bare name: compare the last part
         tails = {k.split(".")[-1]: k for k in SCHEMA}
-        match = difflib.get_close_matches(key.split(".")[-1], tails, n=1, cutoff=0.6)
+        match = difflib.get_close_matches(key.split(".")[-1], tails, n=1, cutoff=SUGGEST_TAIL_CUTOFF)
         near = [tails[match[0]]] if match else []
     hint = f"; did you mean {near[0]!r}?" if near else f"; known keys: {', '.join(SCHEMA)}"
     return ConfigError(f"{where}: unknown key {key!r}{hint}")
+
+
+def _build(clean: Mapping[str, Any], path: Path | None, sources: Mapping[str, str]) -> Config:
+    """A :class:`Config` from clean values by dotted key (keys left out keep their defaults)."""
+    top: dict[str, Any] = {}
+    parts: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    for name, value in clean.items():
+        key = SCHEMA[name]
+        (parts[key.section] if key.section else top)[key.attr] = value
+    sections = {name: cls(**parts[name]) for name, cls in SECTIONS.items()}
+    return Config(**top, **sections, path=path, sources=MappingProxyType(dict(sources)))
 
 
 def validate(raw: Mapping[str, Any], *, path: Path | None = None,
@@ -270,26 +500,28 @@ def validate(raw: Mapping[str, Any], *, path: Path | None = None,
     """Check every dotted key of ``raw``; fill defaults. ``sources`` names where a key came from."""
     sources = dict(sources or {})
     where_default = str(path) if path else "config"
-    values: dict[str, Any] = {}
-    for key in raw:
-        if key not in SCHEMA:
-            raise _unknown(key, sources.get(key, where_default))
-    for key, spec in SCHEMA.items():
-        if key not in raw:
-            values[key] = spec.default
+    for name in raw:
+        if name not in SCHEMA:
+            raise _unknown(name, sources.get(name, where_default))
+    clean: dict[str, Any] = {}
+    for name, key in SCHEMA.items():
+        if name not in raw:
             continue
         try:
-            values[key] = spec.check(raw[key])
+            clean[name] = key.check(raw[name])
         except ValueError as exc:
-            origin = sources.get(key, where_default)
-            name = origin if origin.startswith("--") else f"{origin}: {key}"
-            raise ConfigError(f"{name} {exc}") from None
-    return Config(values=values, path=path, sources=sources)
+            origin = sources.get(name, where_default)
+            label = origin if origin.startswith("--") else f"{origin}: {name}"
+            raise ConfigError(f"{label} {exc}") from None
+    return _build(clean, path, sources)
 
 
 def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
                 override_sources: Mapping[str, str] | None = None) -> Config:
     """Read ``path`` (TOML; None: defaults only), apply ``overrides`` (dotted keys, e.g. from CLI flags).
+
+    An override of None leaves the file's value (a flag not given). ``override_sources`` names where an
+    override came from (``--budget``): its error then names the flag instead of the key.
 
     Raises:
         ConfigError: unreadable file, bad TOML, unknown key or bad value; one line.
@@ -316,6 +548,9 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | N
     return validate(raw, path=p, sources=sources)
 
 
+# ---------------------------------------------------------------------------------------------- example
+
+
 def _toml_value(v: Any) -> str:
     if v is None:
         return '""'
@@ -327,7 +562,7 @@ def _toml_value(v: Any) -> str:
         return f"{v:g}" if v != int(v) else f"{v:.1f}"
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
+    if isinstance(v, Mapping):
         return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
     return str(v)
 
@@ -340,16 +575,15 @@ def example_config() -> str:
         "",
     ]
     section = ""
-    for key, spec in SCHEMA.items():
-        sec, _, name = key.rpartition(".")
-        if sec != section:
-            lines += ["", f"[{sec}]"]
-            section = sec
-        lines.append(f"# {spec.help}")
-        if key == "power_budget_w":
-            lines.append(f"{name} = {spec.example}")
-        elif spec.default is None or spec.default == {} or spec.default == "" and spec.example:
-            lines.append(f"# {name} = {spec.example}")
+    for key in SCHEMA.values():
+        if key.section != section:
+            lines += ["", f"[{key.section}]"]
+            section = key.section
+        lines.append(f"# {key.help}" + (f" (default {key.default_text})" if key.default_text else ""))
+        if key.name == "power_budget_w":
+            lines.append(f"{key.attr} = {key.example}")
+        elif key.default is None or key.default == {} or key.default == "" and key.example:
+            lines.append(f"# {key.attr} = {key.example}")
         else:
-            lines.append(f"{name} = {_toml_value(spec.default)}")
+            lines.append(f"{key.attr} = {_toml_value(key.default)}")
     return "\n".join(lines) + "\n"

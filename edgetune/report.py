@@ -1,4 +1,7 @@
-"""Tables for the terminal and PNG plots of a search (matplotlib, Agg backend: no display needed).
+"""Tables for the terminal and PNG plots of a search (matplotlib).
+
+Figures are built as :class:`matplotlib.figure.Figure` objects drawn by the Agg canvas, without pyplot:
+no display is needed, and the backend of the process that calls edgetune (a notebook, a GUI) is left alone.
 
 * :func:`summary_table` - the chosen setting against the baseline, and how the search went;
 * :func:`plot_time_energy` - time vs energy to target of every measured setting, the Pareto front of the
@@ -13,12 +16,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from edgetune.power.base import format_value
+from edgetune.power.monitor import cumulative_energy_j
 
 if TYPE_CHECKING:
     from edgetune.search.study import SearchResult, TrialRecord
 
 __all__ = ["format_table", "plot_power", "plot_time_energy", "summary_table", "write_plots"]
+
+SCIENTIFIC_FROM = 1e5  # table cells this large print as 1.234e+05: 4 significant digits would drop digits
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -45,7 +53,7 @@ def _cell(v: object) -> str:
     if isinstance(v, float):
         if not math.isfinite(v):
             return "-"
-        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
+        return f"{v:.4g}" if abs(v) < SCIENTIFIC_FROM else f"{v:.3e}"
     return str(v)
 
 
@@ -86,19 +94,36 @@ def summary_table(result: SearchResult) -> str:
     return "\n".join(lines)
 
 
-def _plt():
-    import matplotlib
+TIME_ENERGY_SIZE_IN = (7, 5)  # inches: a square-ish scatter with room for the legend
+POWER_SIZE_IN = (9, 4)  # inches: wide, windows run back to back along the time axis
+PLOT_DPI = 110  # 770x550 and 990x440 pixels: readable on a laptop screen, small files
+WINDOW_GAP_S = 0.2  # gap drawn between consecutive measured windows in the power plot
+TITLE_FONT_PT = 10  # titles name device, workload and budget: long, so smaller than matplotlib's 12
+LEGEND_FONT_PT = 8  # the legend must not hide the points
+FALLBACK_AVG_WINDOW_S = 1.0  # the budget's default window, for a record that does not name its own
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    return plt
+def _figure(size_in: tuple[float, float]):
+    """A figure on the Agg canvas (PNG without a display), independent of pyplot and its backend."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size_in)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path: str | Path) -> Path:
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=PLOT_DPI)
+    return path
 
 
 def plot_time_energy(result: SearchResult, path: str | Path) -> Path:
     """Time vs energy to target: feasible, over budget (x), Pareto front (line), chosen and baseline."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig = _figure(TIME_ENERGY_SIZE_IN)
+    ax = fig.subplots()
     ok = [r for r in result.measured if r.outcome is not None]
     feas = [r for r in ok if r.feasible]
     over = [r for r in ok if not r.feasible]
@@ -127,56 +152,47 @@ def plot_time_energy(result: SearchResult, path: str | Path) -> Path:
     title = f"{result.workload} on {result.device_name}, {budget}"
     if n_fail:
         title += f" ({n_fail} out of memory/failed, not shown)"
-    ax.set_title(title + (" [simulated]" if result.simulated else ""), fontsize=10)
+    ax.set_title(title + (" [simulated]" if result.simulated else ""), fontsize=TITLE_FONT_PT)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    ax.legend(fontsize=LEGEND_FONT_PT)
+    return _save(fig, path)
 
 
 def plot_power(result: SearchResult, path: str | Path) -> Path:
     """Board power over the measured windows, one after another, with the budget line."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig = _figure(POWER_SIZE_IN)
+    ax = fig.subplots()
     offset = 0.0
     for r in sorted(result.measured, key=lambda r: r.number):
         if not r.trace_t:
             continue
         color = "tab:blue" if r.feasible else "tab:red"
         ax.plot([offset + t for t in r.trace_t], r.trace_w, lw=0.8, c=color, alpha=0.6)
-        ma_t, ma_w = _moving_average(r.trace_t, r.trace_w, (r.measurement or {}).get("avg_window_s", 1.0))
+        window_s = (r.measurement or {}).get("avg_window_s", FALLBACK_AVG_WINDOW_S)
+        ma_t, ma_w = _moving_average(r.trace_t, r.trace_w, window_s)
         if ma_t.size:
             ax.plot(offset + ma_t, ma_w, lw=1.2, c="k")
         if r is result.best:
             ax.axvspan(offset, offset + r.trace_t[-1], color="gold", alpha=0.3, lw=0)
-        offset += r.trace_t[-1] + 0.2
+        offset += r.trace_t[-1] + WINDOW_GAP_S
     if result.budget_w is not None:
         ax.axhline(result.budget_w, c="k", ls="--", lw=1, label=f"budget {result.budget_w:g} W")
-        ax.legend(fontsize=8, loc="upper right")
+        ax.legend(fontsize=LEGEND_FONT_PT, loc="upper right")
     ax.set_xlabel("measured window time, windows back to back (s, device clock)")
     ax.set_ylabel("board power (W)")
     ax.set_title("power over the measured windows (black: moving average; red: over budget; gold: chosen)"
-                 + (" [simulated]" if result.simulated else ""), fontsize=10)
+                 + (" [simulated]" if result.simulated else ""), fontsize=TITLE_FONT_PT)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _moving_average(t: Sequence[float], w: Sequence[float], window_s: float):
     """The trailing ``window_s`` average of a power record, where a full window is available."""
-    import numpy as np
-
     t = np.asarray(t, dtype=float)
     w = np.asarray(w, dtype=float)
     if t.size < 2 or t[-1] - t[0] < window_s:
         return np.array([]), np.array([])
-    energy = np.concatenate([[0.0], np.cumsum(np.diff(t) * (w[1:] + w[:-1]) / 2.0)])
+    energy = cumulative_energy_j(t, w)
     at = t[t >= t[0] + window_s]
     return at, (energy[t >= t[0] + window_s] - np.interp(at - window_s, t, energy)) / window_s
 

@@ -164,6 +164,19 @@ def test_monitor_logs_csv_and_summarises(tmp_path):
     assert float(rows[-1]["total_w"]) == pytest.approx(5.080 * 0.936, abs=1e-3)
 
 
+def test_monitor_live_energy_is_the_integral_of_the_power_shown(tmp_path):
+    fake = build_jetson(tmp_path / "root", "orin-nano")  # a constant 4.75 W on VDD_IN
+    done = _edgetune(["monitor", "--device", "jetson", "--rate", "200", "--duration", "1.6"], fake.root, tmp_path)
+    assert done.returncode == 0, done.stderr
+    live = [line for line in done.stdout.splitlines() if line.rstrip().endswith(" J") and "| total" in line]
+    assert len(live) >= 2
+    for line in live:
+        elapsed_s = float(line.split(" s ", 1)[0])
+        energy = float(line.rsplit("E ", 1)[1].split()[0])
+        # both printed to 0.1; the first sample is taken a few ms after the clock's zero
+        assert energy == pytest.approx(4.75 * elapsed_s, abs=4.75 * 0.05 + 0.05 + 0.1), line
+
+
 def test_monitor_survives_bad_reads_and_counts_them(tmp_path):
     fake = build_jetson(tmp_path / "root", "orin-nano")
     proc = subprocess.Popen([sys.executable, "-m", "edgetune", "monitor", "--device", "jetson", "--rate", "100",

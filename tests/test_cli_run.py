@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import subprocess
 import sys
 
@@ -74,6 +76,50 @@ def test_out_of_memory_batch_is_reported_not_raised(capsys):
 
 def test_console_entry_point_runs_as_a_process():
     proc = subprocess.run([sys.executable, "-m", "edgetune", "run", "--device", "sim:orin-nano", "--steps", "3",
-                           "--warmup", "0", "--batch-size", "8", "--json"], capture_output=True, text=True, timeout=120)
+                           "--warmup", "0", "--batch-size", "8", "--json"], capture_output=True, text=True, timeout=120,
+                          check=False)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["steps"] == 3
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_draws_on_a_terminal_only(monkeypatch, capsys):
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(RUN + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 8  # stdout holds the JSON alone
+    drawn = terminal.getvalue()
+    assert "cnn b=16" in drawn and "/8" in drawn
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: nothing drawn
+    assert main(RUN + ["--json"]) == 0
+    assert sys.stderr.getvalue() == ""
+
+
+WORKLOAD_THAT_LOGS = '''
+import torch
+
+from edgetune.log import get_logger
+from edgetune.workloads import Workload
+
+
+def build():
+    get_logger("edgetune.workloads.user").info("built the user's workload")
+    model = torch.nn.Linear(4, 2)
+    make = lambda b, g: (torch.randn(b, 4, generator=g), torch.randint(0, 2, (b,), generator=g))
+    return Workload.from_model("user", model, make, default_batch_size=4)
+'''
+
+
+def test_library_log_records_reach_stderr_as_edgetune_lines(tmp_path, monkeypatch, capsys):
+    (tmp_path / "logging_workload.py").write_text(WORKLOAD_THAT_LOGS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    root = logging.getLogger("edgetune")
+    before = (list(root.handlers), root.level, root.propagate)
+    assert main(["run", "--device", "sim:orin-nano", "--workload", "logging_workload:build", "--steps", "1",
+                 "--warmup", "0", "--json"]) == 0
+    assert "edgetune: built the user's workload" in capsys.readouterr().err.splitlines()
+    assert (list(root.handlers), root.level, root.propagate) == before  # main leaves logging as it found it

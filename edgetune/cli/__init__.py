@@ -9,9 +9,11 @@ as one line, exit code 2: never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from edgetune import __version__
 
@@ -24,7 +26,8 @@ SUBCOMMAND_MODULES = (
     "edgetune.cli.config_cmd",
 )
 
-EXIT_USAGE = 2
+EXIT_USAGE = 2  # bad input a user can fix (argparse's own code for usage errors)
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports a command the signal ended
 
 
 class UsageError(Exception):
@@ -62,16 +65,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
-    if args.command != "restore":  # `edgetune restore` does this itself, and says when there is nothing
-        _recover_knobs()
+    with _library_log_to_stderr():
+        if args.command != "restore":  # `edgetune restore` does this itself, and says when there is nothing
+            _recover_knobs()
+        try:
+            return int(args.func(args) or 0)
+        except (UsageError, DeviceError) as exc:
+            print(f"edgetune: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt:
+            print("edgetune: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+
+
+@contextlib.contextmanager
+def _library_log_to_stderr() -> Iterator[None]:
+    """The library's log records as ``edgetune: ...`` lines on stderr while a command runs.
+
+    :func:`edgetune.log.enable_default_handler`; afterwards the ``edgetune`` logger is put back as it was
+    (a program or a test that calls :func:`main` keeps its own logging set-up).
+    """
+    from edgetune.log import disable_default_handler, enable_default_handler
+
+    root = logging.getLogger("edgetune")
+    handlers, level = list(root.handlers), root.level
+    enable_default_handler()
     try:
-        return int(args.func(args) or 0)
-    except (UsageError, DeviceError) as exc:
-        print(f"edgetune: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("edgetune: interrupted", file=sys.stderr)
-        return 130
+        yield
+    finally:
+        if root.handlers != handlers:  # the handler is ours: remove it
+            disable_default_handler()
+        root.setLevel(level)
 
 
 def _recover_knobs() -> None:

@@ -23,11 +23,12 @@ from typing import Any
 from edgetune.cli import UsageError
 from edgetune.power import registry, state
 from edgetune.power.base import Device, DeviceError, Knob, format_value
-from edgetune.power.monitor import PowerMonitor
+from edgetune.power.monitor import DEFAULT_RATE_HZ, PowerMonitor, energy_j
 
 __all__ = ["describe_device", "register"]
 
-PRINT_INTERVAL_S = 0.5
+PRINT_INTERVAL_S = 0.5  # one live line per half second: readable as it scrolls, fresh enough to watch a load
+MAX_RATE_HZ = 10_000.0  # beyond this a Python loop cannot keep up; sensors update at most every ~1 ms anyway
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description="Print live board and per-rail power; Ctrl-C ends with a summary.")
     p.add_argument("--device", default="auto", help="device spec: auto, jetson, nvml[:i], rapl, sim:<profile>")
     p.add_argument("--rate", type=float, default=None, metavar="HZ",
-                   help="samples per second (default: 100, or the sensor's update rate where slower)")
+                   help=f"samples per second (default: {DEFAULT_RATE_HZ:g}, or the sensor's update rate where slower)")
     p.add_argument("--csv", default=None, metavar="FILE", help="write every sample to this CSV file")
     p.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
     p.set_defaults(func=cmd_monitor)
@@ -170,8 +171,8 @@ def _fmt_w(w: float) -> str:
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
-    if args.rate is not None and not (0 < args.rate <= 10_000):
-        raise UsageError(f"--rate {args.rate:g} is out of range; use a rate between 0 and 10000 Hz")
+    if args.rate is not None and not (0 < args.rate <= MAX_RATE_HZ):
+        raise UsageError(f"--rate {args.rate:g} is out of range; use a rate between 0 and {MAX_RATE_HZ:g} Hz")
     if args.duration is not None and not args.duration > 0:
         raise UsageError(f"--duration {args.duration:g} must be positive seconds")
     device = registry.open_device(args.device)
@@ -206,8 +207,8 @@ def _monitor(device: Device, args: argparse.Namespace) -> int:
         while True:
             reading = monitor.sample()
             if reading is not None:
-                if last is not None and reading.t > last[0]:
-                    energy += (reading.t - last[0]) * (reading.total_w + last[1]) / 2
+                if last is not None and reading.t > last[0]:  # the running total, one trapezoid at a time
+                    energy += energy_j((last[0], reading.t), (last[1], reading.total_w))
                 last = (reading.t, reading.total_w)
                 if writer is not None:
                     writer.writerow([f"{reading.t - t0:.4f}", f"{reading.total_w:.4f}",

@@ -11,11 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 
 from edgetune.cli import UsageError
+from edgetune.cli.flags import flag_help
+from edgetune.config import SCHEMA
 from edgetune.power.base import Device, format_value
 
-__all__ = ["register", "positive_int", "parse_assignment"]
+__all__ = ["parse_assignment", "positive_int", "register"]
+
+DEFAULT_STEPS = 100  # measured steps: a window of seconds on a board, enough for the 1-s power average
+DEFAULT_WARMUP_STEPS = 5  # steps before measuring: caches, allocator and the clock ramp settle
 
 
 def positive_int(text: str) -> int:
@@ -65,21 +71,27 @@ def register(subparsers) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--device", default="auto", help="device spec: auto (default), sim:<profile>, jetson, nvml[:i], rapl")
-    p.add_argument("--workload", default="cnn", help="built-in workload (cnn, mobilenet, chartransformer) or module:function")
+    # the flags `search` shares take their default and help from the config schema
+    p.add_argument("--device", default=SCHEMA["device"].default, help=flag_help(SCHEMA["device"], name_key=False))
+    p.add_argument("--workload", default=SCHEMA["workload"].default,
+                   help=flag_help(SCHEMA["workload"], name_key=False))
     p.add_argument("--batch-size", type=positive_int, help="samples per step (default: the workload's default)")
     p.add_argument("--set", dest="assignments", action="append", type=parse_assignment, default=[],
                    metavar="KNOB=VALUE", help="set a knob (repeatable): a value in its unit, with a unit, min or max")
-    p.add_argument("--steps", type=positive_int, default=100, help="measured training steps (default 100)")
-    p.add_argument("--warmup", type=non_negative_int, default=5, help="warm-up steps before measuring (default 5)")
-    p.add_argument("--seed", type=int, default=0, help="seed for the workload and the simulated twin")
+    p.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS,
+                   help=f"measured training steps (default {DEFAULT_STEPS})")
+    p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP_STEPS,
+                   help=f"warm-up steps before measuring (default {DEFAULT_WARMUP_STEPS})")
+    p.add_argument("--seed", type=int, default=SCHEMA["seed"].default,
+                   help=f"seed for the workload and the simulated twin (default {SCHEMA['seed'].default})")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from edgetune.power import PowerMonitor, open_device
-    from edgetune.progress import ProgressBar
     from edgetune.search.trial import MeasurementProtocol, measure_setting
     from edgetune.workloads import WorkloadError, load_workload
 
@@ -91,13 +103,16 @@ def run(args: argparse.Namespace) -> int:
     device = open_device(args.device, seed=args.seed)
     try:
         setting = resolve_setting(device, args.assignments)
-        # `run` executes every step for real, also on the twin: it is a measurement of this one setting
+        # `run` executes every step for real, also on the twin: it is a measurement of this one setting;
+        # the window is exactly --steps long (no minimum duration)
         protocol = MeasurementProtocol(warmup_steps=args.warmup, measure_steps=args.steps, measure_s=0.0,
                                        real_steps=None)
         with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
-            with ProgressBar(args.steps, f"{workload.name} b={batch_size}") as bar:
+            # the bar draws on a terminal only (disable=None) and clears itself at the end
+            with tqdm(total=args.steps, desc=f"{workload.name} b={batch_size}", unit="step", file=sys.stderr,
+                      leave=False, disable=None) as bar:
                 m = measure_setting(device, workload, batch_size, setting, protocol, monitor,
-                                    on_step=bar.update)
+                                    on_step=lambda done: bar.update(done - bar.n))
             final = device.settings()
     finally:
         device.close()

@@ -17,57 +17,19 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from edgetune.cli import UsageError
+from edgetune.cli.flags import add_config_flags, config_from_args
 
-__all__ = ["register", "search"]
+if TYPE_CHECKING:
+    from edgetune.config import Config, EfficiencySection, ProtocolSection
+    from edgetune.search.efficiency import TargetModel
+    from edgetune.search.trial import MeasurementProtocol
 
-# flag dest -> config key (flags override the config file)
-FLAG_KEYS = {
-    "device": "device", "workload": "workload", "budget": "power_budget_w", "objective": "objective",
-    "output": "output", "seed": "seed", "tolerance": "budget.tolerance", "window": "budget.window_s",
-    "guard_sigma": "budget.guard_sigma",
-    "batch_sizes": "space.batch_sizes", "knobs": "space.knobs", "n_trials": "search.n_trials",
-    "sampler": "search.sampler", "storage": "search.storage", "study_name": "search.study_name",
-    "patience": "search.patience", "margin": "search.margin", "timeout": "search.timeout_s",
-    "warmup_steps": "protocol.warmup_steps", "measure_steps": "protocol.measure_steps",
-    "measure_s": "protocol.measure_s", "real_steps": "protocol.real_steps", "s_min": "efficiency.s_min",
-    "b_noise": "efficiency.b_noise",
-}
+__all__ = ["measurement_protocol", "register", "search"]
 
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers (16,32,64), got {text!r}") from None
-
-
-def _name_list(text: str) -> Any:
-    return "all" if text.strip() == "all" else [x.strip() for x in text.split(",") if x.strip()]
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-
-
-def _int_or_all(text: str) -> Any:
-    return "all" if text == "all" else _int(text)
-
-
-def _number_or_measure(text: str) -> Any:
-    return "measure" if text == "measure" else _number(text)
+BUDGET_HINT_STEP_W = 0.1  # the lowest feasible budget is suggested rounded up to this step (a budget one can type)
 
 
 def register(subparsers) -> None:
@@ -75,52 +37,14 @@ def register(subparsers) -> None:
                               "hardware in the loop)", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", "-c", help="TOML config file (`edgetune init` writes an example)")
-    g = p.add_argument_group("what to tune")
-    g.add_argument("--device", help="auto (default), sim:<profile>, jetson, nvml[:i], rapl, trace:<table.csv>")
-    g.add_argument("--workload", help="cnn (default), mobilenet, chartransformer, or module:function")
-    g.add_argument("--budget", type=_number, metavar="W", help="power budget in watts (power_budget_w)")
-    g.add_argument("--objective", help="time (default), energy, throughput or pareto")
-    g.add_argument("--batch-sizes", type=_int_list, metavar="B,B,..", help="batch sizes to try")
-    g.add_argument("--knobs", type=_name_list, metavar="K,K,..", help='knobs to tune (default "all" writable)')
-    g.add_argument("--tolerance", type=_number, help="allowed overshoot of the budget, fraction (default 0)")
-    g.add_argument("--window", type=_number, metavar="S", help="moving-average window of the budget (default 1 s)")
-    g.add_argument("--guard-sigma", type=_number, metavar="K",
-                   help="guard band in standard errors of the measured average (default 2)")
-    g = p.add_argument_group("search")
-    g.add_argument("--n-trials", type=_int, help="settings to measure in all (default 24)")
-    g.add_argument("--sampler", help="auto (default), guided, tpe, gp, random")
-    g.add_argument("--storage", help="Optuna storage URL for a fleet (postgresql://..., sqlite:///..., journal:FILE)")
-    g.add_argument("--study-name", help="study name (default from device, workload, budget, objective)")
-    g.add_argument("--patience", type=_int, help="stop after this many trials without improvement (0: never)")
-    g.add_argument("--margin", type=_number, help="improvement that counts, fraction (default 0.01)")
-    g.add_argument("--timeout", type=_number, metavar="S", help="stop starting trials after S seconds")
-    g.add_argument("--seed", type=_int, help="seed (sampler, synthetic data, twin)")
-    g = p.add_argument_group("measurement and target")
-    g.add_argument("--warmup-steps", type=_int, help="warm-up steps per trial (default 1)")
-    g.add_argument("--measure-steps", type=_int, help="at least this many measured steps (default 5)")
-    g.add_argument("--measure-s", type=_number, help="... over at least this many device seconds (default 2)")
-    g.add_argument("--real-steps", type=_int_or_all, help='twin only: real steps in the window (default 1; "all")')
-    g.add_argument("--s-min", type=_number, help="S_min: steps to target at a very large batch (default 1000)")
-    g.add_argument("--b-noise", type=_number_or_measure, help='gradient noise scale in samples, or "measure"')
-    p.add_argument("--output", "-o", help="output folder (default edgetune-out)")
+    add_config_flags(p)  # one flag per config key, help and defaults from the schema
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=search)
 
 
-def _config(args: argparse.Namespace):
-    from edgetune.config import ConfigError, load_config
-
-    overrides, sources = {}, {}
-    for dest, key in FLAG_KEYS.items():
-        value = getattr(args, dest, None)
-        if value is not None:
-            overrides[key] = value
-            sources[key] = "--" + dest.replace("_", "-")
-    try:
-        cfg = load_config(args.config, overrides, sources)
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
-    if cfg.budget_w is None:
+def _config(args: argparse.Namespace) -> Config:
+    cfg = config_from_args(args)
+    if cfg.power_budget_w is None:
         raise UsageError("no power budget: pass --budget WATTS or set power_budget_w in the config")
     return cfg
 
@@ -149,26 +73,27 @@ def search(args: argparse.Namespace) -> int:
     from edgetune.workloads import WorkloadError, load_workload
 
     try:
-        workload = load_workload(cfg["workload"], seed=cfg["seed"])
+        workload = load_workload(cfg.workload, seed=cfg.seed)
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
-    device = open_device(cfg["device"], seed=cfg["seed"])
+    device = open_device(cfg.device, seed=cfg.seed)
     try:
         try:
-            trace = prepare_trace(device, cfg["space.batch_sizes"])  # a trace: its batch sizes, its epochs
+            trace = prepare_trace(device, cfg.space.batch_sizes)  # a trace: its batch sizes, its epochs
             if trace is not None:
                 # the table is the training run: reports and the study name name it, not the unused workload
                 workload.name = Path(device.name.partition(":")[2]).stem
             space = build_space(device, workload.default_batch_size,
-                                trace.batch_sizes if trace else cfg["space.batch_sizes"], cfg["space.knobs"],
-                                cfg["space.values"])
+                                trace.batch_sizes if trace else cfg.space.batch_sizes, cfg.space.knobs,
+                                cfg.space.values)
         except SpaceError as exc:
             raise UsageError(str(exc)) from None
-        budget = cfg.budget_w
+        budget = cfg.power_budget_w
         src = cfg.sources.get("power_budget_w", "power_budget_w")
         if device.idle_power_w is not None and budget <= device.idle_power_w:
             low = _lowest_power_w(device, workload, space)
-            hint = (f"the lowest feasible budget is about {math.ceil(low * 10) / 10:g} W (smallest batch size "
+            lowest_w = math.ceil(low / BUDGET_HINT_STEP_W) * BUDGET_HINT_STEP_W
+            hint = (f"the lowest feasible budget is about {lowest_w:g} W (smallest batch size "
                     f"at the lowest knob values)" if low else f"use a budget above {device.idle_power_w:g} W")
             raise UsageError(f"{src} {budget:g} W is below the idle power of {device.name} "
                              f"({device.idle_power_w:.2f} W): no setting can hold it (infeasible); {hint}")
@@ -176,8 +101,8 @@ def search(args: argparse.Namespace) -> int:
         if device.max_power_w is not None and budget >= device.max_power_w:
             notes.append(f"note: budget {budget:g} W is at or above the most {device.name} can draw "
                          f"({device.max_power_w:.1f} W): no constraint binds; searching unconstrained")
-        target = trace.target if trace and trace.target else _target(cfg, workload)
-        out = Path(cfg["output"])
+        target = trace.target if trace and trace.target else _target(cfg.efficiency, workload)
+        out = Path(cfg.output)
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -187,28 +112,30 @@ def search(args: argparse.Namespace) -> int:
         except SearchError as exc:
             raise UsageError(str(exc)) from None
         study_name = cfg.study_name(device.name, workload.name)
-        quiet = args.quiet or not sys.stderr.isatty()
         print(f"edgetune search: {workload.name} on {device.name} ({device.description}), budget {budget:g} W, "
-              f"objective {cfg['objective']}", file=sys.stderr)
+              f"objective {cfg.objective}", file=sys.stderr)
         print(f"space: {space.describe()}", file=sys.stderr)
         for line in notes + list(device.notes or []):
             print(line, file=sys.stderr)
-        from edgetune.progress import ProgressBar
+        from tqdm import tqdm
 
-        with ProgressBar(cfg["search.n_trials"], "trials", enabled=not quiet) as bar:
+        # the bar draws on a terminal only (disable=None), never with --quiet; it clears itself at the end
+        with tqdm(total=cfg.search.n_trials, desc="trials", unit="trial", file=sys.stderr, leave=False,
+                  disable=True if args.quiet else None) as bar:
             def on_trial(rec, n):
                 o = rec.outcome
                 note = (f"#{rec.number} b={rec.candidate.batch_size} " +
                         (f"{o.time_to_target_s:.0f}s {'ok' if rec.feasible else 'over'}" if o else "failed"))
-                bar.update(n, note)
+                bar.set_postfix_str(note, refresh=False)
+                bar.update(n - bar.n)  # n: trials measured so far, this worker's and the fleet's
 
             s = Search(
-                device, workload, space, budget_w=budget, objective=cfg["objective"], target=target,
-                protocol=cfg.protocol(), storage_url=cfg.storage_url(), study_name=study_name,
-                sampler=cfg["search.sampler"], n_trials=cfg["search.n_trials"], window_s=cfg["budget.window_s"],
-                tolerance=cfg["budget.tolerance"], guard_sigma=cfg["budget.guard_sigma"],
-                patience=cfg["search.patience"], margin=cfg["search.margin"],
-                timeout_s=cfg["search.timeout_s"], seed=cfg["seed"], on_trial=on_trial, storage=storage,
+                device, workload, space, budget_w=budget, objective=cfg.objective, target=target,
+                protocol=measurement_protocol(cfg.protocol), storage_url=cfg.storage_url(),
+                study_name=study_name, sampler=cfg.search.sampler, n_trials=cfg.search.n_trials,
+                window_s=cfg.budget.window_s, tolerance=cfg.budget.tolerance, guard_sigma=cfg.budget.guard_sigma,
+                patience=cfg.search.patience, margin=cfg.search.margin, timeout_s=cfg.search.timeout_s,
+                seed=cfg.seed, on_trial=on_trial, storage=storage,
             )
             try:
                 result = s.run()
@@ -219,26 +146,40 @@ def search(args: argparse.Namespace) -> int:
     return _finish(result, out, cfg)
 
 
-def _target(cfg, workload):
+def measurement_protocol(section: ProtocolSection) -> MeasurementProtocol:
+    """The search's :class:`~edgetune.search.trial.MeasurementProtocol` from the config's ``[protocol]``."""
+    from edgetune.search.trial import MeasurementProtocol
+
+    return MeasurementProtocol(warmup_steps=section.warmup_steps, measure_steps=section.measure_steps,
+                               measure_s=section.measure_s, real_steps=section.real_steps)
+
+
+#: warm-up steps whose gradient norms estimate B_noise (``efficiency.b_noise = "measure"``): the number
+#: measure_b_noise is written for; they train the model, so they are the warm-up, not extra work
+B_NOISE_STEPS = 20
+
+
+def _target(section: EfficiencySection, workload) -> TargetModel:
     """The steps-to-target model: B_noise from the config, or measured from gradient norms (warm-up)."""
+    from edgetune.config import MEASURE
     from edgetune.search.efficiency import TargetModel, measure_b_noise
 
-    b_noise = cfg["efficiency.b_noise"]
-    if b_noise != "measure":
-        return TargetModel(cfg["efficiency.s_min"], b_noise, "config")
-    steps = 20
+    if section.b_noise != MEASURE:
+        return TargetModel(section.s_min, section.b_noise, "config")
+    how = f"measured from gradient norms over {B_NOISE_STEPS} warm-up steps"
     try:
-        value = measure_b_noise(workload, workload.default_batch_size, steps=steps)
+        value = measure_b_noise(workload, workload.default_batch_size, steps=B_NOISE_STEPS)
     except ValueError as exc:
-        raise UsageError(f"efficiency.b_noise = \"measure\": {exc}") from None
+        raise UsageError(f"efficiency.b_noise = \"{MEASURE}\": {exc}") from None
     if not (value > 0 and math.isfinite(value)):
-        raise UsageError(f"efficiency.b_noise = \"measure\": the gradient noise scale of {workload.name} was not "
-                         f"positive after {steps} warm-up steps; set efficiency.b_noise to a number of samples")
-    print(f"B_noise measured from gradient norms over {steps} warm-up steps: {value:.0f} samples", file=sys.stderr)
-    return TargetModel(cfg["efficiency.s_min"], value, f"measured from gradient norms over {steps} warm-up steps")
+        raise UsageError(f"efficiency.b_noise = \"{MEASURE}\": the gradient noise scale of {workload.name} was "
+                         f"not positive after {B_NOISE_STEPS} warm-up steps; set efficiency.b_noise to a number "
+                         f"of samples")
+    print(f"B_noise {how}: {value:.0f} samples", file=sys.stderr)
+    return TargetModel(section.s_min, value, how)
 
 
-def _finish(result, out: Path, cfg) -> int:
+def _finish(result, out: Path, cfg: Config) -> int:
     from edgetune.report import summary_table, write_plots
     from edgetune.search.results import write_best, write_trials_csv
 
@@ -254,6 +195,6 @@ def _finish(result, out: Path, cfg) -> int:
         print(f"no measured setting held the budget of {result.budget_w:g} W: raise the budget, allow lower "
               f"knob values, or smaller batch sizes")
     print(f"wrote {best}, {trials}, {', '.join(str(p) for p in plots)}")
-    if cfg["search.storage"] == "":
+    if not cfg.search.storage:  # the default SQLite file: say how to browse it
         print(f"study: optuna-dashboard {cfg.storage_url()}  (study {result.study_name!r})")
     return 0 if result.best is not None else 1

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgetune.cli import UsageError
+from edgetune.cli import EXIT_USAGE, UsageError
 from edgetune.tables import Table, TableError, check_train_size, load_table, save_table
 
 __all__ = ["DATASET_SIZES", "DEFAULT_TARGETS", "import_zeus", "predict_eval", "register"]
@@ -55,6 +55,10 @@ DATASET_SIZES: dict[str, int] = {
     "squad": 87_599,  # SQuAD v1.1 train questions
     "sentiment140": 1_600_000,  # Sentiment140 train tweets
 }
+
+#: rows a hardware model is fitted on by default: the budget experiments/predictor_comparison.py measures
+DEFAULT_TRAIN_ROWS = 10
+FIRST_DATA_LINE = 2  # CSV line of the first row (line 1 is the header), for error messages
 
 _POWER_COLUMNS = ("dataset", "network", "batch_size", "optimizer", "power_limit", "time_per_epoch",
                   "average_power")
@@ -97,7 +101,7 @@ def import_zeus(power_csv: str, train_csv: str, targets: dict[str, float] | None
 
     # (dataset, network, optimizer) -> {(batch, limit): (time, power)}
     measured: dict[tuple[str, str, str], dict[tuple[int, float], tuple[float, float]]] = defaultdict(dict)
-    for line, r in enumerate(power_rows, start=2):
+    for line, r in enumerate(power_rows, start=FIRST_DATA_LINE):
         key = (r["dataset"], r["network"], r["optimizer"])
         b = _float(r, "batch_size", power_csv, line)
         limit = _float(r, "power_limit", power_csv, line)
@@ -112,7 +116,7 @@ def import_zeus(power_csv: str, train_csv: str, targets: dict[str, float] | None
     # (dataset, network) -> optimizer -> batch -> run -> {target: epoch}
     runs: dict[tuple[str, str], dict[str, dict[int, dict[str, dict[float, float]]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(dict))))
-    for line, r in enumerate(train_rows, start=2):
+    for line, r in enumerate(train_rows, start=FIRST_DATA_LINE):
         epoch = r["target_epoch"].strip().lower()
         e = math.inf if epoch in ("nan", "") else _float(r, "target_epoch", train_csv, line)
         run_id = f"{r.get('learning_rate', '')}/{r['run']}"
@@ -182,6 +186,7 @@ def _epochs_to_target(by_batch: dict[int, dict[str, dict[float, float]]], target
         epochs = []
         for targets in run_map.values():
             available.update(targets)
+            # the target as written in the CSV and as given: the same number up to float rounding
             hit = [e for t, e in targets.items() if math.isclose(t, target, rel_tol=1e-9, abs_tol=1e-12)]
             if hit:
                 epochs.append(hit[0])
@@ -284,7 +289,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     trace = subparsers.add_parser("trace", help="measurement tables: import published traces",
                                   description="Measurement tables (CSV): import published traces.")
     trace_sub = trace.add_subparsers(dest="trace_command", metavar="ACTION")
-    trace.set_defaults(func=lambda args: trace.print_help() or 2)
+    trace.set_defaults(func=lambda args: trace.print_help() or EXIT_USAGE)
     zeus = trace_sub.add_parser(
         "import-zeus", help="convert the Zeus NSDI'23 traces into one table per workload",
         description=__doc__.split("\n\n")[1] if __doc__ else None,
@@ -303,6 +308,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                description="Fit the hardware model on K random rows of a measurement table and "
                                            "print its error on all other rows.")
     pe.add_argument("table", metavar="TABLE", help="measurement table (CSV)")
-    pe.add_argument("--train-size", type=_positive_int, default=10, metavar="K", help="training rows (default 10)")
+    pe.add_argument("--train-size", type=_positive_int, default=DEFAULT_TRAIN_ROWS, metavar="K",
+                    help=f"training rows (default {DEFAULT_TRAIN_ROWS})")
     pe.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the row choice (default 0)")
     pe.set_defaults(func=_cmd_predict_eval)
