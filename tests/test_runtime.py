@@ -509,3 +509,64 @@ def test_an_epoch_left_early_is_still_accounted(cnn_cost):
                     break
     s = tuner.summary
     assert [e.steps for e in s.epochs] == [8, 3, 8] and sum(e.steps for e in s.epochs) == s.steps
+
+
+# ---------------------------------------------------------------------------------------------- the pieces alone
+
+
+def test_budget_source_follows_the_api_the_file_and_the_signal(tmp_path):
+    from edgetune.runtime.budget import BudgetSource, parse_watts
+
+    assert parse_watts(" 7.5 W\n") == 7.5 and parse_watts("12") == 12.0
+    for bad in ("lots", "0", "-3 W", "inf", "nan"):
+        with pytest.raises(ValueError):
+            parse_watts(bad)
+    path = tmp_path / "budget"
+    src = BudgetSource(10.0, path)
+    src.restart(1.0)
+    assert src.poll() is None  # not written yet: the starting budget holds
+    assert src.set(3.0, 7.0) and not src.set(4.0, 7.0)  # the same budget again is no change
+    assert (src.at(0.5), src.at(2.0), src.at(3.0), src.current_w) == (10.0, 10.0, 7.0, 7.0)
+    with pytest.raises(ValueError, match="budget must be a positive number of watts"):
+        src.set(5.0, float("nan"))
+    path.write_text("8.5 W\n")
+    reading = src.poll()
+    assert reading is not None and reading.watts == 8.5 and src.poll() is None  # read once per change
+    path.write_text("lots of watts")
+    st = path.stat()
+    bad = src.poll()
+    assert bad is not None and bad.watts is None
+    assert bad.problem(7.0) == (f"budget file {path}: cannot read 'lots of watts' as watts; write a number such "
+                                f"as 7.5 (the budget stays 7 W)")
+    # an edit that keeps the modification time is seen only after SIGUSR1
+    path.write_text("6")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert src.poll() is None
+    before = signal.getsignal(signal.SIGUSR1)
+    src.watch()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        again = src.poll()
+        assert again is not None and again.watts == 6.0
+    finally:
+        src.unwatch()
+    assert signal.getsignal(signal.SIGUSR1) == before
+
+
+def test_ticker_follows_a_virtual_clock_and_runs_a_thread_on_a_real_one():
+    from edgetune.power.base import RealClock, VirtualClock
+    from edgetune.runtime.ticker import Ticker
+
+    clock, calls = VirtualClock(), []
+    ticker = Ticker(clock, 0.05, lambda: calls.append(clock.now()))
+    assert ticker.virtual and ticker.thread is None
+    clock.advance(1.0)
+    assert calls == pytest.approx([0.05 * k for k in range(1, 21)])
+    ticker.stop()
+    clock.advance(1.0)
+    assert len(calls) == 20
+    real = Ticker(RealClock(), 60.0, lambda: None)  # a period no test waits for: only the thread is checked
+    thread = real.thread
+    assert not real.virtual and thread is not None and thread.daemon and thread.is_alive()
+    real.stop()
+    assert real.thread is None and not thread.is_alive()

@@ -39,24 +39,29 @@ What it does, in order
 
 from __future__ import annotations
 
-import bisect
-import json
 import math
 import os
-import signal
 import sys
 import threading
 import types
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, TextIO
 
 import torch
 
-from edgetune.power.base import Device, DeviceError, KnobValue, WorkloadCost, format_value, is_out_of_memory
+from edgetune.power.base import (
+    Device,
+    DeviceError,
+    KnobValue,
+    VirtualClock,
+    WorkloadCost,
+    format_value,
+    is_out_of_memory,
+)
 from edgetune.power.monitor import PowerMonitor
 from edgetune.runtime.accounting import Accounting, RunSummary, SampleTap
+from edgetune.runtime.budget import BudgetSource, check_watts
 from edgetune.runtime.guard import (
     Decision,
     GuardParams,
@@ -68,77 +73,14 @@ from edgetune.runtime.guard import (
     frequency_prior,
 )
 from edgetune.runtime.loader import BatchLoader, rescale_lr
+from edgetune.runtime.plan import Plan, PlanError, load_plan
+from edgetune.runtime.ticker import Ticker
 
 __all__ = ["Plan", "PlanError", "Tuner", "load_plan", "tune"]
 
 
-class PlanError(ValueError):
-    """A plan file that cannot be used (one line naming the problem and the fix)."""
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The part of ``edgetune search``'s ``best.json`` the runtime applies."""
-
-    batch_size: int
-    setting: dict[str, KnobValue]
-    budget_w: float | None
-    device: str | None
-    path: str = ""
-
-
-def load_plan(path: str | os.PathLike) -> Plan:
-    """Read a plan (``best.json``); raises :class:`PlanError` with one line on a bad file."""
-    p = Path(path)
-    try:
-        raw = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise PlanError(f"plan {p}: no such file; run `edgetune search ... --out DIR` and pass DIR/best.json") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise PlanError(f"plan {p}: not readable JSON ({exc}); pass the best.json that edgetune search wrote") from None
-    if not isinstance(raw, dict):
-        raise PlanError(f"plan {p}: expected a JSON object with batch_size and setting")
-    b = raw.get("batch_size")
-    if isinstance(b, bool) or not isinstance(b, int) or b <= 0:
-        raise PlanError(f"plan {p}: batch_size must be a positive integer, got {b!r}")
-    setting = raw.get("setting", {})
-    if not isinstance(setting, dict):
-        raise PlanError(f"plan {p}: setting must be an object of knob -> value, got {type(setting).__name__}")
-    budget = raw.get("budget_w")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
-        raise PlanError(f"plan {p}: budget_w must be a positive number of watts, got {budget!r}")
-    return Plan(b, dict(setting), None if budget is None else float(budget), raw.get("device"), str(p))
-
-
 def _noop() -> None:
     return None
-
-
-class _Ticker:
-    """Calls ``fn`` every ``period_s`` of device time: a virtual-clock ticker on the twin, a thread otherwise."""
-
-    def __init__(self, clock: Any, period_s: float, fn: Callable[[], None]) -> None:
-        self._clock = clock
-        self._tid: int | None = None
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        if getattr(clock, "virtual", False) and hasattr(clock, "add_ticker"):
-            self._tid = clock.add_ticker(period_s, fn)
-        else:
-            def run() -> None:
-                while not self._stop.wait(period_s):
-                    fn()
-            self._thread = threading.Thread(target=run, name="edgetune-guard", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        if self._tid is not None:
-            self._clock.remove_ticker(self._tid)
-            self._tid = None
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=2.0)
-            self._thread = None
 
 
 class _CostMeter:
@@ -213,14 +155,6 @@ def _tensors(batch: Any) -> list[torch.Tensor]:
     return found
 
 
-def _parse_watts(text: str) -> float:
-    s = text.strip().lower().removesuffix("w").strip()
-    w = float(s)
-    if not (w > 0 and math.isfinite(w)):
-        raise ValueError
-    return w
-
-
 class Tuner:
     """The object ``with edgetune.tune(...) as tuner`` gives: the loader, the budget, the figures.
 
@@ -281,7 +215,6 @@ class Tuner:
         self._drop_last = drop_last
         self.cost = cost
         self._log = log
-        self._budget_file = Path(budget_file) if budget_file is not None else None
         self.guard_params = guard if isinstance(guard, GuardParams) else GuardParams()
         self._guard_enabled = guard is not False
         self._rate = monitor_rate_hz
@@ -289,8 +222,7 @@ class Tuner:
         self._keep_trace = keep_trace
         self._loader_options = dict(loader_options or {})
 
-        self._budgets: list[tuple[float, float]] = []  # (device time, W), ascending
-        self._initial_budget = float(budget_w)
+        self._budget = BudgetSource(float(budget_w), budget_file)
         self.events: list[tuple[float, str]] = []
         self._lock = threading.RLock()
         self._entered = False
@@ -307,15 +239,12 @@ class Tuner:
         self._cost_meter: _CostMeter | None = None
         self._first_batch_bytes = 0.0
         self._hook_handles: list[Any] = []
-        self._ticker: _Ticker | None = None
+        self._ticker: Ticker | None = None
         self._owns_device = False
         self._ladder: list[dict[str, KnobValue]] = []
         self._ladder_model: LadderModel | None = None
         self._guard_state: GuardState | None = None
         self._guard_active = False
-        self._budget_file_mtime: float | None = None
-        self._reread_budget = False
-        self._old_sigusr1: Any = None
         self._original: dict[str, KnobValue] = {}
         self._anchor: dict[str, KnobValue] = {}
         self._reference_budget = float(budget_w)
@@ -324,7 +253,7 @@ class Tuner:
     @property
     def budget_w(self) -> float:
         """The budget in force now (W, judged on the 1-s moving average of board power)."""
-        return self._budgets[-1][1] if self._budgets else self._initial_budget
+        return self._budget.current_w
 
     @property
     def batch_size(self) -> int:
@@ -337,8 +266,7 @@ class Tuner:
 
     def budget_at(self, t: float) -> float:
         """The budget that was in force at device time ``t``."""
-        i = bisect.bisect_right(self._budgets, (t, math.inf)) - 1
-        return self._budgets[max(i, 0)][1] if self._budgets else self._initial_budget
+        return self._budget.at(t)
 
     def set_budget(self, watts: float, why: str = "set_budget") -> None:
         """Change the budget while training runs; the guard acts on it at once (within one tick).
@@ -346,20 +274,18 @@ class Tuner:
         Also reachable from outside the process: ``budget_file=`` names a file holding the budget in watts,
         re-read when it changes and on SIGUSR1.
         """
-        if isinstance(watts, bool) or not isinstance(watts, (int, float)) or not (watts > 0 and math.isfinite(watts)):
-            raise ValueError(f"budget must be a positive number of watts, got {watts!r}")
+        watts = check_watts(watts)
         with self._lock:
             t = self.device.clock.now() if self._entered else 0.0
-            if self._budgets and self._budgets[-1][1] == float(watts):
+            if not self._budget.set(t, watts):
                 return
-            self._budgets.append((t, float(watts)))
-            self._event(f"budget {float(watts):g} W ({why})")
+            self._event(f"budget {watts:g} W ({why})")
             idle = self.device.idle_power_w if self._entered else None
             if idle is not None and watts <= idle:
                 self._event(f"budget {watts:g} W is at or below the device's idle power {idle:g} W: it cannot be "
                             f"met; the guard holds the lowest setting")
             if self._guard_state is not None:
-                ceiling = self._ceiling_for(float(watts))
+                ceiling = self._ceiling_for(watts)
                 self._guard_state = replace(self._guard_state, ceiling=ceiling)
             if self._entered:
                 self._tick()
@@ -422,7 +348,7 @@ class Tuner:
         self.monitor = PowerMonitor(self.tap, dev.clock, rate_hz=self._rate)
         self.monitor.start()
         t0 = dev.clock.now()
-        self._budgets = [(t0, self._initial_budget)]
+        self._budget.restart(t0)
         simulated = " (simulated)" if dev.simulated and "simulated" not in dev.description else ""
         self._event(f"device {dev.name}: {dev.description}{simulated}")
         self.accounting = Accounting(self.tap, self.budget_at, window_s=self.monitor.avg_window_s, log=self._log,
@@ -463,11 +389,12 @@ class Tuner:
                 raise ValueError("the twin needs the step's cost: pass model= (it is measured from the first "
                                  "step) or cost= (for example load_workload(...).cost)")
             self._cost_meter = _CostMeter(self.model)
-        self._setup_budget_file()
-        self._virtual = bool(getattr(dev.clock, "virtual", False))
+        self._poll_budget_file()
+        self._budget.watch()
+        self._virtual = isinstance(dev.clock, VirtualClock)
         self._update_every = max(1, round(0.5 / self.guard_params.tick_s))
         self._ticks = 0
-        self._ticker = _Ticker(dev.clock, self.guard_params.tick_s, self._tick)
+        self._ticker = Ticker(dev.clock, self.guard_params.tick_s, self._tick)
         self._entered = True
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -505,7 +432,7 @@ class Tuner:
                 self.summary = self._summary(restored_ok)
             if hasattr(self, "monitor"):
                 self.monitor.stop()
-            self._teardown_budget_file()
+            self._budget.unwatch()
             if exc_type is KeyboardInterrupt:
                 self._event("interrupted (Ctrl-C): knobs restored" if restored_ok else "interrupted (Ctrl-C)")
             if self.summary is not None and self._print_summary:
@@ -629,42 +556,15 @@ class Tuner:
         if self.online is not None:
             self.online.on_guard_move(decision)
 
-    # -- budget file and signal -------------------------------------------------------------------------
-    def _setup_budget_file(self) -> None:
-        if self._budget_file is None:
-            return
-        self._poll_budget_file()
-        if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
-            def on_usr1(signum: int, frame: Any) -> None:
-                self._reread_budget = True
-            self._old_sigusr1 = signal.signal(signal.SIGUSR1, on_usr1)
-
-    def _teardown_budget_file(self) -> None:
-        if self._old_sigusr1 is not None:
-            signal.signal(signal.SIGUSR1, self._old_sigusr1)
-            self._old_sigusr1 = None
-
+    # -- budget file --------------------------------------------------------------------------------------
     def _poll_budget_file(self) -> None:
-        path = self._budget_file
-        if path is None:
+        reading = self._budget.poll()
+        if reading is None:
             return
-        try:
-            mtime = path.stat().st_mtime_ns
-        except OSError:
-            return  # not written yet: the budget given to tune() holds
-        if mtime == self._budget_file_mtime and not self._reread_budget:
-            return
-        self._budget_file_mtime, self._reread_budget = mtime, False
-        try:
-            text = path.read_text()
-            watts = _parse_watts(text)
-        except (OSError, ValueError):
-            self._event(f"budget file {path}: cannot read {text.strip()[:20]!r} as watts; write a number such "
-                        f"as 7.5 (the budget stays {self.budget_w:g} W)" if "text" in locals() else
-                        f"budget file {path}: unreadable; the budget stays {self.budget_w:g} W")
-            return
-        if watts != self.budget_w:
-            self.set_budget(watts, why=f"budget file {path}")
+        if reading.watts is None:
+            self._event(reading.problem(self.budget_w))
+        elif reading.watts != self.budget_w:
+            self.set_budget(reading.watts, why=f"budget file {reading.path}")
 
     # -- step boundaries ----------------------------------------------------------------------------------
     def _on_step(self) -> None:
