@@ -9,8 +9,11 @@
 """
 
 from edgetune.runtime.accounting import EpochRecord, RunSummary, StepRecord, Violation
-from edgetune.runtime.controller import Plan, PlanError, Tuner, load_plan, tune
+from edgetune.runtime.controller import Tuner, tune
 from edgetune.runtime.guard import GuardParams
+from edgetune.runtime.online import OnlineOptions
+from edgetune.runtime.plan import Plan, PlanError, load_plan
+from edgetune.runtime.settings import GuardSettings, LoaderSettings, RecordSettings
 
-__all__ = ["EpochRecord", "GuardParams", "Plan", "PlanError", "RunSummary", "StepRecord", "Tuner", "Violation",
-           "load_plan", "tune"]
+__all__ = ["EpochRecord", "GuardParams", "GuardSettings", "LoaderSettings", "OnlineOptions", "Plan", "PlanError",
+           "RecordSettings", "RunSummary", "StepRecord", "Tuner", "Violation", "load_plan", "tune"]

@@ -28,6 +28,7 @@ import numpy as np
 
 from edgetune.power.base import PowerReading, PowerSensor
 from edgetune.power.monitor import cumulative_energy_j
+from edgetune.runtime.guard import GuardMove
 
 __all__ = ["Accounting", "EpochRecord", "RunSummary", "SampleTap", "StepRecord", "Violation"]
 
@@ -172,6 +173,7 @@ class RunSummary:
         violations: budget violations; ``time_over_s`` their total time, ``worst_excess_w`` the largest.
         epochs: per-epoch records.
         events: (device time, text) of everything the controller did: plan applied, exploration, guard moves.
+        guard_moves: how many moves of each kind the guard made.
         batch_size, setting: what was in force at the end.
         knobs_restored: whether every knob was back at its original value after exit.
     """
@@ -193,6 +195,7 @@ class RunSummary:
     batch_size: int = 0
     setting: dict = field(default_factory=dict)
     knobs_restored: bool | None = None
+    guard_moves: dict[GuardMove, int] = field(default_factory=dict)
 
     @property
     def time_over_s(self) -> float:
@@ -221,10 +224,10 @@ class RunSummary:
         lines.append(f"budget {self.budget_w:g} W (1-s moving average): {len(self.violations)} violation(s), "
                      f"{self.time_over_s:.2f} s over, worst +{self.worst_excess_w:.2f} W")
         texts = [text for _, text in self.events]
-        moves = {kind: sum(t.startswith(f"guard {kind}") for t in texts) for kind in ("trip", "climb", "no response")}
         if not self.measure_only:
-            lines.append(f"guard: {moves['trip']} trip(s), {moves['climb']} climb(s), {moves['no response']} climb(s) "
-                         f"undone (clock capped)")
+            moves = self.guard_moves
+            lines.append(f"guard: {moves.get(GuardMove.TRIP, 0)} trip(s), {moves.get(GuardMove.CLIMB, 0)} climb(s), "
+                         f"{moves.get(GuardMove.UNDO_CLIMB, 0)} climb(s) undone (clock capped)")
         lines.extend(t for t in texts if t.startswith("online: settled"))
         setting = ", ".join(f"{k}={v}" for k, v in self.setting.items())
         lines.append(f"final: batch size {self.batch_size}; {setting or 'no knobs set'}; knobs restored: "
