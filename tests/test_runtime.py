@@ -386,9 +386,9 @@ def test_noise_scale_from_norms_recovers_a_known_noise_scale():
 
 
 def test_docstring_examples_run():
-    from edgetune.runtime import budget, controller, guard
+    from edgetune.runtime import api, budget, guard
 
-    for module in (budget, controller, guard):
+    for module in (api, budget, guard):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0 and result.attempted > 0
 
