@@ -13,7 +13,7 @@ __all__ = ["__version__", "tune"]
 def __getattr__(name: str):
     # `edgetune.tune` is imported on first use, so `import edgetune` stays light (no torch import)
     if name == "tune":
-        from edgetune.runtime.controller import tune
+        from edgetune.runtime.api import tune
 
         return tune
     raise AttributeError(f"module 'edgetune' has no attribute {name!r}")

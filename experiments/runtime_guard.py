@@ -45,8 +45,8 @@ from torch.utils.data import TensorDataset
 
 import edgetune
 from edgetune.power import Device, Knob, PowerMonitor, PowerReading, RealClock, open_device
+from edgetune.runtime import Plan
 from edgetune.runtime.accounting import Accounting, SampleTap
-from edgetune.runtime.controller import Plan
 from edgetune.workloads import load_workload
 
 SETTLE_S = 2.0
@@ -329,7 +329,7 @@ def part2(quick: bool) -> tuple[float, float, float, bool]:
 
             tuner._on_step = timed_on_step
             mon_id = tuner.monitor._thread.native_id
-            guard_id = tuner._ticker._thread.native_id
+            guard_id = tuner._ticker.thread.native_id
             c_mon, c_guard, t0 = thread_cpu_s(mon_id), thread_cpu_s(guard_id), time.perf_counter()
             for _ in range(steps):
                 t = time.perf_counter()

@@ -9,6 +9,7 @@ import pytest
 
 from edgetune.power.base import Knob
 from edgetune.runtime.guard import (
+    GuardMove,
     GuardParams,
     GuardState,
     LadderModel,
@@ -33,7 +34,7 @@ def test_trip_jumps_to_the_highest_rung_estimated_under_the_target():
     model = LadderModel(TRUE_W, idle_w=IDLE)
     state = GuardState(rung=8, ceiling=8)
     state, d = control(state, obs(5.0, TRUE_W[8]), model, P)
-    assert d.moved and d.reason.startswith("trip")
+    assert d.moved and d.kind is GuardMove.TRIP and d.reason.startswith("trip: ")
     goal = 10.0 * (1 - P.target_margin)
     assert TRUE_W[d.rung] <= goal < TRUE_W[d.rung + 1]
     assert state.barred(d.rung + 1, 5.0) and not state.barred(d.rung, 5.0)
@@ -46,7 +47,7 @@ def test_an_additive_load_is_corrected_in_one_move():
     state, d = control(state, obs(3.0, TRUE_W[5]), model, P)  # steady: learns rung 5
     assert not d.moved
     state, d = control(state, obs(3.05, TRUE_W[5] + 2.5), model, P)  # +2.5 W from another process
-    assert d.moved
+    assert d.kind is GuardMove.TRIP
     assert TRUE_W[d.rung] + 2.5 <= 10.0 * (1 - P.target_margin) < TRUE_W[d.rung + 1] + 2.5
 
 
@@ -65,7 +66,7 @@ def test_climb_after_dwell_then_barred_rung_is_not_reentered_until_the_bar_ends(
     state, _ = control(state, obs(1.0, TRUE_W[8], budget=12.0), model, P)  # steady at the top rung
     state, d = control(state, obs(1.05, TRUE_W[8] + 3.0, budget=12.0), model, P)  # +3 W load: trip
     low = d.rung
-    assert d.moved and TRUE_W[low] + 3.0 <= 12.0 * (1 - P.target_margin)
+    assert d.kind is GuardMove.TRIP and TRUE_W[low] + 3.0 <= 12.0 * (1 - P.target_margin)
     # the load stays 3 s, then goes away: headroom, but the rungs above the trip stay barred
     t = 1.05
     while t < 1.05 + P.block_s - 0.1:
@@ -86,7 +87,7 @@ def test_a_second_trip_on_the_way_down_keeps_the_bar_a_trip_after_it_doubles_it(
     state, _ = control(state, obs(0.0, 12.0), model, P)
     first_until = state.blocked_until
     state, d = control(state, obs(0.5, 11.0), model, P)  # same event, still too high: further down
-    assert d.moved and state.block_len_s == P.block_s and state.blocked_until > first_until
+    assert d.kind is GuardMove.TRIP and state.block_len_s == P.block_s and state.blocked_until > first_until
     # the bar ends, the guard climbs back and trips again soon after: now the bar doubles
     state = GuardState(**{**state.__dict__, "rung": 8, "changed_t": state.blocked_until})
     state, _ = control(state, obs(state.blocked_until + 1.0, 12.0), model, P)
@@ -103,8 +104,8 @@ def test_a_climb_that_buys_no_power_is_undone():
         t += P.tick_s
         state, d = control(state, obs(t, capped), model, P)
         if d.moved:
-            moves.append(d.reason.split(":")[0])
-    assert moves == ["climb", "no response"] * 2  # a second try after the first bar, the next bar is twice as long
+            moves.append(d.kind)
+    assert moves == [GuardMove.CLIMB, GuardMove.UNDO_CLIMB] * 2  # a second try after the first bar, the next bar is twice as long
     assert state.rung == 3 and state.block_len_s == 2 * P.block_s
 
 
@@ -114,7 +115,7 @@ def test_a_lower_budget_is_followed_and_clears_the_old_bars():
     state, _ = control(state, obs(0.0, TRUE_W[8]), model, P)
     assert state.blocked_from is not None
     state, d = control(state, obs(1.0, TRUE_W[state.rung], budget=7.0), model, P)
-    assert d.moved and TRUE_W[d.rung] <= 7.0 * (1 - P.target_margin)
+    assert d.kind is GuardMove.TRIP and TRUE_W[d.rung] <= 7.0 * (1 - P.target_margin)
     assert state.blocked_until == pytest.approx(1.0 + P.block_s)
 
 
@@ -123,7 +124,7 @@ def test_budget_below_the_lowest_rung_is_reported_infeasible():
     state, d = control(GuardState(rung=4, ceiling=8), obs(0.0, TRUE_W[4], budget=2.0), model, P)
     assert d.rung == 0 and d.infeasible
     state, d = control(state, obs(1.0, TRUE_W[0], budget=2.0), model, P)
-    assert not d.moved and d.infeasible
+    assert not d.moved and d.infeasible and d.kind is GuardMove.HOLD and not d.reason
 
 
 def test_non_finite_power_changes_nothing():
@@ -239,6 +240,6 @@ def test_after_the_load_goes_the_guard_climbs_back_without_overshoot_despite_a_w
         t += P.tick_s
         load = 3.0 if 1.0 <= t < 3.0 else 0.0
         state, d = control(state, obs(t, plant(state.rung, load), budget=budget), model, P)
-        trips_after += t > 3.5 and d.reason.startswith("trip")
+        trips_after += t > 3.5 and d.kind is GuardMove.TRIP
     assert trips_after == 0 and state.trips >= 1
     assert state.rung == 8 and 8 in state.measured  # back at the top: 12.0 W fits 12.2 W

@@ -16,8 +16,8 @@ from torch.utils.data import TensorDataset
 
 import edgetune
 from edgetune.power import Knob, open_device
-from edgetune.runtime import GuardParams, PlanError, load_plan
-from edgetune.runtime.controller import Plan
+from edgetune.runtime import GuardParams, Plan, PlanError, load_plan
+from edgetune.runtime.guard import GuardMove
 from edgetune.workloads import load_workload
 
 SETTLE_S = 2.0
@@ -219,6 +219,8 @@ def test_guard_keeps_the_budget_through_disturbances_and_budget_changes(cnn_cost
     moves = [text for _, text in tuner.events if text.startswith("guard")]
     assert 2 <= len(moves) <= 16, moves
     assert any("trip" in m for m in moves) and any("climb" in m for m in moves)
+    kinds = tuner.summary.guard_moves  # counted by the decisions' kinds, not from the event texts
+    assert sum(kinds.values()) == len(moves) and kinds[GuardMove.TRIP] == sum(m.startswith("guard trip") for m in moves)
     assert tuner.summary.knobs_restored and dev.settings()["gpu_freq"] == 624750000
     # after the budget came back, the plan's setting is back in force
     assert tuner.setting["gpu_freq"] == 408000000
@@ -384,9 +386,9 @@ def test_noise_scale_from_norms_recovers_a_known_noise_scale():
 
 
 def test_docstring_examples_run():
-    from edgetune.runtime import controller, guard
+    from edgetune.runtime import api, budget, guard
 
-    for module in (controller, guard):
+    for module in (api, budget, guard):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0 and result.attempted > 0
 
@@ -509,3 +511,174 @@ def test_an_epoch_left_early_is_still_accounted(cnn_cost):
                     break
     s = tuner.summary
     assert [e.steps for e in s.epochs] == [8, 3, 8] and sum(e.steps for e in s.epochs) == s.steps
+
+
+# ---------------------------------------------------------------------------------------------- the pieces alone
+
+
+def test_budget_source_follows_the_api_the_file_and_the_signal(tmp_path):
+    from edgetune.runtime.budget import BudgetSource, parse_watts
+
+    assert parse_watts(" 7.5 W\n") == 7.5 and parse_watts("12") == 12.0
+    for bad in ("lots", "0", "-3 W", "inf", "nan"):
+        with pytest.raises(ValueError):
+            parse_watts(bad)
+    path = tmp_path / "budget"
+    src = BudgetSource(10.0, path)
+    src.restart(1.0)
+    assert src.poll() is None  # not written yet: the starting budget holds
+    assert src.set(3.0, 7.0) and not src.set(4.0, 7.0)  # the same budget again is no change
+    assert (src.at(0.5), src.at(2.0), src.at(3.0), src.current_w) == (10.0, 10.0, 7.0, 7.0)
+    with pytest.raises(ValueError, match="budget must be a positive number of watts"):
+        src.set(5.0, float("nan"))
+    path.write_text("8.5 W\n")
+    reading = src.poll()
+    assert reading is not None and reading.watts == 8.5 and src.poll() is None  # read once per change
+    path.write_text("lots of watts")
+    st = path.stat()
+    bad = src.poll()
+    assert bad is not None and bad.watts is None
+    assert bad.problem(7.0) == (f"budget file {path}: cannot read 'lots of watts' as watts; write a number such "
+                                f"as 7.5 (the budget stays 7 W)")
+    # an edit that keeps the modification time is seen only after SIGUSR1
+    path.write_text("6")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert src.poll() is None
+    before = signal.getsignal(signal.SIGUSR1)
+    src.watch()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        again = src.poll()
+        assert again is not None and again.watts == 6.0
+    finally:
+        src.unwatch()
+    assert signal.getsignal(signal.SIGUSR1) == before
+
+
+def test_ticker_follows_a_virtual_clock_and_runs_a_thread_on_a_real_one():
+    from edgetune.power.base import RealClock, VirtualClock
+    from edgetune.runtime.ticker import Ticker
+
+    clock, calls = VirtualClock(), []
+    ticker = Ticker(clock, 0.05, lambda: calls.append(clock.now()))
+    assert ticker.virtual and ticker.thread is None
+    clock.advance(1.0)
+    assert calls == pytest.approx([0.05 * k for k in range(1, 21)])
+    ticker.stop()
+    clock.advance(1.0)
+    assert len(calls) == 20
+    real = Ticker(RealClock(), 60.0, lambda: None)  # a period no test waits for: only the thread is checked
+    thread = real.thread
+    assert not real.virtual and thread is not None and thread.daemon and thread.is_alive()
+    real.stop()
+    assert real.thread is None and not thread.is_alive()
+
+
+def test_online_tuner_decides_on_plain_values_and_applies_nothing(cnn_cost):
+    """The online tuner alone, on the twin's real monitor: it returns decisions, the caller applies them."""
+    from edgetune.power import PowerMonitor
+    from edgetune.power.knobs import Candidate
+    from edgetune.runtime.online import MeasurementStatus, OnlineMove, OnlineOptions, OnlineTuner, RunState
+
+    dev = open_device("sim:orin-nano", seed=0)
+    before = dev.settings()
+    options = OnlineOptions(batch_sizes=[16, 64], steps_per_candidate=5, warmup_steps=2, max_candidates=3)
+    with PowerMonitor(dev.sensor, dev.clock) as monitor:
+        tuner = OnlineTuner(dev.writable_knobs, monitor, start_batch_size=32, options=options, guard_margin=0.04)
+        first = tuner.start(before)
+        assert first.kind is OnlineMove.MOVE and isinstance(first.candidate, Candidate)
+        assert first.notes[0].startswith("online tuning: batch sizes [16, 64], gpu_freq")
+        decisions = []
+        candidate = first.candidate
+        while tuner.exploring:
+            dev.apply(candidate.knobs)  # the caller applies what the tuner decided
+            dev.run_step(lambda: None, candidate.batch_size, cnn_cost)
+            now = RunState(dev.clock.now(), candidate.batch_size, 9.0, dev.settings())
+            d = tuner.after_step(now)
+            if d.kind is not OnlineMove.NONE:
+                decisions.append(d)
+                candidate = d.candidate or candidate
+    dev.restore()
+    assert [d.kind for d in decisions[:-1]] == [OnlineMove.MOVE] * (len(decisions) - 1)
+    assert decisions[-1].kind in (OnlineMove.SETTLE, OnlineMove.STOP)
+    assert len(tuner.measurements) == len(decisions) <= 3
+    assert all(m.steps == 3 and m.status in (MeasurementStatus.OK, MeasurementStatus.OVER_BUDGET)
+               for m in tuner.measurements)
+    assert all(d.notes[0].startswith("online: candidate batch size") for d in decisions)
+    if decisions[-1].kind is OnlineMove.SETTLE:
+        assert tuner.chosen is not None and decisions[-1].candidate == tuner.chosen.candidate
+    assert dev.settings() == before
+
+
+def test_a_guard_trip_ends_the_candidate_as_over_budget(cnn_cost):
+    from edgetune.power import PowerMonitor
+    from edgetune.runtime.online import MeasurementStatus, OnlineMove, OnlineOptions, OnlineTuner, RunState
+
+    dev = open_device("sim:orin-nano", seed=0)
+    options = OnlineOptions(batch_sizes=[16, 64], steps_per_candidate=8, warmup_steps=2, max_candidates=4)
+    with PowerMonitor(dev.sensor, dev.clock) as monitor:
+        tuner = OnlineTuner(dev.writable_knobs, monitor, options=options, guard_margin=0.04)
+        first = tuner.start(dev.settings()).candidate
+        for _ in range(4):
+            dev.run_step(lambda: None, first.batch_size, cnn_cost)
+            assert tuner.after_step(RunState(dev.clock.now(), first.batch_size, 9.0, dev.settings())).kind \
+                is OnlineMove.NONE
+        d = tuner.on_guard_trip(RunState(dev.clock.now(), first.batch_size, 9.0, dev.settings()), power_w=9.6)
+    m = tuner.measurements[-1]
+    assert m.candidate == first and m.status is MeasurementStatus.OVER_BUDGET and m.power_w == 9.6
+    assert m.steps == 4 and m.step_time_s > 0
+    assert d.kind is OnlineMove.MOVE and d.candidate != first
+    assert "over budget (" in d.notes[0]
+
+
+def test_tune_groups_its_keywords_into_settings(tmp_path, cnn_cost):
+    from edgetune.runtime import GuardSettings, LoaderSettings, OnlineOptions, RecordSettings, Tuner
+
+    model, opt, data = mlp()
+    tuner = edgetune.tune(model, opt, dataset=data, batch_size=32, budget_w=12, lr_rule="sqrt", resize_at="epoch",
+                          seed=3, guard=GuardParams(tick_s=0.1), log=tmp_path / "s.csv", keep_trace=True,
+                          print_summary=False, online={"max_candidates": 2}, device="sim:orin-nano")
+    assert tuner.loader_settings == LoaderSettings(lr_rule="sqrt", resize_at="epoch", seed=3)
+    assert tuner.guard_params == GuardParams(tick_s=0.1)
+    assert tuner.record == RecordSettings(log=tmp_path / "s.csv", keep_trace=True, print_summary=False)
+    assert GuardSettings.of(False) == GuardSettings(enabled=False)
+    with pytest.raises(ValueError, match="unknown lr_rule"):
+        LoaderSettings(lr_rule="cubic")
+    with pytest.raises(ValueError, match="resize_at"):
+        edgetune.tune(model, opt, dataset=data, budget_w=12, resize_at="never")
+    with pytest.raises(ValueError, match="steps_per_candidate must exceed warmup_steps"):
+        OnlineOptions(steps_per_candidate=3, warmup_steps=3)
+    with pytest.raises(ValueError, match="batch_size must be a positive whole number"):
+        edgetune.tune(model, opt, dataset=data, batch_size=0, budget_w=12)
+    # the settings given whole, without tune()
+    with Tuner(None, None, batch_size=16, budget_w=12, device="sim:orin-nano", cost=cnn_cost, online=False,
+               guard=GuardSettings(enabled=False), record=RecordSettings(print_summary=False)) as direct:
+        for _ in range(5):
+            direct.step()
+    assert direct.summary.steps == 5 and not any(t.startswith("guard") for _, t in direct.events)
+
+
+def test_runtime_imports_point_one_way():
+    """No import cycle inside edgetune.runtime; the online tuner never reaches the controller; no search."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(edgetune.__file__).parent / "runtime"
+    graph = {}
+    for path in root.glob("*.py"):
+        name = f"edgetune.runtime.{path.stem}" if path.stem != "__init__" else "edgetune.runtime"
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                deps.add(node.module)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names)
+        assert not any(d.startswith(("edgetune.search", "edgetune.cli")) for d in deps), name
+        graph[name] = {d for d in deps if d.startswith("edgetune.runtime.")}
+
+    def reaches(start, target, seen=()):
+        return any(d == target or (d not in seen and reaches(d, target, (*seen, d))) for d in graph.get(start, ()))
+
+    assert not [m for m in graph if m != "edgetune.runtime" and reaches(m, m)]
+    assert not reaches("edgetune.runtime.online", "edgetune.runtime.controller")
+    assert not reaches("edgetune.runtime.guard", "edgetune.runtime.controller")

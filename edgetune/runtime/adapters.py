@@ -39,7 +39,9 @@ from typing import Any
 
 import torch
 
-from edgetune.runtime.controller import Tuner, load_plan, tune
+from edgetune.runtime.api import tune
+from edgetune.runtime.controller import Tuner
+from edgetune.runtime.plan import load_plan
 
 __all__ = ["HFTrainerCallback", "LightningCallback"]
 

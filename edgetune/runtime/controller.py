@@ -30,151 +30,115 @@ How the user's steps meet the device
       conventions of :func:`edgetune.workloads.measure_cost`), or given as ``cost=``.
 
 What it does, in order
-    enter: open the device, start the monitor, apply the plan (``plan=best.json`` of ``edgetune search``)
-    or start online tuning (no plan: :mod:`edgetune.runtime.online`), start the budget guard;
-    each step: device accounting, online tuning moves (batch size and knobs, at step boundaries);
-    each tick: the guard (:mod:`edgetune.runtime.guard`), the budget file, the accounting;
-    exit (normal, exception, Ctrl-C): restore every knob, print the summary table.
+    enter: open the device, start the monitor, apply the plan (``plan=best.json`` of ``edgetune search``,
+    :mod:`edgetune.runtime.plan`) or start online tuning (no plan: :mod:`edgetune.runtime.online`), start
+    the budget guard;
+    each step: device accounting, the online tuner's decisions (batch size and knobs, at step boundaries);
+    each tick (:mod:`edgetune.runtime.ticker`): the budget file (:mod:`edgetune.runtime.budget`), the
+    guard (:mod:`edgetune.runtime.guard`), the accounting;
+    exit (normal, exception, Ctrl-C): restore every knob, write the summary table.
+
+The pieces decide, the controller applies: the guard's law returns a :class:`~edgetune.runtime.guard.Decision`
+(a :class:`~edgetune.runtime.guard.GuardMove` and a rung) and the online tuner an
+:class:`~edgetune.runtime.online.OnlineDecision` (an :class:`~edgetune.runtime.online.OnlineMove` and a
+:class:`~edgetune.power.knobs.Candidate`); only the controller writes knobs, changes the batch size and
+records events.
 """
 
 from __future__ import annotations
 
-import bisect
-import json
 import math
 import os
-import signal
 import sys
 import threading
 import types
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections import Counter
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 import torch
 
-from edgetune.power.base import Device, DeviceError, KnobValue, WorkloadCost, format_value, is_out_of_memory
+from edgetune.log import get_logger
+from edgetune.power.base import (
+    Device,
+    DeviceError,
+    KnobValue,
+    VirtualClock,
+    WorkloadCost,
+    format_value,
+    is_out_of_memory,
+)
+from edgetune.power.knobs import Candidate, check_batch_size
 from edgetune.power.monitor import PowerMonitor
 from edgetune.runtime.accounting import Accounting, RunSummary, SampleTap
-from edgetune.runtime.guard import (
-    Decision,
-    GuardParams,
-    GuardState,
-    LadderModel,
-    Observation,
-    build_ladder,
-    control,
-    frequency_prior,
-)
+from edgetune.runtime.budget import BudgetSource, check_watts
+from edgetune.runtime.guard import Decision, GuardMove, Observation, build_ladder, frequency_prior
+from edgetune.runtime.ladder_guard import LadderGuard
 from edgetune.runtime.loader import BatchLoader, rescale_lr
+from edgetune.runtime.online import (
+    DEFAULT_START_BATCH_SIZE,
+    OnlineDecision,
+    OnlineMove,
+    OnlineOptions,
+    OnlineTuner,
+    RunState,
+)
+from edgetune.runtime.plan import Plan, PlanError, load_plan
+from edgetune.runtime.settings import GuardSettings, LoaderSettings, RecordSettings
+from edgetune.runtime.ticker import Ticker
 from edgetune.workloads import CostMeter
 
-__all__ = ["Plan", "PlanError", "Tuner", "load_plan", "tune"]
+# Plan, PlanError and load_plan live in edgetune.runtime.plan; importing them from here keeps working
+__all__ = ["Plan", "PlanError", "Tuner", "load_plan"]
 
+_log = get_logger(__name__)
 
-class PlanError(ValueError):
-    """A plan file that cannot be used (one line naming the problem and the fix)."""
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The part of ``edgetune search``'s ``best.json`` the runtime applies."""
-
-    batch_size: int
-    setting: dict[str, KnobValue]
-    budget_w: float | None
-    device: str | None
-    path: str = ""
-
-
-def load_plan(path: str | os.PathLike) -> Plan:
-    """Read a plan (``best.json``); raises :class:`PlanError` with one line on a bad file."""
-    p = Path(path)
-    try:
-        raw = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise PlanError(f"plan {p}: no such file; run `edgetune search ... --out DIR` and pass DIR/best.json") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise PlanError(f"plan {p}: not readable JSON ({exc}); pass the best.json that edgetune search wrote") from None
-    if not isinstance(raw, dict):
-        raise PlanError(f"plan {p}: expected a JSON object with batch_size and setting")
-    b = raw.get("batch_size")
-    if isinstance(b, bool) or not isinstance(b, int) or b <= 0:
-        raise PlanError(f"plan {p}: batch_size must be a positive integer, got {b!r}")
-    setting = raw.get("setting", {})
-    if not isinstance(setting, dict):
-        raise PlanError(f"plan {p}: setting must be an object of knob -> value, got {type(setting).__name__}")
-    budget = raw.get("budget_w")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
-        raise PlanError(f"plan {p}: budget_w must be a positive number of watts, got {budget!r}")
-    return Plan(b, dict(setting), None if budget is None else float(budget), raw.get("device"), str(p))
+#: the batch size when none is given and neither a plan nor online tuning chooses one (a dataset is given)
+DEFAULT_BATCH_SIZE = DEFAULT_START_BATCH_SIZE
+#: s: the sample tap keeps two fast windows plus this much history, more than the 1-s moving average the
+#: guard also reads
+TAP_SLACK_S = 1.5
+#: fast windows the tap keeps (the guard's short average with room for one late tick)
+TAP_FAST_WINDOWS = 2.0
+#: with no maximum power from the device, the frequency prior's top rung draws this many budgets (only the
+#: prior's scale: the guard's observations replace it)
+UNKNOWN_TOP_POWER_BUDGETS = 1.5
+#: s: on a real clock the guard's ticker updates the accounting this often: every half second is plenty and
+#: costs less than every tick (on a virtual clock it updates every tick)
+ACCOUNTING_PERIOD_S = 0.5
+#: FLOP per MFLOP, for the event that reports the measured step cost
+_FLOP_PER_MFLOP = 1e6
 
 
 def _noop() -> None:
     return None
 
 
-class _Ticker:
-    """Calls ``fn`` every ``period_s`` of device time: a virtual-clock ticker on the twin, a thread otherwise."""
-
-    def __init__(self, clock: Any, period_s: float, fn: Callable[[], None]) -> None:
-        self._clock = clock
-        self._tid: int | None = None
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        if getattr(clock, "virtual", False) and hasattr(clock, "add_ticker"):
-            self._tid = clock.add_ticker(period_s, fn)
-        else:
-            def run() -> None:
-                while not self._stop.wait(period_s):
-                    fn()
-            self._thread = threading.Thread(target=run, name="edgetune-guard", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        if self._tid is not None:
-            self._clock.remove_ticker(self._tid)
-            self._tid = None
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=2.0)
-            self._thread = None
-
-
-def _parse_watts(text: str) -> float:
-    s = text.strip().lower().removesuffix("w").strip()
-    w = float(s)
-    if not (w > 0 and math.isfinite(w)):
-        raise ValueError
-    return w
-
-
 class Tuner:
     """The object ``with edgetune.tune(...) as tuner`` gives: the loader, the budget, the figures.
 
-    Build it with :func:`tune`. Attributes in the user's words:
+    Build it with :func:`tune` (or directly, with the settings grouped: :class:`LoaderSettings`,
+    :class:`GuardSettings`, :class:`RecordSettings`, :class:`~edgetune.runtime.online.OnlineOptions`).
+    Attributes in the user's words:
 
     * ``loader``: the batches to train on (a :class:`~edgetune.runtime.loader.BatchLoader`; None without a
       dataset: then take ``batch_size`` and batch yourself);
     * ``batch_size``: the batch size in force; ``setting``: the knob values in force;
     * ``budget_w``: the budget in force; :meth:`set_budget` changes it while training runs;
     * ``summary``: the :class:`~edgetune.runtime.accounting.RunSummary` (complete after exit);
-    * ``device``, ``monitor``, ``events`` (device time, text).
+    * ``device``, ``monitor``, ``events`` (device time, text); ``online``: the online tuner, if any.
     """
 
     def __init__(self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None, *,
-                 dataset: Any, batch_size: int | None, budget_w: float | None, device: str | Device,
-                 plan: str | os.PathLike | Plan | None, online: bool | Mapping[str, Any] | None,
-                 lr_rule: str, resize_at: str, seed: int, shuffle: bool, drop_last: bool,
-                 cost: WorkloadCost | None, log: str | os.PathLike | None, budget_file: str | os.PathLike | None,
-                 guard: bool | GuardParams, monitor_rate_hz: float | None, print_summary: bool | TextIO,
-                 keep_trace: bool, loader_options: Mapping[str, Any] | None,
-                 device_options: Mapping[str, Any] | None) -> None:
+                 dataset: Any = None, device: str | Device = "auto", device_options: Mapping[str, Any] | None = None,
+                 plan: str | os.PathLike | Plan | None = None, batch_size: int | None = None,
+                 budget_w: float | None = None, budget_file: str | os.PathLike | None = None,
+                 online: bool | OnlineOptions | None = None, cost: WorkloadCost | None = None,
+                 loader: LoaderSettings | None = None, guard: GuardSettings | None = None,
+                 record: RecordSettings | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self._dataset = dataset
-        self._plan_arg = plan
         self.plan: Plan | None = plan if isinstance(plan, Plan) else (load_plan(plan) if plan is not None else None)
         if budget_w is None and self.plan is not None:
             budget_w = self.plan.budget_w
@@ -182,9 +146,8 @@ class Tuner:
             raise ValueError(f"budget_w must be a positive number of watts (or come from the plan), got {budget_w!r}")
         if batch_size is None:
             batch_size = self.plan.batch_size if self.plan is not None else None
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                       or batch_size <= 0):
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if batch_size is not None:
+            batch_size = check_batch_size(batch_size, "batch_size")
         if online is None:
             online = self.plan is None
         if online and optimizer is None:
@@ -192,34 +155,21 @@ class Tuner:
                              "pass it, or pass a plan")
         if online and batch_size is None and dataset is None:
             raise ValueError("give batch_size or a dataset: online tuning changes the batch size through tuner.loader")
-        self._online_options = dict(online) if isinstance(online, Mapping) else {}
-        self._online_enabled = bool(online)
+        self._online_options = (online if isinstance(online, OnlineOptions) else OnlineOptions()) if online else None
         self._device_arg = device
         self._device_options = dict(device_options or {})
         self._requested_batch = batch_size
-        from edgetune.predictors import LR_RULES
-
-        if lr_rule not in LR_RULES:
-            raise ValueError(f"unknown lr_rule {lr_rule!r}; use one of {', '.join(LR_RULES)}")
-        if resize_at not in ("step", "epoch"):
-            raise ValueError(f"resize_at must be 'step' or 'epoch', got {resize_at!r}")
-        self.lr_rule = lr_rule
-        self.resize_at = resize_at
-        self.seed = seed
-        self._shuffle = shuffle
-        self._drop_last = drop_last
+        self.loader_settings = loader or LoaderSettings()
+        self.lr_rule = self.loader_settings.lr_rule
+        self.resize_at = self.loader_settings.resize_at
+        self.seed = self.loader_settings.seed
         self.cost = cost
-        self._log = log
-        self._budget_file = Path(budget_file) if budget_file is not None else None
-        self.guard_params = guard if isinstance(guard, GuardParams) else GuardParams()
-        self._guard_enabled = guard is not False
-        self._rate = monitor_rate_hz
-        self._print_summary = print_summary
-        self._keep_trace = keep_trace
-        self._loader_options = dict(loader_options or {})
+        self.record = record or RecordSettings()
+        guard = guard or GuardSettings()
+        self.guard_params = guard.params
+        self._guard_enabled = guard.enabled
 
-        self._budgets: list[tuple[float, float]] = []  # (device time, W), ascending
-        self._initial_budget = float(budget_w)
+        self._budget = BudgetSource(float(budget_w), budget_file)
         self.events: list[tuple[float, str]] = []
         self._lock = threading.RLock()
         self._entered = False
@@ -228,7 +178,8 @@ class Tuner:
         self.device: Device
         self.monitor: PowerMonitor
         self.accounting: Accounting
-        self.online = None
+        self.tap: SampleTap
+        self.online: OnlineTuner | None = None
         self.steps = 0
         self.epoch = 0
         self._batch_size = batch_size or 0
@@ -236,24 +187,21 @@ class Tuner:
         self._cost_meter: CostMeter | None = None
         self._first_batch_bytes = 0.0
         self._hook_handles: list[Any] = []
-        self._ticker: _Ticker | None = None
+        self._ticker: Ticker | None = None
+        self._virtual = False
+        self._ticks = 0
+        self._update_every = 1
         self._owns_device = False
-        self._ladder: list[dict[str, KnobValue]] = []
-        self._ladder_model: LadderModel | None = None
-        self._guard_state: GuardState | None = None
+        self._guard = LadderGuard(self.guard_params, reference_budget_w=float(budget_w))
         self._guard_active = False
-        self._budget_file_mtime: float | None = None
-        self._reread_budget = False
-        self._old_sigusr1: Any = None
+        self._guard_moves: Counter[GuardMove] = Counter()
         self._original: dict[str, KnobValue] = {}
-        self._anchor: dict[str, KnobValue] = {}
-        self._reference_budget = float(budget_w)
 
     # -- public API ---------------------------------------------------------------------------------------
     @property
     def budget_w(self) -> float:
         """The budget in force now (W, judged on the 1-s moving average of board power)."""
-        return self._budgets[-1][1] if self._budgets else self._initial_budget
+        return self._budget.current_w
 
     @property
     def batch_size(self) -> int:
@@ -266,8 +214,7 @@ class Tuner:
 
     def budget_at(self, t: float) -> float:
         """The budget that was in force at device time ``t``."""
-        i = bisect.bisect_right(self._budgets, (t, math.inf)) - 1
-        return self._budgets[max(i, 0)][1] if self._budgets else self._initial_budget
+        return self._budget.at(t)
 
     def set_budget(self, watts: float, why: str = "set_budget") -> None:
         """Change the budget while training runs; the guard acts on it at once (within one tick).
@@ -275,21 +222,17 @@ class Tuner:
         Also reachable from outside the process: ``budget_file=`` names a file holding the budget in watts,
         re-read when it changes and on SIGUSR1.
         """
-        if isinstance(watts, bool) or not isinstance(watts, (int, float)) or not (watts > 0 and math.isfinite(watts)):
-            raise ValueError(f"budget must be a positive number of watts, got {watts!r}")
+        watts = check_watts(watts)
         with self._lock:
             t = self.device.clock.now() if self._entered else 0.0
-            if self._budgets and self._budgets[-1][1] == float(watts):
+            if not self._budget.set(t, watts):
                 return
-            self._budgets.append((t, float(watts)))
-            self._event(f"budget {float(watts):g} W ({why})")
+            self._event(f"budget {watts:g} W ({why})")
             idle = self.device.idle_power_w if self._entered else None
             if idle is not None and watts <= idle:
                 self._event(f"budget {watts:g} W is at or below the device's idle power {idle:g} W: it cannot be "
                             f"met; the guard holds the lowest setting")
-            if self._guard_state is not None:
-                ceiling = self._ceiling_for(float(watts))
-                self._guard_state = replace(self._guard_state, ceiling=ceiling)
+            self._guard.budget_changed(watts)
             if self._entered:
                 self._tick()
 
@@ -320,7 +263,7 @@ class Tuner:
                 self._on_resize(old, batch_size, rates)
 
     def apply_setting(self, setting: Mapping[str, KnobValue], why: str) -> None:
-        """Apply knob values (the online tuner's moves) and re-anchor the guard's ladder on them."""
+        """Apply knob values and re-anchor the guard's ladder on them."""
         with self._lock:
             self._apply(setting, why)
             self._build_guard()
@@ -345,17 +288,17 @@ class Tuner:
         dev = self.device
         self._original = dev.settings()
         self.setting = dict(self._original)
-        self._anchor = dict(self.setting)
+        self._guard.anchor = dict(self.setting)
         # the tap hands each sample to the guard and the accounting once, without copying the monitor's history
-        self.tap = SampleTap(dev.sensor, keep_s=2.0 * self.guard_params.fast_window_s + 1.5)
-        self.monitor = PowerMonitor(self.tap, dev.clock, rate_hz=self._rate)
+        self.tap = SampleTap(dev.sensor, keep_s=TAP_FAST_WINDOWS * self.guard_params.fast_window_s + TAP_SLACK_S)
+        self.monitor = PowerMonitor(self.tap, dev.clock, rate_hz=self.record.monitor_rate_hz)
         self.monitor.start()
         t0 = dev.clock.now()
-        self._budgets = [(t0, self._initial_budget)]
+        self._budget.restart(t0)
         simulated = " (simulated)" if dev.simulated and "simulated" not in dev.description else ""
         self._event(f"device {dev.name}: {dev.description}{simulated}")
-        self.accounting = Accounting(self.tap, self.budget_at, window_s=self.monitor.avg_window_s, log=self._log,
-                                     keep_trace=self._keep_trace)
+        self.accounting = Accounting(self.tap, self.budget_at, window_s=self.monitor.avg_window_s,
+                                     log=self.record.log, keep_trace=self.record.keep_trace)
         self.accounting.start(t0)
         if dev.measure_only:
             why = "; ".join(sorted({k.why_read_only for k in dev.knobs.values() if k.why_read_only})) or \
@@ -363,40 +306,46 @@ class Tuner:
             self._event(f"measure-only: knobs cannot be set here ({why}); the guard only reports")
         if self.plan is not None:
             self._apply_plan(self.plan)
-        if self._online_enabled:
-            from edgetune.runtime.online import OnlineTuner
-
-            self.online = OnlineTuner(self, **self._online_options)
-            self._batch_size, start_setting = self.online.start()
-            self._apply(start_setting, f"online tuning: first candidate: batch size {self._batch_size}")
+        if self._online_options is not None:
+            self.online = OnlineTuner(dev.writable_knobs, self.monitor, start_batch_size=self._requested_batch,
+                                      dataset_size=len(self._dataset) if self._dataset is not None else None,
+                                      options=self._online_options, guard_margin=self.guard_params.target_margin,
+                                      seed=self.seed)
+            first = self.online.start(self.setting)
+            assert first.candidate is not None
+            self._note(first)
+            self._batch_size = first.candidate.batch_size
+            self._apply(first.candidate.knobs, f"online tuning: first candidate: batch size {self._batch_size}")
         if self._batch_size <= 0:
             if self._dataset is None:
                 raise ValueError("give batch_size, a plan, or a dataset to tune()")
-            self._batch_size = 32
-            self._event("no batch size given: starting at 32")
+            self._batch_size = DEFAULT_BATCH_SIZE
+            self._event(f"no batch size given: starting at {DEFAULT_BATCH_SIZE}")
         if self._dataset is not None:
+            ls = self.loader_settings
             self.loader = BatchLoader(
-                self._dataset, self._batch_size, optimizer=self.optimizer, lr_rule=self.lr_rule,
-                shuffle=self._shuffle, seed=self.seed, drop_last=self._drop_last,
+                self._dataset, self._batch_size, optimizer=self.optimizer, lr_rule=ls.lr_rule,
+                shuffle=ls.shuffle, seed=ls.seed, drop_last=ls.drop_last,
                 on_epoch_start=self._on_epoch_start, on_epoch_end=self._on_epoch_end,
-                on_resize=self._on_resize, on_batch=self._on_batch, **self._loader_options)
+                on_resize=self._on_resize, on_batch=self._on_batch, **ls.options)
         self._build_guard()
         if self.optimizer is not None:
             self._hook_handles.append(self.optimizer.register_step_post_hook(lambda opt, args, kwargs: self._on_step()))
             if self.online is not None:
                 self._hook_handles.append(self.optimizer.register_step_pre_hook(
-                    lambda opt, args, kwargs: self.online.before_step()))
+                    lambda opt, args, kwargs: self.online.before_step(self.batch_size, self.optimizer)))
         # only the twin needs the step's cost (real hardware runs the step itself): measure it there
         if self.cost is None and dev.simulated:
             if self.model is None:
                 raise ValueError("the twin needs the step's cost: pass model= (it is measured from the first "
                                  "step) or cost= (for example load_workload(...).cost)")
             self._cost_meter = CostMeter(self.model).start()
-        self._setup_budget_file()
-        self._virtual = bool(getattr(dev.clock, "virtual", False))
-        self._update_every = max(1, round(0.5 / self.guard_params.tick_s))
+        self._poll_budget_file()
+        self._budget.watch()
+        self._virtual = isinstance(dev.clock, VirtualClock)
         self._ticks = 0
-        self._ticker = _Ticker(dev.clock, self.guard_params.tick_s, self._tick)
+        self._update_every = max(1, round(ACCOUNTING_PERIOD_S / self.guard_params.tick_s))
+        self._ticker = Ticker(dev.clock, self.guard_params.tick_s, self._tick)
         self._entered = True
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -434,16 +383,21 @@ class Tuner:
                 self.summary = self._summary(restored_ok)
             if hasattr(self, "monitor"):
                 self.monitor.stop()
-            self._teardown_budget_file()
+            self._budget.unwatch()
             if exc_type is KeyboardInterrupt:
                 self._event("interrupted (Ctrl-C): knobs restored" if restored_ok else "interrupted (Ctrl-C)")
-            if self.summary is not None and self._print_summary:
-                out = self._print_summary if hasattr(self._print_summary, "write") else sys.stderr
-                print(self.summary.table(), file=out)
+            if self.summary is not None and self.record.print_summary:
+                self._write_summary(self.summary, self.record.print_summary)
         finally:
             self._entered = False
             if self._owns_device:
                 self.device.close()
+
+    @staticmethod
+    def _write_summary(summary: RunSummary, where: bool | TextIO) -> None:
+        """The table the user asked for with ``print_summary=``: to that stream, or standard error for True."""
+        out = where if hasattr(where, "write") else sys.stderr
+        out.write(summary.table() + "\n")
 
     def _summary(self, restored_ok: bool | None) -> RunSummary:
         time_s, energy, samples = self.accounting.totals()
@@ -456,7 +410,7 @@ class Tuner:
             events=list(self.events), batch_size=self.batch_size,
             setting={k: format_value(v, self.device.knobs[k].unit) for k, v in self.setting.items()
                      if k in self.device.knobs and self.device.knobs[k].writable},
-            knobs_restored=restored_ok,
+            knobs_restored=restored_ok, guard_moves=dict(self._guard_moves),
         )
 
     # -- plan and knobs ---------------------------------------------------------------------------------
@@ -475,7 +429,7 @@ class Tuner:
             raise PlanError(f"plan {plan.path}: knob(s) {', '.join(unknown)} do not exist on {dev.name}; "
                             f"knobs here: {', '.join(dev.knobs) or 'none'}")
         if plan.budget_w is not None:
-            self._reference_budget = plan.budget_w
+            self._guard.reference_budget_w = plan.budget_w
         self._apply(plan.setting, f"plan {plan.path}: batch size {self._batch_size}" if plan.path else
                     f"plan: batch size {self._batch_size}")
 
@@ -487,60 +441,45 @@ class Tuner:
         if changes:
             dev.apply(changes)
             self.setting.update({k: dev.knobs[k].validate(v) for k, v in changes.items()})
-        self._anchor = dict(self.setting)  # the chosen setting: the guard climbs back to it, not above
+        self._guard.anchor = dict(self.setting)  # the chosen setting: the guard climbs back to it, not above
         text = ", ".join(f"{k}={format_value(dev.knobs[k].validate(v), dev.knobs[k].unit)}" for k, v in changes.items())
         if skipped and dev.knobs:
             text += f" (not settable here: {', '.join(skipped)})"
         self._event(f"{why}; {text or 'knobs unchanged'}")
 
     # -- guard --------------------------------------------------------------------------------------------
-    def _ceiling_for(self, budget: float) -> int:
-        """The plan's rung while the budget is the plan's or lower; the top when the budget was raised."""
-        top = len(self._ladder) - 1
-        return top if budget > self._reference_budget else self._rung_of(self._anchor)
-
-    def _rung_of(self, setting: Mapping[str, KnobValue]) -> int:
-        best, best_d = 0, math.inf
-        for i, rung in enumerate(self._ladder):
-            d = sum(0 if setting.get(k) == v else 1 for k, v in rung.items())
-            if d < best_d or (d == best_d and i > best):
-                best, best_d = i, d
-        return best
-
     def _build_guard(self) -> None:
         """The ladder around the current setting, the prior power model, the law's state at that rung."""
         dev = self.device
         self._guard_active = self._guard_enabled and not dev.measure_only
         if not self._guard_active:
             return
-        self._ladder = build_ladder(dev.knobs, self.setting)
-        if len(self._ladder) < 2:
+        ladder = build_ladder(dev.knobs, self.setting)
+        self._guard.ladder = ladder
+        if len(ladder) < 2:
             self._guard_active = False
             self._event("guard: only one setting is reachable; the guard only reports")
             return
         idle = dev.idle_power_w if dev.idle_power_w is not None else 0.0
-        top = dev.max_power_w if dev.max_power_w is not None else 1.5 * self.budget_w
-        prior = self.online.ladder_prior(self._ladder) if self.online is not None else None
-        self._ladder_model = prior or frequency_prior(self._ladder, dev.knobs, idle, top)
-        rung = self._rung_of(self.setting)
+        top = dev.max_power_w if dev.max_power_w is not None else UNKNOWN_TOP_POWER_BUDGETS * self.budget_w
+        prior = (self.online.ladder_prior(ladder, self.batch_size, dev.knobs, dev.idle_power_w or 0.0)
+                 if self.online is not None else None)
         # the fast window must first fill with this setting's power (at the start: not the idle before it)
-        self._guard_state = GuardState(rung=rung, ceiling=max(rung, self._ceiling_for(self.budget_w)),
-                                       changed_t=dev.clock.now())
+        self._guard.reset(ladder, prior or frequency_prior(ladder, dev.knobs, idle, top), self.setting,
+                          self.budget_w, dev.clock.now())
 
     def _tick(self) -> None:
         """One guard tick on the device clock: budget file, the control law, the accounting."""
         with self._lock:
             try:
                 self._poll_budget_file()
-                if self._guard_active and self._guard_state is not None and self._ladder_model is not None:
+                if self._guard_active and self._guard.ready:
                     t = self.device.clock.now()
                     obs = Observation(t, self.tap.average(self.guard_params.fast_window_s),
                                       self.tap.average(self.monitor.avg_window_s), self.budget_w)
-                    self._guard_state, decision = control(self._guard_state, obs, self._ladder_model,
-                                                          self.guard_params)
+                    decision = self._guard.tick(obs)
                     if decision.moved:
                         self._guard_move(decision)
-                # on the real clock the accounting can wait: every half second is plenty and costs less
                 self._ticks += 1
                 if self._virtual or self._ticks % self._update_every == 0:
                     self.accounting.update()
@@ -548,52 +487,52 @@ class Tuner:
                 self._event(f"guard: {exc}")
 
     def _guard_move(self, decision: Decision) -> None:
-        rung = self._ladder[decision.rung]
+        rung = self._guard.ladder[decision.rung]
         changes = {k: v for k, v in rung.items() if self.setting.get(k) != v and self.device.knobs[k].writable}
         if changes:
             self.device.apply(changes)
             self.setting.update(changes)
         text = ", ".join(f"{k}={format_value(v, self.device.knobs[k].unit)}" for k, v in changes.items())
         self._event(f"guard {decision.reason}: {text}")
-        if self.online is not None:
-            self.online.on_guard_move(decision)
-
-    # -- budget file and signal -------------------------------------------------------------------------
-    def _setup_budget_file(self) -> None:
-        if self._budget_file is None:
-            return
-        self._poll_budget_file()
-        if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
-            def on_usr1(signum: int, frame: Any) -> None:
-                self._reread_budget = True
-            self._old_sigusr1 = signal.signal(signal.SIGUSR1, on_usr1)
-
-    def _teardown_budget_file(self) -> None:
-        if self._old_sigusr1 is not None:
-            signal.signal(signal.SIGUSR1, self._old_sigusr1)
-            self._old_sigusr1 = None
+        self._guard_moves[decision.kind] += 1
+        if decision.kind is GuardMove.TRIP and self.online is not None and self.online.exploring:
+            # the candidate being explored does not hold the budget: the online tuner records it, moves on
+            power = self.tap.average(self.guard_params.fast_window_s)
+            self._follow(self.online.on_guard_trip(self._run_state(), power))
 
     def _poll_budget_file(self) -> None:
-        path = self._budget_file
-        if path is None:
+        reading = self._budget.poll()
+        if reading is None:
             return
-        try:
-            mtime = path.stat().st_mtime_ns
-        except OSError:
-            return  # not written yet: the budget given to tune() holds
-        if mtime == self._budget_file_mtime and not self._reread_budget:
-            return
-        self._budget_file_mtime, self._reread_budget = mtime, False
-        try:
-            text = path.read_text()
-            watts = _parse_watts(text)
-        except (OSError, ValueError):
-            self._event(f"budget file {path}: cannot read {text.strip()[:20]!r} as watts; write a number such "
-                        f"as 7.5 (the budget stays {self.budget_w:g} W)" if "text" in locals() else
-                        f"budget file {path}: unreadable; the budget stays {self.budget_w:g} W")
-            return
-        if watts != self.budget_w:
-            self.set_budget(watts, why=f"budget file {path}")
+        if reading.watts is None:
+            self._event(reading.problem(self.budget_w))
+        elif reading.watts != self.budget_w:
+            self.set_budget(reading.watts, why=f"budget file {reading.path}")
+
+    # -- the online tuner's decisions -----------------------------------------------------------------------
+    def _run_state(self) -> RunState:
+        return RunState(self.device.clock.now(), self.batch_size, self.budget_w, dict(self.setting))
+
+    def _note(self, decision: OnlineDecision) -> None:
+        for text in decision.notes:
+            self._event(text)
+
+    def _follow(self, decision: OnlineDecision) -> None:
+        """Apply the online tuner's decision: record its notes, move to its candidate."""
+        self._note(decision)
+        if decision.kind is OnlineMove.SETTLE and self.loader is not None and self.online is not None \
+                and self.online.b_noise is not None:
+            self.loader.b_noise = self.online.b_noise  # the adascale rule needs it from now on
+        if decision.kind is OnlineMove.MOVE:
+            self._move_to(decision.candidate, "online tuning: next candidate")
+        elif decision.kind is OnlineMove.SETTLE:
+            self._move_to(decision.candidate, "online tuning: settled")
+
+    def _move_to(self, candidate: Candidate | None, why: str) -> None:
+        assert candidate is not None, "a MOVE or SETTLE decision names its candidate"
+        if candidate.batch_size != self.batch_size:
+            self.set_batch_size(candidate.batch_size, at="step")
+        self.apply_setting(candidate.knobs, f"{why}: batch size {candidate.batch_size}")
 
     # -- step boundaries ----------------------------------------------------------------------------------
     def _on_step(self) -> None:
@@ -601,22 +540,22 @@ class Tuner:
         if self._cost_meter is not None and self._cost_meter.active:
             self.cost = self._cost_meter.finish(b, self.optimizer, self._first_batch_bytes or 0.0)
             self._cost_meter = None
-            self._event(f"step cost measured from the first step: {self.cost.flops_per_sample / 1e6:.1f} MFLOP "
-                        f"per sample")
+            self._event(f"step cost measured from the first step: {self.cost.flops_per_sample / _FLOP_PER_MFLOP:.1f} "
+                        f"MFLOP per sample")
         try:
             self.device.run_step(_noop, b, self.cost)  # real: wait for the GPU; twin: advance the virtual clock
         except Exception as exc:
             # the twin says a candidate's batch does not fit: exploration records it and moves on
             if not (is_out_of_memory(exc) and self.online is not None and self.online.exploring):
                 raise
-            self.online.on_out_of_memory()
+            self._follow(self.online.on_out_of_memory(self._run_state()))
             return
         t = self.device.clock.now()
         self.steps += 1
         self.accounting.mark_step(t, b, self._setting_label(), self.epoch)
         if self.online is not None:
             with self._lock:  # the guard's thread may move the online tuner too (real clock)
-                self.online.after_step(t)
+                self._follow(self.online.after_step(RunState(t, self.batch_size, self.budget_w, dict(self.setting))))
 
     def _setting_label(self) -> str:
         knobs = self.device.knobs
@@ -636,88 +575,20 @@ class Tuner:
             self.monitor.sample()  # a sample at the last step's end, so the accounting closes it
             self.accounting.update()
             self.accounting.end_epoch(epoch)
-        if self.online is not None:
-            self.online.on_epoch_end(epoch)
 
     def _on_resize(self, old: int, new: int, rates: list[float]) -> None:
         lr = f"; learning rate {rates[0]:.4g} ({self.lr_rule})" if rates else ""
         self._event(f"batch size {old} -> {new}{lr}")
-        if self._ladder:
+        if self._guard.ladder:
             with self._lock:
                 self._build_guard()  # power depends on the batch size: start the ladder's observations afresh
 
     def _event(self, text: str) -> None:
         t = self.device.clock.now() if hasattr(self, "device") else 0.0
         self.events.append((t, text))
+        _log.info("%.3f s: %s", t, text)
 
     def _on_batch(self, batch: Any) -> None:
         """The loader's first batch: its bytes are the step's input, not activations."""
         if self._cost_meter is not None and self._cost_meter.active and not self._first_batch_bytes:
             self._first_batch_bytes = self._cost_meter.exclude(batch)
-
-
-def tune(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
-         dataset: Any = None, batch_size: int | None = None, budget_w: float | None = None,
-         device: str | Device = "auto", plan: str | os.PathLike | Plan | None = None,
-         online: bool | Mapping[str, Any] | None = None, lr_rule: str = "linear", resize_at: str = "step",
-         seed: int = 0, shuffle: bool = True, drop_last: bool = False, cost: WorkloadCost | None = None,
-         log: str | os.PathLike | None = None, budget_file: str | os.PathLike | None = None,
-         guard: bool | GuardParams = True, monitor_rate_hz: float | None = None,
-         print_summary: bool | TextIO = True, keep_trace: bool = False,
-         loader_options: Mapping[str, Any] | None = None,
-         device_options: Mapping[str, Any] | None = None) -> Tuner:
-    """Wrap a PyTorch training loop: apply a tuned plan (or tune online), keep power under the budget.
-
-    Args:
-        model: the model being trained (its first step's cost is measured for the twin).
-        optimizer: its optimizer; each ``optimizer.step()`` marks a training step (a post-step hook) and
-            the learning rate follows batch-size changes. Without one, call ``tuner.step()`` per step.
-        dataset: a map-style dataset; ``tuner.loader`` then yields its batches at the batch size in force.
-        batch_size: the batch size to start from (default: the plan's; online tuning explores around it).
-        budget_w: the power budget in watts, judged on the 1-s moving average of board power (default:
-            the plan's ``budget_w``).
-        device: a device spec (``auto``, ``sim:orin-nano``, ``jetson``, ``nvml:0`` ...) or an open Device.
-        plan: ``best.json`` of ``edgetune search`` (or a :class:`Plan`): its batch size and knob setting.
-        online: tune online (default: when there is no plan). ``True`` or options of
-            :class:`~edgetune.runtime.online.OnlineTuner` (``batch_sizes``, ``steps_per_candidate``,
-            ``max_candidates``, ``b_noise``).
-        lr_rule: learning-rate scaling rule when the batch size changes (``linear``, ``sqrt``, ``none``).
-        resize_at: when batch-size changes take effect: ``step`` (next step) or ``epoch`` (next epoch).
-        seed, shuffle, drop_last: the loader's sampling.
-        cost: the step's cost for the twin, instead of measuring it from the first step.
-        log: ``.csv`` or ``.jsonl`` file for one row per step (and per epoch in JSONL).
-        budget_file: a file holding the budget in watts (``7.5``); re-read when it changes and on SIGUSR1.
-        guard: False to only report; or :class:`~edgetune.runtime.guard.GuardParams`.
-        monitor_rate_hz: power sampling rate (default 100 Hz).
-        print_summary: print the summary table on exit (to stderr, or to the given stream).
-        keep_trace: keep every power sample with its 1-s average in ``tuner.accounting`` (for plots).
-        loader_options: passed to ``torch.utils.data.DataLoader`` (``num_workers``, ``collate_fn`` ...).
-        device_options: passed to ``open_device`` (``seed`` of the twin ...).
-
-    Example, on the simulated Orin Nano (a real CPU training run; the twin supplies time and power):
-
-    >>> import torch, edgetune
-    >>> from torch.utils.data import TensorDataset
-    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
-    <torch._C.Generator object at ...>
-    >>> data = TensorDataset(torch.randn(512, 8), torch.randint(0, 2, (512,)))
-    >>> model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
-    >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    >>> with edgetune.tune(model, optimizer, dataset=data, batch_size=32, budget_w=7, online=False,
-    ...                    device="sim:orin-nano", print_summary=False) as tuner:
-    ...     for epoch in range(2):
-    ...         for x, y in tuner.loader:
-    ...             loss = torch.nn.functional.cross_entropy(model(x), y)
-    ...             optimizer.zero_grad()
-    ...             loss.backward()
-    ...             optimizer.step()
-    >>> tuner.summary.steps, len(tuner.summary.epochs), tuner.summary.knobs_restored
-    (32, 2, True)
-    >>> tuner.summary.max_avg_w <= 7.0 or tuner.summary.time_over_s < 2.0
-    True
-    """
-    return Tuner(model, optimizer, dataset=dataset, batch_size=batch_size, budget_w=budget_w, device=device,
-                 plan=plan, online=online, lr_rule=lr_rule, resize_at=resize_at, seed=seed, shuffle=shuffle,
-                 drop_last=drop_last, cost=cost, log=log, budget_file=budget_file, guard=guard,
-                 monitor_rate_hz=monitor_rate_hz, print_summary=print_summary, keep_trace=keep_trace,
-                 loader_options=loader_options, device_options=device_options)

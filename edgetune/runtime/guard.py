@@ -43,6 +43,7 @@ Rung power estimates
 
 from __future__ import annotations
 
+import enum
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -52,6 +53,7 @@ from edgetune.power.base import Knob, KnobValue
 
 __all__ = [
     "Decision",
+    "GuardMove",
     "GuardParams",
     "GuardState",
     "LadderModel",
@@ -65,6 +67,15 @@ __all__ = [
 PRIMARY_KNOBS = ("gpu_freq", "power_limit", "cpu_freq")
 # knobs that extend the ladder below the primary knob's lowest value, in order
 SECONDARY_KNOBS = ("cpu_freq", "emc_freq", "mem_freq")
+#: fraction of board power a CPU or memory clock carries in the frequency prior (the GPU clock: all of the
+#: dynamic part); on Jetson modules the GPU dominates a training step's dynamic power
+SECONDARY_POWER_SHARE = 0.15
+#: a bar after a repeat trip lasts this many times the last one (up to ``block_max_s``): exponential back-off
+BAR_GROWTH = 2.0
+#: fraction of ``target_margin``: with the 1-s average already over the budget, a trip needs the fast average
+#: only within this much of the margin under it (the 1-s average lags; waiting for the fast one to cross
+#: again would prolong the violation)
+LAGGING_TRIP_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -205,17 +216,39 @@ class GuardState:
         return self.blocked_from is not None and rung >= self.blocked_from and t < self.blocked_until
 
 
+class GuardMove(enum.Enum):
+    """What one tick of the law decided."""
+
+    #: stay at the rung applied now
+    HOLD = "hold"
+    #: the fast average is over the budget: down to the highest rung estimated ``target_margin`` under it
+    TRIP = "trip"
+    #: headroom for ``up_dwell_s``: up to the highest unbarred rung estimated under the band
+    CLIMB = "climb"
+    #: anti-windup: the last climb raised power too little (the clock is capped); back to the rung before it
+    UNDO_CLIMB = "undo climb"
+
+
 @dataclass(frozen=True)
 class Decision:
-    """The law's output: the rung to apply (unchanged when ``reason`` is empty) and why it moved."""
+    """The law's output: the rung to apply, the kind of move and, for a move, why (one line for the events).
+
+    Attributes:
+        rung: the rung to apply (the current one for :attr:`GuardMove.HOLD`).
+        kind: what the law decided.
+        reason: the figures behind a move (empty for a hold).
+        infeasible: no rung is estimated under the target: the lowest is the best the guard can do.
+    """
 
     rung: int
+    kind: GuardMove = GuardMove.HOLD
     reason: str = ""
     infeasible: bool = False
 
     @property
     def moved(self) -> bool:
-        return bool(self.reason)
+        """True when the rung changes (any kind but :attr:`GuardMove.HOLD`)."""
+        return self.kind is not GuardMove.HOLD
 
 
 def _observe(observed: Mapping[int, float], offset_w: float, rung: int, now_w: float, model: LadderModel,
@@ -248,7 +281,7 @@ def _bar_length(state: GuardState, t: float, params: GuardParams) -> float:
     if t < state.blocked_until:
         return state.block_len_s
     if t < state.blocked_until + params.block_s:
-        return min(params.block_max_s, 2 * state.block_len_s)
+        return min(params.block_max_s, BAR_GROWTH * state.block_len_s)
     return params.block_s
 
 
@@ -258,8 +291,8 @@ def control(state: GuardState, obs: Observation, model: LadderModel, params: Gua
     >>> model = LadderModel((4.0, 6.0, 8.0, 10.0), idle_w=2.0)
     >>> s = GuardState(rung=3, ceiling=3)
     >>> s, d = control(s, Observation(t=0.0, fast_w=12.0, avg_w=11.0, budget_w=10.0), model, GuardParams())
-    >>> d.rung, d.reason.split(":")[0]
-    (2, 'trip')
+    >>> d.rung, d.kind
+    (2, <GuardMove.TRIP: 'trip'>)
     """
     t, budget = obs.t, obs.budget_w
     n = len(model)
@@ -282,7 +315,7 @@ def control(state: GuardState, obs: Observation, model: LadderModel, params: Gua
         return model.estimate(rung, observed) + offset
 
     # --- trip: act on the fast average, once the fast window holds only the current rung's power
-    over = obs.fast_w > budget or (obs.avg_w > budget and obs.fast_w > budget * (1 - params.target_margin / 2))
+    over = obs.fast_w > budget or (obs.avg_w > budget and obs.fast_w > budget * (1 - LAGGING_TRIP_FRACTION * params.target_margin))
     if over and since >= params.down_dwell_s:
         now, offset = _observe(state.observed, state.offset_w, state.rung, obs.fast_w, model, state.learn_base)
         goal = budget * (1 - params.target_margin)
@@ -300,7 +333,7 @@ def control(state: GuardState, obs: Observation, model: LadderModel, params: Gua
         reason = f"trip: {obs.fast_w:.2f} W > {budget:.2f} W budget, down {state.rung - target} rung(s)"
         if infeasible:
             reason += " (the lowest rung: no rung is estimated under the target)"
-        return new, Decision(target, reason, infeasible)
+        return new, Decision(target, GuardMove.TRIP, reason, infeasible)
 
     # --- anti-windup: a climb of the GPU clock that bought no power is undone
     if state.climb_from is not None and steady:
@@ -312,8 +345,9 @@ def control(state: GuardState, obs: Observation, model: LadderModel, params: Gua
                 state, rung=prev, changed_t=t, blocked_from=prev + 1, blocked_until=t + block,
                 block_len_s=block, observed={k: v for k, v in state.observed.items() if k <= prev},
             )
-            return new, Decision(prev, f"no response: +{obs.fast_w - before_w:.2f} W for an expected "
-                                       f"+{rise:.2f} W (clock capped?), back {state.rung - prev} rung(s)")
+            return new, Decision(prev, GuardMove.UNDO_CLIMB,
+                                 f"no response: +{obs.fast_w - before_w:.2f} W for an expected "
+                                 f"+{rise:.2f} W (clock capped?), back {state.rung - prev} rung(s)")
 
     # --- climb: after a dwell with headroom, to the highest unbarred rung estimated under the band
     if since >= params.up_dwell_s and state.rung < min(state.ceiling, n - 1):
@@ -336,8 +370,8 @@ def control(state: GuardState, obs: Observation, model: LadderModel, params: Gua
                 rise = model.estimate(target, state.observed) - model.estimate(state.rung, state.observed)
                 new = replace(state, rung=target, changed_t=t, climb_from=(state.rung, obs.fast_w, rise),
                               learn_base=True)
-                return new, Decision(target, f"climb: {obs.avg_w:.2f} W under {band:.2f} W, "
-                                             f"up {target - state.rung} rung(s)")
+                return new, Decision(target, GuardMove.CLIMB, f"climb: {obs.avg_w:.2f} W under {band:.2f} W, "
+                                                                f"up {target - state.rung} rung(s)")
     return state, Decision(state.rung)
 
 
@@ -390,7 +424,7 @@ def frequency_prior(ladder: Sequence[Mapping[str, KnobValue]], knobs: Mapping[st
                 continue
             if name in PRIMARY_KNOBS or name in SECONDARY_KNOBS:
                 # memory and CPU clocks carry a smaller share of board power than the GPU clock
-                share = 1.0 if name == primary else 0.15
+                share = 1.0 if name == primary else SECONDARY_POWER_SHARE
                 s *= (1 - share) + share * float(value) / float(knob.max)
         scales.append(s)
     top = max(scales) or 1.0

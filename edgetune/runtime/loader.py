@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from edgetune.power.knobs import check_batch_size
+
 __all__ = ["BatchLoader", "ResizableBatchSampler", "rescale_lr"]
 
 
@@ -60,7 +62,7 @@ class ResizableBatchSampler(Sampler[list[int]]):
         if num_samples <= 0:
             raise ValueError("the dataset is empty")
         self.num_samples = num_samples
-        self.batch_size = _check_batch_size(batch_size)
+        self.batch_size = check_batch_size(batch_size)
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
@@ -88,12 +90,6 @@ class ResizableBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         n = self.num_samples / self.batch_size
         return int(n) if self.drop_last else math.ceil(n)
-
-
-def _check_batch_size(b: int) -> int:
-    if not isinstance(b, int) or isinstance(b, bool) or b <= 0:
-        raise ValueError(f"batch size must be a positive integer, got {b!r}")
-    return b
 
 
 class BatchLoader:
@@ -149,7 +145,7 @@ class BatchLoader:
 
     def set_batch_size(self, batch_size: int, at: str = "step") -> None:
         """Change the batch size from the next step (``at="step"``) or the next epoch (``at="epoch"``)."""
-        batch_size = _check_batch_size(batch_size)
+        batch_size = check_batch_size(batch_size)
         if at == "step":
             self.sampler.batch_size = batch_size
             self._at_epoch = None

@@ -26,34 +26,76 @@ Safety
     The budget guard stays on during the exploration. A candidate whose power trips the guard is recorded
     as over budget and left at once; a candidate whose batch does not fit in device memory is recorded as
     such. The settled setting is the best measured one that held the budget with the guard's margin.
+
+The contract with the controller
+    The online tuner applies nothing and reads no controller state. The controller calls it with plain
+    values (a :class:`RunState`: device time, batch size, budget, the knob setting in force; the power the
+    guard saw at a trip) and gets an :class:`OnlineDecision` back: its :class:`OnlineMove` kind says
+    whether to run the next candidate (``MOVE``), settle on the best one (``SETTLE``), keep the setting
+    in force because nothing could be measured (``STOP``) or do nothing (``NONE``); the controller records
+    the decision's notes as events and applies its :class:`~edgetune.power.knobs.Candidate`. The tuner's
+    only direct reads are the monitor's measurement windows and the optimizer's gradients.
 """
 
 from __future__ import annotations
 
+import enum
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from edgetune.power.base import KnobValue
-from edgetune.runtime.guard import PRIMARY_KNOBS, Decision, LadderModel, frequency_prior, primary_steps
+from edgetune.power.base import Knob, KnobValue, format_value
+from edgetune.power.knobs import Candidate, check_batch_size
+from edgetune.power.monitor import WindowStats
+from edgetune.runtime.guard import PRIMARY_KNOBS, LadderModel, frequency_prior, primary_steps
 
-if TYPE_CHECKING:
-    from edgetune.runtime.controller import Tuner
+__all__ = [
+    "Measurement",
+    "MeasurementStatus",
+    "OnlineDecision",
+    "OnlineMove",
+    "OnlineOptions",
+    "OnlineTuner",
+    "RunState",
+    "noise_scale_from_norms",
+]
 
-__all__ = ["Candidate", "Measurement", "OnlineTuner", "noise_scale_from_norms"]
+#: the batch size exploration centres on when neither a batch size nor a plan gives one
+DEFAULT_START_BATCH_SIZE = 32
+#: the default candidate batch sizes are powers of two from start / BATCH_SPAN to start x BATCH_SPAN
+BATCH_SPAN = 4
+#: the largest power of two considered (2 ** 15 samples: beyond any edge device's training memory)
+MAX_BATCH_EXPONENT = 15
+#: a default candidate batch is at most 1 / DATASET_FRACTION of the dataset (an epoch holds several steps)
+DATASET_FRACTION = 4
+#: the hardware model is fitted once this many distinct points are measured (fewer: the initial design)
+MIN_FIT_POINTS = 3
+#: EMA factor of the gradient-noise-scale estimator: near 1, with its bias correction a plain mean over
+#: the few batch-size pairs of an exploration
+NOISE_SCALE_BETA = 0.999
+#: fraction of the margin: a candidate whose window mean power is above budget x (1 - this x margin) did
+#: not hold the budget (half the guard's target margin: the guard would soon have tripped)
+OVER_BUDGET_MARGIN_FRACTION = 0.5
+#: W: the least a rung's prior power stands above idle (every rung keeps a dynamic part to scale)
+MIN_RUNG_ABOVE_IDLE_W = 1e-3
+#: W: a dynamic range below this counts as none when the rung priors are rescaled
+ZERO_RANGE_W = 1e-9
+#: ms per s (step times in the events are in ms)
+_MS_PER_S = 1e3
 
 
-@dataclass(frozen=True)
-class Candidate:
-    batch_size: int
-    setting: tuple[tuple[str, KnobValue], ...]  # hashable knob -> value
+class MeasurementStatus(str, enum.Enum):
+    """How a candidate's measurement ended (a str enum: compares equal to its value)."""
 
-    @property
-    def knobs(self) -> dict[str, KnobValue]:
-        return dict(self.setting)
+    OK = "ok"
+    #: its window mean was over the budget (less the margin), or the guard tripped during it
+    OVER_BUDGET = "over budget"
+    #: its batch did not fit in device memory
+    OUT_OF_MEMORY = "out of memory"
 
 
 @dataclass
@@ -65,11 +107,95 @@ class Measurement:
     step_time_s: float = math.nan
     power_w: float = math.nan
     peak_power_w: float = math.nan
-    status: str = "ok"  # ok | over budget | out of memory
+    status: MeasurementStatus = MeasurementStatus.OK
 
     def time_to_target(self, b_noise: float) -> float:
         """Relative time to target: step time x (1 + B_noise / b) (S_min drops out)."""
         return self.step_time_s * (1.0 + b_noise / self.candidate.batch_size)
+
+    @property
+    def usable(self) -> bool:
+        """Whether its step time and power can inform the hardware model (even if over budget)."""
+        return math.isfinite(self.step_time_s) and math.isfinite(self.power_w) and self.step_time_s > 0
+
+
+@dataclass(frozen=True)
+class OnlineOptions:
+    """How the online tuner explores (``online=`` of :func:`edgetune.tune` takes these as a mapping).
+
+    Attributes:
+        batch_sizes: candidate batch sizes (default: powers of two from a quarter to four times the start,
+            at most a quarter of the dataset).
+        steps_per_candidate: training steps per candidate (all of them train the model).
+        warmup_steps: of those, the first ones not measured (a batch-size change has first-step costs).
+        max_candidates: most candidates measured.
+        b_noise: the gradient noise scale in samples, instead of measuring it.
+        margin: a candidate holds the budget when its mean power is this fraction under it (default: the
+            guard's ``target_margin``).
+    """
+
+    batch_sizes: Sequence[int] | None = None
+    steps_per_candidate: int = 20
+    warmup_steps: int = 3
+    max_candidates: int = 6
+    b_noise: float | None = None
+    margin: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps_per_candidate <= self.warmup_steps:
+            raise ValueError("steps_per_candidate must exceed warmup_steps")
+        if self.max_candidates < 1:
+            raise ValueError("max_candidates must be at least 1")
+
+
+@dataclass(frozen=True)
+class RunState:
+    """The values in force when the controller calls the online tuner.
+
+    Attributes:
+        t: device-clock time (s).
+        batch_size: the batch size of the step that just ran.
+        budget_w: the budget in force (W).
+        setting: knob name -> value in force (the next candidates are built around it).
+    """
+
+    t: float
+    batch_size: int
+    budget_w: float
+    setting: Mapping[str, KnobValue]
+
+
+class OnlineMove(enum.Enum):
+    """What the controller is to do after a call to the online tuner."""
+
+    #: nothing: the candidate in force keeps running
+    NONE = "none"
+    #: run :attr:`OnlineDecision.candidate` next (exploration goes on)
+    MOVE = "move"
+    #: exploration is over: run :attr:`OnlineDecision.candidate` from now on
+    SETTLE = "settle"
+    #: exploration is over without a usable measurement: keep the setting in force
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class OnlineDecision:
+    """The online tuner's answer: the kind of move, the candidate to apply, notes for the run's events."""
+
+    kind: OnlineMove = OnlineMove.NONE
+    candidate: Candidate | None = None
+    notes: tuple[str, ...] = ()
+
+
+_NOTHING = OnlineDecision()
+
+
+class PowerWindows(Protocol):
+    """Named measurement windows over board power (a :class:`~edgetune.power.monitor.PowerMonitor`)."""
+
+    def begin_window(self, name: str) -> None: ...
+
+    def end_window(self, name: str) -> WindowStats: ...
 
 
 def noise_scale_from_norms(norms: dict[int, list[float]]) -> tuple[float, float, float] | None:
@@ -86,7 +212,7 @@ def noise_scale_from_norms(norms: dict[int, list[float]]) -> tuple[float, float,
     if len(sizes) < 2:
         return None
     means = {b: float(np.mean(norms[b])) for b in sizes}
-    gns = GradientNoiseScale(beta=0.999)
+    gns = GradientNoiseScale(beta=NOISE_SCALE_BETA)
     for i, small in enumerate(sizes):
         for big in sizes[i + 1:]:
             gns.update(means[small], means[big], small, big)
@@ -118,31 +244,29 @@ class OnlineTuner:
     """Explores a bounded number of settings during the real run, then settles (see the module docs).
 
     Args:
-        tuner: the controller (gives the device, the monitor, the budget and applies the moves).
-        batch_sizes: candidate batch sizes (default: powers of two from a quarter to four times the start,
-            at most a quarter of the dataset).
-        steps_per_candidate: training steps per candidate (all of them train the model).
-        warmup_steps: of those, the first ones not measured.
-        max_candidates: most candidates measured.
-        b_noise: the gradient noise scale in samples, instead of measuring it.
-        margin: a candidate holds the budget when its mean power is this fraction under it (the guard's
-            target margin).
+        knobs: the device's writable knobs; the candidates vary the first of
+            :data:`~edgetune.runtime.guard.PRIMARY_KNOBS` among them with numeric values (the GPU clock).
+        windows: the power monitor; each candidate is measured over one of its named windows.
+        start_batch_size: the batch size to explore around (None: :data:`DEFAULT_START_BATCH_SIZE`).
+        dataset_size: samples in the dataset, where known (caps the default batch sizes).
+        options: how to explore.
+        guard_margin: the guard's ``target_margin``, the default of ``options.margin``.
+        seed: seeds the hardware model's fit.
     """
 
-    def __init__(self, tuner: Tuner, *, batch_sizes: list[int] | None = None, steps_per_candidate: int = 20,
-                 warmup_steps: int = 3, max_candidates: int = 6, b_noise: float | None = None,
-                 margin: float | None = None) -> None:
-        if steps_per_candidate <= warmup_steps:
-            raise ValueError("steps_per_candidate must exceed warmup_steps")
-        if max_candidates < 1:
-            raise ValueError("max_candidates must be at least 1")
-        self.tuner = tuner
-        self.steps_per_candidate = steps_per_candidate
-        self.warmup_steps = warmup_steps
-        self.max_candidates = max_candidates
-        self.fixed_b_noise = b_noise
-        self.margin = tuner.guard_params.target_margin if margin is None else margin
-        self._batch_sizes_arg = batch_sizes
+    def __init__(self, knobs: Mapping[str, Knob], windows: PowerWindows, *, start_batch_size: int | None = None,
+                 dataset_size: int | None = None, options: OnlineOptions | None = None, guard_margin: float,
+                 seed: int = 0) -> None:
+        options = options or OnlineOptions()
+        self.options = options
+        self.steps_per_candidate = options.steps_per_candidate
+        self.warmup_steps = options.warmup_steps
+        self.max_candidates = options.max_candidates
+        self.fixed_b_noise = options.b_noise
+        self.margin = guard_margin if options.margin is None else options.margin
+        self.seed = seed
+        self._knobs = dict(knobs)
+        self._windows = windows
         self.measurements: list[Measurement] = []
         self.norms: dict[int, list[float]] = {}
         self.model: Any = None
@@ -150,32 +274,35 @@ class OnlineTuner:
         self._window: _Window | None = None
         self._queue: list[Candidate] = []
         self._t_open = 0.0
+        self.sizes, self.primary, self.values = self._space(start_batch_size or DEFAULT_START_BATCH_SIZE,
+                                                            dataset_size)
 
     # -- the space ---------------------------------------------------------------------------------
-    def _space(self) -> tuple[list[int], str | None, list[KnobValue]]:
-        t = self.tuner
-        start = t._requested_batch or 32
-        if self._batch_sizes_arg:
-            sizes = sorted({int(b) for b in self._batch_sizes_arg})
+    def _space(self, start: int, dataset_size: int | None) -> tuple[list[int], str | None, list[KnobValue]]:
+        if self.options.batch_sizes:
+            sizes = sorted({check_batch_size(b, "an online batch size") for b in self.options.batch_sizes})
         else:
-            sizes = [2 ** k for k in range(16) if start / 4 <= 2 ** k <= start * 4]
-            if t._dataset is not None:
-                cap = max(1, len(t._dataset) // 4)
+            sizes = [2 ** k for k in range(MAX_BATCH_EXPONENT + 1) if start / BATCH_SPAN <= 2 ** k <= start * BATCH_SPAN]
+            if dataset_size is not None:
+                cap = max(1, dataset_size // DATASET_FRACTION)
                 sizes = [b for b in sizes if b <= cap] or [min(start, cap)]
-        knobs = t.device.writable_knobs
+        knobs = self._knobs
         primary = next((k for k in PRIMARY_KNOBS if k in knobs and knobs[k].numeric), None)
         values = list(knobs[primary].values) if primary else []
         return sizes, primary, values
 
-    def _candidate(self, b: int, value: KnobValue | None) -> Candidate:
-        base = {k: v for k, v in self.tuner.setting.items() if k in self.tuner.device.writable_knobs}
+    def _candidate(self, b: int, value: KnobValue | None, setting: Mapping[str, KnobValue]) -> Candidate:
+        """Batch size ``b`` with the primary knob at ``value``, the other writable knobs as in ``setting``."""
+        base = {k: v for k, v in setting.items() if k in self._knobs}
         if self.primary is not None and value is not None:
             base[self.primary] = value
         return Candidate(b, tuple(sorted(base.items())))
 
-    def start(self) -> tuple[int, dict[str, KnobValue]]:
-        """The first candidate's batch size and setting (the controller applies them)."""
-        self.sizes, self.primary, self.values = self._space()
+    def _grid(self, setting: Mapping[str, KnobValue]) -> list[Candidate]:
+        return [self._candidate(b, v, setting) for b in self.sizes for v in (self.values or [None])]
+
+    def start(self, setting: Mapping[str, KnobValue]) -> OnlineDecision:
+        """The initial design around ``setting`` (the knobs in force); a ``MOVE`` to its first candidate."""
         lo, hi = self.sizes[0], self.sizes[-1]
         mid = self.sizes[len(self.sizes) // 2]
         vals = self.values or [None]
@@ -183,138 +310,143 @@ class OnlineTuner:
         design = [(mid, f_mid), (hi, f_lo), (lo, f_hi), (hi, f_hi), (lo, f_lo)]
         seen: set[Candidate] = set()
         for b, f in design:
-            c = self._candidate(b, f)
+            c = self._candidate(b, f, setting)
             if c not in seen:
                 seen.add(c)
                 self._queue.append(c)
         first = self._queue.pop(0)
         self._window = _Window(first)
-        self.tuner._event(f"online tuning: batch sizes {self.sizes}"
-                          + (f", {self.primary} {len(self.values)} values" if self.primary else "")
-                          + f"; up to {self.max_candidates} candidates x {self.steps_per_candidate} steps")
-        return first.batch_size, first.knobs
+        note = (f"online tuning: batch sizes {self.sizes}"
+                + (f", {self.primary} {len(self.values)} values" if self.primary else "")
+                + f"; up to {self.max_candidates} candidates x {self.steps_per_candidate} steps")
+        return OnlineDecision(OnlineMove.MOVE, first, (note,))
 
     @property
     def exploring(self) -> bool:
+        """True until the tuner settles (or stops)."""
         return self._window is not None
 
     @property
     def b_noise(self) -> float | None:
+        """The gradient noise scale in samples: the given one, else the one measured so far (None: too few)."""
         if self.fixed_b_noise is not None:
             return self.fixed_b_noise
         est = noise_scale_from_norms(self.norms)
         return est[2] if est else None
 
-    # -- hooks from the controller ----------------------------------------------------------------
-    def before_step(self) -> None:
+    # -- what the controller reports -----------------------------------------------------------------
+    def before_step(self, batch_size: int, optimizer: torch.optim.Optimizer) -> None:
         """Optimizer pre-step hook: the gradient of this step at this batch size (exploration only)."""
         w = self._window
-        if w is not None and self.tuner.batch_size == w.candidate.batch_size:
-            g = _grad_norm_sq(self.tuner.optimizer)
+        if w is not None and batch_size == w.candidate.batch_size:
+            g = _grad_norm_sq(optimizer)
             if math.isfinite(g):
                 self.norms.setdefault(w.candidate.batch_size, []).append(g)
 
-    def after_step(self, t: float) -> None:
+    def after_step(self, now: RunState) -> OnlineDecision:
+        """A step ended at ``now.t``: count it in the candidate's window; measure when the window is full."""
         w = self._window
-        if w is None:
-            return
-        if self.tuner.batch_size != w.candidate.batch_size:
-            return  # the new batch size reaches the loop with the next batch
+        if w is None or now.batch_size != w.candidate.batch_size:
+            return _NOTHING  # the new batch size reaches the loop with the next batch
+        t = now.t
         w.steps += 1
         if w.steps == 1:
             w.first_t = t
         w.last_t = t
-        mon = self.tuner.monitor
         if w.steps == self.warmup_steps:
-            mon.begin_window("online")
+            self._windows.begin_window("online")
             w.open = True
             self._t_open = t
         elif w.steps >= self.steps_per_candidate and w.open:
-            stats = mon.end_window("online")
+            stats = self._windows.end_window("online")
             w.open = False
             n = w.steps - self.warmup_steps
             m = Measurement(w.candidate, n, (t - self._t_open) / n, stats.mean_w, stats.peak_w)
-            if stats.mean_w > self.tuner.budget_w * (1 - self.margin / 2):
-                m.status = "over budget"
-            self._record(m)
+            if stats.mean_w > now.budget_w * (1 - OVER_BUDGET_MARGIN_FRACTION * self.margin):
+                m.status = MeasurementStatus.OVER_BUDGET
+            return self._record(m, now)
+        return _NOTHING
 
-    def on_guard_move(self, decision: Decision) -> None:
-        """The guard tripped during a candidate: it does not hold the budget. What it drew until then and
-        its step time still inform the hardware model."""
+    def on_guard_trip(self, now: RunState, power_w: float) -> OnlineDecision:
+        """The guard tripped (drawing ``power_w`` on its fast average): the candidate does not hold the
+        budget. What it drew until then and its step time still inform the hardware model."""
         w = self._window
-        if w is not None and decision.reason.startswith("trip"):
-            if w.open:
-                self.tuner.monitor.end_window("online")
-                w.open = False
-            power = self.tuner.tap.average(self.tuner.guard_params.fast_window_s)
-            self._record(Measurement(w.candidate, w.steps, w.step_time(), power, power, status="over budget"))
+        if w is None:
+            return _NOTHING
+        self._close_window(w)
+        return self._record(Measurement(w.candidate, w.steps, w.step_time(), power_w, power_w,
+                                        status=MeasurementStatus.OVER_BUDGET), now)
 
-    def on_out_of_memory(self) -> None:
+    def on_out_of_memory(self, now: RunState) -> OnlineDecision:
+        """The candidate's batch does not fit in device memory (only while exploring)."""
         w = self._window
         if w is None:
             raise RuntimeError("out of memory outside exploration")
-        if w.open:
-            self.tuner.monitor.end_window("online")
-            w.open = False
-        self._record(Measurement(w.candidate, 0, status="out of memory"))
+        self._close_window(w)
+        return self._record(Measurement(w.candidate, 0, status=MeasurementStatus.OUT_OF_MEMORY), now)
 
-    def on_epoch_end(self, epoch: int) -> None:
-        return None
+    def _close_window(self, w: _Window) -> None:
+        if w.open:
+            self._windows.end_window("online")
+            w.open = False
 
     # -- choosing ---------------------------------------------------------------------------------
-    def _record(self, m: Measurement) -> None:
+    def _record(self, m: Measurement, now: RunState) -> OnlineDecision:
         self.measurements.append(m)
-        figures = f"{m.step_time_s * 1e3:.2f} ms/step, {m.power_w:.2f} W"
-        what = figures if m.status == "ok" else (f"{m.status} ({figures})" if self._usable(m) else m.status)
-        self.tuner._event(f"online: candidate batch size {m.candidate.batch_size}, {self._describe(m.candidate)}: "
-                          f"{what}")
-        nxt = self._next_candidate()
+        figures = f"{m.step_time_s * _MS_PER_S:.2f} ms/step, {m.power_w:.2f} W"
+        status = m.status.value
+        what = figures if m.status is MeasurementStatus.OK else (f"{status} ({figures})" if m.usable else status)
+        note = f"online: candidate batch size {m.candidate.batch_size}, {self._describe(m.candidate)}: {what}"
+        nxt = self._next_candidate(now)
         if nxt is None:
-            self._settle()
-        else:
-            self._window = _Window(nxt)
-            self._move(nxt, "online tuning: next candidate")
+            settled = self._settle(now)
+            return OnlineDecision(settled.kind, settled.candidate, (note, *settled.notes))
+        self._window = _Window(nxt)
+        return OnlineDecision(OnlineMove.MOVE, nxt, (note,))
 
     def _describe(self, c: Candidate) -> str:
         if self.primary is None:
             return "knobs as found"
-        from edgetune.power.base import format_value
-
-        return f"{self.primary}={format_value(c.knobs[self.primary], self.tuner.device.knobs[self.primary].unit)}"
+        return f"{self.primary}={format_value(c.knobs[self.primary], self._knobs[self.primary].unit)}"
 
     def _ok(self) -> list[Measurement]:
-        return [m for m in self.measurements if m.status == "ok"]
+        return [m for m in self.measurements if m.status is MeasurementStatus.OK]
 
-    @staticmethod
-    def _usable(m: Measurement) -> bool:
-        return math.isfinite(m.step_time_s) and math.isfinite(m.power_w) and m.step_time_s > 0
+    def _features(self, c: Candidate) -> dict[str, float]:
+        names = [self.primary] if self.primary else []
+        return {**{k: float(c.knobs[k]) for k in names}, "batch_size": c.batch_size}
 
     def _fit(self) -> None:
         from edgetune.predictors import HardwareModel
 
-        ok = [m for m in self.measurements if self._usable(m)]
-        names = [self.primary] if self.primary else []
-        X = [{**{k: float(m.candidate.knobs[k]) for k in names}, "batch_size": m.candidate.batch_size} for m in ok]
-        if len(ok) < 3 or len({tuple(x.values()) for x in X}) < 3:
+        ok = [m for m in self.measurements if m.usable]
+        X = [self._features(m.candidate) for m in ok]
+        if len(ok) < MIN_FIT_POINTS or len({tuple(x.values()) for x in X}) < MIN_FIT_POINTS:
             self.model = None
             return
-        self.model = HardwareModel(random_state=self.tuner.seed).fit(
+        self.model = HardwareModel(random_state=self.seed).fit(
             X, [m.step_time_s for m in ok], [m.power_w for m in ok], [m.peak_power_w for m in ok])
 
-    def _next_candidate(self) -> Candidate | None:
+    def _assumed_b_noise(self) -> float:
+        """B_noise measured (or given), else the median candidate batch size (a neutral guess)."""
+        b_noise = self.b_noise
+        return b_noise if b_noise is not None else float(np.median(self.sizes))
+
+    def _next_candidate(self, now: RunState) -> Candidate | None:
         done = {m.candidate for m in self.measurements}
         if len(self.measurements) >= self.max_candidates:
             return None
+        grid_all = self._grid(now.setting)
         # over budget or out of memory rules out what is surely worse: power rises with the clock and with
         # the batch size (the GPU is busier), memory with the batch size
         blocked = set()
         for m in self.measurements:
-            if m.status == "over budget":
+            if m.status is MeasurementStatus.OVER_BUDGET:
                 v = m.candidate.knobs.get(self.primary) if self.primary else None
-                blocked |= {c for c in self._grid() if c.batch_size >= m.candidate.batch_size
+                blocked |= {c for c in grid_all if c.batch_size >= m.candidate.batch_size
                             and (v is None or c.knobs[self.primary] >= v)}
-            elif m.status == "out of memory":
-                blocked |= {c for c in self._grid() if c.batch_size >= m.candidate.batch_size}
+            elif m.status is MeasurementStatus.OUT_OF_MEMORY:
+                blocked |= {c for c in grid_all if c.batch_size >= m.candidate.batch_size}
         self._fit()
         if self.model is None:
             while self._queue:
@@ -323,16 +455,16 @@ class OnlineTuner:
                     return c
             # too few measurements to fit (the design was mostly over budget): the fastest-looking of the
             # rest, highest clock first, then the largest batch
-            rest = [c for c in self._grid() if c not in done and c not in blocked]
+            rest = [c for c in grid_all if c not in done and c not in blocked]
             key = (lambda c: (-float(c.knobs[self.primary]), -c.batch_size)) if self.primary else \
                 (lambda c: -c.batch_size)
             return min(rest, key=key) if rest else None
-        grid = [c for c in self._grid() if c not in done and c not in blocked]
+        grid = [c for c in grid_all if c not in done and c not in blocked]
         if not grid:
             return None
-        pred = self._predict(grid)
-        b_noise = self.b_noise if self.b_noise is not None else float(np.median(self.sizes))
-        budget = self.tuner.budget_w * (1 - self.margin)
+        pred = self.model.predict([self._features(c) for c in grid])
+        b_noise = self._assumed_b_noise()
+        budget = now.budget_w * (1 - self.margin)
         best_known = min((m.time_to_target(b_noise) for m in self._ok()
                           if m.power_w <= budget), default=math.inf)
         scored = []
@@ -344,60 +476,47 @@ class OnlineTuner:
             return None  # nothing predicted to beat the best measured: stop exploring
         return scored[0][1]
 
-    def _grid(self) -> list[Candidate]:
-        return [self._candidate(b, v) for b in self.sizes for v in (self.values or [None])]
-
-    def _predict(self, cands: list[Candidate]):
-        names = [self.primary] if self.primary else []
-        X = [{**{k: float(c.knobs[k]) for k in names}, "batch_size": c.batch_size} for c in cands]
-        return self.model.predict(X)
-
-    def _settle(self) -> None:
+    def _settle(self, now: RunState) -> OnlineDecision:
         self._window = None
-        b_noise = self.b_noise if self.b_noise is not None else float(np.median(self.sizes))
-        budget = self.tuner.budget_w * (1 - self.margin)
+        b_noise = self._assumed_b_noise()
+        budget = now.budget_w * (1 - self.margin)
         ok = [m for m in self._ok() if m.power_w <= budget]
         source = "measured" if self.fixed_b_noise is None and noise_scale_from_norms(self.norms) else "assumed"
-        if not ok:
-            # nothing held the budget: the lowest-power measurement, and the guard takes it from there
-            candidates = [m for m in self._ok()] or None
-            if candidates is None:
-                self.tuner._event("online: no candidate could be measured; keeping the current setting")
-                return
-            best = min(candidates, key=lambda m: m.power_w)
-        else:
+        if ok:
             best = min(ok, key=lambda m: m.time_to_target(b_noise))
+        elif self._ok():
+            # nothing held the budget: the lowest-power measurement, and the guard takes it from there
+            best = min(self._ok(), key=lambda m: m.power_w)
+        else:
+            return OnlineDecision(OnlineMove.STOP, None,
+                                  ("online: no candidate could be measured; keeping the current setting",))
         self.chosen = best
-        if self.tuner.loader is not None and self.b_noise is not None:
-            self.tuner.loader.b_noise = self.b_noise
-        self.tuner._event(f"online: settled on batch size {best.candidate.batch_size}, {self._describe(best.candidate)} "
-                          f"after {len(self.measurements)} candidates (B_noise {b_noise:.0f} samples, {source})")
-        self._move(best.candidate, "online tuning: settled")
+        note = (f"online: settled on batch size {best.candidate.batch_size}, {self._describe(best.candidate)} "
+                f"after {len(self.measurements)} candidates (B_noise {b_noise:.0f} samples, {source})")
+        return OnlineDecision(OnlineMove.SETTLE, best.candidate, (note,))
 
-    def _move(self, c: Candidate, why: str) -> None:
-        t = self.tuner
-        if c.batch_size != t.batch_size:
-            t.set_batch_size(c.batch_size, at="step")
-        t.apply_setting(c.knobs, f"{why}: batch size {c.batch_size}")
+    # -- the guard's prior -----------------------------------------------------------------------------
+    def ladder_prior(self, ladder: Sequence[Mapping[str, KnobValue]], batch_size: int, knobs: Mapping[str, Knob],
+                     idle_w: float) -> LadderModel | None:
+        """Rung powers the fitted hardware model predicts at ``batch_size``; None before it is fitted.
 
-    def ladder_prior(self, ladder: list[dict[str, KnobValue]]) -> LadderModel | None:
-        """Rung powers predicted by the fitted hardware model at the batch size in force, if fitted."""
+        Rungs below the primary knob's lowest value (CPU, EMC clocks down) keep the frequency prior's
+        shape (over ``knobs``, the device's), anchored at the model's prediction for the lowest primary rung.
+        """
         if self.model is None or self.primary is None:
             return None
-        b = self.tuner.batch_size
         try:
-            pred = self.model.predict([{self.primary: float(r[self.primary]), "batch_size": b} for r in ladder])
+            pred = self.model.predict([{self.primary: float(r[self.primary]), "batch_size": batch_size}
+                                       for r in ladder])
         except (ValueError, KeyError):
             return None
-        dev = self.tuner.device
-        idle = dev.idle_power_w or 0.0
-        # rungs below the primary knob's lowest value (CPU, EMC clocks down) keep the frequency prior's
-        # shape, anchored at the model's prediction for the lowest primary rung
-        shape = frequency_prior(ladder, dev.knobs, idle, float(np.max(pred.power_w))).prior_w
+        shape = frequency_prior(ladder, knobs, idle_w, float(np.max(pred.power_w))).prior_w
         lowest = ladder[0][self.primary]
         first_main = max(i for i, r in enumerate(ladder) if r[self.primary] == lowest)
         prior = np.array(pred.power_w, dtype=float)
         for i in range(first_main):
-            prior[i] = idle + (prior[first_main] - idle) * (shape[i] - idle) / max(shape[first_main] - idle, 1e-9)
-        prior = np.maximum.accumulate(np.maximum(prior, idle + 1e-3))  # rungs ascend in power
-        return LadderModel(tuple(float(p) for p in prior), idle_w=float(idle), primary_steps=primary_steps(ladder))
+            prior[i] = idle_w + (prior[first_main] - idle_w) * (shape[i] - idle_w) / max(shape[first_main] - idle_w,
+                                                                                         ZERO_RANGE_W)
+        prior = np.maximum.accumulate(np.maximum(prior, idle_w + MIN_RUNG_ABOVE_IDLE_W))  # rungs ascend in power
+        return LadderModel(tuple(float(p) for p in prior), idle_w=float(idle_w),
+                           primary_steps=primary_steps(ladder))

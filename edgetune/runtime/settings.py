@@ -1,0 +1,85 @@
+"""The groups of settings a :class:`~edgetune.runtime.controller.Tuner` is built from.
+
+:func:`edgetune.tune` takes them as flat keyword arguments (``lr_rule=``, ``guard=``, ``log=`` ...) and
+builds these; code that builds a :class:`~edgetune.runtime.controller.Tuner` itself passes them whole.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from edgetune.runtime.guard import GuardParams
+
+__all__ = ["RESIZE_AT", "GuardSettings", "LoaderSettings", "RecordSettings"]
+
+#: when a batch-size change takes effect: at the next step, or at the start of the next epoch
+RESIZE_AT = ("step", "epoch")
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """How ``tuner.loader`` batches the dataset and how the learning rate follows batch-size changes.
+
+    Attributes:
+        lr_rule: learning-rate scaling rule when the batch size changes (a key of
+            :data:`edgetune.predictors.LR_RULES`: ``linear``, ``sqrt``, ``none`` ...).
+        resize_at: when batch-size changes take effect: ``step`` (next step) or ``epoch`` (next epoch).
+        seed: seeds the loader's permutation (and the online tuner's hardware model).
+        shuffle: a fresh permutation each epoch.
+        drop_last: drop a last batch smaller than the batch size in force.
+        options: passed to ``torch.utils.data.DataLoader`` (``num_workers``, ``collate_fn`` ...).
+    """
+
+    lr_rule: str = "linear"
+    resize_at: str = "step"
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = False
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from edgetune.predictors import LR_RULES
+
+        if self.lr_rule not in LR_RULES:
+            raise ValueError(f"unknown lr_rule {self.lr_rule!r}; use one of {', '.join(LR_RULES)}")
+        if self.resize_at not in RESIZE_AT:
+            raise ValueError(f"resize_at must be 'step' or 'epoch', got {self.resize_at!r}")
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    """Whether the budget guard moves the knobs, and its control law's tuning.
+
+    Attributes:
+        enabled: False: the guard only reports (the accounting still records every violation).
+        params: the control law's tuning.
+    """
+
+    enabled: bool = True
+    params: GuardParams = field(default_factory=GuardParams)
+
+    @classmethod
+    def of(cls, guard: bool | GuardParams | None) -> GuardSettings:
+        """From ``tune``'s ``guard=``: False switches the guard off; :class:`GuardParams` tunes it."""
+        return cls(enabled=guard is not False, params=guard if isinstance(guard, GuardParams) else GuardParams())
+
+
+@dataclass(frozen=True)
+class RecordSettings:
+    """What the run measures and records, and where its summary goes.
+
+    Attributes:
+        log: ``.csv`` or ``.jsonl`` file for one row per step (and per epoch in JSONL); None: no file.
+        keep_trace: keep every power sample with its 1-s average in ``tuner.accounting`` (for plots).
+        print_summary: write the summary table on exit: True to standard error, a stream to that stream,
+            False not at all (``tuner.summary`` has it either way).
+        monitor_rate_hz: power sampling rate (None: the monitor's default, 100 Hz).
+    """
+
+    log: str | os.PathLike | None = None
+    keep_trace: bool = False
+    print_summary: bool | TextIO = True
+    monitor_rate_hz: float | None = None
