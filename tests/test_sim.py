@@ -121,6 +121,21 @@ def test_device_contract():
     assert all(p.found and p.platform == "sim" and "simulated" in p.summary for p in probes)
 
 
+def test_device_idle_power_is_read_when_asked():
+    """The device's idle power follows the twin's knobs and disturbances, not the state it was built in."""
+    twin = Twin("orin-nano", compute=False)
+    device = twin.device()
+    at_start = device.idle_power_w
+    device.apply({"power_mode": "7W"})
+    idle_7w = twin.idle_power_w
+    assert device.idle_power_w == idle_7w < at_start  # four cores online at rest instead of six
+    twin.set_power_offset(2.0)  # another process's load counts at rest too
+    assert device.idle_power_w == twin.idle_power_w == pytest.approx(idle_7w + 2.0)
+    device.restore()
+    twin.set_power_offset(0.0)
+    assert device.idle_power_w == at_start
+
+
 # ---------------------------------------------------------------------------------------------- calibration
 
 

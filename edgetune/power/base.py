@@ -431,6 +431,11 @@ class Capability(enum.Enum):
     ENERGY_COUNTER = "energy_counter"
 
 
+def _unknown_idle_power() -> float | None:
+    """Idle power of a device that does not model it (real hardware measures it instead)."""
+    return None
+
+
 @dataclass
 class Device:
     """A platform's knobs, sensor and clock, with how it runs one training step.
@@ -447,7 +452,9 @@ class Device:
             result once the device has finished the step (real hardware: after synchronising the GPU; the
             twin: after advancing its virtual clock by the modelled step time). Raises an out-of-memory
             error (see :func:`is_out_of_memory`) when the batch does not fit.
-        idle_power_w: the device's power at rest, where known (the twin knows it; hardware measures it).
+        idle_power: returns the device's power at rest now, in W, or None where unknown (hardware
+            measures it). Called on every read of :attr:`idle_power_w`, so it reflects the knob values and
+            disturbances in force then (the twin's depends on its power mode and power offset).
         max_power_w: the most the device can draw, where known.
         notes: lines the CLI prints under the device (calibration sources, measure-only mode ...).
         close: releases platform resources (NVML shutdown ...).
@@ -463,12 +470,17 @@ class Device:
     sensor: PowerSensor
     clock: Clock
     run_step: Callable[[Callable[[], T], int, WorkloadCost | None], T]
-    idle_power_w: float | None = None
+    idle_power: Callable[[], float | None] = _unknown_idle_power
     max_power_w: float | None = None
     notes: list[str] = field(default_factory=list)
     close: Callable[[], None] = lambda: None
     backend: Any = None
     capabilities: frozenset[Capability] = frozenset()
+
+    @property
+    def idle_power_w(self) -> float | None:
+        """The device's power at rest with the knob values in force now (W), or None where unknown."""
+        return self.idle_power()
 
     def has(self, capability: Capability) -> bool:
         """True when the device has ``capability``."""

@@ -177,7 +177,7 @@ class TraceReplay:
             sensor=self.sensor,
             clock=self.clock,
             run_step=self.run_step,  # type: ignore[arg-type]
-            idle_power_w=self.idle_power_w,
+            idle_power=lambda: self.idle_power_w,
             max_power_w=float(self.table.power_w.max()),
             notes=[(f"trace replay: time and power are the table's measurements ({len(self.table)} rows); "
                     f"settings or batch sizes outside the table cannot run"), *self.table.notes[:2]],

@@ -346,7 +346,7 @@ class Twin:
                 sensor=self.sensor,
                 clock=self.clock,
                 run_step=self.run_step,  # type: ignore[arg-type]
-                idle_power_w=self.idle_power_w,
+                idle_power=lambda: self.idle_power_w,  # read when asked: knobs and offset change it
                 max_power_w=self.profile.power_max_w,
                 notes=[self.profile.calibration_note],
                 backend=self,
