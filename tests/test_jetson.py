@@ -10,7 +10,7 @@ import pytest
 from fakes.jetson_tree import BOARDS, CPU_KHZ, GPU_HZ, build_jetson
 
 from edgetune.power import PowerMonitor, VirtualClock, jetson, open_device, probe_platforms, sysfs
-from edgetune.power.base import KnobWriteError
+from edgetune.power.base import Capability, KnobWriteError
 
 
 @pytest.fixture(autouse=True)
@@ -56,6 +56,8 @@ def test_detects_board_rails_and_total(tmp_path, board):
     else:
         assert reading.total_w == reading.rails[total]
     assert device.sensor.energy_j() is None
+    assert device.capabilities == frozenset()  # real clock, real steps, no energy counter on the INA3221
+    assert not device.has(Capability.ENERGY_COUNTER) and device.idle_power_w is None
     device.close()
 
 

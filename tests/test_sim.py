@@ -21,6 +21,7 @@ from edgetune.power import (
     open_device,
     sim,
 )
+from edgetune.power.base import Capability
 from edgetune.power.sim import PROFILES, Twin
 from edgetune.workloads import load_workload
 
@@ -119,6 +120,15 @@ def test_device_contract():
     probes = sim.probe()
     assert [p.spec for p in probes] == [f"sim:{name}" for name in PROFILES]
     assert all(p.found and p.platform == "sim" and "simulated" in p.summary for p in probes)
+
+
+def test_capabilities_say_virtual_clock_ground_truth_and_whether_the_step_runs():
+    computing = sim.open("orin-nano", compute=True)
+    assert computing.capabilities == {Capability.VIRTUAL_CLOCK, Capability.GROUND_TRUTH}
+    assert computing.has(Capability.GROUND_TRUTH) and not computing.has(Capability.SKIPS_STEP)
+    timing_only = open_device("sim:orin-agx", compute=False)
+    assert timing_only.capabilities == {Capability.VIRTUAL_CLOCK, Capability.GROUND_TRUTH, Capability.SKIPS_STEP}
+    assert not timing_only.has(Capability.ENERGY_COUNTER) and not timing_only.has(Capability.TABLE_REPLAY)
 
 
 def test_device_idle_power_is_read_when_asked():

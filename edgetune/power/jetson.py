@@ -617,6 +617,7 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, detect_period_
         notes=notes,
         close=close,
         backend=backend,
+        capabilities=frozenset(),  # real clock, real steps; the INA3221 keeps no energy counter
     )
 
 

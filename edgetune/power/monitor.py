@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgetune.power.base import Clock, PowerReading, PowerSensor
+from edgetune.power.base import Clock, PowerReading, PowerSensor, VirtualClock
 
 __all__ = ["PowerMonitor", "WindowStats", "cumulative_energy_j", "energy_j", "moving_average_max", "window_stats"]
 
@@ -195,7 +195,7 @@ class PowerMonitor:
     ) -> None:
         if rate_hz is None:
             rate_hz = DEFAULT_RATE_HZ
-            period = getattr(sensor, "update_period_s", 0.0) or 0.0
+            period = sensor.update_period_s
             if period > 0:
                 rate_hz = max(50.0, min(DEFAULT_RATE_HZ, 1.0 / period))
         if not rate_hz > 0:
@@ -229,8 +229,8 @@ class PowerMonitor:
         if self.running:
             return self
         self.sample()
-        if getattr(self.clock, "virtual", False) and hasattr(self.clock, "add_ticker"):
-            self._ticker = self.clock.add_ticker(1.0 / self.rate_hz, self.sample)  # type: ignore[attr-defined]
+        if isinstance(self.clock, VirtualClock):
+            self._ticker = self.clock.add_ticker(1.0 / self.rate_hz, self.sample)
         else:
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="edgetune-power-monitor", daemon=True)
@@ -239,7 +239,8 @@ class PowerMonitor:
 
     def stop(self) -> None:
         if self._ticker is not None:
-            self.clock.remove_ticker(self._ticker)  # type: ignore[attr-defined]
+            assert isinstance(self.clock, VirtualClock)  # tickers exist only on virtual clocks
+            self.clock.remove_ticker(self._ticker)
             self._ticker = None
         if self._thread is not None:
             self._stop.set()
@@ -306,7 +307,7 @@ class PowerMonitor:
         """True when the sensor has repeated one value for much longer than its update period."""
         if self._last_change_t is None or not self._t:
             return False
-        period = getattr(self.sensor, "update_period_s", 0.0) or 0.0
+        period = self.sensor.update_period_s
         return self._t[-1] - self._last_change_t > max(2.0, 50 * period)
 
     def latest(self) -> PowerReading | None:

@@ -25,7 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from edgetune.power.base import Device, DeviceError, KnobWriteError, PowerReading, RealClock, WorkloadCost
+from edgetune.power.base import (
+    Capability,
+    Device,
+    DeviceError,
+    KnobWriteError,
+    PowerReading,
+    RealClock,
+    WorkloadCost,
+)
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, RestorableKnob, StateTracker
 from edgetune.power.sysfs import ROOT_FIX, is_root
@@ -312,7 +320,8 @@ def open(arg: str = "", **_other: Any) -> Device:
 
     return Device(name=f"nvml:{visible_index}" if visible_index >= 0 else f"nvml:{gpu.uuid}",
                   description=description, simulated=False, knobs=dict(knobs), sensor=sensor, clock=RealClock(),
-                  run_step=_run_step, notes=notes, close=close, backend=gpu)
+                  run_step=_run_step, notes=notes, close=close, backend=gpu,
+                  capabilities=frozenset({Capability.ENERGY_COUNTER}) if sensor.has_energy_counter else frozenset())
 
 
 def probe() -> list[PlatformProbe]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgetune.power.base import Device, DeviceError, PowerReading, RealClock, WorkloadCost
+from edgetune.power.base import Capability, Device, DeviceError, PowerReading, RealClock, WorkloadCost
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, StateTracker
 from edgetune.power.sysfs import (
@@ -183,7 +183,8 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, **_other: Any)
             sensor.close()
 
     return Device(name="rapl", description=description, simulated=False, knobs=dict(knobs), sensor=sensor,
-                  clock=RealClock(), run_step=_run_step, notes=notes, close=close, backend=sensor)
+                  clock=RealClock(), run_step=_run_step, notes=notes, close=close, backend=sensor,
+                  capabilities=frozenset({Capability.ENERGY_COUNTER}))  # energy_uj is the counter itself
 
 
 def probe(root: str | os.PathLike | None = None) -> list[PlatformProbe]:

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from edgetune.power.base import Device, DeviceError, Knob, PowerReading, VirtualClock, WorkloadCost
+from edgetune.power.base import Capability, Device, DeviceError, Knob, PowerReading, VirtualClock, WorkloadCost
 from edgetune.power.registry import PlatformProbe
 from edgetune.tables import Table, TableError, load_table
 
@@ -37,6 +37,8 @@ T = TypeVar("T")
 KNOB_UNITS = {"gpu_freq": "Hz", "emc_freq": "Hz", "mem_freq": "Hz", "cpu_freq": "kHz", "cpu_cores": "cores",
               "power_limit": "W"}
 SENSOR_PERIOD_S = 0.01  # NVML refreshes GPU power about every 10-20 ms
+#: A replay runs on a virtual clock, replays a table, and stands for the training run it measured.
+CAPABILITIES = frozenset({Capability.VIRTUAL_CLOCK, Capability.TABLE_REPLAY, Capability.SKIPS_STEP})
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,7 @@ class TraceReplay:
             notes=[(f"trace replay: time and power are the table's measurements ({len(self.table)} rows); "
                     f"settings or batch sizes outside the table cannot run"), *self.table.notes[:2]],
             backend=self,
+            capabilities=CAPABILITIES,
         )
 
 

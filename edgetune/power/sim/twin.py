@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from edgetune.power.base import (
+    Capability,
     Device,
     DeviceError,
     DeviceOutOfMemoryError,
@@ -335,6 +336,14 @@ class Twin:
                 f"{cost.memory_bytes(batch_size) / GIB:.2f} GiB; use a smaller batch]")
 
     # -- device ----------------------------------------------------------------------------------
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """Virtual clock and ground truth always; the step skipped where ``compute`` is off."""
+        caps = {Capability.VIRTUAL_CLOCK, Capability.GROUND_TRUTH}
+        if not self.compute:
+            caps.add(Capability.SKIPS_STEP)
+        return frozenset(caps)
+
     def device(self) -> Device:
         """The twin as a :class:`~edgetune.power.base.Device` (built once; its ``backend`` is the twin)."""
         if self._device is None:
@@ -350,6 +359,7 @@ class Twin:
                 max_power_w=self.profile.power_max_w,
                 notes=[self.profile.calibration_note],
                 backend=self,
+                capabilities=self.capabilities,
             )
         return self._device
 
