@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 
 from edgetune.power import (
@@ -22,6 +23,7 @@ from edgetune.power import (
     sim,
 )
 from edgetune.power.base import Capability
+from edgetune.power.knobs import BatchSizeError
 from edgetune.power.sim import PROFILES, Twin
 from edgetune.workloads import load_workload
 
@@ -379,6 +381,17 @@ def test_bad_arguments_are_one_line_errors(cost):
             twin.run_step(lambda: None, bad, cost)
     with pytest.raises(DeviceError, match="needs the workload's cost"):
         twin.run_step(lambda: None, 8, None)
+
+
+def test_batch_size_check_is_the_registry_one(cost):
+    """The twin checks batch sizes with power.knobs.check_batch_size; its error is both kinds at once."""
+    twin = Twin("orin-nano", compute=False)
+    with pytest.raises(BatchSizeError, match=r"^batch size must be a positive whole number, got 0$") as err:
+        twin.expected(cost, 0)
+    assert isinstance(err.value, DeviceError) and "\n" not in str(err.value)
+    # whole numbers of any type run as the int (numpy integers come out of arrays of batch sizes)
+    assert twin.expected(cost, np.int64(32)) == twin.expected(cost, 32.0) == twin.expected(cost, 32)
+    assert type(twin.expected(cost, np.int64(32)).batch_size) is int
 
 
 # ---------------------------------------------------------------------------------------------- running

@@ -43,6 +43,7 @@ from edgetune.power.base import (
     RealClock,
     WorkloadCost,
 )
+from edgetune.power.knobs import knob_unit
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, RestorableKnob, StateTracker
 from edgetune.power.sysfs import (
@@ -345,9 +346,10 @@ def _find_gpu_devfreq(root: Path) -> Path | None:
     return first_existing(root / k for k in known if (root / k / "available_frequencies").exists())
 
 
-def _range_knob(name: str, unit: str, values: tuple[int, ...], min_file: Path, max_file: Path,
+def _range_knob(name: str, values: tuple[int, ...], min_file: Path, max_file: Path,
                 cur_file: Path, tracker: StateTracker, description: str) -> RestorableKnob:
     """A frequency locked by a (min, max) limit pair (devfreq); restored as the pair it found."""
+    unit = knob_unit(name)
 
     def read() -> int:
         return read_int(cur_file)
@@ -412,7 +414,7 @@ def _cpu_cores_knob(root: Path, tracker: StateTracker) -> RestorableKnob | None:
 
     files = list(online_files.values())
     ok = all(writable(f) for f in files)
-    return RestorableKnob("cpu_cores", "cores", list(range(1, len(cpus) + 1)), read=read, write=write,
+    return RestorableKnob("cpu_cores", knob_unit("cpu_cores"), list(range(1, len(cpus) + 1)), read=read, write=write,
                           writable=ok, why_read_only="" if ok else read_only_reason(files),
                           snapshot=snapshot, restore_snapshot=restore, tracker=tracker,
                           description="online CPU cores (cpu0 always online)")
@@ -446,7 +448,7 @@ def _emc_knob(root: Path, board: BoardInfo, tracker: StateTracker) -> Restorable
 
     files = [rate, locked]
     ok = all(writable(f) for f in files)
-    return RestorableKnob("emc_freq", "Hz", values, read=read, write=write, writable=ok,
+    return RestorableKnob("emc_freq", knob_unit("emc_freq"), values, read=read, write=write, writable=ok,
                           why_read_only="" if ok else read_only_reason(files), snapshot=snapshot,
                           restore_snapshot=restore, tracker=tracker,
                           description="memory (EMC) clock through BPMP debugfs")
@@ -508,7 +510,7 @@ def _power_mode_knob(root: Path, tracker: StateTracker) -> RestorableKnob | None
 
     ok = is_root() and os.access(binary, os.X_OK)
     why = "" if ok else (f"nvpmodel needs root; {ROOT_FIX}" if not is_root() else f"{binary} is not executable")
-    return RestorableKnob("power_mode", "", [modes[i] for i in sorted(modes)], read=read, write=write,
+    return RestorableKnob("power_mode", knob_unit("power_mode"), [modes[i] for i in sorted(modes)], read=read, write=write,
                           writable=ok, why_read_only=why, snapshot=snapshot, restore_snapshot=restore,
                           tracker=tracker, description="nvpmodel power mode (sets clock caps and cores)")
 
@@ -563,7 +565,7 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, detect_period_
     gpu = _find_gpu_devfreq(base)
     if gpu is not None:
         table = tuple(sorted({int(v) for v in read_text(gpu / "available_frequencies").split()}))
-        knobs["gpu_freq"] = _range_knob("gpu_freq", "Hz", table, gpu / "min_freq", gpu / "max_freq",
+        knobs["gpu_freq"] = _range_knob("gpu_freq", table, gpu / "min_freq", gpu / "max_freq",
                                         gpu / "cur_freq", tracker, f"GPU clock ({gpu.name} devfreq)")
         paths["gpu_freq"] = str(gpu)
     else:

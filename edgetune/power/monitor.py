@@ -127,18 +127,6 @@ class WindowStats:
     rail_energy_j: dict[str, float] = field(default_factory=dict)
     hardware_energy_j: float | None = None
 
-    def as_dict(self) -> dict:
-        return {
-            "energy_j": self.energy_j,
-            "duration_s": self.duration_s,
-            "mean_power_w": self.mean_w,
-            "peak_power_w": self.peak_w,
-            "max_avg_power_w": self.max_avg_w,
-            "avg_window_s": self.avg_window_s,
-            "samples": self.samples,
-            "dropped_samples": self.dropped,
-        }
-
 
 def window_stats(t: np.ndarray, p: np.ndarray, avg_window_s: float = 1.0) -> WindowStats:
     """Statistics of one power record (pure function: the monitor's windows use it)."""

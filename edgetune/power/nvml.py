@@ -34,6 +34,7 @@ from edgetune.power.base import (
     RealClock,
     WorkloadCost,
 )
+from edgetune.power.knobs import knob_unit
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, RestorableKnob, StateTracker
 from edgetune.power.sysfs import ROOT_FIX, is_root
@@ -188,7 +189,7 @@ def _clock_knobs(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: bool,
         _reset("gpu_freq reset", nvml.nvmlDeviceResetGpuLockedClocks)
 
     knobs["gpu_freq"] = RestorableKnob(
-        "gpu_freq", "Hz", [f * 1_000_000 for f in gfx_mhz], read=gpu_read, write=gpu_write, writable=writable,
+        "gpu_freq", knob_unit("gpu_freq"), [f * 1_000_000 for f in gfx_mhz], read=gpu_read, write=gpu_write, writable=writable,
         why_read_only=why, snapshot=lambda: {"locked": False}, restore_snapshot=gpu_reset, tracker=tracker,
         description="GPU locked clocks (nvmlDeviceSetGpuLockedClocks)")
 
@@ -206,7 +207,7 @@ def _clock_knobs(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: bool,
             _reset("mem_freq reset", nvml.nvmlDeviceResetMemoryLockedClocks)
 
         knobs["mem_freq"] = RestorableKnob(
-            "mem_freq", "Hz", [m * 1_000_000 for m in mem_mhz], read=mem_read, write=mem_write,
+            "mem_freq", knob_unit("mem_freq"), [m * 1_000_000 for m in mem_mhz], read=mem_read, write=mem_write,
             writable=writable, why_read_only=why, snapshot=lambda: {"locked": False},
             restore_snapshot=mem_reset, tracker=tracker,
             description="memory locked clocks (nvmlDeviceSetMemoryLockedClocks)")
@@ -240,7 +241,7 @@ def _power_limit_knob(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: 
         _call("power_limit", nvml.nvmlDeviceSetPowerManagementLimit, h, mw, error=KnobWriteError)
 
     return RestorableKnob(
-        "power_limit", "W", values, read=read, write=write, writable=writable, why_read_only=why,
+        "power_limit", knob_unit("power_limit"), values, read=read, write=write, writable=writable, why_read_only=why,
         snapshot=lambda: {"limit_mw": int(nvml.nvmlDeviceGetPowerManagementLimit(h))}, restore_snapshot=restore,
         tracker=tracker, description=f"board power limit (default {default_mw / 1e3:g} W)")
 

@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -38,6 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from edgetune.log import get_logger
 from edgetune.power.base import DeviceError, Knob, KnobValue, KnobWriteError, format_value
 
 __all__ = [
@@ -55,6 +55,8 @@ STATE_VERSION = 1
 _SIGNALS = tuple(s for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s))
 
 Snapshot = dict[str, Any]
+
+_log = get_logger(__name__)
 
 
 class StateFileError(DeviceError):
@@ -201,7 +203,10 @@ _atexit_registered = False
 
 
 def _say(line: str) -> None:
-    print(f"edgetune: {line}", file=sys.stderr, flush=True)
+    """Tell the user about knobs restored (or not) on their behalf: a warning, as knobs were left changed
+    by a run that did not finish normally. The CLI's log handler prints it; without one, Python's
+    last-resort handler writes it to standard error."""
+    _log.warning(line)
 
 
 def _restore_all_active(why: str) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from edgetune.power.base import DeviceError, KnobWriteError
+from edgetune.power.knobs import knob_unit
 from edgetune.power.state import RestorableKnob, StateTracker
 
 __all__ = [
@@ -262,7 +263,7 @@ def cpu_freq_knob(policies: list[CpufreqPolicy], tracker: StateTracker) -> Resto
     all_files = [f for p in policies for f in files(p)]
     ok = all(writable(f) for f in all_files)
     names = ", ".join(p.name for p in policies)
-    return RestorableKnob("cpu_freq", "kHz", table, read=read, write=write, writable=ok,
+    return RestorableKnob("cpu_freq", knob_unit("cpu_freq"), table, read=read, write=write, writable=ok,
                           why_read_only="" if ok else read_only_reason(all_files), snapshot=snapshot,
                           restore_snapshot=restore, tracker=tracker,
                           description=f"CPU clock of every cluster ({names})")

@@ -47,7 +47,7 @@ from edgetune.power.sim.profiles import (
     RailLayout,
 )
 from edgetune.power.sim.sensor import TwinSensor
-from edgetune.power.sim.twin import Twin, open, probe
+from edgetune.power.sim.twin import Twin, TwinBatchSizeError, open, probe
 
 __all__ = [
     "DEFAULT_PROFILE",
@@ -60,6 +60,7 @@ __all__ = [
     "RailLayout",
     "StepPower",
     "Twin",
+    "TwinBatchSizeError",
     "TwinSensor",
     "effective_clocks",
     "idle_power",

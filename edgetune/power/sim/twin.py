@@ -26,6 +26,7 @@ from edgetune.power.base import (
     WorkloadCost,
     format_value,
 )
+from edgetune.power.knobs import BatchSizeError, check_batch_size, knob_unit
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.sim.physics import (
     COMPONENTS,
@@ -45,7 +46,7 @@ from edgetune.power.sim.physics import (
 from edgetune.power.sim.profiles import DEFAULT_PROFILE, GIB, MIB, PROFILES, PowerMode, Profile
 from edgetune.power.sim.sensor import TwinSensor
 
-__all__ = ["Twin", "open", "probe"]
+__all__ = ["Twin", "TwinBatchSizeError", "open", "probe"]
 
 T = TypeVar("T")
 
@@ -57,8 +58,6 @@ _CACHE_MAX_ENTRIES = 65536
 #: Step segments older than this many sensor update periods are dropped: the sensor reads the power at
 #: the last update instant, at most one period back.
 _SEGMENT_HORIZON_PERIODS = 2.0
-
-_KNOB_UNITS = {"gpu_freq": "Hz", "emc_freq": "Hz", "cpu_freq": "kHz", "cpu_cores": "cores", "power_mode": ""}
 
 _KNOB_DESCRIPTIONS = {
     "gpu_freq": "GPU clock (devfreq); runs at min(value, power-mode cap, thermal throttle)",
@@ -147,7 +146,7 @@ class Twin:
 
     def _make_knobs(self) -> dict[str, Knob]:
         return {
-            name: Knob(name, _KNOB_UNITS[name], values,
+            name: Knob(name, knob_unit(name), values,
                        read=lambda name=name: self._setting[name], write=self._write(name),
                        description=_KNOB_DESCRIPTIONS[name])
             for name, values in self.knob_grid().items()
@@ -263,7 +262,7 @@ class Twin:
         keep their current values, and a power mode in it resets the clocks under it as applying it would.
         The figures include any disturbance in force (power offset, throttle).
         """
-        _check_batch_size(batch_size)
+        batch_size = _batch_size(batch_size)
         return self._evaluate(cost, batch_size, self.effective_clocks(setting))[0]
 
     @property
@@ -292,7 +291,7 @@ class Twin:
         if cost is None:
             raise DeviceError("the simulated twin needs the workload's cost to time a step; "
                               "pass cost=workload.cost")
-        _check_batch_size(batch_size)
+        batch_size = _batch_size(batch_size)
         expected, forward, backward = self._evaluate(cost, batch_size, self.effective_clocks())
         if not expected.fits:
             raise DeviceOutOfMemoryError(self._oom_message(cost, batch_size))
@@ -364,9 +363,21 @@ class Twin:
         return self._device
 
 
-def _check_batch_size(batch_size: Any) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise DeviceError(f"batch size must be a positive whole number, got {batch_size!r}")
+class TwinBatchSizeError(DeviceError, BatchSizeError):
+    """A batch size the twin cannot run (not a positive whole number): the registry's
+    :class:`~edgetune.power.knobs.BatchSizeError` (a ValueError) and a :class:`DeviceError`, so the CLI
+    prints it as one line like every other device error."""
+
+
+def _batch_size(value: Any) -> int:
+    """``value`` checked by :func:`~edgetune.power.knobs.check_batch_size` (numpy integers, as batch sizes
+    taken from arrays are, count as whole numbers); :class:`TwinBatchSizeError` if it is not one."""
+    if isinstance(value, np.integer):
+        value = int(value)
+    try:
+        return check_batch_size(value)
+    except BatchSizeError as exc:
+        raise TwinBatchSizeError(str(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------------- platform
@@ -397,7 +408,7 @@ def probe() -> list[PlatformProbe]:
             summary=f"{profile.description} (simulated: a calibrated model, not hardware)",
             details=[
                 f"rails: {', '.join(profile.rails.channels)} (total: {profile.rails.total_label})",
-                *(f"{knob}: {_describe_range(values, _KNOB_UNITS[knob])}" for knob, values in grid.items()),
+                *(f"{knob}: {_describe_range(values, knob_unit(knob))}" for knob, values in grid.items()),
                 profile.calibration_note,
             ],
         ))
