@@ -30,12 +30,13 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edgetune.power.base import (
+    Clock,
     Device,
     DeviceError,
     KnobWriteError,
@@ -62,7 +63,17 @@ from edgetune.power.sysfs import (
     write_checked,
 )
 
-__all__ = ["BoardInfo", "JetsonPowerSensor", "Rail", "detect_board", "find_rails", "open", "probe"]
+__all__ = [
+    "BoardInfo",
+    "JetsonPowerSensor",
+    "Rail",
+    "detect_board",
+    "find_rails",
+    "measure_update_period",
+    "median_change_gap",
+    "open",
+    "probe",
+]
 
 #: Board input rails, the figure a power budget is about, in order of preference.
 INPUT_RAILS = ("VDD_IN", "POM_5V_IN")
@@ -75,6 +86,12 @@ GPU_OF_NODES = ("gm20b", "gp10b", "gv11b", "ga10b", "gb10b", "gpu")
 DEFAULT_UPDATE_PERIOD_S = 0.010
 #: Default bound on the update-period measurement (it runs once, on first use).
 DEFAULT_DETECT_S = 0.15
+#: Polling interval of the update-period measurement: ~5 kHz, far above any INA3221 rate, yet cheap.
+_DETECT_POLL_S = 0.0002
+#: The measurement stops after this many value changes: seven gaps give a stable median.
+_DETECT_MAX_CHANGES = 8
+#: Fewer changes than this (two gaps) are no measurement: the values are static or barely move.
+_DETECT_MIN_CHANGES = 3
 
 # EMC clock steps (Hz), from NVIDIA's EMC tables as collected in the project's Jetson facts
 # (emc_frequencies.csv). BPMP debugfs gives the range but not the steps; firmware rounds a request
@@ -246,41 +263,52 @@ def _hwmon_update_interval_s(root: Path) -> float | None:
 
 
 def measure_update_period(read_raw: Callable[[], Any], budget_s: float = DEFAULT_DETECT_S,
-                          clock: Callable[[], float] = time.perf_counter) -> float | None:
-    """How often a sensor produces a new value: sample back to back for at most ``budget_s`` and take
-    the median time between changes. None when fewer than three changes were seen (static values)."""
+                          clock: Callable[[], float] = time.perf_counter,
+                          sleep: Callable[[float], None] = time.sleep) -> float | None:
+    """How often a sensor produces a new value: poll ``read_raw`` for at most ``budget_s`` of ``clock``
+    time (``sleep`` between polls) and take the median time between changes (:func:`median_change_gap`).
+    None when fewer than three changes were seen (static values) or a read failed."""
     if budget_s <= 0:
         return None
     try:
-        return _measure(read_raw, budget_s, clock)
+        return median_change_gap(_change_times(read_raw, budget_s, clock, sleep))
     except (OSError, ValueError):
         return None  # a bad read while measuring: fall back rather than fail the run
 
 
-def _measure(read_raw: Callable[[], Any], budget_s: float, clock: Callable[[], float]) -> float | None:
+def _change_times(read_raw: Callable[[], Any], budget_s: float, clock: Callable[[], float],
+                  sleep: Callable[[float], None]) -> list[float]:
+    """Times at which ``read_raw`` returned a new value, polled for at most ``budget_s``."""
     start = clock()
     last = read_raw()
     changes: list[float] = []
-    while clock() - start < budget_s and len(changes) < 8:
+    while clock() - start < budget_s and len(changes) < _DETECT_MAX_CHANGES:
         value = read_raw()
         if value != last:
             changes.append(clock())
             last = value
-        time.sleep(0.0002)  # keep the detector cheap: ~5 kHz polling, far above any INA3221 rate
-    if len(changes) < 3:
+        sleep(_DETECT_POLL_S)
+    return changes
+
+
+def median_change_gap(change_times: Sequence[float]) -> float | None:
+    """The median gap between successive value changes: the sensor's update period (a missed or a
+    doubled change moves the median little). None for fewer than three changes."""
+    if len(change_times) < _DETECT_MIN_CHANGES:
         return None
-    gaps = sorted(b - a for a, b in itertools.pairwise(changes))
+    gaps = sorted(b - a for a, b in itertools.pairwise(change_times))
     return gaps[len(gaps) // 2]
 
 
 class JetsonPowerSensor:
     """Board total and per-rail power from INA3221 files kept open (``os.pread``: >1 kHz from Python).
 
-    ``update_period_s`` is measured on first use (see :func:`measure_update_period`); the hwmon
-    ``update_interval`` attribute, where present, is the fallback, then :data:`DEFAULT_UPDATE_PERIOD_S`.
+    ``update_period_s`` is measured on first use (see :func:`measure_update_period`) on the sensor's clock;
+    the hwmon ``update_interval`` attribute, where present, is the fallback, then
+    :data:`DEFAULT_UPDATE_PERIOD_S`.
     """
 
-    def __init__(self, rails: list[Rail], root: Path, clock: RealClock | None = None,
+    def __init__(self, rails: list[Rail], root: Path, clock: Clock | None = None,
                  detect_s: float = DEFAULT_DETECT_S) -> None:
         if not rails:
             raise DeviceError("no INA3221 power rails found; is this a Jetson with its power monitor enabled?")
@@ -300,7 +328,8 @@ class JetsonPowerSensor:
     @property
     def update_period_s(self) -> float:
         if self._period is None:
-            measured = measure_update_period(lambda: tuple(r.raw() for r in self._rails), self._detect_s)
+            measured = measure_update_period(lambda: tuple(r.raw() for r in self._rails), self._detect_s,
+                                             clock=self._clock.now, sleep=self._clock.sleep)
             if measured is not None:
                 self._period, self.period_source = measured, "measured"
             else:

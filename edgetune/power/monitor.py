@@ -23,7 +23,15 @@ import numpy as np
 
 from edgetune.power.base import Clock, PowerReading, PowerSensor, VirtualClock
 
-__all__ = ["PowerMonitor", "WindowStats", "cumulative_energy_j", "energy_j", "moving_average_max", "window_stats"]
+__all__ = [
+    "PowerMonitor",
+    "WindowStats",
+    "cumulative_energy_j",
+    "energy_j",
+    "moving_average_max",
+    "next_sample_due",
+    "window_stats",
+]
 
 DEFAULT_RATE_HZ = 100.0
 
@@ -97,6 +105,18 @@ def moving_average_max(t: np.ndarray, p: np.ndarray, window_s: float = 1.0) -> f
     candidates = np.concatenate([xs, root[ok]])
     avg = (_interp_energy(candidates, t, p, e) - _interp_energy(candidates - window_s, t, p, e)) / window_s
     return float(np.max(avg))
+
+
+def next_sample_due(due: float, now: float, period: float) -> float:
+    """When the sampling thread takes its next sample, after the one due at ``due`` was taken at ``now``.
+
+    Due times step by whole periods, so sampling never drifts; a thread more than a period behind (a long
+    GC pause, a loaded machine) resumes one period from now rather than bursting to catch up.
+    """
+    due += period
+    if due < now - period:
+        due = now + period
+    return due
 
 
 @dataclass(frozen=True)
@@ -249,10 +269,7 @@ class PowerMonitor:
             if delay > 0 and self._stop.wait(delay):
                 break
             self.sample()
-            next_due += period
-            now = self.clock.now()
-            if next_due < now - period:  # fell behind (a long GC pause): skip, do not burst
-                next_due = now + period
+            next_due = next_sample_due(next_due, self.clock.now(), period)
 
     # -- sampling --------------------------------------------------------------------------------
     def sample(self) -> PowerReading | None:
