@@ -92,6 +92,13 @@ _DETECT_POLL_S = 0.0002
 _DETECT_MAX_CHANGES = 8
 #: Fewer changes than this (two gaps) are no measurement: the values are static or barely move.
 _DETECT_MIN_CHANGES = 3
+#: The INA3221 files: mV and mA (hwmon), mW (iio).
+_MILLI_PER_UNIT = 1e3
+_MICRO_PER_UNIT = 1e6
+#: How long nvpmodel may take: a mode change reprograms clocks and cores, normally within seconds.
+_NVPMODEL_TIMEOUT_S = 30
+#: Characters of unreadable nvpmodel output shown in an error.
+_SHOWN_CHARS = 60
 
 # EMC clock steps (Hz), from NVIDIA's EMC tables as collected in the project's Jetson facts
 # (emc_frequencies.csv). BPMP debugfs gives the range but not the steps; firmware rounds a request
@@ -186,9 +193,9 @@ class Rail:
 
     def watts(self) -> float:
         if self.power is not None:
-            return self.power.read_int() / 1e3
+            return self.power.read_int() / _MILLI_PER_UNIT
         assert self.voltage is not None and self.current is not None
-        return self.voltage.read_int() * self.current.read_int() / 1e6
+        return self.voltage.read_int() * self.current.read_int() / _MICRO_PER_UNIT
 
     def raw(self) -> tuple[int, ...]:
         readers = (self.power,) if self.power is not None else (self.voltage, self.current)
@@ -258,7 +265,7 @@ def _hwmon_update_interval_s(root: Path) -> float | None:
         except (OSError, ValueError):
             continue
         if ms > 0:
-            return ms / 1e3
+            return ms / _MILLI_PER_UNIT
     return None
 
 
@@ -499,7 +506,7 @@ def _power_mode_knob(root: Path, tracker: StateTracker) -> RestorableKnob | None
 
     def run(*args: str) -> str:
         try:
-            done = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=30,
+            done = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=_NVPMODEL_TIMEOUT_S,
                                   stdin=subprocess.DEVNULL, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise KnobWriteError(f"power_mode: running {binary} failed: {exc}") from None
@@ -520,7 +527,7 @@ def _power_mode_knob(root: Path, tracker: StateTracker) -> RestorableKnob | None
         m = re.search(r"NV Power Mode:\s*(\S+)", out)
         if m and m.group(1) in by_name:
             return by_name[m.group(1)]
-        raise KnobWriteError(f"power_mode: cannot read the current mode from nvpmodel -q: {out.strip()[:60]!r}")
+        raise KnobWriteError(f"power_mode: cannot read the current mode from nvpmodel -q: {out.strip()[:_SHOWN_CHARS]!r}")
 
     def read() -> str:
         return modes.get(current_id(), str(current_id()))

@@ -33,7 +33,20 @@ __all__ = [
     "window_stats",
 ]
 
+#: Default sampling rate: resolves a training step's phases (tens of ms) at little cost.
 DEFAULT_RATE_HZ = 100.0
+#: The default rate never goes below this, even for slower sensors: window edges stay within 20 ms.
+MIN_DEFAULT_RATE_HZ = 50.0
+#: How long stop() waits for the sampling thread (a daemon: it cannot keep the process alive).
+_THREAD_JOIN_S = 2.0
+#: History is trimmed only past this many samples, in halves, so trimming costs O(1) per sample.
+_TRIM_MIN_SAMPLES = 4096
+#: Two reads closer than this (s) are the same instant (a window edge on a tick): one is kept.
+_SAME_INSTANT_S = 1e-9
+#: A sensor whose total has not changed for this many update periods, and at least _STALE_MIN_S, is
+#: stale: noise alone changes a live INA3221 reading every few updates.
+_STALE_PERIODS = 50
+_STALE_MIN_S = 2.0
 
 
 # ---------------------------------------------------------------------------------------------- pure maths
@@ -205,7 +218,7 @@ class PowerMonitor:
             rate_hz = DEFAULT_RATE_HZ
             period = sensor.update_period_s
             if period > 0:
-                rate_hz = max(50.0, min(DEFAULT_RATE_HZ, 1.0 / period))
+                rate_hz = max(MIN_DEFAULT_RATE_HZ, min(DEFAULT_RATE_HZ, 1.0 / period))
         if not rate_hz > 0:
             raise ValueError(f"sampling rate must be positive, got {rate_hz}")
         self.sensor = sensor
@@ -252,10 +265,10 @@ class PowerMonitor:
             self._ticker = None
         if self._thread is not None:
             self._stop.set()
-            self._thread.join(timeout=2.0)
+            self._thread.join(timeout=_THREAD_JOIN_S)
             self._thread = None
 
-    def __enter__(self) -> PowerMonitor:
+    def __enter__(self) -> PowerMonitor:  # noqa: PYI034 - Python 3.10 has no typing.Self
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -284,7 +297,7 @@ class PowerMonitor:
             if not ok or reading is None:
                 self.dropped += 1
                 return None
-            if self._t and reading.t <= self._t[-1] + 1e-9:
+            if self._t and reading.t <= self._t[-1] + _SAME_INSTANT_S:
                 return reading  # same instant sampled twice (window edge on a tick): keep one
             self._t.append(reading.t)
             self._p.append(reading.total_w)
@@ -301,7 +314,7 @@ class PowerMonitor:
         if self._windows:
             keep_from = min(keep_from, min(w.start for w in self._windows.values()))
         # trim in chunks so the hot path stays O(1) amortised
-        if len(self._t) > 4096 and self._t[len(self._t) // 2] < keep_from:
+        if len(self._t) > _TRIM_MIN_SAMPLES and self._t[len(self._t) // 2] < keep_from:
             cut = int(np.searchsorted(np.asarray(self._t), keep_from)) - 1
             if cut > 0:
                 del self._t[:cut], self._p[:cut], self._rails[:cut]
@@ -313,7 +326,7 @@ class PowerMonitor:
         if self._last_change_t is None or not self._t:
             return False
         period = self.sensor.update_period_s
-        return self._t[-1] - self._last_change_t > max(2.0, 50 * period)
+        return self._t[-1] - self._last_change_t > max(_STALE_MIN_S, _STALE_PERIODS * period)
 
     def latest(self) -> PowerReading | None:
         with self._lock:

@@ -52,6 +52,8 @@ __all__ = [
 
 STATE_ENV = "EDGETUNE_STATE_DIR"
 STATE_VERSION = 1
+#: Hex digits of the identity hash in a state file's name: unique per device, short enough to read.
+_KEY_DIGEST_CHARS = 12
 _SIGNALS = tuple(s for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s))
 
 Snapshot = dict[str, Any]
@@ -115,7 +117,7 @@ class DeviceIdentity:
     serial: str = ""
 
     def key(self) -> str:
-        digest = hashlib.sha1(f"{self.spec}|{self.root}|{self.serial}".encode()).hexdigest()[:12]
+        digest = hashlib.sha1(f"{self.spec}|{self.root}|{self.serial}".encode()).hexdigest()[:_KEY_DIGEST_CHARS]
         return f"{self.spec.replace(':', '-')}-{digest}"
 
     def open_options(self) -> dict[str, Any]:

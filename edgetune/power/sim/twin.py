@@ -325,7 +325,7 @@ class Twin:
     def _oom_message(self, cost: WorkloadCost, batch_size: int) -> str:
         p = self.profile
         capacity = p.visible_memory_bytes
-        allocated = 2 * cost.param_bytes + cost.optimizer_state_bytes
+        allocated = cost.memory_bytes(0)  # weights, gradients and optimizer state: before any sample
         wanted = cost.memory_bytes(batch_size) - allocated
         free = max(0.0, p.training_memory_bytes - allocated)
         return (f"CUDA out of memory. Tried to allocate {wanted / MIB:.2f} MiB (GPU 0; {capacity / GIB:.2f} GiB "
