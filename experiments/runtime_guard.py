@@ -280,7 +280,7 @@ def wall_device() -> Device:
     knob = Knob("power_limit", "W", limits, read=lambda: sensor.limit_w, write=write)
     return Device(name="cpu-wall", description="this CPU, real clock, software power model", simulated=True,
                   knobs={"power_limit": knob}, sensor=sensor, clock=RealClock(),
-                  run_step=lambda fn, b, cost: fn(), idle_power_w=2.0, max_power_w=10.0)
+                  run_step=lambda fn, b, cost: fn(), idle_power=lambda: 2.0, max_power_w=10.0)
 
 
 def thread_cpu_s(native_id: int | None) -> float:

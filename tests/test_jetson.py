@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 import pytest
 from fakes.jetson_tree import BOARDS, CPU_KHZ, GPU_HZ, build_jetson
 
 from edgetune.power import PowerMonitor, VirtualClock, jetson, open_device, probe_platforms, sysfs
-from edgetune.power.base import KnobWriteError
+from edgetune.power.base import Capability, KnobWriteError
 
 
 @pytest.fixture(autouse=True)
@@ -56,6 +54,8 @@ def test_detects_board_rails_and_total(tmp_path, board):
     else:
         assert reading.total_w == reading.rails[total]
     assert device.sensor.energy_j() is None
+    assert device.capabilities == frozenset()  # real clock, real steps, no energy counter on the INA3221
+    assert not device.has(Capability.ENERGY_COUNTER) and device.idle_power_w is None
     device.close()
 
 
@@ -232,26 +232,40 @@ def test_stale_sensor_is_detected(tmp_path):
 
 
 def test_update_period_measured_from_changing_values(tmp_path):
+    """The monitor chip converts every 20 ms of the sensor's clock (a virtual one: exact instants); the
+    detector polls the real rail files on that clock and finds the period."""
     fake = build_jetson(tmp_path / "root", "nano")  # iio: no update_interval attribute
-    stop = threading.Event()
+    clock = VirtualClock()
+    current = {"ma": 400}
 
-    def monitor_chip():  # a new conversion every 20 ms
-        ma = 400
-        while not stop.is_set():
-            ma = 400 + (ma - 399) % 50
-            fake.set_rail("POM_5V_IN", 5072, ma)
-            time.sleep(0.020)
+    def convert():  # a new conversion: a new value in the rail file
+        current["ma"] = 400 + (current["ma"] - 399) % 50
+        fake.set_rail("POM_5V_IN", 5072, current["ma"])
 
-    worker = threading.Thread(target=monitor_chip, daemon=True)
-    worker.start()
-    try:
-        sensor = jetson.JetsonPowerSensor(jetson.find_rails(fake.root), fake.root, detect_s=0.4)
-        period = sensor.update_period_s
-    finally:
-        stop.set()
-        worker.join()
+    clock.add_ticker(0.020, convert)
+    sensor = jetson.JetsonPowerSensor(jetson.find_rails(fake.root), fake.root, clock=clock, detect_s=0.4)
+    assert sensor.update_period_s == pytest.approx(0.020, abs=0.0002 + 1e-9)  # within one poll
     assert sensor.period_source == "measured"
-    assert 0.012 < period < 0.045
+    assert clock.now() < 0.4  # stopped after eight changes, not at the budget
+
+
+def test_update_period_is_the_median_gap_between_changes():
+    assert jetson.median_change_gap([0.0, 0.01, 0.02, 0.031, 0.04]) == pytest.approx(0.01)
+    # a missed conversion (a doubled gap) and a late one barely move the median
+    assert jetson.median_change_gap([0.0, 0.01, 0.03, 0.04, 0.05, 0.062]) == pytest.approx(0.01)
+    assert jetson.median_change_gap([0.0, 0.01]) is None  # one gap is no measurement
+    assert jetson.measure_update_period(lambda: 1, budget_s=0.0) is None
+
+
+def test_update_period_measurement_survives_a_bad_read():
+    clock = VirtualClock()
+
+    def read_raw():
+        if clock.now() > 0.05:
+            raise OSError("rail file vanished")
+        return round(clock.now(), 2)
+
+    assert jetson.measure_update_period(read_raw, 1.0, clock=clock.now, sleep=clock.sleep) is None
 
 
 def test_static_tree_falls_back_to_interval_then_default(tmp_path):
@@ -317,7 +331,10 @@ def test_fake_board_power_is_measured_through_sysfs(tmp_path):
     with device.restoring():
         for gpu in (306_000_000, 624_750_000):
             device.apply({"gpu_freq": gpu, "emc_freq": 2_133_000_000})
+            device.run_step(lambda: None, 32, cost)  # warm-up: the rails show this setting's load from now
             with PowerMonitor(device.sensor, device.clock, rate_hz=200) as monitor:
+                # the rails hold one value through the window, so the figure does not depend on how
+                # often the OS lets the sampling thread run
                 monitor.begin_window("steps")
                 for i in range(12):
                     assert device.run_step(lambda i=i: i, 32, cost) == i

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-import time
+import threading
 
 import numpy as np
 import pytest
 
 from edgetune.power.base import PowerReading, RealClock, VirtualClock
-from edgetune.power.monitor import PowerMonitor, energy_j, moving_average_max, window_stats
+from edgetune.power.monitor import PowerMonitor, energy_j, moving_average_max, next_sample_due, window_stats
 
 
 class AnalyticSensor:
@@ -19,14 +19,18 @@ class AnalyticSensor:
     total_label = "VDD_IN"
     update_period_s = 0.0
 
-    def __init__(self, clock, power):
+    def __init__(self, clock, power, signal_after: int | None = None):
         self.clock = clock
         self.power = power
         self.fail_at: set[int] = set()
         self.reads = 0
+        self.signal_after = signal_after
+        self.enough = threading.Event()  # set once ``signal_after`` reads were made
 
     def read(self) -> PowerReading:
         self.reads += 1
+        if self.signal_after is not None and self.reads >= self.signal_after:
+            self.enough.set()
         if self.reads in self.fail_at:
             raise OSError("rail file vanished")
         t = self.clock.now()
@@ -91,7 +95,7 @@ def test_moving_average_max_matches_brute_force():
     pf = np.interp(fine, t, p)
     cum = np.concatenate([[0], np.cumsum((pf[1:] + pf[:-1]) / 2 * np.diff(fine))])
     step = fine[1] - fine[0]
-    k = int(round(1.0 / step))
+    k = round(1.0 / step)
     brute = np.max((cum[k:] - cum[:-k]) / (k * step))
     assert exact == pytest.approx(brute, abs=2e-4)
 
@@ -171,14 +175,36 @@ def test_virtual_clock_tickers_fire_in_order():
 
 
 def test_thread_sampling_on_real_clock():
+    """A real clock is sampled by a thread. How fast the OS schedules it is not the monitor's to promise:
+    the test waits for the thread's reads (the window edges make two), whenever they come."""
     clock = RealClock()
-    sensor = AnalyticSensor(clock, lambda t: 3.0)
+    sensor = AnalyticSensor(clock, lambda t: 3.0, signal_after=10)
     monitor = PowerMonitor(sensor, clock, rate_hz=200)
     monitor.start()
+    assert monitor.running and sensor.reads >= 1  # start samples at once
     monitor.begin_window("w")
-    time.sleep(0.3)
+    assert sensor.enough.wait(timeout=60.0), "the sampling thread made no reads in a minute"
     stats = monitor.end_window("w")
+    thread = monitor._thread
     monitor.stop()
     assert not monitor.running
-    assert stats.samples >= 10
-    assert stats.mean_w == pytest.approx(3.0)
+    thread.join(timeout=60.0)  # stop() waits 2 s for it; a loaded machine may need longer
+    assert not thread.is_alive()
+    assert stats.samples >= 10 - 1  # every read but the one before the window is in it
+    assert stats.mean_w == pytest.approx(3.0) and stats.dropped == 0
+    reads = sensor.reads
+    monitor.sample()  # sampling by hand still works after the thread is gone
+    assert sensor.reads == reads + 1
+
+
+def test_sampling_thread_due_times_never_drift_and_never_burst():
+    period = 0.01
+    due, taken = 0.01, []
+    for now in (0.0101, 0.0203, 0.0302, 0.0400):  # each sample a little late
+        taken.append(due)
+        due = next_sample_due(due, now, period)
+    assert taken == pytest.approx([0.01, 0.02, 0.03, 0.04])  # due times stay on the grid
+    # more than a period behind (a 0.5 s pause): resume one period from now, not 50 samples at once
+    assert next_sample_due(0.05, 0.55, period) == pytest.approx(0.56)
+    # within a period behind: keep the grid (the next one is due at once)
+    assert next_sample_due(0.05, 0.065, period) == pytest.approx(0.06)

@@ -11,6 +11,7 @@ import pytest
 from fakes.nvml_gpus import FAKE_NVML_DIR, a100, h100, p100, read_gpus, rtx_a6000, write_gpus
 
 from edgetune.power import DeviceError, KnobWriteError, open_device
+from edgetune.power.base import Capability
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,6 +50,17 @@ def test_a100_tables_power_energy(fake_nvml):
     assert isinstance(device.sensor, nvml.NvmlPowerSensor)
     assert any("nvmlDeviceGetTotalEnergyConsumption" in n for n in device.notes)
     device.close()
+
+
+def test_energy_counter_capability_where_the_gpu_keeps_one(fake_nvml):
+    fake_nvml([a100(), p100()])
+    volta_and_newer, pascal = open_device("nvml:0"), open_device("nvml:1")
+    assert volta_and_newer.capabilities == {Capability.ENERGY_COUNTER}
+    assert volta_and_newer.sensor.energy_j() is not None
+    assert pascal.capabilities == frozenset() and pascal.sensor.energy_j() is None
+    assert not pascal.has(Capability.VIRTUAL_CLOCK) and pascal.idle_power_w is None
+    volta_and_newer.close()
+    pascal.close()
 
 
 def test_lock_and_reset_clocks_and_limit(fake_nvml):

@@ -6,6 +6,7 @@ import pytest
 from fakes.rapl_tree import MAX_RANGE_UJ, build_rapl
 
 from edgetune.power import PowerMonitor, VirtualClock, open_device, rapl
+from edgetune.power.base import Capability
 
 
 @pytest.fixture(autouse=True)
@@ -23,6 +24,14 @@ def test_zones_skip_core_uncore_and_psys(tmp_path):
     device = rapl.open(root=fake.root)
     assert device.sensor.total_label == "derived: package-0 + dram-0 + package-1 + dram-1"
     assert "Xeon" in device.description and "2 package(s)" in device.description
+    device.close()
+
+
+def test_capabilities_energy_counter_and_nothing_simulated(tmp_path):
+    fake = build_rapl(tmp_path / "root")
+    device = rapl.open(root=fake.root)
+    assert device.capabilities == {Capability.ENERGY_COUNTER} and device.sensor.energy_j() is not None
+    assert not device.has(Capability.VIRTUAL_CLOCK) and device.idle_power_w is None
     device.close()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 
 from edgetune.power import (
@@ -21,6 +22,8 @@ from edgetune.power import (
     open_device,
     sim,
 )
+from edgetune.power.base import Capability
+from edgetune.power.knobs import BatchSizeError
 from edgetune.power.sim import PROFILES, Twin
 from edgetune.workloads import load_workload
 
@@ -119,6 +122,30 @@ def test_device_contract():
     probes = sim.probe()
     assert [p.spec for p in probes] == [f"sim:{name}" for name in PROFILES]
     assert all(p.found and p.platform == "sim" and "simulated" in p.summary for p in probes)
+
+
+def test_capabilities_say_virtual_clock_ground_truth_and_whether_the_step_runs():
+    computing = sim.open("orin-nano", compute=True)
+    assert computing.capabilities == {Capability.VIRTUAL_CLOCK, Capability.GROUND_TRUTH}
+    assert computing.has(Capability.GROUND_TRUTH) and not computing.has(Capability.SKIPS_STEP)
+    timing_only = open_device("sim:orin-agx", compute=False)
+    assert timing_only.capabilities == {Capability.VIRTUAL_CLOCK, Capability.GROUND_TRUTH, Capability.SKIPS_STEP}
+    assert not timing_only.has(Capability.ENERGY_COUNTER) and not timing_only.has(Capability.TABLE_REPLAY)
+
+
+def test_device_idle_power_is_read_when_asked():
+    """The device's idle power follows the twin's knobs and disturbances, not the state it was built in."""
+    twin = Twin("orin-nano", compute=False)
+    device = twin.device()
+    at_start = device.idle_power_w
+    device.apply({"power_mode": "7W"})
+    idle_7w = twin.idle_power_w
+    assert device.idle_power_w == idle_7w < at_start  # four cores online at rest instead of six
+    twin.set_power_offset(2.0)  # another process's load counts at rest too
+    assert device.idle_power_w == twin.idle_power_w == pytest.approx(idle_7w + 2.0)
+    device.restore()
+    twin.set_power_offset(0.0)
+    assert device.idle_power_w == at_start
 
 
 # ---------------------------------------------------------------------------------------------- calibration
@@ -354,6 +381,17 @@ def test_bad_arguments_are_one_line_errors(cost):
             twin.run_step(lambda: None, bad, cost)
     with pytest.raises(DeviceError, match="needs the workload's cost"):
         twin.run_step(lambda: None, 8, None)
+
+
+def test_batch_size_check_is_the_registry_one(cost):
+    """The twin checks batch sizes with power.knobs.check_batch_size; its error is both kinds at once."""
+    twin = Twin("orin-nano", compute=False)
+    with pytest.raises(BatchSizeError, match=r"^batch size must be a positive whole number, got 0$") as err:
+        twin.expected(cost, 0)
+    assert isinstance(err.value, DeviceError) and "\n" not in str(err.value)
+    # whole numbers of any type run as the int (numpy integers come out of arrays of batch sizes)
+    assert twin.expected(cost, np.int64(32)) == twin.expected(cost, 32.0) == twin.expected(cost, 32)
+    assert type(twin.expected(cost, np.int64(32)).batch_size) is int
 
 
 # ---------------------------------------------------------------------------------------------- running

@@ -21,10 +21,17 @@ import enum
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, Union, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-KnobValue = Union[int, float, str]
+KnobValue = int | float | str
 T = TypeVar("T")
+
+#: Relative tolerance within which a number matches a table value (float rounding of parsed text, 918e6).
+_VALUE_MATCH_REL = 1e-9
+#: Slack (s) within which a ticker due at the end of an advance still fires (float sums of periods).
+_TICK_SLACK_S = 1e-12
+#: Copies of the parameters a training step holds: the weights and their gradients.
+_PARAM_COPIES = 2
 
 __all__ = [
     "Capability",
@@ -92,6 +99,8 @@ def format_value(value: KnobValue, unit: str) -> str:
 
 
 _UNIT_SUFFIXES = {"ghz": 1e9, "mhz": 1e6, "khz": 1e3, "hz": 1.0, "kw": 1e3, "mw": 1e-3, "w": 1.0}
+# a knob unit's size in the base unit of the suffixes above (Hz, W)
+_UNIT_BASES = {"Hz": 1.0, "kHz": 1e3, "W": 1.0, "mW": 1e-3}
 
 
 def _parse_number_with_unit(text: str, unit: str) -> float | None:
@@ -104,7 +113,7 @@ def _parse_number_with_unit(text: str, unit: str) -> float | None:
                 value = float(number) * factor
             except ValueError:
                 return None
-            base = {"Hz": 1.0, "kHz": 1e3, "W": 1.0, "mW": 1e-3}.get(unit)
+            base = _UNIT_BASES.get(unit)
             return None if base is None else value / base
     try:
         return float(s)
@@ -205,7 +214,7 @@ class Knob:
             if isinstance(value, str):
                 return self.parse(value)
             for v in self.values:
-                if abs(float(v) - float(value)) <= 1e-9 * max(1.0, abs(float(v))):
+                if abs(float(v) - float(value)) <= _VALUE_MATCH_REL * max(1.0, abs(float(v))):
                     return v
             raise KnobValueError(
                 f"{self.name}: {format_value(value, self.unit)} is not an allowed value; "
@@ -355,8 +364,8 @@ class VirtualClock:
             raise ValueError("virtual time cannot go backwards")
         end = self._now + seconds
         while self._tickers:
-            tid, ticker = min(self._tickers.items(), key=lambda kv: kv[1].due)
-            if ticker.due > end + 1e-12:
+            ticker = min(self._tickers.values(), key=lambda tk: tk.due)
+            if ticker.due > end + _TICK_SLACK_S:
                 break
             self._now = max(self._now, ticker.due)
             ticker.count += 1
@@ -403,7 +412,7 @@ class WorkloadCost:
 
     def memory_bytes(self, batch_size: int) -> float:
         """Device memory one step needs at ``batch_size``: weights, grads, optimizer state, activations."""
-        return 2 * self.param_bytes + self.optimizer_state_bytes + batch_size * (
+        return _PARAM_COPIES * self.param_bytes + self.optimizer_state_bytes + batch_size * (
             self.activation_bytes_per_sample + self.input_bytes_per_sample
         )
 
@@ -431,6 +440,11 @@ class Capability(enum.Enum):
     ENERGY_COUNTER = "energy_counter"
 
 
+def _unknown_idle_power() -> float | None:
+    """Idle power of a device that does not model it (real hardware measures it instead)."""
+    return None
+
+
 @dataclass
 class Device:
     """A platform's knobs, sensor and clock, with how it runs one training step.
@@ -447,7 +461,9 @@ class Device:
             result once the device has finished the step (real hardware: after synchronising the GPU; the
             twin: after advancing its virtual clock by the modelled step time). Raises an out-of-memory
             error (see :func:`is_out_of_memory`) when the batch does not fit.
-        idle_power_w: the device's power at rest, where known (the twin knows it; hardware measures it).
+        idle_power: returns the device's power at rest now, in W, or None where unknown (hardware
+            measures it). Called on every read of :attr:`idle_power_w`, so it reflects the knob values and
+            disturbances in force then (the twin's depends on its power mode and power offset).
         max_power_w: the most the device can draw, where known.
         notes: lines the CLI prints under the device (calibration sources, measure-only mode ...).
         close: releases platform resources (NVML shutdown ...).
@@ -463,12 +479,17 @@ class Device:
     sensor: PowerSensor
     clock: Clock
     run_step: Callable[[Callable[[], T], int, WorkloadCost | None], T]
-    idle_power_w: float | None = None
+    idle_power: Callable[[], float | None] = _unknown_idle_power
     max_power_w: float | None = None
     notes: list[str] = field(default_factory=list)
     close: Callable[[], None] = lambda: None
     backend: Any = None
     capabilities: frozenset[Capability] = frozenset()
+
+    @property
+    def idle_power_w(self) -> float | None:
+        """The device's power at rest with the knob values in force now (W), or None where unknown."""
+        return self.idle_power()
 
     def has(self, capability: Capability) -> bool:
         """True when the device has ``capability``."""

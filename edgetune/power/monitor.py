@@ -21,11 +21,32 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgetune.power.base import Clock, PowerReading, PowerSensor
+from edgetune.power.base import Clock, PowerReading, PowerSensor, VirtualClock
 
-__all__ = ["PowerMonitor", "WindowStats", "cumulative_energy_j", "energy_j", "moving_average_max", "window_stats"]
+__all__ = [
+    "PowerMonitor",
+    "WindowStats",
+    "cumulative_energy_j",
+    "energy_j",
+    "moving_average_max",
+    "next_sample_due",
+    "window_stats",
+]
 
+#: Default sampling rate: resolves a training step's phases (tens of ms) at little cost.
 DEFAULT_RATE_HZ = 100.0
+#: The default rate never goes below this, even for slower sensors: window edges stay within 20 ms.
+MIN_DEFAULT_RATE_HZ = 50.0
+#: How long stop() waits for the sampling thread (a daemon: it cannot keep the process alive).
+_THREAD_JOIN_S = 2.0
+#: History is trimmed only past this many samples, in halves, so trimming costs O(1) per sample.
+_TRIM_MIN_SAMPLES = 4096
+#: Two reads closer than this (s) are the same instant (a window edge on a tick): one is kept.
+_SAME_INSTANT_S = 1e-9
+#: A sensor whose total has not changed for this many update periods, and at least _STALE_MIN_S, is
+#: stale: noise alone changes a live INA3221 reading every few updates.
+_STALE_PERIODS = 50
+_STALE_MIN_S = 2.0
 
 
 # ---------------------------------------------------------------------------------------------- pure maths
@@ -99,6 +120,18 @@ def moving_average_max(t: np.ndarray, p: np.ndarray, window_s: float = 1.0) -> f
     return float(np.max(avg))
 
 
+def next_sample_due(due: float, now: float, period: float) -> float:
+    """When the sampling thread takes its next sample, after the one due at ``due`` was taken at ``now``.
+
+    Due times step by whole periods, so sampling never drifts; a thread more than a period behind (a long
+    GC pause, a loaded machine) resumes one period from now rather than bursting to catch up.
+    """
+    due += period
+    if due < now - period:
+        due = now + period
+    return due
+
+
 @dataclass(frozen=True)
 class WindowStats:
     """What a measurement window saw.
@@ -126,18 +159,6 @@ class WindowStats:
     dropped: int = 0
     rail_energy_j: dict[str, float] = field(default_factory=dict)
     hardware_energy_j: float | None = None
-
-    def as_dict(self) -> dict:
-        return {
-            "energy_j": self.energy_j,
-            "duration_s": self.duration_s,
-            "mean_power_w": self.mean_w,
-            "peak_power_w": self.peak_w,
-            "max_avg_power_w": self.max_avg_w,
-            "avg_window_s": self.avg_window_s,
-            "samples": self.samples,
-            "dropped_samples": self.dropped,
-        }
 
 
 def window_stats(t: np.ndarray, p: np.ndarray, avg_window_s: float = 1.0) -> WindowStats:
@@ -195,9 +216,9 @@ class PowerMonitor:
     ) -> None:
         if rate_hz is None:
             rate_hz = DEFAULT_RATE_HZ
-            period = getattr(sensor, "update_period_s", 0.0) or 0.0
+            period = sensor.update_period_s
             if period > 0:
-                rate_hz = max(50.0, min(DEFAULT_RATE_HZ, 1.0 / period))
+                rate_hz = max(MIN_DEFAULT_RATE_HZ, min(DEFAULT_RATE_HZ, 1.0 / period))
         if not rate_hz > 0:
             raise ValueError(f"sampling rate must be positive, got {rate_hz}")
         self.sensor = sensor
@@ -229,8 +250,8 @@ class PowerMonitor:
         if self.running:
             return self
         self.sample()
-        if getattr(self.clock, "virtual", False) and hasattr(self.clock, "add_ticker"):
-            self._ticker = self.clock.add_ticker(1.0 / self.rate_hz, self.sample)  # type: ignore[attr-defined]
+        if isinstance(self.clock, VirtualClock):
+            self._ticker = self.clock.add_ticker(1.0 / self.rate_hz, self.sample)
         else:
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="edgetune-power-monitor", daemon=True)
@@ -239,14 +260,15 @@ class PowerMonitor:
 
     def stop(self) -> None:
         if self._ticker is not None:
-            self.clock.remove_ticker(self._ticker)  # type: ignore[attr-defined]
+            assert isinstance(self.clock, VirtualClock)  # tickers exist only on virtual clocks
+            self.clock.remove_ticker(self._ticker)
             self._ticker = None
         if self._thread is not None:
             self._stop.set()
-            self._thread.join(timeout=2.0)
+            self._thread.join(timeout=_THREAD_JOIN_S)
             self._thread = None
 
-    def __enter__(self) -> PowerMonitor:
+    def __enter__(self) -> PowerMonitor:  # noqa: PYI034 - Python 3.10 has no typing.Self
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -260,10 +282,7 @@ class PowerMonitor:
             if delay > 0 and self._stop.wait(delay):
                 break
             self.sample()
-            next_due += period
-            now = self.clock.now()
-            if next_due < now - period:  # fell behind (a long GC pause): skip, do not burst
-                next_due = now + period
+            next_due = next_sample_due(next_due, self.clock.now(), period)
 
     # -- sampling --------------------------------------------------------------------------------
     def sample(self) -> PowerReading | None:
@@ -278,7 +297,7 @@ class PowerMonitor:
             if not ok or reading is None:
                 self.dropped += 1
                 return None
-            if self._t and reading.t <= self._t[-1] + 1e-9:
+            if self._t and reading.t <= self._t[-1] + _SAME_INSTANT_S:
                 return reading  # same instant sampled twice (window edge on a tick): keep one
             self._t.append(reading.t)
             self._p.append(reading.total_w)
@@ -295,7 +314,7 @@ class PowerMonitor:
         if self._windows:
             keep_from = min(keep_from, min(w.start for w in self._windows.values()))
         # trim in chunks so the hot path stays O(1) amortised
-        if len(self._t) > 4096 and self._t[len(self._t) // 2] < keep_from:
+        if len(self._t) > _TRIM_MIN_SAMPLES and self._t[len(self._t) // 2] < keep_from:
             cut = int(np.searchsorted(np.asarray(self._t), keep_from)) - 1
             if cut > 0:
                 del self._t[:cut], self._p[:cut], self._rails[:cut]
@@ -306,8 +325,8 @@ class PowerMonitor:
         """True when the sensor has repeated one value for much longer than its update period."""
         if self._last_change_t is None or not self._t:
             return False
-        period = getattr(self.sensor, "update_period_s", 0.0) or 0.0
-        return self._t[-1] - self._last_change_t > max(2.0, 50 * period)
+        period = self.sensor.update_period_s
+        return self._t[-1] - self._last_change_t > max(_STALE_MIN_S, _STALE_PERIODS * period)
 
     def latest(self) -> PowerReading | None:
         with self._lock:

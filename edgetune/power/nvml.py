@@ -25,7 +25,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from edgetune.power.base import Device, DeviceError, KnobWriteError, PowerReading, RealClock, WorkloadCost
+from edgetune.power.base import (
+    Capability,
+    Device,
+    DeviceError,
+    KnobWriteError,
+    PowerReading,
+    RealClock,
+    WorkloadCost,
+)
+from edgetune.power.knobs import knob_unit
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, RestorableKnob, StateTracker
 from edgetune.power.sysfs import ROOT_FIX, is_root
@@ -34,6 +43,18 @@ __all__ = ["NvmlGpu", "NvmlPowerSensor", "nvml_message", "open", "probe", "visib
 
 #: NVML refreshes the power reading about every 20-100 ms depending on the GPU; sampling at 50 Hz is plenty.
 NVML_UPDATE_PERIOD_S = 0.02
+#: NVML speaks milliwatts and millijoules; edgetune watts and joules.
+_MILLI_PER_UNIT = 1e3
+#: NVML speaks MHz; clock knobs are in Hz.
+_HZ_PER_MHZ = 1_000_000
+#: Power-limit grid: 5 W steps on GPUs whose limit reaches 100 W (fine enough for a budget, few enough to
+#: search), 1 W steps below.
+_LIMIT_STEP_W = 5
+_SMALL_LIMIT_STEP_W = 1
+_LARGE_LIMIT_MW = 100_000
+#: nvml.h codes of a missing library and an unloaded driver, for pynvml versions without the names.
+_NVML_ERROR_LIBRARY_NOT_FOUND = 12
+_NVML_ERROR_DRIVER_NOT_LOADED = 9
 
 _ERROR_NAMES = {  # NVML return codes (nvml.h) -> what the user should know
     3: "not supported on this GPU",
@@ -130,14 +151,14 @@ class NvmlPowerSensor:
             mw = self._nvml.nvmlDeviceGetPowerUsage(self._gpu.handle)
         except self._nvml.NVMLError as exc:
             raise DeviceError(nvml_message(exc, f"power reading of GPU {self._gpu.index}")) from None
-        w = mw / 1e3
+        w = mw / _MILLI_PER_UNIT
         return PowerReading(t, w, {self.rails[0]: w})
 
     def energy_j(self) -> float | None:
         if not self.has_energy_counter:
             return None
         try:
-            return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._gpu.handle) / 1e3
+            return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._gpu.handle) / _MILLI_PER_UNIT
         except self._nvml.NVMLError:
             return None
 
@@ -168,7 +189,7 @@ def _clock_knobs(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: bool,
             raise KnobWriteError(nvml_message(exc, what)) from None
 
     def gpu_read() -> int:
-        return int(_call("GPU clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_GRAPHICS)) * 1_000_000
+        return int(_call("GPU clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_GRAPHICS)) * _HZ_PER_MHZ
 
     def gpu_write(hz: int) -> None:
         mhz = round(hz / 1e6)
@@ -180,13 +201,13 @@ def _clock_knobs(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: bool,
         _reset("gpu_freq reset", nvml.nvmlDeviceResetGpuLockedClocks)
 
     knobs["gpu_freq"] = RestorableKnob(
-        "gpu_freq", "Hz", [f * 1_000_000 for f in gfx_mhz], read=gpu_read, write=gpu_write, writable=writable,
+        "gpu_freq", knob_unit("gpu_freq"), [f * _HZ_PER_MHZ for f in gfx_mhz], read=gpu_read, write=gpu_write, writable=writable,
         why_read_only=why, snapshot=lambda: {"locked": False}, restore_snapshot=gpu_reset, tracker=tracker,
         description="GPU locked clocks (nvmlDeviceSetGpuLockedClocks)")
 
     if len(mem_mhz) > 1:
         def mem_read() -> int:
-            return int(_call("memory clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_MEM)) * 1_000_000
+            return int(_call("memory clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_MEM)) * _HZ_PER_MHZ
 
         def mem_write(hz: int) -> None:
             mhz = round(hz / 1e6)
@@ -198,7 +219,7 @@ def _clock_knobs(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: bool,
             _reset("mem_freq reset", nvml.nvmlDeviceResetMemoryLockedClocks)
 
         knobs["mem_freq"] = RestorableKnob(
-            "mem_freq", "Hz", [m * 1_000_000 for m in mem_mhz], read=mem_read, write=mem_write,
+            "mem_freq", knob_unit("mem_freq"), [m * _HZ_PER_MHZ for m in mem_mhz], read=mem_read, write=mem_write,
             writable=writable, why_read_only=why, snapshot=lambda: {"locked": False},
             restore_snapshot=mem_reset, tracker=tracker,
             description="memory locked clocks (nvmlDeviceSetMemoryLockedClocks)")
@@ -214,27 +235,27 @@ def _power_limit_knob(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: 
         current_mw = nvml.nvmlDeviceGetPowerManagementLimit(h)
     except nvml.NVMLError:
         return None
-    step = 5 if hi_mw >= 100_000 else 1  # W: fine enough for a budget, few enough to search
-    lo_w, hi_w = lo_mw / 1e3, hi_mw / 1e3
+    step = _LIMIT_STEP_W if hi_mw >= _LARGE_LIMIT_MW else _SMALL_LIMIT_STEP_W
+    lo_w, hi_w = lo_mw / _MILLI_PER_UNIT, hi_mw / _MILLI_PER_UNIT
     grid = {float(w) for w in range(int(-(-lo_w // step) * step), int(hi_w) + 1, step)}
-    values = sorted(grid | {lo_w, hi_w, default_mw / 1e3, current_mw / 1e3})
+    values = sorted(grid | {lo_w, hi_w, default_mw / _MILLI_PER_UNIT, current_mw / _MILLI_PER_UNIT})
 
     def read() -> float:
-        return _call("power limit", nvml.nvmlDeviceGetPowerManagementLimit, h) / 1e3
+        return _call("power limit", nvml.nvmlDeviceGetPowerManagementLimit, h) / _MILLI_PER_UNIT
 
     def write(watts: float) -> None:
-        _call("power_limit", nvml.nvmlDeviceSetPowerManagementLimit, h, round(watts * 1e3), error=KnobWriteError)
+        _call("power_limit", nvml.nvmlDeviceSetPowerManagementLimit, h, round(watts * _MILLI_PER_UNIT), error=KnobWriteError)
 
     def restore(snap: dict[str, Any]) -> None:
         mw = int(snap["limit_mw"])
         if not lo_mw <= mw <= hi_mw:
-            raise ValueError(f"power_limit: saved {mw / 1e3:g} W is outside {lo_w:g}..{hi_w:g} W")
+            raise ValueError(f"power_limit: saved {mw / _MILLI_PER_UNIT:g} W is outside {lo_w:g}..{hi_w:g} W")
         _call("power_limit", nvml.nvmlDeviceSetPowerManagementLimit, h, mw, error=KnobWriteError)
 
     return RestorableKnob(
-        "power_limit", "W", values, read=read, write=write, writable=writable, why_read_only=why,
+        "power_limit", knob_unit("power_limit"), values, read=read, write=write, writable=writable, why_read_only=why,
         snapshot=lambda: {"limit_mw": int(nvml.nvmlDeviceGetPowerManagementLimit(h))}, restore_snapshot=restore,
-        tracker=tracker, description=f"board power limit (default {default_mw / 1e3:g} W)")
+        tracker=tracker, description=f"board power limit (default {default_mw / _MILLI_PER_UNIT:g} W)")
 
 
 def _init() -> Any:
@@ -243,7 +264,8 @@ def _init() -> Any:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
         code = getattr(exc, "value", None)
-        if code in (getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", 12), getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", 9)):
+        if code in (getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", _NVML_ERROR_LIBRARY_NOT_FOUND),
+                    getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", _NVML_ERROR_DRIVER_NOT_LOADED)):
             raise DeviceError("NVML: no NVIDIA driver on this machine (libnvidia-ml not found or driver not "
                               "loaded)") from None
         raise DeviceError(nvml_message(exc, "NVML initialisation")) from None
@@ -312,7 +334,8 @@ def open(arg: str = "", **_other: Any) -> Device:
 
     return Device(name=f"nvml:{visible_index}" if visible_index >= 0 else f"nvml:{gpu.uuid}",
                   description=description, simulated=False, knobs=dict(knobs), sensor=sensor, clock=RealClock(),
-                  run_step=_run_step, notes=notes, close=close, backend=gpu)
+                  run_step=_run_step, notes=notes, close=close, backend=gpu,
+                  capabilities=frozenset({Capability.ENERGY_COUNTER}) if sensor.has_energy_counter else frozenset())
 
 
 def probe() -> list[PlatformProbe]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgetune.power.base import Device, DeviceError, PowerReading, RealClock, WorkloadCost
+from edgetune.power.base import Capability, Device, DeviceError, PowerReading, RealClock, WorkloadCost
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, StateTracker
 from edgetune.power.sysfs import (
@@ -40,6 +40,8 @@ __all__ = ["RaplSensor", "RaplZone", "find_zones", "open", "probe"]
 RAPL_UPDATE_PERIOD_S = 0.001
 #: Reads closer together than this reuse the last power figure: one counter update is too coarse a delta.
 MIN_INTERVAL_S = 0.002
+#: energy_uj counts microjoules.
+_UJ_PER_J = 1e6
 READ_FIX = ("energy_uj is root-only since Linux 5.10; run edgetune as root, or allow reading with "
             "`sudo chmod a+r /sys/class/powercap/intel-rapl:*/energy_uj /sys/class/powercap/intel-rapl:*:*/energy_uj`")
 
@@ -120,7 +122,7 @@ class RaplSensor:
             t = self._advance()
             dt = t - self._base_t
             if dt >= MIN_INTERVAL_S:
-                self._last_power = [(e - b) / 1e6 / dt for e, b in zip(self._total_uj, self._base_uj)]
+                self._last_power = [(e - b) / _UJ_PER_J / dt for e, b in zip(self._total_uj, self._base_uj)]
                 self._base_t, self._base_uj = t, list(self._total_uj)
             rails = dict(zip(self.rails, self._last_power))
         return PowerReading(t, sum(rails.values()), rails)
@@ -128,7 +130,7 @@ class RaplSensor:
     def energy_j(self) -> float | None:
         with self._lock:
             self._advance()
-            return sum(self._total_uj) / 1e6
+            return sum(self._total_uj) / _UJ_PER_J
 
     def close(self) -> None:
         for z in self._zones:
@@ -183,7 +185,8 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, **_other: Any)
             sensor.close()
 
     return Device(name="rapl", description=description, simulated=False, knobs=dict(knobs), sensor=sensor,
-                  clock=RealClock(), run_step=_run_step, notes=notes, close=close, backend=sensor)
+                  clock=RealClock(), run_step=_run_step, notes=notes, close=close, backend=sensor,
+                  capabilities=frozenset({Capability.ENERGY_COUNTER}))  # energy_uj is the counter itself
 
 
 def probe(root: str | os.PathLike | None = None) -> list[PlatformProbe]:

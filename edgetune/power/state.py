@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -38,6 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from edgetune.log import get_logger
 from edgetune.power.base import DeviceError, Knob, KnobValue, KnobWriteError, format_value
 
 __all__ = [
@@ -52,9 +52,13 @@ __all__ = [
 
 STATE_ENV = "EDGETUNE_STATE_DIR"
 STATE_VERSION = 1
+#: Hex digits of the identity hash in a state file's name: unique per device, short enough to read.
+_KEY_DIGEST_CHARS = 12
 _SIGNALS = tuple(s for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s))
 
 Snapshot = dict[str, Any]
+
+_log = get_logger(__name__)
 
 
 class StateFileError(DeviceError):
@@ -113,7 +117,7 @@ class DeviceIdentity:
     serial: str = ""
 
     def key(self) -> str:
-        digest = hashlib.sha1(f"{self.spec}|{self.root}|{self.serial}".encode()).hexdigest()[:12]
+        digest = hashlib.sha1(f"{self.spec}|{self.root}|{self.serial}".encode()).hexdigest()[:_KEY_DIGEST_CHARS]
         return f"{self.spec.replace(':', '-')}-{digest}"
 
     def open_options(self) -> dict[str, Any]:
@@ -201,7 +205,10 @@ _atexit_registered = False
 
 
 def _say(line: str) -> None:
-    print(f"edgetune: {line}", file=sys.stderr, flush=True)
+    """Tell the user about knobs restored (or not) on their behalf: a warning, as knobs were left changed
+    by a run that did not finish normally. The CLI's log handler prints it; without one, Python's
+    last-resort handler writes it to standard error."""
+    _log.warning(line)
 
 
 def _restore_all_active(why: str) -> None:

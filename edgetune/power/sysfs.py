@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from edgetune.power.base import DeviceError, KnobWriteError
+from edgetune.power.knobs import knob_unit
 from edgetune.power.state import RestorableKnob, StateTracker
 
 __all__ = [
@@ -41,6 +42,13 @@ ROOT_ENV = "EDGETUNE_SYSFS_ROOT"
 
 #: the fix for a permission problem, in one line
 ROOT_FIX = "run edgetune as root (sudo edgetune ...)"
+
+#: Bytes read from a sysfs attribute: its text is one number or a short word (a rail reads "5072\n").
+_ATTRIBUTE_BYTES = 64
+#: Characters of a malformed attribute shown in an error: enough to recognise it, one line.
+_SHOWN_CHARS = 40
+#: Step (kHz) of the cpu_freq table offered where the driver publishes none (intel_pstate, amd-pstate).
+_PSTATE_STEP_KHZ = 100_000
 
 
 def sysfs_root(root: str | os.PathLike | None = None) -> Path:
@@ -67,7 +75,7 @@ def parse_int(text: str, path: Path | str) -> int:
     try:
         return int(text.split()[0])
     except (ValueError, IndexError):
-        raise ValueError(f"{path}: expected a number, read {text[:40]!r}") from None
+        raise ValueError(f"{path}: expected a number, read {text[:_SHOWN_CHARS]!r}") from None
 
 
 def read_int(path: Path) -> int:
@@ -127,13 +135,13 @@ class FastReader:
     def _raw(self) -> bytes:
         if self._fd < 0:  # gone at the last read: it may be back (driver rebound)
             self._fd = os.open(self.path, os.O_RDONLY)
-        data = os.pread(self._fd, 64, 0)
+        data = os.pread(self._fd, _ATTRIBUTE_BYTES, 0)
         # st_nlink is 0 once the file is unlinked (sysfs files are never unlinked while open on a
         # live board; in a fake tree this is how a vanished or replaced file shows): reopen by path.
         if os.fstat(self._fd).st_nlink == 0:
             self.close()
             self._fd = os.open(self.path, os.O_RDONLY)  # FileNotFoundError if it is gone for good
-            data = os.pread(self._fd, 64, 0)
+            data = os.pread(self._fd, _ATTRIBUTE_BYTES, 0)
         return data
 
     def read_int(self) -> int:
@@ -184,7 +192,7 @@ def _policy_table(path: Path) -> tuple[int, ...]:
             return tuple(values)
     # intel_pstate and amd-pstate publish no table: offer 100 MHz steps between the hardware limits
     lo, hi = read_int(path / "cpuinfo_min_freq"), read_int(path / "cpuinfo_max_freq")
-    step = 100_000
+    step = _PSTATE_STEP_KHZ
     values = list(range(-(-lo // step) * step, hi + 1, step))
     return tuple(sorted({lo, *values, hi}))
 
@@ -262,7 +270,7 @@ def cpu_freq_knob(policies: list[CpufreqPolicy], tracker: StateTracker) -> Resto
     all_files = [f for p in policies for f in files(p)]
     ok = all(writable(f) for f in all_files)
     names = ", ".join(p.name for p in policies)
-    return RestorableKnob("cpu_freq", "kHz", table, read=read, write=write, writable=ok,
+    return RestorableKnob("cpu_freq", knob_unit("cpu_freq"), table, read=read, write=write, writable=ok,
                           why_read_only="" if ok else read_only_reason(all_files), snapshot=snapshot,
                           restore_snapshot=restore, tracker=tracker,
                           description=f"CPU clock of every cluster ({names})")

@@ -25,7 +25,16 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from edgetune.power.base import Device, DeviceError, Knob, PowerReading, VirtualClock, WorkloadCost
+from edgetune.power.base import (
+    Capability,
+    Device,
+    DeviceError,
+    Knob,
+    PowerReading,
+    VirtualClock,
+    WorkloadCost,
+)
+from edgetune.power.knobs import knob_unit
 from edgetune.power.registry import PlatformProbe
 from edgetune.tables import Table, TableError, load_table
 
@@ -33,10 +42,9 @@ __all__ = ["TraceReplay", "TraceSensor", "open", "probe"]
 
 T = TypeVar("T")
 
-#: units of the knob columns edgetune knows; other columns are unitless knobs
-KNOB_UNITS = {"gpu_freq": "Hz", "emc_freq": "Hz", "mem_freq": "Hz", "cpu_freq": "kHz", "cpu_cores": "cores",
-              "power_limit": "W"}
 SENSOR_PERIOD_S = 0.01  # NVML refreshes GPU power about every 10-20 ms
+#: A replay runs on a virtual clock, replays a table, and stands for the training run it measured.
+CAPABILITIES = frozenset({Capability.VIRTUAL_CLOCK, Capability.TABLE_REPLAY, Capability.SKIPS_STEP})
 
 
 @dataclass(frozen=True)
@@ -91,7 +99,7 @@ class TraceReplay:
         self._step_time = table.step_time()
         self._values: dict[str, float] = {k: max(table.knob_values(k)) for k in table.knobs}
         self.knobs: dict[str, Knob] = {
-            name: Knob(name, KNOB_UNITS.get(name, ""), table.knob_values(name),
+            name: Knob(name, knob_unit(name), table.knob_values(name),
                        read=lambda name=name: self._values[name],
                        write=lambda v, name=name: self._values.__setitem__(name, float(v)),
                        description=f"{name} column of {os.path.basename(table.source)}")
@@ -177,11 +185,12 @@ class TraceReplay:
             sensor=self.sensor,
             clock=self.clock,
             run_step=self.run_step,  # type: ignore[arg-type]
-            idle_power_w=self.idle_power_w,
+            idle_power=lambda: self.idle_power_w,
             max_power_w=float(self.table.power_w.max()),
             notes=[(f"trace replay: time and power are the table's measurements ({len(self.table)} rows); "
                     f"settings or batch sizes outside the table cannot run"), *self.table.notes[:2]],
             backend=self,
+            capabilities=CAPABILITIES,
         )
 
 

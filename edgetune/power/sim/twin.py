@@ -1,0 +1,415 @@
+"""The twin itself: knobs as on the board, ground truth, the training step on a virtual clock, the device.
+
+Setting a power mode does what ``nvpmodel -m`` does: it applies the mode's caps (online cores, CPU, GPU and
+EMC maxima, power-gated GPU TPCs) and sets each clock knob to the mode's maximum, as the governor runs them
+under load. The twin starts in the module's default mode. A knob set above the current mode's cap reads
+back as set but runs at the cap (as devfreq clamps a ``max_freq`` above nvpmodel's limit).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import numpy as np
+
+from edgetune.power.base import (
+    Capability,
+    Device,
+    DeviceError,
+    DeviceOutOfMemoryError,
+    Knob,
+    KnobValue,
+    VirtualClock,
+    WorkloadCost,
+    format_value,
+)
+from edgetune.power.knobs import BatchSizeError, check_batch_size, knob_unit
+from edgetune.power.registry import PlatformProbe
+from edgetune.power.sim.physics import (
+    COMPONENTS,
+    FORWARD_SHARE,
+    Clocks,
+    Expected,
+    StepPower,
+    board_total,
+    effective_clocks,
+    idle_power,
+    largest_at_most,
+    phase_gpu_scales,
+    rail_matrix,
+    rail_powers,
+    step_model,
+)
+from edgetune.power.sim.profiles import DEFAULT_PROFILE, GIB, MIB, PROFILES, PowerMode, Profile
+from edgetune.power.sim.sensor import TwinSensor
+
+__all__ = ["Twin", "TwinBatchSizeError", "open", "probe"]
+
+T = TypeVar("T")
+
+#: Stream id mixed into the twin's seed for the step-time jitter (the sensor noise has its own stream).
+_JITTER_STREAM = 0x57E9
+#: Bound on the ground-truth cache: a search visits a few thousand settings; an oracle sweep may visit
+#: more, so the cache is cleared past this many entries rather than grow without end.
+_CACHE_MAX_ENTRIES = 65536
+#: Step segments older than this many sensor update periods are dropped: the sensor reads the power at
+#: the last update instant, at most one period back.
+_SEGMENT_HORIZON_PERIODS = 2.0
+
+_KNOB_DESCRIPTIONS = {
+    "gpu_freq": "GPU clock (devfreq); runs at min(value, power-mode cap, thermal throttle)",
+    "emc_freq": "memory (EMC) clock; runs at min(value, power-mode cap)",
+    "cpu_freq": "CPU clock of every cluster; runs at min(value, power-mode cap)",
+    "cpu_cores": "online CPU cores; at most the power mode's",
+    "power_mode": "nvpmodel mode: sets core count and clock caps, clocks to the mode's maximum",
+}
+
+
+class Twin:
+    """A simulated Jetson module on a virtual clock.
+
+    Args:
+        profile: a :class:`~edgetune.power.sim.profiles.Profile` or a profile name (``orin-nano``).
+        seed: seeds the sensor noise and the step-time jitter; the same seed and the same calls give the
+            same trace.
+        compute: whether :meth:`run_step` runs the training step itself; with False only timing and power
+            are simulated (benchmarks of many searches).
+    """
+
+    def __init__(self, profile: Profile | str = DEFAULT_PROFILE, seed: int = 0, compute: bool = True) -> None:
+        if isinstance(profile, str):
+            if profile not in PROFILES:
+                raise DeviceError(f"unknown simulated profile {profile!r}; known profiles: "
+                                  f"{', '.join(sorted(PROFILES))} (use sim:<profile>)")
+            profile = PROFILES[profile]
+        self.profile: Profile = profile
+        self.seed = int(seed)
+        self.compute = bool(compute)
+        self.clock = VirtualClock()
+        self._rng = np.random.default_rng([self.seed, _JITTER_STREAM])
+        self._matrix = rail_matrix(profile)
+        self._cpu_column = tuple(row[COMPONENTS.index("cpu")] for row in self._matrix)
+        self._setting: dict[str, KnobValue] = {}
+        self._apply_mode(profile.default_mode)
+        self._throttle_hz: float | None = None
+        self._offset_w = 0.0
+        # (start, end, clean rail powers) of the steps run; trimmed as time passes
+        self._segments: deque[tuple[float, float, tuple[float, ...]]] = deque()
+        self._cache: dict[tuple, tuple[Expected, tuple[float, ...], tuple[float, ...]]] = {}
+        self._idle_cache: dict[Clocks, tuple[float, ...]] = {}
+        self.steps = 0
+        self.sensor = TwinSensor(self)
+        self.knobs = self._make_knobs()
+        self._allowed = {name: frozenset(v for v in knob.values if not isinstance(v, bool))
+                         for name, knob in self.knobs.items()}
+        self._device: Device | None = None
+
+    def __repr__(self) -> str:
+        return f"Twin({self.profile.name!r}, seed={self.seed}, t={self.clock.now():.3f}s)"
+
+    # -- knobs ---------------------------------------------------------------------------------
+    def knob_grid(self) -> dict[str, tuple[KnobValue, ...]]:
+        """Every knob's allowed values (power modes in ascending power)."""
+        p = self.profile
+        return {
+            "gpu_freq": p.gpu_freqs_hz,
+            "emc_freq": p.emc_freqs_hz,
+            "cpu_freq": p.cpu_freqs_khz,
+            "cpu_cores": tuple(range(1, p.cpu_cores + 1)),
+            "power_mode": tuple(m.name for m in p.modes),
+        }
+
+    def _mode_setting(self, mode: PowerMode) -> dict[str, KnobValue]:
+        """The knob values ``nvpmodel -m`` leaves: online cores and each clock at the mode's maximum."""
+        p = self.profile
+        return {
+            "power_mode": mode.name,
+            "gpu_freq": largest_at_most(p.gpu_freqs_hz, mode.gpu_max_hz or math.inf),
+            "emc_freq": largest_at_most(p.emc_freqs_hz, mode.emc_max_hz or math.inf),
+            "cpu_freq": largest_at_most(p.cpu_freqs_khz, mode.cpu_max_khz or math.inf),
+            "cpu_cores": mode.cores,
+        }
+
+    def _apply_mode(self, mode: PowerMode) -> None:
+        self._setting.update(self._mode_setting(mode))
+
+    def _write(self, name: str) -> Callable[[KnobValue], None]:
+        def write(value: KnobValue) -> None:
+            if name == "power_mode":
+                self._apply_mode(self.profile.mode(str(value)))
+            else:
+                self._setting[name] = value
+        return write
+
+    def _make_knobs(self) -> dict[str, Knob]:
+        return {
+            name: Knob(name, knob_unit(name), values,
+                       read=lambda name=name: self._setting[name], write=self._write(name),
+                       description=_KNOB_DESCRIPTIONS[name])
+            for name, values in self.knob_grid().items()
+        }
+
+    def settings(self) -> dict[str, KnobValue]:
+        """Every knob's current value."""
+        return dict(self._setting)
+
+    def _resolve(self, setting: Mapping[str, KnobValue] | None) -> dict[str, KnobValue]:
+        """Current values overridden by ``setting``, as ``device.apply(setting)`` would leave them."""
+        merged = dict(self._setting)
+        if not setting:
+            return merged
+        knobs, allowed = self.knobs, self._allowed
+        for name in setting:
+            if name not in knobs:
+                raise DeviceError(f"unknown knob {name!r} on sim:{self.profile.name}; "
+                                  f"knobs here: {', '.join(knobs)}")
+        if "power_mode" in setting:
+            mode = setting["power_mode"]
+            if mode not in allowed["power_mode"]:
+                mode = knobs["power_mode"].validate(mode)
+            merged.update(self._mode_setting(self.profile.mode(str(mode))))
+        for name, value in setting.items():
+            if name != "power_mode":
+                # exact table values (what an oracle sweeps) skip the parsing path
+                merged[name] = value if value in allowed[name] else knobs[name].validate(value)
+        return merged
+
+    def effective_clocks(self, setting: Mapping[str, KnobValue] | None = None) -> Clocks:
+        """The clocks a step runs at now (or under ``setting``), caps and throttle applied."""
+        return effective_clocks(self.profile, self._resolve(setting), self._throttle_hz)
+
+    # -- disturbances ----------------------------------------------------------------------------
+    def set_power_offset(self, watts: float) -> None:
+        """From now on another process adds ``watts`` of CPU load to the board (0 removes it)."""
+        if not math.isfinite(watts):
+            raise ValueError(f"power offset must be finite, got {watts}")
+        self._offset_w = float(watts)
+
+    def set_throttle(self, gpu_max_hz: float | None) -> None:
+        """From the next step on, thermal throttling caps the effective GPU clock (None lifts it).
+
+        A step already running finishes at the clock it started with: the twin models steps whole.
+        """
+        if gpu_max_hz is not None and not gpu_max_hz > 0:
+            raise ValueError(f"throttle must be a positive clock in Hz or None, got {gpu_max_hz}")
+        self._throttle_hz = None if gpu_max_hz is None else float(gpu_max_hz)
+
+    @property
+    def power_offset_w(self) -> float:
+        return self._offset_w
+
+    @property
+    def throttle_hz(self) -> float | None:
+        return self._throttle_hz
+
+    # -- ground truth ----------------------------------------------------------------------------
+    def _rails(self, power: StepPower, gpu_scale: float = 1.0, offset_w: float = 0.0) -> tuple[float, ...]:
+        """Rail powers of component powers; ``offset_w`` is another process's CPU load."""
+        return rail_powers(self._matrix, self._cpu_column, power, gpu_scale, offset_w)
+
+    def _total(self, rails: tuple[float, ...]) -> float:
+        return board_total(self.profile.rails, rails)
+
+    def _evaluate(self, cost: WorkloadCost, batch_size: int, clocks: Clocks
+                  ) -> tuple[Expected, tuple[float, ...], tuple[float, ...]]:
+        """Ground truth at ``clocks``, and the clean rail powers of the forward and backward phases.
+
+        The phase rails exclude the power offset: the sensor adds the offset in force when it reads, so a
+        change shows at once even in the middle of a step.
+        """
+        key = (cost, batch_size, clocks, self._offset_w)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        times, power = step_model(self.profile, clocks, cost, batch_size)
+        forward_scale, backward_scale = phase_gpu_scales(self.profile.calibration.ripple)
+        forward = self._rails(power, forward_scale)
+        backward = self._rails(power, backward_scale)
+        offset = self._offset_w
+        mean = self._rails(power, 1.0, offset)
+        peak = max(self._total(self._rails(power, forward_scale, offset)),
+                   self._total(self._rails(power, backward_scale, offset)))
+        memory = cost.memory_bytes(batch_size)
+        expected = Expected(
+            batch_size=batch_size,
+            step_time_s=times["step"],
+            power_w=self._total(mean),
+            peak_power_w=peak,
+            memory_bytes=memory,
+            fits=memory <= self.profile.training_memory_bytes,
+            gpu_util=times["gpu"] / times["step"],
+            occupancy=times["occupancy"],
+            compute_s=times["compute"],
+            memory_s=times["memory"],
+            launch_s=times["launch"],
+            load_s=times["load"],
+            rails_w=dict(zip(self.profile.rails.channels, mean)),
+            clocks=clocks,
+        )
+        if len(self._cache) > _CACHE_MAX_ENTRIES:
+            self._cache.clear()
+        self._cache[key] = (expected, forward, backward)
+        return self._cache[key]
+
+    def expected(self, cost: WorkloadCost, batch_size: int,
+                 setting: Mapping[str, KnobValue] | None = None) -> Expected:
+        """Noise-free step time and power of ``cost`` at ``batch_size`` under ``setting``.
+
+        ``setting`` maps knob names to values (or ``min``/``max``/``918MHz`` text); knobs it leaves out
+        keep their current values, and a power mode in it resets the clocks under it as applying it would.
+        The figures include any disturbance in force (power offset, throttle).
+        """
+        batch_size = _batch_size(batch_size)
+        return self._evaluate(cost, batch_size, self.effective_clocks(setting))[0]
+
+    @property
+    def idle_power_w(self) -> float:
+        """Board power at rest with the current knob values (and any power offset in force)."""
+        return self._total(self._with_offset(self._idle_rails()))
+
+    def _idle_rails(self) -> tuple[float, ...]:
+        clocks = self.effective_clocks()
+        rails = self._idle_cache.get(clocks)
+        if rails is None:
+            rails = self._idle_cache[clocks] = self._rails(idle_power(self.profile, clocks))
+        return rails
+
+    def _with_offset(self, rails: tuple[float, ...]) -> tuple[float, ...]:
+        if not self._offset_w:
+            return rails
+        return tuple(r + off * self._offset_w for r, off in zip(rails, self._cpu_column))
+
+    # -- running ---------------------------------------------------------------------------------
+    def run_step(self, fn: Callable[[], T], batch_size: int, cost: WorkloadCost | None) -> T | None:
+        """Run one training step: check memory, run ``fn`` (unless ``compute=False``), advance the clock.
+
+        Raises :class:`DeviceOutOfMemoryError` (torch's message) when the batch does not fit.
+        """
+        if cost is None:
+            raise DeviceError("the simulated twin needs the workload's cost to time a step; "
+                              "pass cost=workload.cost")
+        batch_size = _batch_size(batch_size)
+        expected, forward, backward = self._evaluate(cost, batch_size, self.effective_clocks())
+        if not expected.fits:
+            raise DeviceOutOfMemoryError(self._oom_message(cost, batch_size))
+        result = fn() if self.compute else None
+        jitter = self.profile.calibration.step_jitter
+        # log-normal with unit mean: the average step time stays the modelled one
+        dt = expected.step_time_s * math.exp(jitter * float(self._rng.standard_normal()) - jitter**2 / 2)
+        start = self.clock.now()
+        segments = self._segments
+        horizon = start - _SEGMENT_HORIZON_PERIODS * self.sensor.update_period_s
+        while segments and segments[0][1] <= horizon:
+            segments.popleft()
+        split = start + dt * FORWARD_SHARE
+        segments.append((start, split, forward))
+        segments.append((split, start + dt, backward))
+        self.steps += 1
+        self.clock.advance(dt)
+        return result
+
+    def power_at(self, t: float) -> tuple[float, ...]:
+        """Clean rail powers at virtual time ``t`` (at most one update period in the past): the step
+        phase running then, else idle at the current knob values; plus the power offset in force.
+        The sensor reads it at each update instant."""
+        segments = self._segments
+        while segments and segments[0][1] <= t:
+            segments.popleft()
+        if segments and segments[0][0] <= t:
+            return self._with_offset(segments[0][2])
+        return self._with_offset(self._idle_rails())
+
+    def _oom_message(self, cost: WorkloadCost, batch_size: int) -> str:
+        p = self.profile
+        capacity = p.visible_memory_bytes
+        allocated = cost.memory_bytes(0)  # weights, gradients and optimizer state: before any sample
+        wanted = cost.memory_bytes(batch_size) - allocated
+        free = max(0.0, p.training_memory_bytes - allocated)
+        return (f"CUDA out of memory. Tried to allocate {wanted / MIB:.2f} MiB (GPU 0; {capacity / GIB:.2f} GiB "
+                f"total capacity; {allocated / GIB:.2f} GiB already allocated; {free / GIB:.2f} GiB free; "
+                f"{(capacity - p.training_memory_bytes) / GIB:.2f} GiB held by the OS and runtime) "
+                f"[simulated {p.description}: batch size {batch_size} needs "
+                f"{cost.memory_bytes(batch_size) / GIB:.2f} GiB; use a smaller batch]")
+
+    # -- device ----------------------------------------------------------------------------------
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """Virtual clock and ground truth always; the step skipped where ``compute`` is off."""
+        caps = {Capability.VIRTUAL_CLOCK, Capability.GROUND_TRUTH}
+        if not self.compute:
+            caps.add(Capability.SKIPS_STEP)
+        return frozenset(caps)
+
+    def device(self) -> Device:
+        """The twin as a :class:`~edgetune.power.base.Device` (built once; its ``backend`` is the twin)."""
+        if self._device is None:
+            self._device = Device(
+                name=f"sim:{self.profile.name}",
+                description=f"{self.profile.description} (simulated)",
+                simulated=True,
+                knobs=self.knobs,
+                sensor=self.sensor,
+                clock=self.clock,
+                run_step=self.run_step,  # type: ignore[arg-type]
+                idle_power=lambda: self.idle_power_w,  # read when asked: knobs and offset change it
+                max_power_w=self.profile.power_max_w,
+                notes=[self.profile.calibration_note],
+                backend=self,
+                capabilities=self.capabilities,
+            )
+        return self._device
+
+
+class TwinBatchSizeError(DeviceError, BatchSizeError):
+    """A batch size the twin cannot run (not a positive whole number): the registry's
+    :class:`~edgetune.power.knobs.BatchSizeError` (a ValueError) and a :class:`DeviceError`, so the CLI
+    prints it as one line like every other device error."""
+
+
+def _batch_size(value: Any) -> int:
+    """``value`` checked by :func:`~edgetune.power.knobs.check_batch_size` (numpy integers, as batch sizes
+    taken from arrays are, count as whole numbers); :class:`TwinBatchSizeError` if it is not one."""
+    if isinstance(value, np.integer):
+        value = int(value)
+    try:
+        return check_batch_size(value)
+    except BatchSizeError as exc:
+        raise TwinBatchSizeError(str(exc)) from None
+
+
+# ---------------------------------------------------------------------------------------------- platform
+
+
+def open(arg: str = "", seed: int = 0, compute: bool = True, **_: Any) -> Device:
+    """``sim:<profile>``: a fresh twin of that profile (``sim`` alone: the Orin Nano 8GB)."""
+    return Twin(arg.strip() or DEFAULT_PROFILE, seed=seed, compute=compute).device()
+
+
+def _describe_range(values: tuple[KnobValue, ...], unit: str) -> str:
+    if isinstance(values[0], str):
+        return ", ".join(map(str, values))
+    if unit == "cores":
+        return f"{values[0]}-{values[-1]} cores"
+    return f"{format_value(values[0], unit)} - {format_value(values[-1], unit)} ({len(values)} steps)"
+
+
+def probe() -> list[PlatformProbe]:
+    """Every profile, always found: simulations need no hardware."""
+    found = []
+    for name, profile in PROFILES.items():
+        grid = Twin(profile, compute=False).knob_grid()
+        found.append(PlatformProbe(
+            platform="sim",
+            found=True,
+            spec=f"sim:{name}",
+            summary=f"{profile.description} (simulated: a calibrated model, not hardware)",
+            details=[
+                f"rails: {', '.join(profile.rails.channels)} (total: {profile.rails.total_label})",
+                *(f"{knob}: {_describe_range(values, knob_unit(knob))}" for knob, values in grid.items()),
+                profile.calibration_note,
+            ],
+        ))
+    return found
