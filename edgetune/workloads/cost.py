@@ -19,8 +19,6 @@ from edgetune.log import get_logger
 from edgetune.power.base import WorkloadCost
 
 if TYPE_CHECKING:
-    from typing_extensions import Self  # typing.Self from Python 3.11
-
     from edgetune.workloads.core import Workload
 
 __all__ = ["CostMeter", "measure_cost"]
@@ -103,7 +101,7 @@ class CostMeter:
         """Whether the meter is counting (started and not yet closed)."""
         return self._active
 
-    def start(self) -> Self:
+    def start(self) -> CostMeter:
         """Start counting; returns the meter. A meter counts one step: it cannot be restarted."""
         if self._started:
             raise RuntimeError("a CostMeter measures one step; build a new one to measure another")
@@ -120,7 +118,7 @@ class CostMeter:
             self._flops.__exit__(None, None, None)
             self._active = False
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> CostMeter:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
