@@ -54,6 +54,10 @@ _STARTUP_POOL = 4096  # grid points drawn per space-filling proposal: spread eno
 _TIE = 1e-12  # distances (normalised levels) this close are a tie, broken by the seeded generator
 _MIN_STEP_TIME_S = 1e-9  # floor of a predicted step time: its log stays finite
 _MIN_RELATIVE_STD = 1e-3  # floor of a prediction's relative std: no fit is certain to better than 0.1%
+_UNKNOWN_RELATIVE_STD = 1.0  # relative std of a step time the model gave no std for: an e-fold of doubt
+_MIN_POWER_W = 1e-9  # floor of a predicted power in a ratio: the ratio stays finite
+_MODEL_SEED = 0  # the hardware model's GP optimiser: the same fit for the same rows, whatever the sampler seed
+_FIRST_PASS_SHARE = 2  # a sampled first pass scores 1/2 of max_candidates at random; neighbourhoods fill the rest
 _REFINE_TOP = 32  # candidates of a sampled first pass whose neighbourhoods the second pass scores
 _BATCH_STEPS = (-2, -1, 1, 2)  # neighbour levels in batch size: the optimum moves by octaves, two either way
 _KNOB_STEPS = (-1, 1)  # neighbour levels in a knob
@@ -301,7 +305,7 @@ class GuidedSampler(BaseSampler):
 
         def fit(members: list[int], names: list[str]):
             rows = self._rows(np.array([idx[k] for k in members]), names)
-            return HardwareModel(random_state=0).fit(rows, [times[k] for k in members],
+            return HardwareModel(random_state=_MODEL_SEED).fit(rows, [times[k] for k in members],
                                                      [powers[k] for k in members], [peaks[k] for k in members])
 
         groups = self._group(np.array(idx))
@@ -365,7 +369,7 @@ class GuidedSampler(BaseSampler):
         idx, times, powers, oom = m.idx, m.times, m.powers, m.oom_batches
         t, p, t_std, p_std = self._predict(fitted, cand)
         t = np.maximum(np.nan_to_num(t, nan=np.inf), _MIN_STEP_TIME_S)
-        st = np.maximum(np.nan_to_num(t_std / t, nan=1.0), _MIN_RELATIVE_STD)  # relative (log-space) std of time
+        st = np.maximum(np.nan_to_num(t_std / t, nan=_UNKNOWN_RELATIVE_STD), _MIN_RELATIVE_STD)  # relative (log-space) std of time
         sp = np.maximum(np.nan_to_num(p_std, nan=np.inf), _MIN_RELATIVE_STD * np.abs(p))
         lv = self._levels(cand)
         steps = self._steps_table[lv[:, 0]]
@@ -375,7 +379,7 @@ class GuidedSampler(BaseSampler):
                 log_score, s_log = np.log(steps * t), st
             elif objective == "energy":
                 log_score = np.log(steps * t * p)
-                s_log = np.sqrt(st ** 2 + (sp / np.maximum(p, 1e-9)) ** 2)
+                s_log = np.sqrt(st ** 2 + (sp / np.maximum(p, _MIN_POWER_W)) ** 2)
             else:  # throughput: time per sample
                 log_score, s_log = np.log(t / batch), st
             if self.budget_w is not None:
@@ -423,7 +427,7 @@ class GuidedSampler(BaseSampler):
             idx = np.array(fitted.measured.idx)
             # a fresh sample per measured set, reproducible from the seed
             rng = np.random.RandomState(None if self._seed is None else self._seed + len(idx))
-            first = np.unique(np.concatenate([rng.choice(self._n, self.max_candidates // 2, replace=False),
+            first = np.unique(np.concatenate([rng.choice(self._n, self.max_candidates // _FIRST_PASS_SHARE, replace=False),
                                               self._neighbours(idx)]))
             s1 = self._evaluate(fitted, first, objective, taken)
             top = first[np.argsort(-s1["acquisition"])[:_REFINE_TOP]]
