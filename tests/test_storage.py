@@ -206,3 +206,23 @@ def test_a_setting_that_kills_its_worker_is_given_up_after_the_retry_cap(tmp_pat
     assert len(m) == 6 and set(report["measured_here"]) <= {t.number for t in m}
     settings = [tuple(sorted(t.params.items())) for t in m]
     assert len(settings) == len(set(settings)) and tuple(sorted(params.items())) not in settings
+
+
+def test_a_silent_worker_on_another_host_is_failed_by_the_heartbeat_and_retried(tmp_path):
+    from edgetune.search.storage import heartbeat, recover_dead_workers, retry_callback
+
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_s=1, grace_s=1)
+    study = optuna.create_study(study_name="remote", storage=storage)
+    space = worker_space()
+    with pytest.warns(UserWarning, match="Heartbeat of storage"):  # Optuna's warning for ask-and-tell
+        trial = study.ask(space.distributions())
+    records.write_start(trial, space.candidate(trial.params), records.Role.SEARCH, "elsewhere:1")
+    with heartbeat(storage, study, trial.number):
+        pass  # one beat, then silence: the worker died
+    time.sleep(2.5)  # more than the 1-s grace period
+    # its pid means nothing here (another host): Optuna's heartbeat check fails it, its callback queues it
+    assert recover_dead_workers(study, storage, retry_callback(storage)) == 0
+    trials = study.get_trials()
+    assert trials[0].state == TrialState.FAIL
+    retry = [t for t in trials if records.retry_history(t) == [trial.number]]
+    assert len(retry) == 1 and retry[0].state == TrialState.WAITING and retry[0].params == trial.params
