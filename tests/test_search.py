@@ -25,6 +25,9 @@ from edgetune.workloads import Workload
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
+# the plain-optimize guided test's pick, true time to target over the oracle's (12 trials of a 75-setting space):
+# it picks the oracle itself (seeded); the 2% leaves room for other numpy/scikit-learn builds, not for a worse pick
+PLAIN_OPTIMIZE_GAP = 1.02
 BEST_KEYS = {"device", "simulated", "workload", "budget_w", "objective", "batch_size", "setting", "measured",
              "predicted", "baseline", "speedup_over_baseline"}
 
@@ -303,3 +306,74 @@ def test_cli_budget_above_the_device_maximum_runs_unconstrained(tmp_path, capsys
     assert best["target_model"]["b_noise_source"].startswith("measured from gradient norms")
     assert best["target_model"]["b_noise"] > 0
     assert "B_noise measured from gradient norms" in captured.err
+
+
+# ---------------------------------------------------------------------------------------------- samplers
+
+
+def test_guided_sampler_works_under_plain_optimize_with_injected_observations(workload):
+    """No Search, no trial attributes: the objective measures on the twin, sets the budget constraint, and
+    tells the sampler what it measured through ``observations_func``."""
+    from edgetune.search.records import Observation
+    from edgetune.search.samplers import GuidedSampler
+
+    device = open_device("sim:orin-nano", compute=False, seed=4)
+    twin = device.backend
+    space = small_space(device, (16, 32, 64, 128, 256))
+    budget, sigma, target = 8.5, 2.0, TargetModel()
+    protocol = MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=2.0)
+    seen: dict[int, Observation] = {}
+    sampler = GuidedSampler(space, budget_w=budget, target=target, seed=4, guard_sigma=sigma,
+                            observations_func=lambda t: seen.get(t.number))
+    study = optuna.create_study(sampler=sampler)
+    dists = space.distributions()
+    with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+
+        def objective(trial: optuna.Trial) -> float:
+            cand = space.candidate({n: trial.suggest_int(n, d.low, d.high) for n, d in dists.items()})
+            m = measure_setting(device, workload, cand.batch_size, cand.knobs, protocol, monitor)
+            seen[trial.number] = Observation.of(cand, m, m.holds(budget, guard_sigma=sigma))
+            trial.set_constraint("power_w", m.judged_power_w(sigma) - budget)
+            return target.steps(cand.batch_size) * m.step_time_s
+
+        study.optimize(objective, n_trials=12)
+    assert len(seen) == 12
+    assert len({obs.candidate for obs in seen.values()}) == 12  # never proposes a setting it has seen
+    feasible = [obs for obs in seen.values() if obs.feasible]
+    assert feasible
+
+    def true_time(c):
+        e = twin.expected(workload.cost, c.batch_size, c.knobs)
+        return target.steps(c.batch_size) * e.step_time_s if e.power_w <= budget and e.fits else math.inf
+
+    oracle = min(true_time(c) for c in space.grid())
+    best = min(feasible, key=lambda o: target.steps(o.candidate.batch_size) * o.step_time_s)
+    assert true_time(best.candidate) <= oracle * PLAIN_OPTIMIZE_GAP
+
+
+def test_baseline_bisects_the_gpu_clock_and_a_given_up_probe_does_not_hold():
+    from edgetune.power.knobs import Candidate
+    from edgetune.search.baseline import Baseline
+    from edgetune.search.records import Role, TrialRecord
+
+    device = open_device("sim:orin-nano", compute=False)
+    space = small_space(device)
+    gpu = space.knob_values["gpu_freq"]
+    baseline = Baseline(space, 32, device.settings())
+
+    def probe(level: int, feasible: bool, given_up: bool = False) -> TrialRecord:
+        cand = baseline.candidate(gpu[level])
+        m = None if given_up else {"ok": True, "oom": False}
+        return TrialRecord(level, "FAIL" if given_up else "COMPLETE", cand, Role.BASELINE, not given_up, m, None,
+                           feasible, given_up=given_up)
+
+    first = baseline.state([]).next_probe
+    assert first == Candidate(32, (("gpu_freq", gpu[-1]), ("emc_freq", device.settings()["emc_freq"])))
+    top = len(gpu) - 1
+    assert top == 4
+    assert baseline.state([probe(top, False)]).next_probe.knobs["gpu_freq"] == gpu[1]  # (-1 + 4) // 2
+    # that probe's worker died on it every time: it counts as over the budget, bisection goes lower
+    state = baseline.state([probe(top, False), probe(1, False, given_up=True)])
+    assert state.next_probe.knobs["gpu_freq"] == gpu[0]
+    done = baseline.state([probe(top, False), probe(1, True), probe(2, False)])
+    assert done.done and done.found.candidate.knobs["gpu_freq"] == gpu[1]

@@ -70,7 +70,7 @@ def test_cli_batch_size_without_epochs_to_target_is_one_line_exit_2(small_table,
 
 
 def test_power_cap_design_starts_at_the_cap_below_the_budget_across_batch_sizes(small_table):
-    from edgetune.search.powercap import PowerCapSampler
+    from edgetune.search.samplers import PowerCapSampler
     from edgetune.search.space import build_space
 
     dev = open_device(f"trace:{small_table}")
@@ -80,5 +80,5 @@ def test_power_cap_design_starts_at_the_cap_below_the_budget_across_batch_sizes(
     picked = [space.candidate(p) for p in design]
     assert [c.batch_size for c in picked] == [8, 32, 128]
     assert {c.knobs["power_limit"] for c in picked} == {150.0}  # the highest cap at or below 180 W
-    with pytest.raises(ValueError, match="only knob is power_limit"):
+    with pytest.raises(ValueError, match="only knob is a power limit"):
         PowerCapSampler(build_space(open_device("sim:orin-nano", compute=False), 32, (16, 32)))

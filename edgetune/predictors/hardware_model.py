@@ -40,6 +40,7 @@ alone by cross-validation on the Zeus traces (and the twin where present) and re
 
 from __future__ import annotations
 
+import enum
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -116,6 +117,15 @@ def _as_target(y: Sequence[float] | np.ndarray, n: int, name: str) -> np.ndarray
 # -> (time per sample, power). ``k`` holds knob values divided by ``scale`` (their largest fitted value).
 
 
+def _vector(values: Mapping[enum.IntEnum, float]) -> np.ndarray:
+    """A parameter vector from values named by an index enum (every member must have a value)."""
+    kind = type(next(iter(values)))
+    missing = [m.name for m in kind if m not in values]
+    if missing:
+        raise ValueError(f"{kind.__name__}: no value for {', '.join(missing)}")
+    return np.array([float(values[m]) for m in kind])
+
+
 def _nnls_relative(A: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Non-negative least squares on relative error: minimise sum ((A c - y) / y)^2."""
     coef, _ = nnls(A / y[:, None], np.ones_like(y))
@@ -161,10 +171,43 @@ def _roofline_inputs(names: Sequence[str], k: np.ndarray, scale: np.ndarray, b: 
             "cores_norm": col.get("cpu_cores", np.ones(n)), "cores": cores, "b": b}
 
 
+class _Roofline(enum.IntEnum):
+    """Positions of the frequency base's parameters in its vector ``theta`` (see the module docstring)."""
+
+    LOG_A = 0  # GPU compute time per sample at the top clock
+    LOG_B_HALF = 1  # batch size at which the GPU is half filled
+    LOG_M0 = 2  # memory time per step (weights, optimizer state)
+    LOG_M1 = 3  # memory time per sample (activations)
+    LOG_L = 4  # host kernel-launch time per step
+    LOG_D = 5  # data-loading time per sample on one core
+    P = 6  # overlap exponent of the parts (1: they add up; large: the slowest alone)
+    LOG_STATIC = 7  # static power
+    LOG_G = 8  # GPU dynamic power at the top clock, fully active
+    GAMMA = 9  # GPU power's exponent in the clock
+    LOG_E = 10  # memory power at the top memory clock
+    LOG_C = 11  # power per online core
+    LOG_H = 12  # CPU dynamic power at the top CPU clock, per busy core
+    GAMMA_C = 13  # CPU power's exponent in the clock
+
+
+#: the roofline's amplitudes (log scale): the perturbed starts move these; the shapes start at their priors
+_ROOFLINE_AMPLITUDES = [_Roofline.LOG_A, _Roofline.LOG_B_HALF, _Roofline.LOG_M0, _Roofline.LOG_M1, _Roofline.LOG_L,
+                        _Roofline.LOG_D, _Roofline.LOG_STATIC, _Roofline.LOG_G, _Roofline.LOG_E, _Roofline.LOG_C,
+                        _Roofline.LOG_H]
+#: the power terms' amplitudes, in the order :meth:`_RooflineBase._power` unpacks them
+_ROOFLINE_POWER_AMPLITUDES = [_Roofline.LOG_STATIC, _Roofline.LOG_G, _Roofline.LOG_E, _Roofline.LOG_C,
+                              _Roofline.LOG_H]
+_ROOFLINE_PRIOR_WEIGHT = 0.1  # the shapes' priors weigh a tenth of one row's residual
+_ROOFLINE_SHAPE_PRIORS = {  # (centre, width) of the shape parameters' weak priors
+    _Roofline.P: (4.0, 3.0),  # parts overlap mostly: between additive (1) and the slowest alone (8)
+    _Roofline.GAMMA: (2.5, 1.0),  # dynamic power C V^2 f with V rising with f
+    _Roofline.GAMMA_C: (2.5, 1.0),  # the same for the CPU
+}
+
+
 @dataclass(frozen=True)
 class _RooflineBase:
-    """Parameters: log a, log b_half, log m0, log m1, log l, log d, p | log static, log G, gamma, log E,
-    log C, log H, gamma_c (see the module docstring)."""
+    """The ``frequency`` base: parameters ``theta`` indexed by :class:`_Roofline`."""
 
     names: tuple[str, ...]
     scale: np.ndarray
@@ -172,13 +215,14 @@ class _RooflineBase:
 
     @staticmethod
     def _time(th: np.ndarray, c: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        R = _Roofline
         b = c["b"]
-        gpu = np.exp(th[0]) * (b + np.exp(th[1])) / c["gpu"]
-        mem = (np.exp(th[2]) + np.exp(th[3]) * b) / c["mem"]
-        launch = np.exp(th[4]) / c["cpu"]
-        load_core = np.exp(th[5]) * b / c["cpu"]
+        gpu = np.exp(th[R.LOG_A]) * (b + np.exp(th[R.LOG_B_HALF])) / c["gpu"]
+        mem = (np.exp(th[R.LOG_M0]) + np.exp(th[R.LOG_M1]) * b) / c["mem"]
+        launch = np.exp(th[R.LOG_L]) / c["cpu"]
+        load_core = np.exp(th[R.LOG_D]) * b / c["cpu"]
         load = load_core / np.maximum(c["cores"] - 1.0, 1.0)
-        p = th[6]
+        p = th[R.P]
         gpu_part = (gpu**p + mem**p) ** (1.0 / p)
         step = (gpu_part**p + launch**p + load**p) ** (1.0 / p)
         return step, gpu_part, load_core
@@ -186,8 +230,8 @@ class _RooflineBase:
     @staticmethod
     def _power(th: np.ndarray, c: dict[str, np.ndarray], step: np.ndarray, gpu_part: np.ndarray,
                load_core: np.ndarray) -> np.ndarray:
-        static, g, e, cores, h = np.exp(th[[7, 8, 10, 11, 12]])
-        gamma, gamma_c = th[9], th[13]
+        static, g, e, cores, h = np.exp(th[_ROOFLINE_POWER_AMPLITUDES])
+        gamma, gamma_c = th[_Roofline.GAMMA], th[_Roofline.GAMMA_C]
         activity = gpu_part / step
         busy = 1.0 + load_core / step  # the main thread plus the loaders' share
         return (static + g * c["gpu"] ** gamma * activity + e * c["mem"] + cores * c["cores_norm"]
@@ -196,28 +240,37 @@ class _RooflineBase:
     @staticmethod
     def fit(names: Sequence[str], k: np.ndarray, scale: np.ndarray, b: np.ndarray, t_step: np.ndarray,
             p: np.ndarray) -> _RooflineBase:
+        R = _Roofline
         c = _roofline_inputs(names, k, scale, b)
         lt, lp = np.log(t_step), np.log(p)
 
         def residuals(th: np.ndarray) -> np.ndarray:
             step, gpu_part, load_core = _RooflineBase._time(th, c)
             power = _RooflineBase._power(th, c, step, gpu_part, load_core)
-            prior = 0.1 * np.array([(th[6] - 4.0) / 3.0, (th[9] - 2.5), (th[13] - 2.5)])
+            prior = _ROOFLINE_PRIOR_WEIGHT * np.array([(th[i] - centre) / width
+                                                       for i, (centre, width) in _ROOFLINE_SHAPE_PRIORS.items()])
             return np.concatenate([np.log(step) - lt, np.log(power) - lp, prior])
 
         t0, p0, lb = float(np.median(np.log(t_step))), float(np.median(p)), float(np.median(np.log(b)))
-        start = np.array([t0 - lb, lb, t0 - 1, t0 - lb - 1, t0 - 2, t0 - lb - 2, 4.0,
-                          math.log(p0 * 0.4), math.log(p0 * 0.4), 2.5, math.log(p0 * 0.1), math.log(p0 * 0.05),
-                          math.log(p0 * 0.05), 2.5])
-        lo = np.array([-30, -10, -30, -30, -30, -30, 1.0, -30, -30, 0.5, -30, -30, -30, 0.5])
-        hi = np.array([10, 15, 10, 10, 10, 10, 8.0, 10, 10, 4.0, 10, 10, 10, 4.0])
-        free = [0, 1, 2, 3, 4, 5, 7, 8, 10, 11, 12]  # the amplitudes; shapes start at their priors
+        # start: the step time split into parts a few e-folds apart; power 40% static, 40% GPU, the rest small
+        start = _vector({
+            R.LOG_A: t0 - lb, R.LOG_B_HALF: lb, R.LOG_M0: t0 - 1, R.LOG_M1: t0 - lb - 1, R.LOG_L: t0 - 2,
+            R.LOG_D: t0 - lb - 2, R.P: _ROOFLINE_SHAPE_PRIORS[R.P][0], R.LOG_STATIC: math.log(p0 * 0.4),
+            R.LOG_G: math.log(p0 * 0.4), R.GAMMA: _ROOFLINE_SHAPE_PRIORS[R.GAMMA][0], R.LOG_E: math.log(p0 * 0.1),
+            R.LOG_C: math.log(p0 * 0.05), R.LOG_H: math.log(p0 * 0.05),
+            R.GAMMA_C: _ROOFLINE_SHAPE_PRIORS[R.GAMMA_C][0],
+        })
+        # bounds: amplitudes over many decades (log scale); the shapes within their physical ranges
+        lo = _vector({**dict.fromkeys(_ROOFLINE_AMPLITUDES, -30.0), R.LOG_B_HALF: -10.0, R.P: 1.0,
+                      R.GAMMA: 0.5, R.GAMMA_C: 0.5})
+        hi = _vector({**dict.fromkeys(_ROOFLINE_AMPLITUDES, 10.0), R.LOG_B_HALF: 15.0, R.P: 8.0,
+                      R.GAMMA: 4.0, R.GAMMA_C: 4.0})
         rng = np.random.default_rng(0)
         best = None
         for attempt in range(_STARTS):
             th0 = start.copy()
             if attempt:
-                th0[free] += rng.normal(0.0, 1.5, len(free))
+                th0[_ROOFLINE_AMPLITUDES] += rng.normal(0.0, 1.5, len(_ROOFLINE_AMPLITUDES))
             r = least_squares(residuals, np.clip(th0, lo + 1e-6, hi - 1e-6), bounds=(lo, hi), max_nfev=300,
                               ftol=1e-6, xtol=1e-6)
             if best is None or r.cost < best.cost:
@@ -241,24 +294,46 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * z))
 
 
+class _Cap(enum.IntEnum):
+    """Positions of the power-cap base's parameters in its vector ``theta`` (see the module docstring)."""
+
+    P_LO = 0  # free power of the smallest batches, W
+    P_SPAN = 1  # p_hi - p_lo: how much more the largest batches draw, W
+    M = 2  # the sigmoid's centre, log2 batch size
+    H = 3  # the sigmoid's slope per octave of batch size
+    KAPPA = 4  # drawn power under a binding cap, as a fraction of the cap
+    ALPHA = 5  # slowdown exponent in the dynamic-power ratio
+    LOG_A = 6  # per-step time (launches, optimizer step)
+    LOG_C = 7  # per-sample compute time
+    LOG_D = 8  # per-sample time growing with the batch (per 1024 samples)
+    SIGMA = 9  # static power as a fraction of p_lo
+    LOG_RHO = 10  # the clock floor's share of dynamic power
+    ETA = 11  # how much of the per-step part slows with the clock
+    Q = 12  # overlap exponent of the per-step and per-sample parts
+
+
+#: the capped power curve (free power under the cap, no clock floor): refitted alone on the power rows
+_CAP_POWER_CURVE = [_Cap.P_LO, _Cap.P_SPAN, _Cap.M, _Cap.H, _Cap.KAPPA]
+_CAP_TIME_AMPLITUDES = [_Cap.LOG_A, _Cap.LOG_C, _Cap.LOG_D]
+
 # Weak priors of the power-cap base (centre, width): they keep its 13 parameters identifiable from ~10 rows
 # and pull the shapes to physical values where the rows say little. Each term weighs 0.05 of one row.
 _CAP_PRIORS = {
-    3: (1.0, 2.0),    # h: a moderate sigmoid slope of free power in log2 batch size
-    4: (0.93, 0.1),   # kappa: the mean power sits a little under the nominal limit (averages include slack)
-    5: (1.0, 1.0),    # alpha: clock roughly tracks dynamic power
-    9: (0.3, 0.3),    # sigma: static power, a fraction of the smallest free power
-    10: (math.log(0.1), 1.0),  # log rho: the clock floor's share of dynamic power
-    11: (0.5, 0.5),   # eta: how much of the per-step part slows with the clock
-    12: (1.5, 1.0),   # q: overlap of the per-step and per-sample parts
+    _Cap.H: (1.0, 2.0),  # a moderate sigmoid slope of free power in log2 batch size
+    _Cap.KAPPA: (0.93, 0.1),  # the mean power sits a little under the nominal limit (averages include slack)
+    _Cap.ALPHA: (1.0, 1.0),  # clock roughly tracks dynamic power
+    _Cap.SIGMA: (0.3, 0.3),  # static power, a fraction of the smallest free power
+    _Cap.LOG_RHO: (math.log(0.1), 1.0),  # the clock floor's share of dynamic power
+    _Cap.ETA: (0.5, 0.5),  # how much of the per-step part slows with the clock
+    _Cap.Q: (1.5, 1.0),  # overlap of the per-step and per-sample parts
 }
 _PRIOR_WEIGHT = 0.05
 
 
 @dataclass(frozen=True)
 class _PowerCapBase:
-    """Parameters (``theta``): p_lo, p_hi - p_lo, m, h, kappa, alpha, log a, log c, log d, sigma, log rho,
-    eta, q (see the module docstring); ``power_theta``: the first five refitted on the power rows alone."""
+    """The ``power_cap`` base: parameters ``theta`` indexed by :class:`_Cap`; ``power_theta``: the capped
+    power curve (:data:`_CAP_POWER_CURVE`, in that order) refitted on the power rows alone."""
 
     theta: np.ndarray
     limit_scale: float
@@ -268,29 +343,34 @@ class _PowerCapBase:
     @staticmethod
     def _power(th: np.ndarray, x: np.ndarray, limit_w: np.ndarray,
                floor: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(free power, drawn power, static power) at log2 batch size ``x`` under ``limit_w``."""
-        free = th[0] + th[1] * _sigmoid(th[3] * (x - th[2]))
-        capped = (free**-_SOFTMIN_N + (th[4] * limit_w) ** -_SOFTMIN_N) ** (-1.0 / _SOFTMIN_N)
-        if len(th) <= 5 or not floor:
+        """(free power, drawn power, static power) at log2 batch size ``x`` under ``limit_w``.
+
+        ``th`` is a full ``theta`` or the power curve alone (:data:`_CAP_POWER_CURVE`: no clock floor)."""
+        C = _Cap
+        free = th[C.P_LO] + th[C.P_SPAN] * _sigmoid(th[C.H] * (x - th[C.M]))
+        capped = (free**-_SOFTMIN_N + (th[C.KAPPA] * limit_w) ** -_SOFTMIN_N) ** (-1.0 / _SOFTMIN_N)
+        if len(th) <= len(_CAP_POWER_CURVE) or not floor:
             return free, capped, np.zeros_like(free)
-        static = th[9] * th[0]
+        static = th[C.SIGMA] * th[C.P_LO]
         # at its lowest clock the GPU still draws static + rho x the dynamic part: a cap below that is not met
-        lowest = static + (free - static) * math.exp(th[10])
+        lowest = static + (free - static) * math.exp(th[C.LOG_RHO])
         return free, (capped**_SOFTMIN_N + lowest**_SOFTMIN_N) ** (1.0 / _SOFTMIN_N), static
 
     @staticmethod
     def _time(th: np.ndarray, b: np.ndarray, free: np.ndarray, power: np.ndarray, static: np.ndarray,
               b_cap: float = math.inf) -> np.ndarray:
-        a, c, d = np.exp(th[6:9])
+        C = _Cap
+        a, c, d = np.exp(th[_CAP_TIME_AMPLITUDES])
         # the cap lowers the clock until dynamic power (above static) fits: f ~ (dynamic power)^(1/gamma)
-        slowdown = ((free - static) / np.maximum(power - static, 1e-3 * free)) ** th[5]
-        per_step = a / b * slowdown ** th[11]  # launches, optimizer step: partly memory- or host-bound
+        slowdown = ((free - static) / np.maximum(power - static, 1e-3 * free)) ** th[C.ALPHA]
+        per_step = a / b * slowdown ** th[C.ETA]  # launches, optimizer step: partly memory- or host-bound
         per_sample = (c + d * np.minimum(b, b_cap) / 1024.0) * slowdown  # the GPU's compute
-        q = th[12]
+        q = th[C.Q]
         return (per_step**q + per_sample**q) ** (1.0 / q)
 
     @staticmethod
     def fit(k: np.ndarray, b: np.ndarray, t: np.ndarray, p: np.ndarray, limit_scale: float) -> _PowerCapBase:
+        C = _Cap
         limit = k[:, 0] * limit_scale
         x = np.log2(b)
         lt, lp = np.log(t), np.log(p)
@@ -307,16 +387,21 @@ class _PowerCapBase:
             prior = _PRIOR_WEIGHT * (th[prior_at] - prior_centre) / prior_width
             return np.concatenate([np.log(power) - lp, np.log(time) - lt, prior])
 
-        lo = np.array([1e-3, 0.0, x.min() - 6, 0.05, 0.5, 0.0, -30, -30, -30, 0.0, math.log(0.01), 0.0, 1.0])
-        hi = np.array([p.max() * 1.5, p.max() * 3.0, x.max() + 6, 10.0, 1.1, 4.0, 10, 10, 10, 0.95, math.log(0.9),
-                       1.0, 6.0])
+        # bounds: powers within the measured range's scale, the sigmoid's centre within 6 octaves of the
+        # batches, the time amplitudes over many decades (log scale), the shapes within physical ranges
+        lo = _vector({C.P_LO: 1e-3, C.P_SPAN: 0.0, C.M: x.min() - 6, C.H: 0.05, C.KAPPA: 0.5, C.ALPHA: 0.0,
+                      **dict.fromkeys(_CAP_TIME_AMPLITUDES, -30.0), C.SIGMA: 0.0, C.LOG_RHO: math.log(0.01),
+                      C.ETA: 0.0, C.Q: 1.0})
+        hi = _vector({C.P_LO: p.max() * 1.5, C.P_SPAN: p.max() * 3.0, C.M: x.max() + 6, C.H: 10.0, C.KAPPA: 1.1,
+                      C.ALPHA: 4.0, **dict.fromkeys(_CAP_TIME_AMPLITUDES, 10.0), C.SIGMA: 0.95,
+                      C.LOG_RHO: math.log(0.9), C.ETA: 1.0, C.Q: 6.0})
         best = None
         # start the time terms from a quick non-negative fit of the uncapped form, the shapes at their priors
         coef = _nnls_relative(np.column_stack([1.0 / b, np.ones_like(b), b / 1024.0]), t / t_scale)
         for m0 in (x.min(), x.max()):  # more starts in between never won on the Zeus tables
-            th0 = np.array([p.min() * 0.9, max(p.max() - p.min(), 1.0) * 1.2, m0, 1.0, 0.93, 1.0,
-                            *np.log(np.maximum(coef, 1e-6)), 0.0, 0.0, 0.0, 0.0])
-            th0[prior_at] = prior_centre
+            th0 = _vector({C.P_LO: p.min() * 0.9, C.P_SPAN: max(p.max() - p.min(), 1.0) * 1.2, C.M: m0,
+                           **dict(zip(_CAP_TIME_AMPLITUDES, np.log(np.maximum(coef, 1e-6)))),
+                           **{i: centre for i, (centre, _) in _CAP_PRIORS.items()}})
             th0 = np.clip(th0, lo + 1e-6, hi - 1e-6)
             r = least_squares(residuals, th0, bounds=(lo, hi), method="trf", max_nfev=400)
             if best is None or r.cost < best.cost:
@@ -325,13 +410,19 @@ class _PowerCapBase:
 
         # The joint fit trades power accuracy for time; the capped power curve alone (5 parameters, no floor:
         # a smooth max with the floor bends the curve near the cap) is pinned down well by the power rows.
-        def power_residuals(th5: np.ndarray) -> np.ndarray:
-            prior = _PRIOR_WEIGHT * (th5[[3, 4]] - prior_centre[:2]) / prior_width[:2]
-            return np.concatenate([np.log(_PowerCapBase._power(th5, x, limit)[1]) - lp, prior])
+        curve_priors = [i for i in _CAP_PRIORS if i in _CAP_POWER_CURVE]
+        curve_at = [_CAP_POWER_CURVE.index(i) for i in curve_priors]
+        curve_centre = np.array([_CAP_PRIORS[i][0] for i in curve_priors])
+        curve_width = np.array([_CAP_PRIORS[i][1] for i in curve_priors])
 
-        power_theta = least_squares(power_residuals, theta[:5], bounds=(lo[:5], hi[:5]), method="trf",
+        def power_residuals(curve: np.ndarray) -> np.ndarray:
+            prior = _PRIOR_WEIGHT * (curve[curve_at] - curve_centre) / curve_width
+            return np.concatenate([np.log(_PowerCapBase._power(curve, x, limit)[1]) - lp, prior])
+
+        power_theta = least_squares(power_residuals, theta[_CAP_POWER_CURVE],
+                                    bounds=(lo[_CAP_POWER_CURVE], hi[_CAP_POWER_CURVE]), method="trf",
                                     max_nfev=400).x
-        theta[6:9] += math.log(t_scale)
+        theta[_CAP_TIME_AMPLITUDES] += math.log(t_scale)
         return _PowerCapBase(theta, limit_scale, _GROWTH_EXTRAPOLATION * b_max, power_theta)
 
     def predict(self, k: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

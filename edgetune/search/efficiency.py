@@ -34,11 +34,10 @@ DIRECTIONS: dict[str, list[str]] = {
 
 
 def steps_to_target(batch_size: float, s_min: float, b_noise: float) -> float:
-    """McCandlish et al.'s steps to target at ``batch_size``: ``S_min (1 + B_noise / b)``."""
-    try:  # one formula in the project: the predictors' own, where present
-        from edgetune.predictors import steps_to_target as predictors_steps_to_target
-    except ImportError:
-        return s_min * (1.0 + b_noise / batch_size)
+    """McCandlish et al.'s steps to target at ``batch_size``: ``S_min (1 + B_noise / b)`` (the predictors'
+    formula, the one in the project; imported here, not at the top, because the predictors import torch)."""
+    from edgetune.predictors import steps_to_target as predictors_steps_to_target
+
     return float(predictors_steps_to_target(batch_size, s_min, b_noise))
 
 

@@ -34,7 +34,7 @@ from edgetune.search.space import SpaceError
 from edgetune.tables import Table
 
 if TYPE_CHECKING:
-    from edgetune.search.study import SearchResult
+    from edgetune.search.results import SearchResult
 
 __all__ = ["BUDGET_RULE", "TableTarget", "TracePlan", "oracle_fields", "oracle_gap", "oracle_lines",
            "prepare_trace"]

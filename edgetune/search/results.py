@@ -11,13 +11,67 @@ from __future__ import annotations
 import csv
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgetune.search.efficiency import TargetModel
 from edgetune.search.oracle import oracle_fields
-from edgetune.search.study import SearchResult, TrialRecord
+from edgetune.search.records import TrialRecord
+from edgetune.search.space import SearchSpace
 
-__all__ = ["TRIAL_COLUMNS", "best_json", "write_best", "write_trials_csv"]
+__all__ = ["TRIAL_COLUMNS", "SearchResult", "best_json", "pareto_front", "write_best", "write_trials_csv"]
+
+
+@dataclass
+class SearchResult:
+    """What a search found: every trial, the best, the baseline, and why it stopped."""
+
+    study_name: str
+    storage_url: str
+    objective: str
+    budget_w: float | None  # the budget asked for
+    constrained: bool  # False when the budget is above the device's maximum power
+    tolerance: float
+    space: SearchSpace
+    target: TargetModel
+    records: list[TrialRecord]
+    best: TrialRecord | None
+    baseline: TrialRecord | None
+    pareto: list[TrialRecord]
+    stop_reason: str
+    protocol: str
+    device_name: str
+    device_description: str
+    simulated: bool
+    workload: str
+
+    @property
+    def measured(self) -> list[TrialRecord]:
+        return [r for r in self.records if r.measured]
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best is None or self.baseline is None or not self.best.outcome or not self.baseline.outcome:
+            return None
+        b, c = self.baseline.outcome, self.best.outcome
+        if self.objective == "energy":
+            return b.energy_to_target_j / c.energy_to_target_j
+        if self.objective == "throughput":
+            return c.samples_per_s / b.samples_per_s
+        return b.time_to_target_s / c.time_to_target_s
+
+
+def pareto_front(records: list[TrialRecord]) -> list[TrialRecord]:
+    """Records (feasible, with an outcome) not dominated in (time to target, energy to target), by time."""
+    pts = sorted(records, key=lambda r: (r.outcome.time_to_target_s, r.outcome.energy_to_target_j))
+    front: list[TrialRecord] = []
+    best_e = math.inf
+    for r in pts:
+        if r.outcome.energy_to_target_j < best_e:
+            front.append(r)
+            best_e = r.outcome.energy_to_target_j
+    return front
 
 MEASURED_KEYS = ("step_time_s", "samples_per_s", "mean_power_w", "peak_power_w", "max_avg_power_w",
                  "energy_per_sample_j")

@@ -35,7 +35,13 @@ import numpy as np
 from edgetune.power.base import Device, KnobValue, is_out_of_memory
 from edgetune.power.monitor import PowerMonitor
 
-__all__ = ["Measurement", "MeasurementProtocol", "measure_setting"]
+__all__ = ["Measurement", "MeasurementProtocol", "judged_power_w", "measure_setting"]
+
+
+def judged_power_w(max_avg_power_w: float, power_se_w: float, guard_sigma: float = 0.0) -> float:
+    """The power a budget is judged by: the measured maximum of the moving average plus ``guard_sigma``
+    standard errors of one average (a guard band against a measurement that happens to read low)."""
+    return max_avg_power_w + guard_sigma * power_se_w
 
 
 @dataclass(frozen=True)
@@ -145,8 +151,8 @@ class Measurement:
     trace_w: list[float] = field(default_factory=list, repr=False)
 
     def judged_power_w(self, guard_sigma: float = 0.0) -> float:
-        """The power a budget is judged by: the moving-average maximum plus ``guard_sigma`` standard errors."""
-        return self.max_avg_power_w + guard_sigma * self.power_se_w
+        """The power a budget is judged by (:func:`judged_power_w`)."""
+        return judged_power_w(self.max_avg_power_w, self.power_se_w, guard_sigma)
 
     def holds(self, budget_w: float | None, tolerance: float = 0.0, guard_sigma: float = 0.0) -> bool:
         """True when the step ran and its judged power stayed within ``budget * (1 + tolerance)``.

@@ -1,11 +1,11 @@
-"""The guided sampler on a space whose only knob is a power cap (``power_limit``: NVML GPUs, Zeus traces).
+"""The guided sampler on a space whose only knob is a power cap (the power-limit role: NVML GPUs, Zeus traces).
 
 A power cap is enforced by the GPU: a setting whose cap is at or below the budget draws about the cap or
 less, so it is (on average) feasible before anything is measured, and for each batch size the fastest
 feasible setting is near the highest cap that holds the budget. :class:`PowerCapSampler` uses that:
 
-1. *Initial design*: the cap nearest at or below the budget (unconstrained: the highest), at batch sizes spread evenly over the range
-   (``design_points``, smallest and largest included). Every such point is informative (near each batch
+1. *Initial design*: the cap nearest at or below the budget (unconstrained: the highest), at batch sizes
+   spread evenly over the range (``design_points``, smallest and largest included). Every such point is informative (near each batch
    size's best feasible setting) and almost surely feasible; the guided sampler's space-filling start
    would spend the same measurements on caps far below the budget (slow) or far above (infeasible).
 2. The hardware model's constrained expected improvement, as :class:`~edgetune.search.guided.GuidedSampler`.
@@ -16,8 +16,8 @@ feasible setting is near the highest cap that holds the budget. :class:`PowerCap
    18.0 s per epoch at batch 128 over caps of 125 to 300 W); the model rightly calls them equal, and only
    measuring them finds the one that measured fastest.
 
-Used by :func:`edgetune.search.study.make_sampler` for ``guided`` (and ``auto``) when the space's only knob
-is ``power_limit``.
+Used by :func:`edgetune.search.samplers.make_sampler` for ``guided`` (and ``auto``) when the space's only
+knob is a power limit.
 """
 
 from __future__ import annotations
@@ -29,17 +29,16 @@ from optuna.distributions import BaseDistribution
 from optuna.study import Study
 from optuna.trial import FrozenTrial
 
-from edgetune.search.guided import GuidedSampler
-from edgetune.search.space import BATCH, LEVEL, SearchSpace
+from edgetune.power.knobs import Candidate, KnobRole, knob_of_role
+from edgetune.search.samplers.guided import GuidedSampler
+from edgetune.search.space import SearchSpace
 
 __all__ = ["PowerCapSampler", "is_power_cap_space"]
 
-CAP = "power_limit"
-
 
 def is_power_cap_space(space: SearchSpace) -> bool:
-    """True when the power cap is the only knob tuned (with the batch size)."""
-    return space.knob_names == (CAP,)
+    """True when a power limit is the only knob tuned (with the batch size)."""
+    return len(space.knob_names) == 1 and knob_of_role(space.knob_names, KnobRole.POWER_LIMIT) is not None
 
 
 class PowerCapSampler(GuidedSampler):
@@ -53,23 +52,25 @@ class PowerCapSampler(GuidedSampler):
 
     def __init__(self, space: SearchSpace, *, design_points: int = 3, polish: bool = True, **kwargs: Any) -> None:
         if not is_power_cap_space(space):
-            raise ValueError(f"PowerCapSampler needs a space whose only knob is {CAP}; got "
+            raise ValueError(f"PowerCapSampler needs a space whose only knob is a power limit (power_limit); got "
                              f"{', '.join(space.knob_names) or 'none'}")
         super().__init__(space, **kwargs)
+        self.cap = space.knob_names[0]
         self.design_points = design_points
         self.polish = polish
 
     # -- 1. initial design ----------------------------------------------------------------------------
     def design(self) -> list[dict[str, int]]:
         """The initial design as Optuna params (levels), in measuring order."""
-        caps = [float(v) for v in self.space.knob_values[CAP]]
+        caps = [float(v) for v in self.space.knob_values[self.cap]]
         limit = np.inf if self.budget_w is None else self.budget_w * (1.0 + self.tolerance)
         held = [i for i, c in enumerate(caps) if c <= limit]
         cap_level = held[-1] if held else 0
         n_b = len(self.space.batch_sizes)
         k = max(1, min(n_b, self.design_points))
         levels = list(dict.fromkeys(np.rint(np.linspace(0, n_b - 1, k)).astype(int).tolist()))
-        return [{BATCH + LEVEL: b, CAP + LEVEL: cap_level} for b in levels]
+        cap = self.space.knob_values[self.cap][cap_level]
+        return [self.space.params(Candidate(self.space.batch_sizes[b], ((self.cap, cap),))) for b in levels]
 
     def _startup(self, study: Study) -> dict[str, Any]:
         taken = self._taken(study)
@@ -85,7 +86,7 @@ class PowerCapSampler(GuidedSampler):
         fitted = self._cache.get("value")
         if scores is None or fitted is None or not np.isfinite(scores["best"]):
             return []
-        idx, times, powers, _, _, _ = fitted
+        idx, times, powers = fitted.measured.idx, fitted.measured.times, fitted.measured.powers
         objective = self._objective(0)
         best_i, best_v = None, np.inf
         for i, t, p in zip(idx, times, powers):

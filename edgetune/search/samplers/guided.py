@@ -18,13 +18,20 @@ improve the best by the margin (optimistic bound at 2.5 standard deviations, and
 holding the budget).
 
 It is an ordinary Optuna sampler: trials, storage, resume and fleets work as with any other; a fleet's
-workers see each other's trials and avoid settings another worker is measuring (RUNNING trials).
+workers see each other's trials and avoid settings another worker is measuring or has queued.
+
+What was measured reaches it through ``observations_func(frozen_trial) -> Observation | None`` (the way
+Optuna's samplers take a ``constraints_func``); the default, :func:`edgetune.search.records.read_observation`,
+reads what :class:`~edgetune.search.study.Search` records. It works under a plain ``study.optimize`` too,
+given an ``observations_func`` that knows the objective's measurements.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,25 +39,66 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
+from scipy.special import erf
 
 from edgetune.search.efficiency import TargetModel
-from edgetune.search.space import BATCH, LEVEL, SearchSpace
+from edgetune.search.records import Observation, read_observation
+from edgetune.search.space import SearchSpace
 
-__all__ = ["GuidedSampler"]
+__all__ = ["GuidedSampler", "ObservationsFunc"]
+
+#: what a sampler learns from a trial (None: nothing, e.g. a trial told another's result)
+ObservationsFunc = Callable[[FrozenTrial], Observation | None]
+
+_STARTUP_POOL = 4096  # grid points drawn per space-filling proposal: spread enough, cheap to score
+_TIE = 1e-12  # distances (normalised levels) this close are a tie, broken by the seeded generator
+_MIN_STEP_TIME_S = 1e-9  # floor of a predicted step time: its log stays finite
+_MIN_RELATIVE_STD = 1e-3  # floor of a prediction's relative std: no fit is certain to better than 0.1%
+_UNKNOWN_RELATIVE_STD = 1.0  # relative std of a step time the model gave no std for: an e-fold of doubt
+_MIN_POWER_W = 1e-9  # floor of a predicted power in a ratio: the ratio stays finite
+_MODEL_SEED = 0  # the hardware model's GP optimiser: the same fit for the same rows, whatever the sampler seed
+_FIRST_PASS_SHARE = 2  # a sampled first pass scores 1/2 of max_candidates at random; neighbourhoods fill the rest
+_REFINE_TOP = 32  # candidates of a sampled first pass whose neighbourhoods the second pass scores
+_BATCH_STEPS = (-2, -1, 1, 2)  # neighbour levels in batch size: the optimum moves by octaves, two either way
+_KNOB_STEPS = (-1, 1)  # neighbour levels in a knob
+_MIN_ROWS = 2  # the hardware model's fit needs at least two measured rows
 
 
 def _norm_cdf(z: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + _erf(z / math.sqrt(2.0)))
+    """Standard normal CDF as 0.5 (1 + erf(z / sqrt 2)).
 
-
-def _erf(x: np.ndarray) -> np.ndarray:
-    from scipy.special import erf
-
-    return erf(x)
+    Not :func:`scipy.special.ndtr`: that is more accurate in the far lower tail, where this form cancels, and
+    the difference changes which setting wins when every acquisition is ~1e-30 (measured: trial 9 of the
+    V100 Sentiment140 150 W trace search), so it would change the recorded benchmark results. Switching is
+    a change of behaviour, to be made with the benchmarks rerun.
+    """
+    return 0.5 * (1.0 + erf(z / math.sqrt(2.0)))
 
 
 def _norm_pdf(z: np.ndarray) -> np.ndarray:
     return np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """The measured settings a fit uses: grid indices with step time, judged and peak power; and the batch
+    levels that ran out of memory."""
+
+    idx: list[int]
+    times: list[float]
+    powers: list[float]  # judged power (moving-average maximum plus the guard band), W
+    peaks: list[float]
+    oom_batches: list[int]
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    """Hardware models fitted on :attr:`measured`: one per named-knob group with enough rows, and a pooled
+    model (None once every group has its own)."""
+
+    measured: _Measured
+    per_group: dict[int, Any]
+    pooled: Any | None
 
 
 class GuidedSampler(BaseSampler):
@@ -71,13 +119,15 @@ class GuidedSampler(BaseSampler):
         guard_sigma: standard errors added to measured power before it is compared with the budget.
         min_trials_to_stop: measured settings before the stopping rule may end the search (a model fitted on
             a handful of points is over-confident about the regions it has not seen).
+        observations_func: what each trial measured (:data:`ObservationsFunc`); default
+            :func:`~edgetune.search.records.read_observation`, the search's records.
     """
 
     def __init__(self, space: SearchSpace, *, objective: str = "time", budget_w: float | None = None,
                  tolerance: float = 0.0, target: TargetModel | None = None, seed: int | None = None,
                  n_startup: int = 6, min_group: int = 4, stop_kappa: float = 2.5, stop_confirmations: int = 3,
                  min_feasible_p: float = 0.05, max_candidates: int = 30_000, guard_sigma: float = 0.0,
-                 min_trials_to_stop: int = 16) -> None:
+                 min_trials_to_stop: int = 16, observations_func: ObservationsFunc | None = None) -> None:
         self.space = space
         self.objective = objective
         self.budget_w = budget_w
@@ -91,6 +141,7 @@ class GuidedSampler(BaseSampler):
         self.max_candidates = max_candidates
         self.guard_sigma = guard_sigma
         self.min_trials_to_stop = min_trials_to_stop
+        self.observations_func = observations_func or read_observation
         self._seed = seed
         self._rng = np.random.RandomState(seed)
         self._random = RandomSampler(seed=seed)
@@ -119,6 +170,9 @@ class GuidedSampler(BaseSampler):
 
     def _index(self, params: dict[str, Any]) -> int:
         return int(self._flat(np.array([[int(params[n]) for n in self._names]]))[0])
+
+    def _candidate_index(self, obs: Observation) -> int:
+        return self._index(self.space.params(obs.candidate))
 
     def _rows(self, idx: np.ndarray, names: list[str]) -> list[dict[str, float]]:
         """Hardware-model rows (knob values and batch size) of grid indices, for the knobs in ``names``."""
@@ -176,7 +230,7 @@ class GuidedSampler(BaseSampler):
         """Named-knob groups (power modes) with fewer than ``min_group`` measurements, fewest first."""
         if not self._named:
             return []
-        idx = self._measured(study)[0]
+        idx = self._measured(study).idx
         groups = self._group(np.array(idx, dtype=np.int64)) if idx else np.array([], dtype=np.int64)
         n_groups = int(np.prod([self._sizes[j + 1] for j in self._named]))
         counts = {g: int(np.sum(groups == g)) for g in range(n_groups)}
@@ -184,21 +238,21 @@ class GuidedSampler(BaseSampler):
 
     # -- what is known ------------------------------------------------------------------------------
     def _taken(self, study: Study) -> set[int]:
-        """Grid points measured, being measured, or queued."""
+        """Grid points measured, being measured, or queued (a queued trial's setting: its observation)."""
         taken: set[int] = set()
         for t in study.get_trials(deepcopy=False):
             if t.params and all(n in t.params for n in self._names):
                 taken.add(self._index(t.params))
-            elif t.state == TrialState.WAITING and "fixed_params" in t.system_attrs:
-                fp = t.system_attrs["fixed_params"]
-                if all(n in fp for n in self._names):
-                    taken.add(self._index(fp))
+            elif t.state == TrialState.WAITING:
+                obs = self.observations_func(t)
+                if obs is not None and self.space.contains(obs.candidate):
+                    taken.add(self._candidate_index(obs))
         return taken
 
     def _startup(self, study: Study) -> dict[str, Any]:
         """A space-filling point: the sampled free setting farthest (in normalised levels) from all taken."""
         taken = self._taken(study)
-        pool = self._rng.choice(self._n, min(self._n, 4096), replace=False)
+        pool = self._rng.choice(self._n, min(self._n, _STARTUP_POOL), replace=False)
         free = np.array([i for i in pool if int(i) not in taken], dtype=np.int64)
         if free.size == 0:
             free = pool
@@ -207,40 +261,41 @@ class GuidedSampler(BaseSampler):
             done = self._levels(np.array(sorted(taken))) / scale
             cand = self._levels(free) / scale
             d = np.min(np.abs(cand[:, None, :] - done[None, :, :]).sum(axis=2), axis=1)
-            best = free[d >= np.max(d) - 1e-12]
+            best = free[d >= np.max(d) - _TIE]
             i = int(self._rng.choice(best))
         else:
             i = int(self._rng.choice(free))
         return self._params(i)
 
-    def _measured(self, study: Study) -> tuple[list[int], list[float], list[float], list[float], list[int]]:
+    def _measured(self, study: Study) -> _Measured:
         idx, times, powers, peaks, oom_batches = [], [], [], [], []
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-            m = t.user_attrs.get("measurement")
-            if not m or not t.user_attrs.get("measured") or not t.params:
+            obs = self.observations_func(t)
+            if obs is None or not obs.measured:
                 continue
-            if m.get("oom"):
-                oom_batches.append(int(t.params[BATCH + LEVEL]))
+            if obs.oom:
+                oom_batches.append(self.space.batch_sizes.index(obs.candidate.batch_size))
                 continue
-            if not m.get("ok"):
+            if not obs.ok:
                 continue
-            idx.append(self._index(t.params))
-            times.append(float(m["step_time_s"]))
-            # the power the budget is judged by (measured maximum plus the guard band, see Search)
-            powers.append(float(m["max_avg_power_w"]) + self.guard_sigma * float(m.get("power_se_w", 0.0)))
-            peaks.append(float(m["peak_power_w"]))
-        return idx, times, powers, peaks, oom_batches
+            idx.append(self._candidate_index(obs))
+            times.append(obs.step_time_s)
+            powers.append(obs.judged_power_w(self.guard_sigma))  # the power the budget is judged by
+            peaks.append(obs.peak_power_w)
+        return _Measured(idx, times, powers, peaks, oom_batches)
 
     # -- the model ----------------------------------------------------------------------------------
-    def _fit(self, study: Study):
-        """Fitted models on the measured settings; cached per measured set.
+    def _fit(self, study: Study) -> _Fitted | None:
+        """Fitted models on the measured settings (None before ``n_startup``); cached per measured set.
 
         Named knobs (power modes) change what the clocks mean: a mode caps the clocks under it and may gate
         GPU units. So one model is fitted per named-knob combination with enough measurements (its physics
         base then sees clocks only), and a pooled model (modes as ranks) covers the combinations that have
         too few yet.
         """
-        idx, times, powers, peaks, oom = self._measured(study)
+        measured = self._measured(study)
+        idx, times, powers, peaks, oom = (measured.idx, measured.times, measured.powers, measured.peaks,
+                                          measured.oom_batches)
         if len(idx) < self.n_startup:
             return None
         key = (tuple(idx), tuple(oom))
@@ -250,7 +305,7 @@ class GuidedSampler(BaseSampler):
 
         def fit(members: list[int], names: list[str]):
             rows = self._rows(np.array([idx[k] for k in members]), names)
-            return HardwareModel(random_state=0).fit(rows, [times[k] for k in members],
+            return HardwareModel(random_state=_MODEL_SEED).fit(rows, [times[k] for k in members],
                                                      [powers[k] for k in members], [peaks[k] for k in members])
 
         groups = self._group(np.array(idx))
@@ -262,7 +317,7 @@ class GuidedSampler(BaseSampler):
             try:
                 for g in np.unique(groups):
                     members = [k for k, gg in enumerate(groups) if gg == g]
-                    if len(members) >= (self.min_group if self._named else 2):
+                    if len(members) >= (self.min_group if self._named else _MIN_ROWS):
                         per_group[int(g)] = fit(members, self._numeric_names)
                 if len(per_group) < n_groups:
                     # some power mode has too few measurements for a model of its own: the pooled model
@@ -270,13 +325,13 @@ class GuidedSampler(BaseSampler):
                     pooled = fit(list(range(len(idx))), self._pooled_names)
             except (ValueError, np.linalg.LinAlgError):
                 return None
-        value = (idx, times, powers, oom, per_group, pooled)
+        value = _Fitted(measured, per_group, pooled)
         self._cache = {"key": key, "value": value}
         return value
 
-    def _predict(self, fitted, cand: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _predict(self, fitted: _Fitted, cand: np.ndarray) -> tuple[np.ndarray, ...]:
         """Step time, power and their std for grid indices ``cand``."""
-        _, _, _, _, per_group, pooled = fitted
+        per_group, pooled = fitted.per_group, fitted.pooled
         out = [np.full(cand.size, np.nan) for _ in range(4)]
         groups = self._group(cand)
         with warnings.catch_warnings(), np.errstate(all="ignore"):
@@ -295,7 +350,7 @@ class GuidedSampler(BaseSampler):
         lv = self._levels(idx)
         out = [idx]
         for d, size in enumerate(self._sizes):
-            for step in ((-2, -1, 1, 2) if d == 0 else (-1, 1)):
+            for step in (_BATCH_STEPS if d == 0 else _KNOB_STEPS):
                 moved = lv.copy()
                 moved[:, d] += step
                 ok = (moved[:, d] >= 0) & (moved[:, d] < size)
@@ -309,12 +364,13 @@ class GuidedSampler(BaseSampler):
             return "time" if number % 2 == 0 else "energy"
         return self.objective
 
-    def _evaluate(self, fitted, cand: np.ndarray, objective: str, taken: set[int]) -> dict[str, np.ndarray]:
-        idx, times, powers, oom, _, _ = fitted
+    def _evaluate(self, fitted: _Fitted, cand: np.ndarray, objective: str, taken: set[int]) -> dict[str, np.ndarray]:
+        m = fitted.measured
+        idx, times, powers, oom = m.idx, m.times, m.powers, m.oom_batches
         t, p, t_std, p_std = self._predict(fitted, cand)
-        t = np.maximum(np.nan_to_num(t, nan=np.inf), 1e-9)
-        st = np.maximum(np.nan_to_num(t_std / t, nan=1.0), 1e-3)  # relative (log-space) std of step time
-        sp = np.maximum(np.nan_to_num(p_std, nan=np.inf), 1e-3 * np.abs(p))
+        t = np.maximum(np.nan_to_num(t, nan=np.inf), _MIN_STEP_TIME_S)
+        st = np.maximum(np.nan_to_num(t_std / t, nan=_UNKNOWN_RELATIVE_STD), _MIN_RELATIVE_STD)  # relative (log-space) std of time
+        sp = np.maximum(np.nan_to_num(p_std, nan=np.inf), _MIN_RELATIVE_STD * np.abs(p))
         lv = self._levels(cand)
         steps = self._steps_table[lv[:, 0]]
         batch = self._tables[0][lv[:, 0]]
@@ -323,7 +379,7 @@ class GuidedSampler(BaseSampler):
                 log_score, s_log = np.log(steps * t), st
             elif objective == "energy":
                 log_score = np.log(steps * t * p)
-                s_log = np.sqrt(st ** 2 + (sp / np.maximum(p, 1e-9)) ** 2)
+                s_log = np.sqrt(st ** 2 + (sp / np.maximum(p, _MIN_POWER_W)) ** 2)
             else:  # throughput: time per sample
                 log_score, s_log = np.log(t / batch), st
             if self.budget_w is not None:
@@ -368,12 +424,13 @@ class GuidedSampler(BaseSampler):
         if self._n <= self.max_candidates:
             scores = self._evaluate(fitted, np.arange(self._n), objective, taken)
         else:
-            rng = np.random.RandomState(None if self._seed is None else self._seed + len(fitted[0]))
-            idx = np.array(fitted[0])
-            first = np.unique(np.concatenate([rng.choice(self._n, self.max_candidates // 2, replace=False),
+            idx = np.array(fitted.measured.idx)
+            # a fresh sample per measured set, reproducible from the seed
+            rng = np.random.RandomState(None if self._seed is None else self._seed + len(idx))
+            first = np.unique(np.concatenate([rng.choice(self._n, self.max_candidates // _FIRST_PASS_SHARE, replace=False),
                                               self._neighbours(idx)]))
             s1 = self._evaluate(fitted, first, objective, taken)
-            top = first[np.argsort(-s1["acquisition"])[:32]]
+            top = first[np.argsort(-s1["acquisition"])[:_REFINE_TOP]]
             second = np.setdiff1d(self._neighbours(self._neighbours(top)), first)
             if second.size:
                 s2 = self._evaluate(fitted, second, objective, taken)
@@ -391,7 +448,7 @@ class GuidedSampler(BaseSampler):
         The condition must hold after ``stop_confirmations`` successive measurements (each one the most
         promising setting left), so one over-confident fit does not end the search.
         """
-        if len(self._measured(study)[0]) < self.min_trials_to_stop or self._lacking_groups(study):
+        if len(self._measured(study).idx) < self.min_trials_to_stop or self._lacking_groups(study):
             return None
         objectives = ["time", "energy"] if self.objective == "pareto" else [self.objective]
         for k, _ in enumerate(objectives):

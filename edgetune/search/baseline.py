@@ -1,0 +1,109 @@
+"""The baseline of common practice (and of the published work) every result states its speedup over.
+
+Common practice trains at the workload's default batch size and, under a power budget, lowers the GPU clock
+until the power fits (on a GPU with a power limit instead of a clock knob: lowers the limit), leaving the
+other knobs as the device was found. :class:`Baseline` finds that setting with as few measurements as it
+can: the highest value of the lowered knob first (it often fits), then bisection between the highest value
+that held the budget and the lowest that did not. Its probes are measured by the search like any other
+trial (role :attr:`~edgetune.search.records.Role.BASELINE`), so they also teach the sampler.
+
+A baseline that never holds the budget is no baseline: no speedup is claimed over an infeasible setting.
+Nor is one whose default batch size does not fit in memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from edgetune.power.base import KnobValue
+from edgetune.power.knobs import Candidate, KnobRole, knob_of_role
+from edgetune.search.records import Role, TrialRecord
+from edgetune.search.space import SearchSpace
+
+__all__ = ["LOWERED_ROLES", "Baseline", "BaselineState", "nearest_batch_size"]
+
+#: the knob common practice lowers until the power fits, by role, first present wins
+LOWERED_ROLES = (KnobRole.GPU_CLOCK, KnobRole.POWER_LIMIT)
+
+
+def nearest_batch_size(batch_sizes: Sequence[int], default: int) -> int:
+    """The batch size nearest ``default`` in ratio (a tie goes to the larger)."""
+    return min(batch_sizes, key=lambda b: (abs(math.log(b / default)), -b))
+
+
+@dataclass(frozen=True)
+class BaselineState:
+    """Where the baseline stands: the next probe to measure (None when done) and the baseline found."""
+
+    next_probe: Candidate | None
+    found: TrialRecord | None
+
+    @property
+    def done(self) -> bool:
+        return self.next_probe is None
+
+
+class Baseline:
+    """The baseline's probes and its result, read from the search's trial records.
+
+    Args:
+        space: the search space (the probes are points of it).
+        batch_size: the baseline's batch size (the space's nearest to the workload's default,
+            :func:`nearest_batch_size`).
+        found_settings: the knob values as the device was found (the knobs common practice leaves alone).
+    """
+
+    def __init__(self, space: SearchSpace, batch_size: int, found_settings: Mapping[str, KnobValue]) -> None:
+        self.space = space
+        self.batch_size = batch_size
+        self.found_settings = dict(found_settings)
+        self.knob = next((k for role in LOWERED_ROLES if (k := knob_of_role(space.knob_names, role)) is not None),
+                         None)
+
+    def candidate(self, lowered_value: KnobValue | None) -> Candidate:
+        """The baseline's batch size with the lowered knob at ``lowered_value``, the others as found (the
+        nearest allowed value; a knob found outside a named space: its highest)."""
+        setting = []
+        for name, allowed in self.space.knobs:
+            if name == self.knob:
+                setting.append((name, lowered_value))
+                continue
+            now = self.found_settings.get(name)
+            if now in allowed:
+                setting.append((name, now))
+            elif isinstance(now, (int, float)) and not isinstance(allowed[0], str):
+                setting.append((name, min(allowed, key=lambda v: abs(float(v) - float(now)))))
+            else:
+                setting.append((name, allowed[-1]))
+        return Candidate(self.batch_size, tuple(setting))
+
+    def state(self, records: Sequence[TrialRecord]) -> BaselineState:
+        """The next probe and the baseline found so far, from the records of the probes measured.
+
+        A probe whose worker died on it every time it was tried (given up) counts as not holding the budget.
+        """
+        probes = [r for r in records if r.role == Role.BASELINE and (r.measurement is not None or r.given_up)]
+        if self.knob is None:  # nothing to lower: the setting as found is the one probe
+            cand = self.candidate(None)
+            done = [r for r in probes if r.candidate == cand]
+            if not done:
+                return BaselineState(cand, None)
+            return BaselineState(None, done[0] if done[0].feasible else None)
+        values = list(self.space.knob_values[self.knob])
+
+        def level(r: TrialRecord) -> int:
+            return values.index(r.candidate.knobs[self.knob])
+
+        if any(r.oom for r in probes):
+            return BaselineState(None, None)  # the default batch size does not fit in memory: no baseline
+        held = [level(r) for r in probes if r.feasible]
+        over = [level(r) for r in probes if not r.feasible]
+        lo = max(held, default=-1)
+        hi = min([i for i in over if i > lo], default=len(values))
+        found = next((r for r in probes if r.feasible and level(r) == lo), None) if lo >= 0 else None
+        if hi - lo <= 1:
+            return BaselineState(None, found)
+        nxt = len(values) - 1 if not probes else (lo + hi) // 2
+        return BaselineState(self.candidate(values[nxt]), None)

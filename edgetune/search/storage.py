@@ -1,0 +1,250 @@
+"""Where a study lives, and how a fleet of workers notices that one of them died.
+
+:func:`open_storage` opens any SQLAlchemy URL as an :class:`optuna.storages.RDBStorage` (an SQLite file by
+default, in WAL mode with write-locking transactions; ``postgresql://`` with whichever psycopg driver is
+installed) or ``journal:<file>`` as a :class:`~optuna.storages.JournalStorage` (no server; shared file systems).
+
+Dead workers (``kill -9``, power loss, Ctrl-C mid-measurement) leave a trial RUNNING. Their trials are failed
+and retried through Optuna itself, at most :data:`MAX_RETRY` times per setting
+(:class:`~optuna.storages.RetryHeartbeatStaleTrialCallback`), so a setting that kills its worker is given up
+rather than retried forever:
+
+* another host: the RDB storage's heartbeat. A worker beats every :data:`HEARTBEAT_INTERVAL_S` while it
+  measures (:func:`heartbeat`; Optuna beats only inside ``study.optimize``, and the search asks and tells), and
+  :func:`recover_dead_workers` calls Optuna's :func:`~optuna.storages.fail_stale_trials`, which fails a trial
+  silent for the grace period and hands it to the storage's retry callback. Optuna 5's journal storage has
+  no heartbeat: a worker that dies on another host leaves its trial RUNNING there (no setting is lost or
+  measured twice; the trial just stays in the study).
+* this host: a dead worker's pid is known at once, so :func:`recover_dead_workers` fails its trials without
+  waiting for the grace period (a resume right after ``kill -9``), through the public ``study.tell``, and
+  retries them with the same callback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import os
+import socket
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from edgetune.log import get_logger
+from edgetune.power.state import pid_alive
+from edgetune.search import records
+
+__all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "SearchError", "heartbeat", "open_storage",
+           "recover_dead_workers", "redact", "retry_callback", "worker_id"]
+
+_log = get_logger(__name__)
+
+#: seconds between a measuring worker's heartbeats: a few database writes per minute, per worker
+HEARTBEAT_INTERVAL_S = 20
+#: seconds without a heartbeat before another worker fails the trial: three missed beats, so one slow
+#: write (a busy database, a loaded host) is not taken for a death
+GRACE_PERIOD_S = 3 * HEARTBEAT_INTERVAL_S
+#: retries of a setting whose worker died (so a setting is attempted at most MAX_RETRY + 1 times): enough
+#: for a power loss or a preempted job, and a setting that crashes its worker every time is given up
+MAX_RETRY = 2
+#: seconds an SQLite connection waits for another process's write lock before failing: longer than any
+#: single commit of a busy fleet on one file
+SQLITE_LOCK_TIMEOUT_S = 60
+_MESSAGE_CHARS = 200  # a storage error's first line is cut here: one readable line, not a driver dump
+
+
+class SearchError(RuntimeError):
+    """A search that cannot start or continue (storage unreachable, study mismatch): one line."""
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    if "://" in url and "@" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        user = creds.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}" if ":" in creds else url
+    return url
+
+
+def _postgres_driver(url: str) -> str:
+    """``postgresql://`` names SQLAlchemy's default driver (psycopg 3 since SQLAlchemy 2.1); the project
+    depends on psycopg2 (``edgetune[postgres]``): use whichever is installed."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        return url
+    rest = url.split("://", 1)[1]
+    for module, dialect in (("psycopg", "postgresql+psycopg"), ("psycopg2", "postgresql+psycopg2")):
+        if importlib.util.find_spec(module) is not None:
+            return f"{dialect}://{rest}"
+    raise SearchError("a PostgreSQL storage needs a driver: pip install 'edgetune[postgres]' (psycopg2-binary)")
+
+
+def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_INTERVAL_S, grace_s: int | None = None,
+                 max_retry: int = MAX_RETRY) -> optuna.storages.BaseStorage:
+    """Open an Optuna storage, checking it is reachable now rather than at the first trial.
+
+    Args:
+        url: ``journal:<path>`` for a journal file, else an SQLAlchemy URL (SQLite, PostgreSQL, ...).
+        heartbeat_s: seconds between heartbeats of a measuring worker (RDB storages).
+        grace_s: seconds of silence before a trial is failed as stale (default three beats).
+        max_retry: retries of a setting whose worker died before it is given up.
+
+    Raises:
+        SearchError: the storage cannot be opened (one line, password redacted).
+    """
+    given = url
+    try:
+        if url.startswith("journal:"):
+            from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+            path = url[len("journal:"):].removeprefix("//")
+            return JournalStorage(JournalFileBackend(path))
+        url = _postgres_driver(url)
+        if url.startswith("sqlite"):
+            # several processes on one file: wait for the lock instead of failing at once
+            engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": SQLITE_LOCK_TIMEOUT_S}}
+        else:
+            engine_kwargs = {"pool_pre_ping": True}
+        with warnings.catch_warnings():  # heartbeats and the retry callback are "experimental" since Optuna 2.8
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            storage = optuna.storages.RDBStorage(
+                url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s,
+                grace_period=grace_s or 3 * heartbeat_s,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry),
+            )
+        if url.startswith("sqlite"):
+            _sqlite_wal(storage)
+        return storage
+    except SearchError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - sqlalchemy/driver errors vary; the user needs one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SearchError(f"cannot open storage {redact(given)}: {first[:_MESSAGE_CHARS]}; check the URL, that "
+                          f"the server runs and accepts this user (or use the default SQLite file)") from None
+
+
+def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:
+    """Write-ahead log with ``synchronous=NORMAL`` and write-locking transactions on an SQLite storage.
+
+    The default rollback journal syncs the disk at every commit (about 10 ms each, hundreds per search).
+    WAL with NORMAL keeps every committed trial through a crash or ``kill -9`` of the process (only a
+    power loss may drop the last commits) and lets readers run beside a writer (fleet workers on one host).
+
+    SQLite ignores ``SELECT ... FOR UPDATE``, so Optuna's pop of an enqueued trial (read WAITING, then
+    write RUNNING) can hand the same trial to two workers. Starting every transaction with
+    ``BEGIN IMMEDIATE`` takes the write lock up front and makes that read-then-write atomic.
+    """
+    from sqlalchemy import event
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # transactions are begun below, not by the driver
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    def on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    event.listen(storage.engine, "connect", on_connect)
+    event.listen(storage.engine, "begin", on_begin)
+    storage.engine.dispose()  # connections made before the listener reconnect with it
+
+
+def worker_id() -> str:
+    """This worker in trial records: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+RetryCallback = Callable[[optuna.Study, FrozenTrial], None]
+
+
+def retry_callback(storage: optuna.storages.BaseStorage) -> RetryCallback:
+    """The callback that retries a dead worker's trial: the storage's own (RDB, :func:`open_storage`), else
+    one capped at :data:`MAX_RETRY` (journal and in-memory storages have none)."""
+    own = getattr(storage, "get_heartbeat_stale_trial_callback", None)
+    callback = own() if own is not None else None
+    if callback is not None:
+        return callback
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
+
+
+def _heartbeat_interval_s(storage: optuna.storages.BaseStorage) -> int | None:
+    get = getattr(storage, "get_heartbeat_interval", None)
+    return get() if get is not None else None
+
+
+@contextlib.contextmanager
+def heartbeat(storage: optuna.storages.BaseStorage, study: optuna.Study, trial_number: int) -> Iterator[None]:
+    """Beat for trial ``trial_number`` from a daemon thread while the block runs (storages with a heartbeat).
+
+    Optuna beats only inside ``study.optimize``; the search asks and tells, so it beats here through the
+    storage's public ``record_heartbeat``. A worker killed mid-trial stops beating, and the others fail and
+    retry its trial after the grace period (:func:`recover_dead_workers`).
+    """
+    interval = _heartbeat_interval_s(storage)
+    if not interval:
+        yield
+        return
+    study_id = storage.get_study_id_from_name(study.study_name)
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial_number)
+    storage.record_heartbeat(trial_id)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(interval):
+            with contextlib.suppress(Exception):  # a missed beat is harmless; the next one retries
+                storage.record_heartbeat(trial_id)
+
+    thread = threading.Thread(target=beat, daemon=True, name="edgetune-heartbeat")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5 * interval)
+
+
+def fail_and_retry(study: optuna.Study, trial_number: int, retry: RetryCallback) -> bool:
+    """Fail a trial that did not finish (its worker died or was interrupted) and hand it to ``retry``.
+
+    Returns False when the trial had finished meanwhile (another worker failed it first: nothing to do).
+    """
+    try:
+        study.tell(trial_number, state=TrialState.FAIL)
+    except (ValueError, optuna.exceptions.UpdateFinishedTrialError):  # finished already, or another worker won
+        return False
+    failed = next(t for t in study.get_trials(deepcopy=False) if t.number == trial_number)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retry(study, copy.deepcopy(failed))  # the callback extends the trial's retry history in place
+    return True
+
+
+def recover_dead_workers(study: optuna.Study, storage: optuna.storages.BaseStorage, retry: RetryCallback) -> int:
+    """Fail and retry RUNNING trials whose worker died; returns how many were found on this host.
+
+    On this host a worker's pid says at once whether it lives; elsewhere Optuna's heartbeat decides
+    (:func:`optuna.storages.fail_stale_trials`, which calls the storage's retry callback itself).
+    """
+    host = socket.gethostname()
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = records.worker_of(t)
+        h, _, pid = worker.rpartition(":")
+        dead = h == host and pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid))
+        if dead and fail_and_retry(study, t.number, retry):
+            _log.warning("trial %d: worker %s died mid-trial; failed and queued again", t.number, worker)
+            n += 1
+    if _heartbeat_interval_s(storage):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+    return n
