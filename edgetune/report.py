@@ -75,8 +75,11 @@ def summary_table(result: SearchResult) -> str:
         rows.append([label, r.candidate.batch_size, _setting_text(r, units), m.get("step_time_s"),
                      m.get("max_avg_power_w"), m.get("energy_per_sample_j"),
                      o.time_to_target_s if o else None, o.energy_to_target_j if o else None])
-    table = format_table(["", "batch", "setting", "step s", "max 1s-avg W", "J/sample", "time to target s",
-                          "energy to target J"], rows)
+    # the budget window the monitor used (1 s, or longer on a slow sensor such as jtop's)
+    window_s = next((w for r in (result.best, result.baseline) if r is not None
+                     for w in [(r.measurement or {}).get("avg_window_s")] if w), 1.0)
+    table = format_table(["", "batch", "setting", "step s", f"max {window_s:g}s-avg W", "J/sample",
+                          "time to target s", "energy to target J"], rows)
     n = len(result.measured)
     infeasible = sum(1 for r in result.measured if not r.feasible)
     budget = ("unconstrained" if result.budget_w is None else

@@ -1,11 +1,12 @@
 """``edgetune devices``, ``edgetune monitor`` and ``edgetune restore``: the hardware, seen from the shell.
 
-* ``devices`` lists every platform found (Jetson, NVML GPUs, RAPL, and the simulated twin's profiles)
-  with its sensor (rails, what the total is, update period) and knobs (range in human units, writable or
-  why not). ``--json`` prints the same as one JSON document.
+* ``devices`` lists every platform found (Jetson through sysfs or the jtop service, NVML GPUs, RAPL, and
+  the simulated twin's profiles) with its sensor (rails, what the total is, update period) and knobs (range
+  in human units, writable or why not), and which one ``--device auto`` opens and why. ``--json`` prints
+  the same as one JSON document.
 * ``monitor`` prints live power per rail - like tegrastats, but at up to hundreds of Hz and with energy
   totals - optionally logs every sample to CSV, and ends (``--duration`` or Ctrl-C) with a summary:
-  energy, mean, peak, maximum 1-s average, dropped samples.
+  energy, mean, peak, maximum moving average over the budget window, dropped samples.
 * ``restore`` writes back the knobs a killed run left changed (see :mod:`edgetune.power.state`).
 
 The sysfs root comes from ``EDGETUNE_SYSFS_ROOT`` (default ``/``), so all three run against a copied tree.
@@ -40,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("monitor", help="print live power per rail and log it to CSV",
                               description="Print live board and per-rail power; Ctrl-C ends with a summary.")
-    p.add_argument("--device", default="auto", help="device spec: auto, jetson, nvml[:i], rapl, sim:<profile>")
+    p.add_argument("--device", default="auto",
+                   help="device spec: auto, jetson, jtop, nvml[:i], rapl, sim:<profile>")
     p.add_argument("--rate", type=float, default=None, metavar="HZ",
                    help=f"samples per second (default: {DEFAULT_RATE_HZ:g}, or the sensor's update rate where slower)")
     p.add_argument("--csv", default=None, metavar="FILE", help="write every sample to this CSV file")
@@ -103,7 +105,8 @@ def describe_device(device: Device) -> dict[str, Any]:
 
 def _devices_report() -> dict[str, Any]:
     platforms = []
-    for found in registry.probe_platforms():
+    probes = registry.probe_platforms()
+    for found in probes:
         entry: dict[str, Any] = {"platform": found.platform, "found": found.found, "spec": found.spec,
                                  "summary": found.summary, "details": list(found.details)}
         if found.found and found.platform in registry.REAL_PLATFORMS:
@@ -119,16 +122,22 @@ def _devices_report() -> dict[str, Any]:
         platforms.append(entry)
     hardware = [p for p in platforms if p["found"] and p["platform"] in registry.REAL_PLATFORMS]
     sims = [p["spec"] for p in platforms if p["found"] and p["platform"] == "sim"]
-    return {"hardware_found": bool(hardware), "simulated": sims, "platforms": platforms}
+    choice = registry.choose_auto(probes)
+    auto = {"spec": choice.spec, "reason": choice.reason, "measure_only": choice.measure_only}
+    return {"hardware_found": bool(hardware), "simulated": sims, "platforms": platforms, "auto": auto}
+
+
+def _period(seconds: float) -> str:
+    """``8 ms``, ``1 s``: a sensor's update period in the unit that reads best."""
+    return f"{seconds:g} s" if seconds >= 1.0 else f"{seconds * 1e3:.3g} ms"
 
 
 def _print_device(d: dict[str, Any]) -> None:
     s = d["sensor"]
     print(f"  {d['description']}")
-    period = s["update_period_s"]
     src = f", {s['update_period_source']}" if s.get("update_period_source") else ""
     print(f"    power: total = {s['total']}; rails: {', '.join(s['rails']) or 'none'}; "
-          f"updates every {period * 1e3:.3g} ms{src}"
+          f"updates every {_period(s['update_period_s'])}{src}"
           + ("; hardware energy counter" if s["energy_counter"] else ""))
     for k in d["knobs"]:
         current = k["current"] if isinstance(k["current"], str) else format_value(k["current"], k["unit"])
@@ -156,10 +165,11 @@ def cmd_devices(args: argparse.Namespace) -> int:
         elif "error" in p:
             print(f"  cannot open: {p['error']}")
     if not report["hardware_found"]:
-        print("no power hardware found on this machine (no Jetson, NVML GPU or RAPL package).")
+        print("no power hardware found on this machine (no Jetson, jtop service, NVML GPU or RAPL package).")
     if report["simulated"]:
         print(f"simulated devices available: {', '.join(report['simulated'])}"
               + (" (the default when no hardware is found)" if not report["hardware_found"] else ""))
+    print(f"--device auto opens {report['auto']['spec']}: {report['auto']['reason']}")
     return 0
 
 
@@ -192,9 +202,9 @@ def _monitor(device: Device, args: argparse.Namespace) -> int:
         writer = csv.writer(out)
         writer.writerow(["t_s", "total_w", *[f"{r}_w" for r in rails]])
     sim = " (simulated)" if device.simulated and "simulated" not in device.description else ""
-    update_ms = sensor.update_period_s * 1e3  # measured once, now, not in the middle of the run
+    update = _period(sensor.update_period_s)  # measured once, now, not in the middle of the run
     print(f"monitoring {device.description}{sim}: total = {sensor.total_label}, {monitor.rate_hz:g} Hz "
-          f"(sensor updates every {update_ms:.3g} ms)"
+          f"(sensor updates every {update})"
           + (f", logging to {args.csv}" if args.csv else "") + "; Ctrl-C to stop", flush=True)
     period = 1.0 / monitor.rate_hz
     t0 = clock.now()
@@ -222,7 +232,8 @@ def _monitor(device: Device, args: argparse.Namespace) -> int:
                     stale = "  STALE: sensor not updating" if monitor.stale else ""
                     drop = f"  dropped {monitor.dropped}" if monitor.dropped else ""
                     print(f"{now - t0:7.1f} s  {parts}  | total {_fmt_w(latest.total_w).strip()}  "
-                          f"1-s avg {_fmt_w(monitor.moving_average()).strip()}  E {energy:.1f} J{drop}{stale}",
+                          f"{monitor.avg_window_s:g}-s avg {_fmt_w(monitor.moving_average()).strip()}  "
+                          f"E {energy:.1f} J{drop}{stale}",
                           flush=True)
             if args.duration is not None and now - t0 >= args.duration:
                 break
@@ -242,7 +253,7 @@ def _monitor(device: Device, args: argparse.Namespace) -> int:
     stats = monitor.end_window("monitor")
     print(f"summary: {stats.duration_s:.2f} s, {stats.samples} samples, energy {stats.energy_j:.2f} J "
           f"({sensor.total_label}), mean {stats.mean_w:.2f} W, peak {stats.peak_w:.2f} W, "
-          f"max 1-s avg {stats.max_avg_w:.2f} W, dropped samples {stats.dropped}"
+          f"max {stats.avg_window_s:g}-s avg {stats.max_avg_w:.2f} W, dropped samples {stats.dropped}"
           + ("; sensor stale (values stopped changing)" if monitor.stale else ""))
     if stats.rail_energy_j:
         print("  per rail: " + ", ".join(f"{r} {e:.2f} J" for r, e in stats.rail_energy_j.items()))

@@ -5,6 +5,7 @@ A device is named by a spec string:
 ==========================  ===============================================================
 ``sim:<profile>``            the simulated Jetson twin (``sim:orin-nano``, ``sim:orin-agx`` ...)
 ``jetson``                   a real Jetson board (INA3221 rails, devfreq/cpufreq/EMC, nvpmodel)
+``jtop``                     a Jetson through the jtop service (rails, nvpmodel, jetson_clocks; no root)
 ``nvml`` / ``nvml:<index>``  an NVIDIA GPU through NVML
 ``rapl``                     an x86 CPU package through RAPL
 ``trace:<table.csv>``        replay of a measurement table

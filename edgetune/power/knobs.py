@@ -41,6 +41,9 @@ class KnobRole(enum.Enum):
     CPU_CORES = "cpu_cores"
     POWER_LIMIT = "power_limit"
     POWER_MODE = "power_mode"
+    #: an on/off switch that pins the clocks at the current power mode's maximum (``jetson_clocks``):
+    #: neither a frequency (not :attr:`is_clock`) nor a cap on the other knobs.
+    CLOCK_LOCK = "clock_lock"
 
     @property
     def is_clock(self) -> bool:
@@ -58,7 +61,7 @@ class KnobSpec:
 
     Attributes:
         name: canonical name used in settings, best.json, tables and the config.
-        unit: unit of its values (``Hz``, ``kHz``, ``cores``, ``W``; empty for named modes).
+        unit: unit of its values (``Hz``, ``kHz``, ``cores``, ``W``; empty for named values: modes, off/on).
         role: what it controls.
         description: one line for help texts.
     """
@@ -83,6 +86,8 @@ KNOBS: dict[str, KnobSpec] = {
         KnobSpec("cpu_cores", "cores", KnobRole.CPU_CORES, "online CPU cores"),
         KnobSpec("power_limit", "W", KnobRole.POWER_LIMIT, "board or GPU power limit (NVML)"),
         KnobSpec("power_mode", "", KnobRole.POWER_MODE, "nvpmodel power mode; caps the clocks under it"),
+        KnobSpec("jetson_clocks", "", KnobRole.CLOCK_LOCK,
+                 "jetson_clocks off/on: on pins CPU, GPU and EMC clocks at the power mode's maximum"),
     )
 }
 

@@ -10,7 +10,9 @@ exactly as a real monitor would sample them). Measurements are taken over explic
 
 Energy is the trapezoid integral of the sampled power. A power budget is judged by the maximum of the
 moving average over ``avg_window_s`` (1 s by default), computed exactly for the piecewise-linear signal
-through the samples.
+through the samples. A sensor that updates slowly (the jtop service: once a second) widens that window to
+:data:`MIN_UPDATES_PER_WINDOW` of its updates (:func:`min_avg_window_s`); ``avg_window_s`` and every
+:class:`WindowStats` say which window was used.
 """
 
 from __future__ import annotations
@@ -21,17 +23,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edgetune.log import get_logger
 from edgetune.power.base import Clock, PowerReading, PowerSensor, VirtualClock
 
 __all__ = [
+    "MIN_UPDATES_PER_WINDOW",
     "PowerMonitor",
     "WindowStats",
     "cumulative_energy_j",
     "energy_j",
+    "min_avg_window_s",
     "moving_average_max",
     "next_sample_due",
     "window_stats",
 ]
+
+_log = get_logger(__name__)
 
 #: Default sampling rate: resolves a training step's phases (tens of ms) at little cost.
 DEFAULT_RATE_HZ = 100.0
@@ -47,6 +54,15 @@ _SAME_INSTANT_S = 1e-9
 #: stale: noise alone changes a live INA3221 reading every few updates.
 _STALE_PERIODS = 50
 _STALE_MIN_S = 2.0
+#: A budget's moving average spans at least this many sensor updates: over fewer, the average of a held
+#: (staircase) signal is one or two readings, not an average. Binds only slow sensors (jtop's 1 s
+#: updates give a 4-s window); INA3221 sysfs, NVML and RAPL update every 1-20 ms.
+MIN_UPDATES_PER_WINDOW = 4
+
+
+def min_avg_window_s(update_period_s: float) -> float:
+    """The shortest budget window (s) a sensor updating every ``update_period_s`` can judge."""
+    return MIN_UPDATES_PER_WINDOW * max(0.0, float(update_period_s))
 
 
 # ---------------------------------------------------------------------------------------------- pure maths
@@ -199,7 +215,8 @@ class PowerMonitor:
         clock: the device clock; a virtual clock is sampled with a ticker, a real one with a thread.
         rate_hz: sampling rate. Default 100 Hz, or the sensor's own update rate where that is slower
             (sampling faster only repeats values), but never below 50 Hz.
-        avg_window_s: moving-average window a budget is judged by.
+        avg_window_s: moving-average window a budget is judged by; widened to
+            :func:`min_avg_window_s` of the sensor's update period where shorter (logged as a warning).
         keep_s: how much history to keep when no window is open (the live moving average needs it).
 
     Bad reads (OSError, ValueError, non-finite or negative power) are dropped and counted, never stored.
@@ -221,6 +238,15 @@ class PowerMonitor:
                 rate_hz = max(MIN_DEFAULT_RATE_HZ, min(DEFAULT_RATE_HZ, 1.0 / period))
         if not rate_hz > 0:
             raise ValueError(f"sampling rate must be positive, got {rate_hz}")
+        #: the shortest measurement that judges the budget: the window where it was widened for a slow
+        #: sensor (a trial then runs at least that long), else 0 (a shorter record is judged on its mean)
+        self.min_measure_s = 0.0
+        shortest = min_avg_window_s(sensor.update_period_s or 0.0)
+        if avg_window_s < shortest:
+            _log.warning("budget window widened from %g s to %g s: the power sensor updates only every %g s "
+                         "(%d updates per window); each measurement spans at least that", avg_window_s,
+                         shortest, shortest / MIN_UPDATES_PER_WINDOW, MIN_UPDATES_PER_WINDOW)
+            avg_window_s = self.min_measure_s = shortest
         self.sensor = sensor
         self.clock = clock
         self.rate_hz = float(rate_hz)

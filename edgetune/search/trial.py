@@ -53,7 +53,8 @@ class MeasurementProtocol:
             clock ramp-up). Always real training steps.
         measure_steps: the window holds at least this many steps.
         measure_s: ... and spans at least this many seconds of device-clock time, so that the budget's
-            moving average (1 s by default) is computed over a full window at least once.
+            moving average (1 s by default) is computed over a full window at least once. Where the monitor
+            widened that window for a slow sensor (jtop), the window spans at least the widened one.
         real_steps: on a virtual clock (the twin), how many of the window's steps execute the real training
             step; the rest are timed by the twin only. ``None``: all of them. Ignored on real hardware,
             where every step is real.
@@ -247,7 +248,8 @@ def measure_setting(
             real += int(is_real)
             if on_step is not None:
                 on_step(steps)
-            if steps >= protocol.measure_steps and clock.now() - t0 >= protocol.measure_s:
+            long_enough = clock.now() - t0 >= max(protocol.measure_s, monitor.min_measure_s)
+            if steps >= protocol.measure_steps and long_enough:
                 break
         t1 = clock.now()
         stats = monitor.end_window(window)
