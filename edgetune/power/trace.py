@@ -202,21 +202,20 @@ class TraceReplay:
                 f"(use known convergence for a recurring job)")
 
     # -- table look-up ---------------------------------------------------------------------------
-    def _batch_for(self, batch_size: int) -> int:
-        """The batch size a step asks for, checked against a fixed-batch table's (pinned at first use)."""
+    def _check_batch(self, batch_size: int, pin: bool = False) -> None:
+        """Refuse a batch size other than a fixed-batch table's; ``pin``: the first one run becomes it."""
         if self.table.batch_size is not None:
-            return batch_size
-        if self._fixed_batch is None:
+            return
+        if pin and self._fixed_batch is None:
             self._fixed_batch = batch_size
-        if batch_size != self._fixed_batch:
+        if self._fixed_batch is not None and batch_size != self._fixed_batch:
             raise DeviceError(f"trace {self.table.source} is a fixed-batch sweep at batch size {self._fixed_batch}; "
                               f"it cannot replay batch size {batch_size}")
-        return batch_size
 
     def row(self, setting: Mapping[str, float] | None, batch_size: int) -> int:
         """Row index for a setting (default: the current one) and batch size, or :class:`DeviceError`."""
         setting = dict(self._values if setting is None else setting)
-        batch_size = self._batch_for(batch_size)
+        self._check_batch(batch_size)
         i = self.table.find(setting, batch_size)
         if i is not None:
             return i
@@ -287,6 +286,7 @@ class TraceReplay:
     def run_step(self, fn: Callable[[], T], batch_size: int, cost: WorkloadCost | None = None) -> T | None:
         """Run one step: the window's step time passes on the virtual clock at the window's power."""
         b = int(batch_size)
+        self._check_batch(b, pin=True)
         i = self.row(None, b)
         result = fn() if self.compute else None
         start = self.clock.now()
