@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import numpy as np
 import pytest
 
 from edgetune.cli import main
-from edgetune.tables import TableError, check_train_size, load_table, save_table
+from edgetune.power.knobs import KnobRole
+from edgetune.tables import (
+    DEFAULT_POWER_CV,
+    DEFAULT_TIME_CV,
+    TableError,
+    check_train_size,
+    load_table,
+    save_table,
+)
 
 ZEUS = os.path.join(os.path.dirname(__file__), "..", "experiments", "data", "zeus-nsdi23")
 
@@ -68,7 +77,8 @@ def test_oracle_respects_budget_and_skips_unknown_or_unreached(tmp_path):
 @pytest.mark.parametrize("change, message", [
     (lambda s: s.replace("0.036", ""), "line 4: missing value in column step_time_s"),
     (lambda s: s.replace("10.5", "ten"), "power_w = 'ten' is not a number"),
-    (lambda s: s.replace("9.2e8,64", "6.1e8,64"), "duplicate setting gpu_freq=6.1e\\+08, batch_size=64"),
+    (lambda s: s.replace("9.2e8,64,0.118,12.4,13.9,inf", "6.1e8,64,0.118,12.4,13.9,12"),
+     "epochs_to_target differs between the repeats of gpu_freq=6.1e\\+08, batch_size=64"),
     (lambda s: s.replace(",12.4,", ",-1,"), "power_w must be a positive finite number"),
     (lambda s: s.replace("9.2e8,16,0.036,10.5,12.0,12", "9.2e8,16,0.036,10.5,12.0,13"), "differs between rows"),
     (lambda s: s.replace("power_w,", "watts,"), "no 'power_w' column"),
@@ -150,12 +160,14 @@ def test_import_zeus_writes_tables_and_reports_unreached(tmp_path, capsys):
     text = capsys.readouterr().out
     t = load_table(out / "x1_toy_net.csv")
     assert t.knobs == ("power_limit",) and len(t) == 6
-    by_batch = {int(b): e for b, e in zip(t.batch_size, t.epochs_to_target)}
-    assert by_batch[8] == 6.0  # median of 4, 6, never
-    assert math.isinf(by_batch[16])  # 2 of 3 never reached
-    assert math.isnan(by_batch[32])  # no runs at all
-    assert "batch size 8: 1 of 3 runs never reached 0.5 (median 6 epochs)" in text
-    assert "batch size 16: 2 of 3 runs never reached 0.5 (epochs_to_target = inf)" in text
+    by_batch = {int(b): (e, r, f) for b, e, r, f in zip(t.batch_size, t.epochs_to_target, t.convergence_runs,
+                                                         t.convergence_failures)}
+    assert by_batch[8] == (5.0, 3, 1)  # 2 of 3 reached (a majority): the median of their 4 and 6 epochs
+    assert math.isinf(by_batch[16][0]) and by_batch[16][1:] == (3, 2)  # only 1 of 3 reached: not a majority
+    assert all(math.isnan(v) for v in by_batch[32])  # no runs at all
+    assert t.default_batch_size is None  # toy is no Zeus workload: no default to declare
+    assert "batch size 8: 1 of 3 runs never reached 0.5 (median 5 epochs over the 2 that did)" in text
+    assert "batch size 16: 2 of 3 runs never reached 0.5 (epochs_to_target = inf: at most half reached it)" in text
     assert "batch size(s) 32: measured for power but no convergence runs" in text
     assert "optimizer adam: hardware-only table" in text
     assert load_table(out / "x1_toy_net_adam.csv").epochs_to_target is None
@@ -177,4 +189,204 @@ def test_real_zeus_tables_load():
     assert len([n for n in names if n.endswith(".csv")]) == 13
     t = load_table(os.path.join(ZEUS, "tables", "v100_imagenet_resnet50.csv"))
     assert t.knob_values("power_limit") == [100.0, 125.0, 150.0, 175.0, 200.0, 225.0, 250.0]
+    assert t.roles == {"power_limit": KnobRole.POWER_LIMIT}
     assert math.isinf(t.epochs_to_target[t.batch_size == 64][0])
+    assert t.convergence_failures[t.batch_size == 64][0] == t.convergence_runs[t.batch_size == 64][0] == 4
+
+
+@pytest.mark.parametrize("gpu", ["v100", "a40"])
+def test_shipped_zeus_tables_declare_zeus_defaults_and_the_finite_median(gpu):
+    defaults = {}
+    for name in sorted(os.listdir(os.path.join(ZEUS, "tables"))):
+        if name.startswith(gpu) and not name.endswith("_adam.csv"):
+            t = load_table(os.path.join(ZEUS, "tables", name))
+            defaults[name.split("_")[1]] = t.default_batch_size
+            assert t.default_batch_size in t.batch_sizes
+    # Zeus's run_alibaba.py defaults, LibriSpeech's 256 capped at the traces' largest batch (192)
+    assert defaults == {"cifar100": 1024, "imagenet": 256, "librispeech": 192, "movielens-1m": 1024,
+                        "squad": 32, "sentiment140": 128}
+    t = load_table(os.path.join(ZEUS, "tables", f"{gpu}_cifar100_shufflenetv2.csv"))
+    at_4096 = t.batch_size == 4096
+    # 4 of 5 seeds reached 0.6 (a median of 477 epochs); counting the failure as infinite gave 498
+    assert t.epochs_to_target[at_4096][0] == 477.0
+    assert (t.convergence_runs[at_4096][0], t.convergence_failures[at_4096][0]) == (5, 1)
+
+
+def test_shipped_zeus_tables_are_what_import_zeus_makes_now(tmp_path, capsys):
+    for gpu in ("v100", "a40"):
+        assert main(["trace", "import-zeus", os.path.join(ZEUS, f"summary_power_{gpu}.csv"),
+                     os.path.join(ZEUS, "summary_train.csv"), "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    for name in sorted(os.listdir(tmp_path)):
+        with open(tmp_path / name) as made, open(os.path.join(ZEUS, "tables", name)) as shipped:
+            assert made.read() == shipped.read(), name
+
+
+# ------------------------------------------------------------------------------------- table format v2
+
+SWEEP = os.path.join(os.path.dirname(__file__), "data", "orin_nano_clock_sweep.csv")
+
+REPEATED = """# a fixed-batch clock sweep, two passes
+gpu_clock_mhz,emc_freq_mhz,cpu_freq_khz,online_cores,step_time_s,power_w
+306,2133,1497600,6,0.100,6.0
+624.75,2133,1497600,6,0.060,9.0
+306,2133,1497600,6,0.104,6.2
+624.75,2133,1497600,6,0.060,9.0
+306,2133,1497600,6,0.102,6.4
+"""
+
+
+def test_knob_columns_map_to_registry_roles_in_registry_units(tmp_path):
+    t = load_table(write(tmp_path, REPEATED))
+    assert t.knobs == ("gpu_freq", "emc_freq", "cpu_freq", "cpu_cores")
+    assert t.roles == {"gpu_freq": KnobRole.GPU_CLOCK, "emc_freq": KnobRole.MEMORY_CLOCK,
+                       "cpu_freq": KnobRole.CPU_CLOCK, "cpu_cores": KnobRole.CPU_CORES}
+    assert t.knob_values("gpu_freq") == [306e6, 624.75e6]  # MHz -> Hz, whole Hz
+    assert t.knob_values("emc_freq") == [2133e6] and t.knob_values("cpu_freq") == [1497600.0]  # kHz stays
+    text = "power_limit_mw,vendor_knob,batch_size,step_time_s,power_w\n150000,1,8,0.2,140\n225500,2,8,0.15,199\n"
+    u = load_table(write(tmp_path, text, "pl.csv"))
+    assert u.knobs == ("power_limit", "vendor_knob") and u.roles == {"power_limit": KnobRole.POWER_LIMIT}
+    assert u.knob_values("power_limit") == [150.0, 225.5]  # mW -> W; a knob with no role stays as it is
+
+
+def test_repeats_are_aggregated_with_their_spread_and_survive_a_round_trip(tmp_path):
+    t = load_table(write(tmp_path, REPEATED))
+    assert len(t) == 2 and t.batch_size is None and t.batch_sizes == []
+    slow = t.find({"gpu_freq": 306e6, "emc_freq": 2133e6, "cpu_freq": 1497600, "cpu_cores": 6}, None)
+    assert slow == 0  # rows keep the order of first appearance
+    assert t.step_time_s[0] == 0.102 and t.power_w[0] == pytest.approx(6.2)  # medians of the three passes
+    assert list(t.repeats) == [3, 2]
+    assert t.time_cv[0] == pytest.approx(np.std([0.100, 0.104, 0.102], ddof=1) / 0.102, rel=1e-3)
+    assert t.power_cv[0] == pytest.approx(0.2 / 6.2, rel=1e-3) and t.power_cv[1] == 0.0
+    out = tmp_path / "saved.csv"
+    save_table(t, out)
+    assert out.read_text().splitlines()[1] == "gpu_freq,emc_freq,cpu_freq,cpu_cores,step_time_s,power_w,repeats," \
+                                              "time_cv,power_cv"
+    u = load_table(out)
+    for name in ("settings", "step_time_s", "power_w", "repeats", "time_cv", "power_cv"):
+        np.testing.assert_array_equal(getattr(u, name), getattr(t, name))
+    assert u.batch_size is None and u.notes == t.notes
+
+
+def test_a_sweep_without_batch_size_needs_a_declared_one_only_where_the_batch_matters(tmp_path):
+    t = load_table(write(tmp_path, REPEATED))
+    np.testing.assert_array_equal(t.step_time(), t.step_time_s)  # step times need no batch size
+    with pytest.raises(TableError, match="no batch_size column; declare the batch the sweep ran at with "
+                                         "'# edgetune: default_batch_size=<B>'") as info:
+        t.features()
+    assert "\n" not in str(info.value)
+    d = load_table(write(tmp_path, "# edgetune: default_batch_size=64\n" + REPEATED, "d.csv"))
+    assert d.default_batch_size == 64 and d.batch_sizes == [64]
+    assert d.features()[1]["batch_size"] == 64.0
+
+
+def test_declarations_map_rename_and_drop_columns_and_set_the_spread(tmp_path):
+    text = ("# from a colleague's board\n"
+            "# edgetune: column clk=gpu_clock_mhz, column avg_w=power_w, column temp_c=ignore\n"
+            "# edgetune: default_batch_size=32, sensor_period_s=0.1\n"
+            "# edgetune: default_time_cv=0.05\n"
+            "clk,batch_size,step_time_s,avg_w,temp_c\n"
+            "500,32,0.2,7.0,51\n"
+            "800,32,0.15,9.0,55\n")
+    t = load_table(write(tmp_path, text))
+    assert t.knobs == ("gpu_freq",) and t.knob_values("gpu_freq") == [500e6, 800e6]
+    np.testing.assert_array_equal(t.power_w, [7.0, 9.0])
+    assert t.notes == ("from a colleague's board",)
+    assert (t.default_batch_size, t.declared.sensor_period_s, t.declared.default_time_cv) == (32, 0.1, 0.05)
+    s = t.spread()  # no repeats: time from the declaration, power from the Zeus-derived default
+    np.testing.assert_array_equal(s.time_cv, [0.05, 0.05])
+    np.testing.assert_array_equal(s.power_cv, [DEFAULT_POWER_CV] * 2)
+    out = tmp_path / "saved.csv"
+    save_table(t, out)
+    assert load_table(out).declared == t.declared
+
+
+def test_rows_without_repeats_take_the_tables_repeated_spread(tmp_path):
+    text = REPEATED + "408,2133,1497600,6,0.08,7.5\n"
+    s = load_table(write(tmp_path, text)).spread()
+    own = load_table(write(tmp_path, REPEATED, "r.csv")).time_cv
+    assert s.time_cv[2] == pytest.approx(np.median(own))  # the single row: the median of the repeated ones
+    assert "2 of 3 rows from their repeats" in s.source
+    plain = load_table(write(tmp_path, GOOD, "g.csv")).spread()
+    assert set(plain.time_cv) == {DEFAULT_TIME_CV} and set(plain.power_cv) == {DEFAULT_POWER_CV}
+
+
+def test_default_spread_is_the_zeus_traces_non_binding_power_limits():
+    """DEFAULT_TIME_CV / DEFAULT_POWER_CV, recomputed: rows whose power limit is >= 1.5x their measured
+    power are repeats of one unconstrained setting; the median CV over groups of >= 3 such rows."""
+    import csv
+
+    time_cv, power_cv = [], []
+    for gpu in ("v100", "a40"):
+        groups: dict[tuple, list[tuple[float, float]]] = {}
+        with open(os.path.join(ZEUS, f"summary_power_{gpu}.csv")) as f:
+            for r in csv.DictReader(f):
+                if float(r["power_limit"]) >= 1.5 * float(r["average_power"]):
+                    key = (r["dataset"], r["optimizer"], r["batch_size"])
+                    groups.setdefault(key, []).append((float(r["time_per_epoch"]), float(r["average_power"])))
+        for rows in groups.values():
+            if len(rows) >= 3:
+                t, p = np.array(rows).T
+                time_cv.append(np.std(t, ddof=1) / np.median(t))
+                power_cv.append(np.std(p, ddof=1) / np.median(p))
+    assert len(time_cv) == 44
+    assert DEFAULT_TIME_CV == round(float(np.median(time_cv)), 3)
+    assert DEFAULT_POWER_CV == round(float(np.median(power_cv)), 3)
+
+
+def test_the_twin_clock_sweep_fixture_loads_as_a_sparse_repeated_fixed_batch_table():
+    t = load_table(SWEEP)
+    assert len(t) == 60 and set(t.repeats) == {3} and t.batch_size is None
+    assert t.knobs == ("cpu_cores", "cpu_freq", "gpu_freq", "emc_freq") and len(t.roles) == 4
+    assert t.declared.sensor_period_s == 0.0066
+    # sparse: 60 of the 6 x 19 x 5 x 3 = 1,710 settings of the Orin Nano
+    assert [len(t.knob_values(k)) for k in t.knobs] == [6, 19, 5, 3] and len(t) < 1710
+    assert np.all(np.isfinite(t.time_cv)) and np.all(t.time_cv > 0) and np.all(t.power_cv > 0)
+
+
+def test_predict_eval_on_a_sweep_without_batch_size_says_what_to_declare(tmp_path, capsys):
+    assert_exit_2(capsys, ["predict-eval", SWEEP, "--train-size", "10"], "declare the batch the sweep ran at")
+    declared = tmp_path / "sweep.csv"
+    with open(SWEEP) as f:
+        declared.write_text("# edgetune: default_batch_size=64\n" + f.read())
+    assert main(["predict-eval", str(declared), "--train-size", "20", "--seed", "0"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()
+    assert "base model: frequency" in last[-3]  # the roles reach the physics: not the generic model
+    assert last[-1].startswith("time MAPE: ")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("# edgetune: colour=blue\n" + GOOD, "line 1: unknown declaration 'colour'; known: default_batch_size"),
+    ("# edgetune: default_batch_size\n" + GOOD, "declaration 'default_batch_size' is not key=value"),
+    ("# edgetune: default_batch_size=0\n" + GOOD, "default_batch_size = '0' is not a positive whole number"),
+    ("# edgetune: default_batch_size=12.5\n" + GOOD, "default_batch_size = '12.5' is not a positive whole"),
+    ("# edgetune: sensor_period_s=fast\n" + GOOD, "sensor_period_s = 'fast' is not a number"),
+    ("# edgetune: sensor_period_s=0\n" + GOOD, "sensor_period_s must be a positive number of seconds"),
+    ("# edgetune: default_power_cv=-0.1\n" + GOOD, "default_power_cv must be a relative spread >= 0"),
+    ("# edgetune: default_batch_size=8\n# edgetune: default_batch_size=16\n" + GOOD,
+     "line 2: default_batch_size is declared twice"),
+    ("# edgetune: column gpu=gpu_clock\n" + GOOD, "declares column gpu, which the header lacks"),
+    ("# edgetune: column gpu_freq=fan_speed\n" + GOOD, "column gpu_freq=fan_speed: 'fan_speed' names no knob"),
+    ("emc_freq_hz,mem_clock_mhz,step_time_s,power_w\n1e8,100,0.1,5\n", ("columns emc_freq_hz and mem_clock_mhz "
+     "both hold the memory clock role; keep one, or drop the other with '# edgetune: column mem_clock_mhz=ignore'")),
+    ("gpu_freq_hz,gpu_clk_mhz,step_time_s,power_w\n1e8,100,0.1,5\n", "two columns give 'gpu_freq'"),
+    ("gpu_freq_w,step_time_s,power_w\n1,0.1,5\n", "a power suffix (_w) on gpu_freq (gpu_clock, unit Hz)"),
+    ("cpu_cores_mhz,step_time_s,power_w\n1,0.1,5\n", "a frequency suffix (_mhz) on cpu_cores"),
+    ("vdd_in_mw,step_time_s,power_w\n5000,0.1,5\n", ("column 'vdd_in_mw' holds a power (unit suffix _mw) but is "
+     "not a power limit")),
+    ("power_mode,step_time_s,power_w\nMAXN,0.1,5\n", "power_mode = 'MAXN' is not a number"),
+    ("gpu_freq,step_time_s,power_w,repeats\n1e8,0.1,5,2\n1e8,0.1,5,2\n", ("repeated rows for gpu_freq=1e+08 in a "
+     "table with a repeats column (already aggregated)")),
+    ("gpu_freq,step_time_s,power_w,repeats\n1e8,0.1,5,1.5\n", "repeats must hold whole numbers"),
+    ("gpu_freq,step_time_s,power_w,power_cv\n1e8,0.1,5,-0.2\n", "row 1: power_cv must be >= 0"),
+    (("gpu_freq,batch_size,step_time_s,power_w,epochs_to_target,convergence_runs,convergence_failures\n"
+      "1e8,8,0.1,5,3,2,3\n"), "row 1: convergence_failures exceeds convergence_runs"),
+    ("gpu_freq,step_time_s,power_w,epochs_to_target\n1e8,0.1,5,3\n2e8,0.1,5,4\n",
+     "epochs_to_target differs between every row"),
+    ("gpu_freq,step_time_s,power_w\n,0.1,5\n", "line 2: missing value in column gpu_freq"),
+    ("gpu_mhz,step_time_s\n100,0.1\n", "no 'power_w' column; the header has gpu_mhz, step_time_s"),
+])
+def test_malformed_v2_tables_give_one_clear_line(tmp_path, text, message):
+    with pytest.raises(TableError, match=re.escape(message)) as info:
+        load_table(write(tmp_path, text))
+    assert "\n" not in str(info.value) and str(info.value).startswith(str(tmp_path))

@@ -83,6 +83,8 @@ def search(args: argparse.Namespace) -> int:
             if trace is not None:
                 # the table is the training run: reports and the study name name it, not the unused workload
                 workload.name = Path(device.name.partition(":")[2]).stem
+                # ... and its declared untuned batch size is the baseline's, not the unused workload's
+                workload.default_batch_size = device.backend.default_batch_size or workload.default_batch_size
             space = build_space(device, workload.default_batch_size,
                                 trace.batch_sizes if trace else cfg.space.batch_sizes, cfg.space.knobs,
                                 cfg.space.values)

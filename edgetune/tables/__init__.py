@@ -1,0 +1,90 @@
+"""Measurement tables: step time and power measured per knob setting (and batch size), as CSV.
+
+A table is what a profiling run, a colleague's board or a published trace measured. The predictors learn
+from tables, the ``trace:<table.csv>`` device replays them (:mod:`edgetune.power.trace`), and the search
+reports its gap to a table's own oracle.
+
+Table format v2
+---------------
+One header line. Lines starting with ``#`` before it are notes (e.g. the source), except declarations:
+``# edgetune: key=value, key=value`` (see below). Columns:
+
+=========================  ===========  ===================================================================
+column                     required     meaning
+=========================  ===========  ===================================================================
+``power_w``                yes          mean board/GPU power while training, W
+``step_time_s``            one of the   seconds per training step at that setting
+``time_per_epoch_s``       two          seconds per epoch (published traces report this)
+``batch_size``             no           samples per step; without it the table is a fixed-batch sweep (one
+                                        job, the batch size it ran at, declared or unknown)
+``peak_power_w``           no           highest power seen, W
+``epochs_to_target``       no           epochs to reach the quality target at this batch size (same value
+                                        on every row of a batch size); ``inf`` = never reached; empty on
+                                        every row of a batch size = no convergence data there
+``convergence_runs``       no           training runs behind ``epochs_to_target`` (per batch size)
+``convergence_failures``   no           of those, runs that never reached the target
+``samples_per_epoch``      no           training set size; relates ``time_per_epoch_s`` and ``step_time_s``
+``repeats``, ``time_cv``,  no           written by :func:`save_table` for aggregated repeats: how many, and
+``power_cv``                            the relative spread (std / median) of time and power; empty = one
+any other column           -            a knob (below)
+=========================  ===========  ===================================================================
+
+Knob columns are mapped to the registry's roles (:mod:`edgetune.power.knobs`: GPU clock, memory clock, CPU
+clock, online cores, power limit, power mode) by name and unit suffix, and renamed to the registry's name
+in its unit: ``gpu_freq_hz`` -> ``gpu_freq`` (Hz), ``emc_freq_mhz`` -> ``emc_freq`` (x1e6, Hz),
+``cpu_freq_khz`` -> ``cpu_freq`` (kHz), ``cpu_cores``, ``power_limit_w``; aliases such as ``gpu_clk``,
+``online_cores``, ``nvpmodel`` too (:mod:`edgetune.tables.columns`). Two columns of one role are refused
+(keep one, or ignore one). Other columns are knobs with no role (the hardware model treats them
+generically); a power-suffixed column that is not a power limit is refused. Power modes are nvpmodel mode
+numbers. Every value is a finite number (except the empty and ``inf`` cases above).
+
+Repeated rows (the same setting and batch size several times) are measurements of one setting: they are
+aggregated into one row, every measured column the median of the repeats, ``repeats`` their count and
+``time_cv`` / ``power_cv`` their spread, which a replay draws its noise from.
+
+Declarations (``# edgetune:`` lines; several items per line separated by commas):
+
+* ``default_batch_size=<B>``: the batch size the job runs at untuned (the baseline a search reports against);
+  in a table without ``batch_size``, the batch size of every row. ``import-zeus`` writes Zeus's defaults.
+* ``column <header>=<name>``: map a column by name (``column GR3D_MHz=gpu_freq_mhz``, ``column
+  clk=gpu_clock``), rename it to a reserved column (``column avg_w=power_w``), or drop it (``=ignore``).
+* ``sensor_period_s=<s>``: update period of the power sensor that measured the table.
+* ``default_time_cv=<r>``, ``default_power_cv=<r>``: relative spread of one measurement for rows without
+  repeats (default: the table's repeated rows, else :data:`DEFAULT_TIME_CV` and :data:`DEFAULT_POWER_CV`).
+
+A bad table raises :class:`TableError` with one line naming the file, the row and the fix; nothing is
+ever fitted on a table that did not validate.
+
+This package is data only: it imports from edgetune only the knob registry (:mod:`edgetune.power.knobs`)
+and the logger.
+"""
+
+from edgetune.tables.columns import ALIASES, UNIT_SUFFIXES, KnobColumn, resolve_knob_name
+from edgetune.tables.csvio import load_table, save_table
+from edgetune.tables.table import (
+    DEFAULT_POWER_CV,
+    DEFAULT_TIME_CV,
+    RESERVED_COLUMNS,
+    Declarations,
+    Spread,
+    Table,
+    TableError,
+    check_train_size,
+)
+
+__all__ = [
+    "ALIASES",
+    "DEFAULT_POWER_CV",
+    "DEFAULT_TIME_CV",
+    "RESERVED_COLUMNS",
+    "UNIT_SUFFIXES",
+    "Declarations",
+    "KnobColumn",
+    "Spread",
+    "Table",
+    "TableError",
+    "check_train_size",
+    "load_table",
+    "resolve_knob_name",
+    "save_table",
+]
