@@ -172,7 +172,7 @@ def _aggregate(columns: dict[str, np.ndarray], knobs: tuple[str, ...], src: str)
         col = next((columns[s] for s in sources if s in columns), None)
         if col is not None:
             out[cv_name] = np.array([_spread_of(col[rows]) for rows in groups])
-    _log.info("%s: %d rows aggregated into %d settings (median of up to %d repeats)", src, n, len(groups),
+    _log.debug("%s: %d rows aggregated into %d settings (median of up to %d repeats)", src, n, len(groups),
               int(counts.max()))
     return out
 
@@ -213,7 +213,7 @@ def load_table(path: str | os.PathLike) -> Table:
     knob_columns = [c for c in mapped if isinstance(c, KnobColumn)]
     for c in knob_columns:
         if c.header != c.name or c.scale != 1.0:
-            _log.info("%s: column %s", src, c.describe())
+            _log.debug("%s: column %s", src, c.describe())
     knobs = tuple(c.name for c in knob_columns)
     values: dict[str, list[float]] = {name: [] for name in names}
     for offset, row in enumerate(reader):
