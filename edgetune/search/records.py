@@ -83,11 +83,14 @@ _FINISHED = (TrialState.COMPLETE, TrialState.FAIL)
 _PENDING = (TrialState.WAITING, TrialState.RUNNING)
 
 
-class Role(enum.StrEnum):
-    """Why a setting was measured."""
+class Role(str, enum.Enum):
+    """Why a setting was measured (a str enum that works on Python 3.10, JetPack 6's Python)."""
 
     BASELINE = "baseline"  # a probe of the baseline of common practice
     SEARCH = "search"  # proposed by the sampler (or queued by the search itself)
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
