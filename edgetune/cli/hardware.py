@@ -196,7 +196,12 @@ def _monitor(device: Device, args: argparse.Namespace) -> int:
     sensor, clock = device.sensor, device.clock
     monitor = PowerMonitor(sensor, clock, rate_hz=args.rate)
     rails = list(sensor.rails)
-    out = open(args.csv, "w", newline="") if args.csv else None  # noqa: SIM115 - closed in finally
+    try:
+        out = open(args.csv, "w", newline="") if args.csv else None  # noqa: SIM115 - closed in finally
+    except OSError as exc:
+        what = "is a folder" if isinstance(exc, IsADirectoryError) else (exc.strerror or str(exc)).lower()
+        raise UsageError(f"--csv {args.csv}: cannot write the samples there ({what}); give a file path in an "
+                         f"existing folder") from None
     writer = None
     if out is not None:
         writer = csv.writer(out)
