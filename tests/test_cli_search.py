@@ -215,3 +215,25 @@ def test_every_trial_raising_names_the_first_error(helper, tmp_path, capsys, mon
     assert code == 2
     line = _one_error_line(capsys)
     assert "the data loader broke: no such shard" in line
+
+
+BINARY = b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["search", "--config", "{file}", "--budget", "10"], "is not a text TOML file (byte 0 is not UTF-8)"),
+    (["search", "--device", "trace:{file}", "--budget", "10"], "is not a text CSV file"),
+    (["predict-eval", "{file}"], "is not a text CSV file"),
+])
+def test_a_binary_config_or_table_is_one_line_exit_2(tmp_path, capsys, argv, message):
+    binary = tmp_path / "binary.bin"
+    binary.write_bytes(BINARY)
+    assert main([a.replace("{file}", str(binary)) for a in argv]) == 2
+    line = _one_error_line(capsys)
+    assert message in line and str(binary) in line
+
+
+def test_a_protocol_the_measurement_refuses_is_one_line_exit_2(tmp_path, capsys):
+    assert main(["search", *FAST, "--budget", "10", "--measure-steps", "1000000", "-o", str(tmp_path / "o")]) == 2
+    assert "--measure-steps) 1000000 is more steps than one measured window holds; use at most 100000" in \
+        _one_error_line(capsys)

@@ -208,6 +208,10 @@ def measurement_protocol(section: ProtocolSection) -> MeasurementProtocol:
     """The search's :class:`~edgetune.search.trial.MeasurementProtocol` from the config's ``[protocol]``."""
     from edgetune.search.trial import MeasurementProtocol
 
+    cap = MeasurementProtocol.max_steps
+    if section.measure_steps > cap:
+        raise UsageError(f"protocol.measure_steps (--measure-steps) {section.measure_steps} is more steps than one "
+                         f"measured window holds; use at most {cap}")
     try:
         return MeasurementProtocol(warmup_steps=section.warmup_steps, measure_steps=section.measure_steps,
                                    measure_s=section.measure_s, real_steps=section.real_steps)
