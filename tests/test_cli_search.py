@@ -237,3 +237,48 @@ def test_a_protocol_the_measurement_refuses_is_one_line_exit_2(tmp_path, capsys)
     assert main(["search", *FAST, "--budget", "10", "--measure-steps", "1000000", "-o", str(tmp_path / "o")]) == 2
     assert "--measure-steps) 1000000 is more steps than one measured window holds; use at most 100000" in \
         _one_error_line(capsys)
+
+
+def test_best_json_labels_every_knob_value_and_the_runtime_reads_old_and_new_plans(tmp_path):
+    from edgetune.runtime import load_plan
+
+    out = tmp_path / "o"
+    assert main(["search", *FAST, "--budget", "12", "--n-trials", "1", "--knobs", "gpu_freq,cpu_freq",
+                 "-o", str(out)]) == 0
+    best = json.loads((out / "best.json").read_text())
+    gpu, cpu = best["setting"]["gpu_freq"], best["setting"]["cpu_freq"]
+    assert gpu["unit"] == "Hz" and gpu["text"] == f"{gpu['value'] / 1e6:g} MHz"
+    assert cpu["unit"] == "kHz" and cpu["text"].endswith("Hz") and cpu["value"] < 1e7  # kHz, labelled so
+    assert best["baseline"]["setting"]["gpu_freq"]["unit"] == "Hz"
+    assert best["workload_cost"]["param_bytes"] > 0 and best["workload_cost"]["flops_per_sample"] > 0
+    plan = load_plan(out / "best.json")
+    assert plan.setting == {"gpu_freq": gpu["value"], "cpu_freq": cpu["value"]} and plan.workload == "cnn"
+    old = tmp_path / "old.json"  # best.json as edgetune wrote it before the units
+    old.write_text(json.dumps({"batch_size": 8, "budget_w": 10, "setting": {"gpu_freq": 510000000}}))
+    assert load_plan(old).setting == {"gpu_freq": 510000000} and load_plan(old).workload_cost is None
+
+
+def test_a_plan_applied_to_another_model_is_warned_about(tmp_path, caplog):
+    import torch
+
+    import edgetune
+    from edgetune.workloads import load_workload
+
+    out = tmp_path / "o"
+    assert main(["search", *FAST, "--budget", "12", "--n-trials", "1", "-o", str(out)]) == 0
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    other = torch.nn.Linear(8, 2)
+    with caplog.at_level("WARNING", logger="edgetune"):
+        with edgetune.tune(other, torch.optim.SGD(other.parameters(), lr=0.1), dataset=data, budget_w=12,
+                           device="sim:orin-nano", plan=out / "best.json", print_summary=False) as tuner:
+            pass
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("was searched for another model (cnn): parameter bytes" in w for w in warned), warned
+    assert any("was searched for another model" in text for _, text in tuner.events)
+    caplog.clear()
+    cnn = load_workload("cnn").model  # the plan's own model: no word
+    with caplog.at_level("WARNING", logger="edgetune"):
+        with edgetune.tune(cnn, torch.optim.SGD(cnn.parameters(), lr=0.1), dataset=data, budget_w=12,
+                           device="sim:orin-nano", plan=out / "best.json", print_summary=False):
+            pass
+    assert not [r for r in caplog.records if "another model" in r.getMessage()]
