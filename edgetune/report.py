@@ -172,12 +172,12 @@ def _explain(fig, title: str, lines: Sequence[str]) -> None:
 def _failure_lines(result: SearchResult) -> list[str]:
     failed = [r for r in result.measured if r.outcome is None]
     if not result.measured:
-        return ["No setting was measured: the search stopped before its first trial "
-                f"({result.stop_reason or 'no reason recorded'})."]
+        return [(f"No setting was measured: the search stopped before its first trial "
+                 f"({result.stop_reason or 'no reason recorded'}).")]
     causes = Counter("out of memory" if r.oom else (r.error or "failed").split(":")[0] for r in failed)
     cause, count = causes.most_common(1)[0] if causes else ("", 0)
-    return [f"None of the {len(result.measured)} measured settings ran to the end, so there is no time or energy "
-            f"to draw.", f"Most common cause: {cause} ({count} of {len(failed)}).",
+    return [(f"None of the {len(result.measured)} measured settings ran to the end, so there is no time or "
+             f"energy to draw."), f"Most common cause: {cause} ({count} of {len(failed)}).",
             "Every trial and its error are in trials.csv."]
 
 
@@ -268,9 +268,9 @@ def plot_power(result: SearchResult, path: str | Path) -> Path:
     traced = [r for r in sorted(result.measured, key=lambda r: r.number) if r.trace_t]
     title = f"Board power over the measured windows: {_context(result)}"
     if not traced:
-        _explain(fig, title, _failure_lines(result) if result.measured and all(
-            r.outcome is None for r in result.measured) else ["No power record was kept for the measured "
-                                                              "settings (nothing to draw)."])
+        nothing_ran = bool(result.measured) and all(r.outcome is None for r in result.measured)
+        _explain(fig, title, _failure_lines(result) if nothing_ran else
+                 ["No power record was kept for the measured settings (nothing to draw)."])
         return _save(fig, path)
     ax = fig.subplots()
     limit_w = None if result.budget_w is None else result.budget_w * (1.0 + result.tolerance)

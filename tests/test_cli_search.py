@@ -268,17 +268,17 @@ def test_a_plan_applied_to_another_model_is_warned_about(tmp_path, caplog):
     assert main(["search", *FAST, "--budget", "12", "--n-trials", "1", "-o", str(out)]) == 0
     data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
     other = torch.nn.Linear(8, 2)
-    with caplog.at_level("WARNING", logger="edgetune"):
-        with edgetune.tune(other, torch.optim.SGD(other.parameters(), lr=0.1), dataset=data, budget_w=12,
-                           device="sim:orin-nano", plan=out / "best.json", print_summary=False) as tuner:
-            pass
+    with caplog.at_level("WARNING", logger="edgetune"), edgetune.tune(
+            other, torch.optim.SGD(other.parameters(), lr=0.1), dataset=data, budget_w=12, device="sim:orin-nano",
+            plan=out / "best.json", print_summary=False) as tuner:
+        pass
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("was searched for another model (cnn): parameter bytes" in w for w in warned), warned
     assert any("was searched for another model" in text for _, text in tuner.events)
     caplog.clear()
     cnn = load_workload("cnn").model  # the plan's own model: no word
-    with caplog.at_level("WARNING", logger="edgetune"):
-        with edgetune.tune(cnn, torch.optim.SGD(cnn.parameters(), lr=0.1), dataset=data, budget_w=12,
-                           device="sim:orin-nano", plan=out / "best.json", print_summary=False):
-            pass
+    with caplog.at_level("WARNING", logger="edgetune"), edgetune.tune(
+            cnn, torch.optim.SGD(cnn.parameters(), lr=0.1), dataset=data, budget_w=12, device="sim:orin-nano",
+            plan=out / "best.json", print_summary=False):
+        pass
     assert not [r for r in caplog.records if "another model" in r.getMessage()]

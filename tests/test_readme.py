@@ -46,7 +46,7 @@ HARDWARE = ("devices", "monitor", "restore")  # commands that look at the machin
 
 def blocks(text: str) -> list[tuple[str, str]]:
     """Every fenced code block of ``text`` as (language, body), in order."""
-    return [(m.group(1), m.group(2)) for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.M | re.S)]
+    return [(m.group(1), m.group(2)) for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.MULTILINE | re.DOTALL)]
 
 
 def commands(body: str) -> list[str]:

@@ -92,7 +92,7 @@ class SearchProgress:
         self.bar = tqdm(total=n_trials, initial=min(measured_before, n_trials), desc="trials", unit="trial",
                         file=self.stream, leave=False, disable=quiet or not self.terminal)
 
-    def __enter__(self) -> SearchProgress:
+    def __enter__(self) -> SearchProgress:  # noqa: PYI034 - Python 3.10 has no typing.Self
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -132,7 +132,7 @@ class RunProgress:
         self.bar = tqdm(total=steps, desc=what, unit="step", file=self.stream, leave=False,
                         disable=not self.terminal)
 
-    def __enter__(self) -> RunProgress:
+    def __enter__(self) -> RunProgress:  # noqa: PYI034 - Python 3.10 has no typing.Self
         return self
 
     def __exit__(self, *exc: object) -> None:

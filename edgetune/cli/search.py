@@ -27,8 +27,8 @@ from edgetune.cli.flags import add_config_flags, config_from_args
 
 if TYPE_CHECKING:
     from edgetune.config import Config, EfficiencySection, ProtocolSection
-    from edgetune.search.results import SearchResult
     from edgetune.search.efficiency import TargetModel
+    from edgetune.search.results import SearchResult
     from edgetune.search.trial import MeasurementProtocol
 
 __all__ = ["measurement_protocol", "register", "search"]
