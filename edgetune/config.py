@@ -535,6 +535,9 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | N
             raise ConfigError(f"config file {p} does not exist; create one with `edgetune init {p}`") from None
         except OSError as exc:
             raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {p} is not a text TOML file (byte {exc.start} is not UTF-8); "
+                              f"write one with `edgetune init`") from None
         try:
             raw = _flatten(tomllib.loads(text), str(p))
         except tomllib.TOMLDecodeError as exc:

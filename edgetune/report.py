@@ -5,13 +5,19 @@ no display is needed, and the backend of the process that calls edgetune (a note
 
 * :func:`summary_table` - the chosen setting against the baseline, and how the search went;
 * :func:`plot_time_energy` - time vs energy to target of every measured setting, the Pareto front of the
-  feasible ones, infeasible settings (over budget) marked, the chosen one and the baseline highlighted;
-* :func:`plot_power` - board power over each measured window, with the budget line.
+  feasible ones on top, infeasible settings (over budget) marked, the chosen one and the baseline
+  highlighted; outliers drawn at the edge of the view (:func:`view_limits`) so they do not squeeze the rest;
+* :func:`plot_power` - board power over each measured window, with the budget line and the guard band.
+
+Keys are legends below the axes, never titles; titles wrap to the figure's width; a search with nothing to
+draw gets a figure that says why, not empty axes.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,7 +30,7 @@ from edgetune.power.monitor import cumulative_energy_j
 if TYPE_CHECKING:
     from edgetune.search.study import SearchResult, TrialRecord
 
-__all__ = ["format_table", "plot_power", "plot_time_energy", "summary_table", "write_plots"]
+__all__ = ["format_table", "plot_power", "plot_time_energy", "summary_table", "view_limits", "write_plots"]
 
 SCIENTIFIC_FROM = 1e5  # table cells this large print as 1.234e+05: 4 significant digits would drop digits
 
@@ -64,11 +70,13 @@ def _setting_text(r: TrialRecord, units: dict[str, str]) -> str:
 def summary_table(result: SearchResult) -> str:
     """The end-of-search summary: chosen vs baseline, then one line on the search itself."""
     units = result.space.unit_of
+    all_failed = bool(result.measured) and all(r.outcome is None for r in result.measured)
     rows = []
     for label, r in (("chosen", result.best), ("baseline", result.baseline)):
         if r is None:
-            rows.append([label, "-", "none held the budget" if label == "chosen" else "none (see notes)",
-                         None, None, None, None, None])
+            why = ("every setting failed" if all_failed else "none held the budget") if label == "chosen" else (
+                "none (see notes)")
+            rows.append([label, "-", why, None, None, None, None, None])
             continue
         m = r.measurement or {}
         o = r.outcome
@@ -81,29 +89,49 @@ def summary_table(result: SearchResult) -> str:
     table = format_table(["", "batch", "setting", "step s", f"max {window_s:g}s-avg W", "J/sample",
                           "time to target s", "energy to target J"], rows)
     n = len(result.measured)
-    infeasible = sum(1 for r in result.measured if not r.feasible)
+    failed = sum(1 for r in result.measured if r.outcome is None)
+    over = sum(1 for r in result.measured if r.outcome is not None and not r.feasible)
     budget = ("unconstrained" if result.budget_w is None else
               f"{result.budget_w:g} W" + ("" if result.constrained else " (above the device maximum: "
                                                                           "no constraint binds)"))
     lines = [table, ""]
     sp = result.speedup
     if sp is not None:
-        what = {"energy": "energy to target", "throughput": "throughput"}.get(result.objective, "time to target")
-        lines.append(f"speedup over baseline ({what}): {sp:.2f}x")
-    lines.append(f"measured {n} of {result.space.size} settings ({infeasible} over budget or failed); "
+        lines.append(_gain_line(result.objective, sp))
+    lines.append(f"measured {n} of {result.space.size} settings ({over} over budget, {failed} failed); "
                  f"budget {budget}; stopped: {result.stop_reason}")
     if result.simulated:
         lines.append(f"SIMULATED device ({result.device_description}); protocol: {result.protocol}")
     return "\n".join(lines)
 
 
-TIME_ENERGY_SIZE_IN = (7, 5)  # inches: a square-ish scatter with room for the legend
-POWER_SIZE_IN = (9, 4)  # inches: wide, windows run back to back along the time axis
-PLOT_DPI = 110  # 770x550 and 990x440 pixels: readable on a laptop screen, small files
+def _gain_line(objective: str, ratio: float) -> str:
+    """The chosen setting against the baseline, in the objective's own words (``ratio``: baseline over
+    chosen for time and energy, chosen over baseline for throughput; above 1 is better)."""
+    if objective == "energy":
+        change = f"{1.0 - 1.0 / ratio:.0%} less" if ratio >= 1.0 else f"{1.0 / ratio - 1.0:.0%} more"
+        return f"energy to target vs baseline: {change} energy (baseline / chosen = {ratio:.2f}x)"
+    if objective == "throughput":
+        return f"throughput vs baseline: {ratio:.2f}x the samples/s"
+    return f"speedup over baseline (time to target): {ratio:.2f}x"
+
+
+TIME_ENERGY_SIZE_IN = (8, 5.5)  # inches: the scatter, with the legend in a row below it
+POWER_SIZE_IN = (10, 5)  # inches: wide, windows run back to back along the time axis; legend below
+PLOT_DPI = 110  # 880x605 and 1100x550 pixels: readable on a laptop screen, small files
 WINDOW_GAP_S = 0.2  # gap drawn between consecutive measured windows in the power plot
 TITLE_FONT_PT = 10  # titles name device, workload and budget: long, so smaller than matplotlib's 12
+TITLE_CHARS = 80  # a title line is wrapped at this many characters: 10-pt text fits the figure's width
 LEGEND_FONT_PT = 8  # the legend must not hide the points
 FALLBACK_AVG_WINDOW_S = 1.0  # the budget's default window, for a record that does not name its own
+#: the time-energy view spans the middle half of the points (in log space) widened by this many of its
+#: widths on each side (Tukey's fences, 1.5); points beyond are outliers, drawn at the edge of the view
+OUTLIER_FENCE = 1.5
+#: narrowest middle half, in decades, the fences are built on: points within a few percent of each other
+#: are not called outliers of each other
+MIN_SPREAD_DECADES = 0.1
+VIEW_PAD_DECADES = 0.03  # room between the outermost points and the axes' edge
+EXPLAIN_FONT_PT = 11  # the text of a figure that explains why there is nothing to draw
 
 
 def _figure(size_in: tuple[float, float]):
@@ -111,81 +139,185 @@ def _figure(size_in: tuple[float, float]):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=size_in)
+    fig = Figure(figsize=size_in, layout="constrained")  # title, axes and legend laid out to fit
     FigureCanvasAgg(fig)
     return fig
 
 
 def _save(fig, path: str | Path) -> Path:
-    fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=PLOT_DPI)
     return path
 
 
-def plot_time_energy(result: SearchResult, path: str | Path) -> Path:
-    """Time vs energy to target: feasible, over budget (x), Pareto front (line), chosen and baseline."""
-    fig = _figure(TIME_ENERGY_SIZE_IN)
+def _title(text: str) -> str:
+    return textwrap.fill(text, TITLE_CHARS)
+
+
+def _context(result: SearchResult) -> str:
+    budget = "unconstrained" if result.budget_w is None else f"budget {result.budget_w:g} W"
+    return (f"{result.workload} on {result.device_name}, {budget}, objective {result.objective}"
+            + (" (simulated)" if result.simulated else ""))
+
+
+def _explain(fig, title: str, lines: Sequence[str]) -> None:
+    """A figure that says why there is nothing to plot, instead of empty axes."""
     ax = fig.subplots()
-    ok = [r for r in result.measured if r.outcome is not None]
-    feas = [r for r in ok if r.feasible]
-    over = [r for r in ok if not r.feasible]
+    ax.set_axis_off()
+    ax.set_title(_title(title), fontsize=TITLE_FONT_PT)
+    ax.text(0.5, 0.5, "\n".join(textwrap.fill(line, TITLE_CHARS - 10) for line in lines), ha="center",
+            va="center", fontsize=EXPLAIN_FONT_PT, transform=ax.transAxes, wrap=True)
+
+
+def _failure_lines(result: SearchResult) -> list[str]:
+    failed = [r for r in result.measured if r.outcome is None]
+    if not result.measured:
+        return [(f"No setting was measured: the search stopped before its first trial "
+                 f"({result.stop_reason or 'no reason recorded'}).")]
+    causes = Counter("out of memory" if r.oom else (r.error or "failed").split(":")[0] for r in failed)
+    cause, count = causes.most_common(1)[0] if causes else ("", 0)
+    return [(f"None of the {len(result.measured)} measured settings ran to the end, so there is no time or "
+             f"energy to draw."), f"Most common cause: {cause} ({count} of {len(failed)}).",
+            "Every trial and its error are in trials.csv."]
+
+
+def view_limits(values: Sequence[float], keep: Sequence[float] = ()) -> tuple[float, float]:
+    """Log-axis limits that show the bulk of ``values`` and every one of ``keep``, whatever the outliers.
+
+    Pure: the middle half of the values in log space, widened by :data:`OUTLIER_FENCE` of its width on each
+    side, then stretched to hold every value in ``keep`` (the chosen setting, the baseline, the Pareto
+    front) and never past the values' own range. Values outside are the outliers.
+    """
+    logs = np.log10(np.asarray(values, dtype=float))
+    q1, q3 = np.percentile(logs, [25, 75])
+    spread = max(q3 - q1, MIN_SPREAD_DECADES)
+    lo, hi = max(q1 - OUTLIER_FENCE * spread, logs.min()), min(q3 + OUTLIER_FENCE * spread, logs.max())
+    for v in keep:
+        lo, hi = min(lo, math.log10(v)), max(hi, math.log10(v))
+    return 10 ** (lo - VIEW_PAD_DECADES), 10 ** (hi + VIEW_PAD_DECADES)
+
+
+def plot_time_energy(result: SearchResult, path: str | Path) -> Path:
+    """Time vs energy to target: feasible, over budget (x), the Pareto front on top, chosen and baseline;
+    outliers drawn at the edge of the view as triangles (so one slow trial does not squeeze the rest)."""
+    fig = _figure(TIME_ENERGY_SIZE_IN)
+    ok = [r for r in result.measured if r.outcome is not None and r.outcome.time_to_target_s > 0
+          and r.outcome.energy_to_target_j > 0 and math.isfinite(r.outcome.time_to_target_s)
+          and math.isfinite(r.outcome.energy_to_target_j)]
+    title = f"Time vs energy to target: {_context(result)}"
+    if not ok:
+        _explain(fig, title, _failure_lines(result))
+        return _save(fig, path)
+    ax = fig.subplots()
+
+    def xy(rs):
+        return ([r.outcome.time_to_target_s for r in rs], [r.outcome.energy_to_target_j for r in rs])
+
+    highlighted = [r for r in (result.best, result.baseline, *result.pareto) if r is not None and r in ok]
+    hx, hy = xy(highlighted)
+    xs, ys = xy(ok)
+    x_lo, x_hi = view_limits(xs, hx)
+    y_lo, y_hi = view_limits(ys, hy)
+
+    def inside(r) -> bool:
+        o = r.outcome
+        return x_lo <= o.time_to_target_s <= x_hi and y_lo <= o.energy_to_target_j <= y_hi
+
+    shown = [r for r in ok if inside(r)]
+    outliers = [r for r in ok if not inside(r)]
+    feas = [r for r in shown if r.feasible]
+    over = [r for r in shown if not r.feasible]
     if feas:
-        ax.scatter([r.outcome.time_to_target_s for r in feas], [r.outcome.energy_to_target_j for r in feas],
-                   s=18, c="tab:blue", label="within budget")
+        ax.scatter(*xy(feas), s=18, c="tab:blue", label="within budget", zorder=2)
     if over:
-        ax.scatter([r.outcome.time_to_target_s for r in over], [r.outcome.energy_to_target_j for r in over],
-                   s=24, c="tab:red", marker="x", label="over budget (infeasible)")
+        ax.scatter(*xy(over), s=24, c="tab:red", marker="x", label="over budget (infeasible)", zorder=2)
+    if outliers:
+        cx = np.clip(xy(outliers)[0], x_lo, x_hi)
+        cy = np.clip(xy(outliers)[1], y_lo, y_hi)
+        ax.scatter(cx, cy, s=40, marker="^", facecolors="none", edgecolors="0.4", zorder=2, clip_on=False,
+                   label=f"{len(outliers)} outlier(s) beyond the view, drawn at its edge (values in trials.csv)")
     if result.pareto:
-        ax.plot([r.outcome.time_to_target_s for r in result.pareto],
-                [r.outcome.energy_to_target_j for r in result.pareto], "-o", c="tab:green", ms=4,
-                label="Pareto front (feasible)")
+        ax.plot(*xy(result.pareto), "-o", c="tab:green", ms=4, lw=1.5, zorder=4, label="Pareto front (feasible)")
     for r, style, label in ((result.baseline, {"marker": "s", "c": "tab:orange"}, "baseline"),
                             (result.best, {"marker": "*", "c": "gold"}, "chosen")):
-        if r is not None and r.outcome is not None:
-            ax.scatter([r.outcome.time_to_target_s], [r.outcome.energy_to_target_j], s=160, edgecolors="k",
-                       zorder=5, label=label, **style)
-    n_fail = sum(1 for r in result.measured if r.outcome is None)
-    budget = "unconstrained" if result.budget_w is None else f"budget {result.budget_w:g} W"
+        if r is not None and r.outcome is not None and r in ok:
+            ax.scatter(*xy([r]), s=160, edgecolors="k", zorder=5, label=label, **style)
     # settings span orders of magnitude (tiny batches at low clocks): log axes keep the front readable
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("time to target (s, log)")
-    ax.set_ylabel("energy to target (J, log)")
-    title = f"{result.workload} on {result.device_name}, {budget}"
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_ylim(y_lo, y_hi)
+    ax.set_xlabel("time to target (s, log scale)")
+    ax.set_ylabel("energy to target (J, log scale)")
+    n_fail = sum(1 for r in result.measured if r.outcome is None)
     if n_fail:
-        title += f" ({n_fail} out of memory/failed, not shown)"
-    ax.set_title(title + (" [simulated]" if result.simulated else ""), fontsize=TITLE_FONT_PT)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=LEGEND_FONT_PT)
+        title += f"; {n_fail} setting(s) failed (out of memory or error), not drawn"
+    ax.set_title(_title(title), fontsize=TITLE_FONT_PT)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=LEGEND_FONT_PT, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
     return _save(fig, path)
 
 
 def plot_power(result: SearchResult, path: str | Path) -> Path:
-    """Board power over the measured windows, one after another, with the budget line."""
+    """Board power over the measured windows, one after another: the budget line, and where the guard band
+    is known the line the moving average had to stay under (budget less ``guard_sigma`` standard errors)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     fig = _figure(POWER_SIZE_IN)
+    traced = [r for r in sorted(result.measured, key=lambda r: r.number) if r.trace_t]
+    title = f"Board power over the measured windows: {_context(result)}"
+    if not traced:
+        nothing_ran = bool(result.measured) and all(r.outcome is None for r in result.measured)
+        _explain(fig, title, _failure_lines(result) if nothing_ran else
+                 ["No power record was kept for the measured settings (nothing to draw)."])
+        return _save(fig, path)
     ax = fig.subplots()
+    limit_w = None if result.budget_w is None else result.budget_w * (1.0 + result.tolerance)
+    guard = getattr(result, "guard_sigma", None)
+    window_s = FALLBACK_AVG_WINDOW_S
     offset = 0.0
-    for r in sorted(result.measured, key=lambda r: r.number):
-        if not r.trace_t:
-            continue
+    banded = False
+    for r in traced:
+        m = r.measurement or {}
         color = "tab:blue" if r.feasible else "tab:red"
-        ax.plot([offset + t for t in r.trace_t], r.trace_w, lw=0.8, c=color, alpha=0.6)
-        window_s = (r.measurement or {}).get("avg_window_s", FALLBACK_AVG_WINDOW_S)
+        ax.plot([offset + t for t in r.trace_t], r.trace_w, lw=0.8, c=color, alpha=0.6, zorder=2)
+        window_s = m.get("avg_window_s") or FALLBACK_AVG_WINDOW_S
         ma_t, ma_w = _moving_average(r.trace_t, r.trace_w, window_s)
         if ma_t.size:
-            ax.plot(offset + ma_t, ma_w, lw=1.2, c="k")
+            ax.plot(offset + ma_t, ma_w, lw=0.8, c="0.25", zorder=3)
+        end = offset + r.trace_t[-1]
+        peak_avg = m.get("max_avg_power_w")
+        if isinstance(peak_avg, (int, float)) and math.isfinite(peak_avg):
+            ax.hlines(peak_avg, offset, end, colors="k", lw=2.0, zorder=4)
         if r is result.best:
-            ax.axvspan(offset, offset + r.trace_t[-1], color="gold", alpha=0.3, lw=0)
-        offset += r.trace_t[-1] + WINDOW_GAP_S
-    if result.budget_w is not None:
-        ax.axhline(result.budget_w, c="k", ls="--", lw=1, label=f"budget {result.budget_w:g} W")
-        ax.legend(fontsize=LEGEND_FONT_PT, loc="upper right")
-    ax.set_xlabel("measured window time, windows back to back (s, device clock)")
+            ax.axvspan(offset, end, color="gold", alpha=0.3, lw=0, zorder=1)
+        se = m.get("power_se_w")
+        if limit_w is not None and result.constrained and guard and isinstance(se, (int, float)) and se > 0:
+            ax.fill_between([offset, end], limit_w - guard * se, limit_w, color="tab:orange", alpha=0.35, lw=0,
+                            zorder=1)
+            banded = True
+        offset = end + WINDOW_GAP_S
+    handles = [Line2D([], [], c="tab:blue", lw=0.8, label="power, setting within budget"),
+               Line2D([], [], c="tab:red", lw=0.8, label="power, setting over budget"),
+               Line2D([], [], c="0.25", lw=0.8, label=f"{window_s:g}-s moving average"),
+               Line2D([], [], c="k", lw=2.0, label=f"highest {window_s:g}-s average of the window (judged)")]
+    if result.best is not None and result.best in traced:
+        handles.append(Patch(color="gold", alpha=0.3, label="chosen setting"))
+    if limit_w is not None:
+        ax.axhline(limit_w, c="k", ls="--", lw=1, zorder=4)
+        tol = f" + {result.tolerance:.0%} tolerance" if result.tolerance else ""
+        handles.append(Line2D([], [], c="k", ls="--", lw=1, label=f"budget {result.budget_w:g} W{tol}"))
+    if banded:
+        handles.append(Patch(color="tab:orange", alpha=0.35,
+                             label=f"guard band ({guard:g} standard errors of the average): a window whose "
+                                   f"average enters it counts as over"))
+    ax.set_xlabel("measured windows, back to back (s, device clock)")
     ax.set_ylabel("board power (W)")
-    ax.set_title("power over the measured windows (black: moving average; red: over budget; gold: chosen)"
-                 + (" [simulated]" if result.simulated else ""), fontsize=TITLE_FONT_PT)
+    ax.set_title(_title(title), fontsize=TITLE_FONT_PT)
     ax.grid(alpha=0.3)
+    ax.legend(handles=handles, fontsize=LEGEND_FONT_PT, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2,
+              frameon=False)
     return _save(fig, path)
 
 

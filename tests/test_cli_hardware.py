@@ -216,9 +216,14 @@ def test_monitor_ctrl_c_prints_summary(tmp_path):
     (["monitor", "--duration", "-1"], "--duration -1 must be positive"),
     (["monitor", "--device", "tpu:7"], "unknown device 'tpu:7'"),
     (["monitor", "--device", "jetson"], "no Jetson board under"),
+    (["monitor", "--device", "sim:orin-nano", "--duration", "0.1", "--csv", "/nonexistent/x.csv"],
+     "--csv /nonexistent/x.csv: cannot write the samples there (no such file or directory)"),
+    (["monitor", "--device", "sim:orin-nano", "--duration", "0.1", "--csv", "."],
+     "--csv .: cannot write the samples there (is a folder)"),
 ])
 def test_monitor_bad_input_is_one_line_exit_2(tmp_path, monkeypatch, capsys, args, message):
     (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("EDGETUNE_SYSFS_ROOT", str(tmp_path / "empty"))
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -231,6 +236,21 @@ def test_monitor_rapl(tmp_path, monkeypatch, capsys):
     assert main(["monitor", "--device", "rapl", "--duration", "0.3", "--rate", "50"]) == 0
     out = capsys.readouterr().out
     assert "derived: package-0 + dram-0" in out and "hardware energy counter: 0.00 J" in out
+
+
+def test_devices_json_into_a_closed_pipe_is_one_line_exit_2(tmp_path):
+    """`edgetune devices --json | head -1`: the reader is gone before the output is written."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # a pipe without a reader: every write fails with EPIPE, as after `head` exits
+    try:
+        proc = subprocess.run([sys.executable, "-m", "edgetune", "devices", "--json"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, env=_env(tmp_path / "none", tmp_path), cwd=REPO,
+                              timeout=120, check=False)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "edgetune: error: standard output was closed before the output was written (broken pipe)"]
 
 
 # ------------------------------------------------------------------------------------------ restore

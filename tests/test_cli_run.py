@@ -55,6 +55,12 @@ def test_lower_gpu_clock_draws_less_power(capsys):
         (["run", "--batch-size", "0"], "positive integer"),
         (["run", "--steps", "-3"], "positive integer"),
         (["run", "--device", "sim:orin-nano", "--workload", "no_such_module_xyz:build"], "no_such_module_xyz"),
+        (["run", "--steps", "1000000"], "use at most 100000"),
+        (["run", "--device", "sim:orin-nano", "--set", "gpu_freq=408000000W"], "gpu_freq is set in Hz, not W"),
+        (["run", "--device", "sim:orin-nano", "--set", "power_limit=10MHz"], "no knob 'power_limit'"),
+        (["run", "--device", "sim:orin-nano", "--set", "cpu_freq=1.5W"], "cpu_freq is set in kHz, not W"),
+        (["run", "--device", "sim:orin-nano", "--set", "gpu_freq=min", "--set", "gpu_freq=max"],
+         "--set gpu_freq is given twice (gpu_freq=min and gpu_freq=max)"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv, message, capsys):
@@ -87,16 +93,19 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_progress_bar_draws_on_a_terminal_only(monkeypatch, capsys):
+def test_progress_is_a_bar_on_a_terminal_and_plain_lines_elsewhere(monkeypatch, capsys):
     terminal = _Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     assert main(RUN + ["--json"]) == 0
     assert json.loads(capsys.readouterr().out)["steps"] == 8  # stdout holds the JSON alone
     drawn = terminal.getvalue()
     assert "cnn b=16" in drawn and "/8" in drawn
-    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: nothing drawn
+    assert "\r" in drawn  # a bar redraws itself
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # a log file, CI, nohup: lines, no bar
     assert main(RUN + ["--json"]) == 0
-    assert sys.stderr.getvalue() == ""
+    lines = sys.stderr.getvalue().splitlines()
+    assert "\r" not in sys.stderr.getvalue()
+    assert lines == [f"edgetune: cnn b=16 on sim:orin-nano: step {k}/8" for k in range(1, 9)]
 
 
 WORKLOAD_THAT_LOGS = '''

@@ -118,12 +118,12 @@ def test_search_on_fake_orin_nano_driven_by_the_twin(tmp_path, monkeypatch, caps
     # The chosen setting respects the budget, measured and in truth, and was written to the files exactly.
     chosen = next(i for i, t in enumerate(trials)
                   if int(t["batch_size"]) == best["batch_size"]
-                  and all(t[k] == str(v) for k, v in best["setting"].items()))
+                  and all(t[k] == str(v["value"]) for k, v in best["setting"].items()))
     assert best["measured"]["max_avg_power_w"] <= BUDGET_W
     assert twin.expected(cost, best["batch_size"], _twin_values(trials[chosen], grid)).power_w <= BUDGET_W
     mode_ids = {name: i for i, name in MODES["orin-nano"][0]}
     for i in spans[chosen]:
-        _files_hold(board.knob_files[i], best["setting"], mode_ids)
+        _files_hold(board.knob_files[i], {k: v["value"] for k, v in best["setting"].items()}, mode_ids)
 
     # Afterwards every knob file is back at what the board started with.
     assert fake.knob_state() == original

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -223,3 +224,72 @@ def test_state_file_is_written_atomically(board, tmp_path):
     t = time.time()
     device.restore()
     assert not path.exists() and time.time() - t < 1
+
+
+# ------------------------------------------------------------------------------------------ restore exit status
+
+
+def test_files_set_aside_in_the_same_second_keep_distinct_names(board, tmp_path):
+    path = _leave_state_behind(board, tmp_path)
+    bodies = [f"torn write {i}" for i in range(3)]
+    for body in bodies:  # three damaged files at one path, set aside one after the other (well within a second)
+        path.write_text(body)
+        assert len(state.recover(report=lambda line: None)) == 1
+    kept = sorted((tmp_path / "state").glob("*.corrupt-*"))
+    assert len(kept) == 3 and sorted(p.read_text() for p in kept) == bodies
+
+
+def _restore(board, tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "edgetune", "restore", *args], env=_env(board, tmp_path),
+                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_restore_with_a_state_file_failing_its_checksum_exits_1_naming_the_knobs(board, tmp_path):
+    before = board.knob_state()
+    path = _leave_state_behind(board, tmp_path)
+    changed = board.knob_state()
+    data = json.loads(path.read_text())
+    data["written"] = "edited"  # any edit breaks the checksum
+    path.write_text(json.dumps(data))
+    done = _restore(board, tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert "fails its checksum" in lines[0] and "not used" in lines[0]
+    assert lines[-1].startswith("may still be changed on jetson: ")
+    for knob in ("gpu_freq", "cpu_cores", "cpu_freq", "power_mode"):
+        assert knob in lines[-1]
+    assert "`edgetune restore --defaults --device jetson`" in lines[-1]
+    assert board.knob_state() == changed  # nothing applied from an untrusted file
+    # --defaults: every knob back to the platform's documented default (the board as it booted)
+    done = _restore(board, tmp_path, "--defaults")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "put back to the defaults of jetson" in done.stdout
+    assert board.knob_state() == before
+
+
+def test_restore_exits_1_when_a_knob_cannot_be_written_back(board, tmp_path):
+    path = _leave_state_behind(board, tmp_path)
+    default_mode = re.search(r"PM_CONFIG DEFAULT=(\d+)", (board.root / "etc/nvpmodel.conf").read_text())[1]
+    (board.root / "etc/nvpmodel.refuse").write_text(default_mode)  # the firmware refuses the original mode
+    done = _restore(board, tmp_path)
+    assert done.returncode == 1
+    assert "incomplete" in done.stdout and "may still be changed on jetson: power_mode;" in done.stdout
+    assert path.exists()  # kept for a later try
+    done = _restore(board, tmp_path, "--defaults")
+    assert done.returncode == 1 and "not reset on jetson" in done.stdout
+
+
+def test_restore_defaults_on_nvml_unlocks_clocks_and_sets_the_default_power_limit(tmp_path):
+    from fakes.nvml_gpus import read_gpus, rtx_a6000, write_gpus
+
+    gpu = rtx_a6000()
+    gpu.update(locked_gpu_mhz=1200, locked_mem_mhz=810, limit_mw=150_000)  # left by a run killed long ago
+    path = tmp_path / "nvml.json"
+    env = dict(os.environ, **write_gpus(path, [gpu]), EDGETUNE_STATE_DIR=str(tmp_path / "state"))
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO)])
+    done = subprocess.run([sys.executable, "-m", "edgetune", "restore", "--defaults", "--device", "nvml:0"],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "gpu_freq" in done.stdout and "mem_freq" in done.stdout and "power_limit" in done.stdout
+    (after,) = read_gpus(path)
+    assert (after["locked_gpu_mhz"], after["locked_mem_mhz"], after["limit_mw"]) == (0, 0, 300_000)

@@ -52,7 +52,7 @@ def test_cli_search_reports_gap_to_the_table_oracle_and_holds_the_budget(small_t
     ttt = table.time_to_target_s()
     ok = table.power_w <= 150.0
     oracle = ttt[ok].min()
-    chosen = table.find(doc["setting"], doc["batch_size"])
+    chosen = table.find({k: v["value"] for k, v in doc["setting"].items()}, doc["batch_size"])
     assert table.power_w[chosen] <= 150.0 and gap["chosen_holds_budget"] is True
     assert gap["oracle"]["time_to_target_s"] == pytest.approx(oracle)
     assert gap["gap_pct"] == pytest.approx(100.0 * (ttt[chosen] / oracle - 1.0))

@@ -34,6 +34,10 @@ class UsageError(Exception):
     """Bad input a user can fix: printed as ``edgetune: error: <message>``, exit code 2."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with what was kept and how to go on: printed as ``edgetune: interrupted: <message>``."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, like every other bad input
         self.exit(EXIT_USAGE, f"edgetune: error: {message} (see `{self.prog} --help`)\n")
@@ -69,13 +73,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "restore":  # `edgetune restore` does this itself, and says when there is nothing
             _recover_knobs()
         try:
-            return int(args.func(args) or 0)
+            code = int(args.func(args) or 0)
+            sys.stdout.flush()  # a closed pipe fails here, not in the interpreter's flush at exit
+            return code
         except (UsageError, DeviceError) as exc:
             print(f"edgetune: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        except KeyboardInterrupt:
-            print("edgetune: interrupted", file=sys.stderr)
+        except KeyboardInterrupt as exc:
+            detail = f": {exc}" if isinstance(exc, Interrupted) and str(exc) else ""
+            print(f"edgetune: interrupted{detail}", file=sys.stderr)
             return EXIT_INTERRUPTED
+        except BrokenPipeError:
+            return _broken_pipe()
+
+
+def _broken_pipe() -> int:
+    """Standard output was closed early (``edgetune devices --json | head -1``): one line, exit 2.
+
+    Python would print a traceback, and another one when it flushes standard output at exit; standard
+    output is pointed at /dev/null so that final flush has nowhere to fail.
+    """
+    import os
+
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    with contextlib.suppress(OSError, ValueError):
+        print("edgetune: error: standard output was closed before the output was written (broken pipe)",
+              file=sys.stderr)
+    return EXIT_USAGE
 
 
 @contextlib.contextmanager

@@ -51,7 +51,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("restore", help="restore knobs an interrupted run left changed",
                               description="Write back the original knob values recorded in the state "
-                                          "files of runs that were killed before they could restore them.")
+                                          "files of runs that were killed before they could restore them. "
+                                          "Exits 1 while any knob may still be changed, naming it; "
+                                          "--defaults then puts every knob back to the platform's default.")
+    p.add_argument("--defaults", action="store_true",
+                   help="also put every knob back to the platform's documented default: devfreq and cpufreq "
+                        "ranges from the available tables, all cores online, the default nvpmodel mode, NVML "
+                        "clocks unlocked and the default power limit")
+    p.add_argument("--device", default=None,
+                   help="the device --defaults resets (default: the one a damaged state file names, else auto)")
     p.set_defaults(func=cmd_restore)
 
 
@@ -196,7 +204,12 @@ def _monitor(device: Device, args: argparse.Namespace) -> int:
     sensor, clock = device.sensor, device.clock
     monitor = PowerMonitor(sensor, clock, rate_hz=args.rate)
     rails = list(sensor.rails)
-    out = open(args.csv, "w", newline="") if args.csv else None  # noqa: SIM115 - closed in finally
+    try:
+        out = open(args.csv, "w", newline="") if args.csv else None  # noqa: SIM115 - closed in finally
+    except OSError as exc:
+        what = "is a folder" if isinstance(exc, IsADirectoryError) else (exc.strerror or str(exc)).lower()
+        raise UsageError(f"--csv {args.csv}: cannot write the samples there ({what}); give a file path in an "
+                         f"existing folder") from None
     writer = None
     if out is not None:
         writer = csv.writer(out)
@@ -268,12 +281,42 @@ def _monitor(device: Device, args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    files = state.pending()
-    if not files:
-        print(f"nothing to restore: no state files in {state.state_dir()}")
+    """Restore from the state files; exit 1 (naming the knobs) while any knob may still be changed."""
+    actions = state.recover_actions() if state.pending() else []
+    for action in actions:
+        print(action.message)
+    unsettled = [a for a in actions if not a.settled]
+    if args.defaults:
+        specs = {a.spec for a in unsettled if a.spec}
+        spec = args.device or (specs.pop() if len(specs) == 1 else "auto")
+        return _reset_to_defaults(spec)
+    if not actions:
+        print(f"nothing to restore: no state files in {state.state_dir()}" if not state.pending() else
+              "nothing to restore: the state files belong to edgetune runs still in progress")
         return 0
-    lines = state.recover(report=print)
-    if not lines:
-        print("nothing to restore: the state files belong to edgetune runs still in progress")
-    return 0 if all("incomplete" not in line and "cannot" not in line for line in lines) else 1
+    if not unsettled:
+        return 0
+    for a in unsettled:
+        knobs = ", ".join(a.knobs) if a.knobs else "knobs the state file held (unknown)"
+        where = a.spec or "this machine"
+        device = f" --device {a.spec}" if a.spec else ""
+        print(f"may still be changed on {where}: {knobs}; `edgetune restore --defaults{device}` puts every knob "
+              f"back to the platform's default (a reboot does too)")
+    return 1
 
+
+def _reset_to_defaults(spec: str) -> int:
+    """``restore --defaults``: every knob of ``spec`` back to its documented default; 1 if any could not be."""
+    device = registry.open_device(spec)
+    try:
+        done, problems = state.restore_defaults(device)
+    finally:
+        device.close()
+    if done:
+        print(f"put back to the defaults of {device.name} ({device.description}): {', '.join(done)}")
+    if problems:
+        print(f"not reset on {device.name}: {'; '.join(problems)}")
+        return 1
+    if not done:
+        print(f"{device.name} has no knob with a documented default: nothing to reset")
+    return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
+import re
 
 from edgetune.cli import UsageError
 from edgetune.cli.flags import flag_help
@@ -22,6 +22,14 @@ __all__ = ["parse_assignment", "positive_int", "register"]
 
 DEFAULT_STEPS = 100  # measured steps: a window of seconds on a board, enough for the 1-s power average
 DEFAULT_WARMUP_STEPS = 5  # steps before measuring: caches, allocator and the clock ramp settle
+MAX_STEPS = 100_000  # MeasurementProtocol's cap on one window's steps (hours of steps on a board)
+
+
+#: a number followed by a unit, as ``--set`` takes it (``408MHz``, ``0.918 GHz``, ``15W``)
+_NUMBER_UNIT = re.compile(r"^\s*[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\s*([A-Za-z]+)\s*$")
+#: unit suffixes a value may carry, by the knob's unit (the families :meth:`Knob.parse` converts between)
+_SUFFIXES_OF_UNIT = {"Hz": ("GHz", "MHz", "kHz", "Hz"), "kHz": ("GHz", "MHz", "kHz", "Hz"),
+                     "W": ("kW", "W", "mW"), "mW": ("kW", "W", "mW")}
 
 
 def positive_int(text: str) -> int:
@@ -50,14 +58,41 @@ def parse_assignment(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
+def steps_int(text: str) -> int:
+    """argparse type for ``--steps``: a positive integer no larger than one measured window holds."""
+    value = positive_int(text)
+    if value > MAX_STEPS:
+        raise argparse.ArgumentTypeError(f"{value} is more steps than one measured window holds; use at most "
+                                         f"{MAX_STEPS}")
+    return value
+
+
+def _check_unit(name: str, text: str, unit: str) -> None:
+    """A value's unit suffix must be one of the knob's unit family (``408000000W`` for a clock is refused)."""
+    m = _NUMBER_UNIT.match(text)
+    if m is None or not unit:
+        return
+    suffix = m.group(1).lower()
+    allowed = _SUFFIXES_OF_UNIT.get(unit, (unit,))
+    if suffix not in (a.lower() for a in allowed):
+        raise UsageError(f"--set {name}={text}: {name} is set in {unit}, not {m.group(1)}; give a number in "
+                         f"{unit}, a value with one of the units {', '.join(allowed)}, min or max")
+
+
 def resolve_setting(device: Device, assignments: list[tuple[str, str]]) -> dict:
     """Turn ``--set`` pairs into knob values, with one-line errors naming the knobs that exist."""
     setting = {}
+    given: dict[str, str] = {}
     for name, text in assignments:
         knob = device.knobs.get(name)
         if knob is None:
             known = ", ".join(device.knobs) or "none"
             raise UsageError(f"--set {name}: {device.name} has no knob {name!r}; knobs here: {known}")
+        if name in given:
+            raise UsageError(f"--set {name} is given twice ({name}={given[name]} and {name}={text}); keep one")
+        given[name] = text
+        if knob.numeric:
+            _check_unit(name, text, knob.unit)
         setting[name] = knob.parse(text)
         if not knob.writable:
             raise UsageError(f"--set {name}: read-only on {device.name}: {knob.why_read_only or 'no permission'}")
@@ -78,7 +113,7 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=positive_int, help="samples per step (default: the workload's default)")
     p.add_argument("--set", dest="assignments", action="append", type=parse_assignment, default=[],
                    metavar="KNOB=VALUE", help="set a knob (repeatable): a value in its unit, with a unit, min or max")
-    p.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS,
+    p.add_argument("--steps", type=steps_int, default=DEFAULT_STEPS,
                    help=f"measured training steps (default {DEFAULT_STEPS})")
     p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP_STEPS,
                    help=f"warm-up steps before measuring (default {DEFAULT_WARMUP_STEPS})")
@@ -89,8 +124,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
+    from edgetune.cli.progress import RunProgress
     from edgetune.power import PowerMonitor, open_device
     from edgetune.search.trial import MeasurementProtocol, measure_setting
     from edgetune.workloads import WorkloadError, load_workload
@@ -106,13 +140,11 @@ def run(args: argparse.Namespace) -> int:
         # `run` executes every step for real, also on the twin: it is a measurement of this one setting;
         # the window is exactly --steps long (no minimum duration)
         protocol = MeasurementProtocol(warmup_steps=args.warmup, measure_steps=args.steps, measure_s=0.0,
-                                       real_steps=None)
+                                       real_steps=None, max_steps=MAX_STEPS)
         with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
-            # the bar draws on a terminal only (disable=None) and clears itself at the end
-            with tqdm(total=args.steps, desc=f"{workload.name} b={batch_size}", unit="step", file=sys.stderr,
-                      leave=False, disable=None) as bar:
-                m = measure_setting(device, workload, batch_size, setting, protocol, monitor,
-                                    on_step=lambda done: bar.update(done - bar.n))
+            # a bar on a terminal, a line per tenth of the steps elsewhere (logs, CI, nohup)
+            with RunProgress(args.steps, f"{workload.name} b={batch_size} on {device.name}") as progress:
+                m = measure_setting(device, workload, batch_size, setting, protocol, monitor, on_step=progress)
             final = device.settings()
     finally:
         device.close()

@@ -14,21 +14,26 @@ to the output folder: best.json, trials.csv, time_vs_energy.png, power.png. Brow
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import re
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edgetune.cli import UsageError
+from edgetune.cli import Interrupted, UsageError
 from edgetune.cli.flags import add_config_flags, config_from_args
 
 if TYPE_CHECKING:
     from edgetune.config import Config, EfficiencySection, ProtocolSection
     from edgetune.search.efficiency import TargetModel
+    from edgetune.search.results import SearchResult
     from edgetune.search.trial import MeasurementProtocol
 
 __all__ = ["measurement_protocol", "register", "search"]
 
+OUTPUT_FLAG = "--output"  # the flag that names the output folder itself (no folder per study under it)
 BUDGET_HINT_STEP_W = 0.1  # the lowest feasible budget is suggested rounded up to this step (a budget one can type)
 
 
@@ -90,6 +95,7 @@ def search(args: argparse.Namespace) -> int:
                                 cfg.space.values)
         except SpaceError as exc:
             raise UsageError(str(exc)) from None
+        interrupted: SearchResult | None = None
         budget = cfg.power_budget_w
         src = cfg.sources.get("power_budget_w", "power_budget_w")
         if device.idle_power_w is not None and budget <= device.idle_power_w:
@@ -104,56 +110,113 @@ def search(args: argparse.Namespace) -> int:
             notes.append(f"note: budget {budget:g} W is at or above the most {device.name} can draw "
                          f"({device.max_power_w:.1f} W): no constraint binds; searching unconstrained")
         target = trace.target if trace and trace.target else _target(cfg.efficiency, workload)
-        out = Path(cfg.output)
+        study_name = cfg.study_name(device.name, workload.name)
+        out = output_folder(cfg, device.name, workload.name)
+        cfg = cfg.with_values(output=str(out))  # the default storage, study.db, lives in the study's folder
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot create the output folder {out}: {exc.strerror or exc}") from None
         try:
             storage = open_storage(cfg.storage_url())
+            stored = _stored_records(storage, study_name, space)
         except SearchError as exc:
             raise UsageError(str(exc)) from None
-        study_name = cfg.study_name(device.name, workload.name)
         print(f"edgetune search: {workload.name} on {device.name} ({device.description}), budget {budget:g} W, "
               f"objective {cfg.objective}", file=sys.stderr)
+        measured_before = None if stored is None else sum(1 for r in stored if r.measured)
+        if stored is None:
+            print(f"new study {study_name!r}; results in {out}/", file=sys.stderr)
+        else:
+            print(f"resuming study {study_name!r}: {measured_before} trials measured; results in {out}/",
+                  file=sys.stderr)
         print(f"space: {space.describe()}", file=sys.stderr)
         for line in notes + list(device.notes or []):
             print(line, file=sys.stderr)
-        from tqdm import tqdm
+        from edgetune.cli.progress import SearchProgress
 
-        # the bar draws on a terminal only (disable=None), never with --quiet; it clears itself at the end
-        with tqdm(total=cfg.search.n_trials, desc="trials", unit="trial", file=sys.stderr, leave=False,
-                  disable=True if args.quiet else None) as bar:
-            def on_trial(rec, n):
-                o = rec.outcome
-                note = (f"#{rec.number} b={rec.candidate.batch_size} " +
-                        (f"{o.time_to_target_s:.0f}s {'ok' if rec.feasible else 'over'}" if o else "failed"))
-                bar.set_postfix_str(note, refresh=False)
-                bar.update(n - bar.n)  # n: trials measured so far, this worker's and the fleet's
-
+        with SearchProgress(cfg.search.n_trials, dict(space.unit_of), cfg.objective, quiet=args.quiet,
+                            measured_before=measured_before or 0, stored=stored or []) as progress:
             s = Search(
                 device, workload, space, budget_w=budget, objective=cfg.objective, target=target,
                 protocol=measurement_protocol(cfg.protocol), storage_url=cfg.storage_url(),
                 study_name=study_name, sampler=cfg.search.sampler, n_trials=cfg.search.n_trials,
                 window_s=cfg.budget.window_s, tolerance=cfg.budget.tolerance, guard_sigma=cfg.budget.guard_sigma,
                 patience=cfg.search.patience, margin=cfg.search.margin, timeout_s=cfg.search.timeout_s,
-                seed=cfg.seed, on_trial=on_trial, storage=storage,
+                seed=cfg.seed, on_trial=progress, storage=storage,
             )
             try:
                 result = s.run()
             except SearchError as exc:
                 raise UsageError(str(exc)) from None
+            except KeyboardInterrupt:
+                if s.study is None:  # nothing measured yet
+                    raise Interrupted(f"nothing measured; run the same command again to start study "
+                                      f"{study_name!r}") from None
+                interrupted = s.result("interrupted (Ctrl-C)")
     finally:
         device.close()
-    return _finish(result, out, cfg)
+    # what the plots and the runtime need beyond the study: the guard band, and the workload's step cost
+    extra = {"guard_sigma": cfg.budget.guard_sigma,
+             "workload_cost": None if trace else dataclasses.asdict(workload.cost)}
+    if interrupted is not None:
+        interrupted = dataclasses.replace(interrupted, **extra)
+        files = _write_results(interrupted, out, plots=False)
+        raise Interrupted(f"{len(interrupted.measured)} trials measured, written to "
+                          f"{', '.join(str(f) for f in files)}; run the same command again to resume study "
+                          f"{study_name!r}") from None
+    return _finish(dataclasses.replace(result, **extra), out, cfg)
+
+
+#: characters kept in a folder name made from a study: letters, digits and ``. _ -`` (everything else is a ``-``)
+_FOLDER_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def output_folder(cfg: Config, device_name: str, workload_name: str) -> Path:
+    """Where a study's files go: ``--output`` as given, else a folder of its own under ``output``.
+
+    The folder is named from the study (``--study-name``, or device, workload, objective and budget:
+    ``edgetune-out/sim-orin-nano-cnn-time-10W``), so a second search with another budget or objective never
+    overwrites the first one's best.json, trials.csv and plots, and the same command finds its study again.
+    """
+    if cfg.sources.get("output") == OUTPUT_FLAG:
+        return Path(cfg.output)
+    if cfg.search.study_name:
+        name = cfg.search.study_name
+    else:
+        kind, _, rest = device_name.partition(":")
+        device = f"{kind}-{Path(rest).stem}" if kind == "trace" else device_name  # a table's path: its stem
+        budget = "unconstrained" if cfg.power_budget_w is None else f"{cfg.power_budget_w:g}W"
+        name = f"{device}-{workload_name}-{cfg.objective}-{budget}"
+    return Path(cfg.output) / (_FOLDER_CHARS.sub("-", name).strip("-.") or "study")
+
+
+def _stored_records(storage, study_name: str, space) -> list | None:
+    """The trials of the stored study ``study_name``; None when there is no such study yet."""
+    import optuna
+
+    from edgetune.search import records
+
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        return None
+    return records.read_records(study.get_trials(deepcopy=False), space)
 
 
 def measurement_protocol(section: ProtocolSection) -> MeasurementProtocol:
     """The search's :class:`~edgetune.search.trial.MeasurementProtocol` from the config's ``[protocol]``."""
     from edgetune.search.trial import MeasurementProtocol
 
-    return MeasurementProtocol(warmup_steps=section.warmup_steps, measure_steps=section.measure_steps,
-                               measure_s=section.measure_s, real_steps=section.real_steps)
+    cap = MeasurementProtocol.max_steps
+    if section.measure_steps > cap:
+        raise UsageError(f"protocol.measure_steps (--measure-steps) {section.measure_steps} is more steps than one "
+                         f"measured window holds; use at most {cap}")
+    try:
+        return MeasurementProtocol(warmup_steps=section.warmup_steps, measure_steps=section.measure_steps,
+                                   measure_s=section.measure_s, real_steps=section.real_steps)
+    except ValueError as exc:
+        raise UsageError(f"[protocol]: {exc}") from None
 
 
 #: warm-up steps whose gradient norms estimate B_noise (``efficiency.b_noise = "measure"``): the number
@@ -181,22 +244,50 @@ def _target(section: EfficiencySection, workload) -> TargetModel:
     return TargetModel(section.s_min, value, how)
 
 
-def _finish(result, out: Path, cfg: Config) -> int:
-    from edgetune.report import summary_table, write_plots
+def _write_results(result: SearchResult, out: Path, *, plots: bool = True) -> list[Path]:
+    """best.json, trials.csv and (``plots``) the PNGs of ``result`` in ``out``."""
     from edgetune.search.results import write_best, write_trials_csv
 
-    best = write_best(result, out / "best.json")
-    trials = write_trials_csv(result, out / "trials.csv")
-    plots = write_plots(result, out)
-    print(summary_table(result))
+    files = [write_best(result, out / "best.json"), write_trials_csv(result, out / "trials.csv")]
+    if plots:
+        from edgetune.report import write_plots
+
+        files += write_plots(result, out)
+    return files
+
+
+def failure_summary(result: SearchResult) -> str | None:
+    """When every measured setting failed: the most common cause and the first error; else None."""
+    measured = sorted(result.measured, key=lambda r: r.number)
+    if not measured or any(r.outcome is not None for r in measured):
+        return None
+    errors = [(r, "out of memory" if r.oom else (r.error or (r.measurement or {}).get("error") or "no error text"))
+              for r in measured]
+    causes = Counter("out of memory" if r.oom else text.split(":")[0].strip() for r, text in errors)
+    cause, count = causes.most_common(1)[0]
+    first, text = errors[0]
+    hint = "; try smaller batch sizes (--batch-sizes)" if cause == "out of memory" else ""
+    return (f"every one of the {len(measured)} measured settings failed, none for the power budget: "
+            f"{count} of {len(measured)} {cause}; first error (trial #{first.number}, "
+            f"{first.candidate.describe(result.space.unit_of)}): {text}{hint}")
+
+
+def _finish(result: SearchResult, out: Path, cfg: Config) -> int:
+    from edgetune.report import summary_table
     from edgetune.search.oracle import oracle_lines
 
+    files = _write_results(result, out)
+    print(summary_table(result))
     for line in oracle_lines(result):  # on a trace: the gap to the table's own oracle
         print(line)
+    print(f"wrote {', '.join(str(p) for p in files)}")
+    if not cfg.search.storage:  # the default SQLite file: say how to browse it
+        print(f"study: optuna-dashboard {cfg.storage_url()}  (study {result.study_name!r})")
+    failed = failure_summary(result)
+    if failed is not None:
+        raise UsageError(f"{failed}; every trial is in {files[1]}")
     if result.best is None:
         print(f"no measured setting held the budget of {result.budget_w:g} W: raise the budget, allow lower "
               f"knob values, or smaller batch sizes")
-    print(f"wrote {best}, {trials}, {', '.join(str(p) for p in plots)}")
-    if not cfg.search.storage:  # the default SQLite file: say how to browse it
-        print(f"study: optuna-dashboard {cfg.storage_url()}  (study {result.study_name!r})")
-    return 0 if result.best is not None else 1
+        return 1
+    return 0

@@ -203,7 +203,8 @@ def _clock_knobs(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: bool,
     knobs["gpu_freq"] = RestorableKnob(
         "gpu_freq", knob_unit("gpu_freq"), [f * _HZ_PER_MHZ for f in gfx_mhz], read=gpu_read, write=gpu_write, writable=writable,
         why_read_only=why, snapshot=lambda: {"locked": False}, restore_snapshot=gpu_reset, tracker=tracker,
-        description="GPU locked clocks (nvmlDeviceSetGpuLockedClocks)")
+        description="GPU locked clocks (nvmlDeviceSetGpuLockedClocks)",
+        default_snapshot=lambda: {"locked": False})  # unlocked: nvmlDeviceResetGpuLockedClocks
 
     if len(mem_mhz) > 1:
         def mem_read() -> int:
@@ -222,7 +223,8 @@ def _clock_knobs(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: bool,
             "mem_freq", knob_unit("mem_freq"), [m * _HZ_PER_MHZ for m in mem_mhz], read=mem_read, write=mem_write,
             writable=writable, why_read_only=why, snapshot=lambda: {"locked": False},
             restore_snapshot=mem_reset, tracker=tracker,
-            description="memory locked clocks (nvmlDeviceSetMemoryLockedClocks)")
+            description="memory locked clocks (nvmlDeviceSetMemoryLockedClocks)",
+            default_snapshot=lambda: {"locked": False})  # unlocked: nvmlDeviceResetMemoryLockedClocks
     return knobs
 
 
@@ -255,7 +257,8 @@ def _power_limit_knob(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: 
     return RestorableKnob(
         "power_limit", knob_unit("power_limit"), values, read=read, write=write, writable=writable, why_read_only=why,
         snapshot=lambda: {"limit_mw": int(nvml.nvmlDeviceGetPowerManagementLimit(h))}, restore_snapshot=restore,
-        tracker=tracker, description=f"board power limit (default {default_mw / _MILLI_PER_UNIT:g} W)")
+        tracker=tracker, description=f"board power limit (default {default_mw / _MILLI_PER_UNIT:g} W)",
+        default_snapshot=lambda: {"limit_mw": int(default_mw)})  # nvmlDeviceGetPowerManagementDefaultLimit
 
 
 def _init() -> Any:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import signal
@@ -43,10 +44,13 @@ from edgetune.power.base import DeviceError, Knob, KnobValue, KnobWriteError, fo
 __all__ = [
     "STATE_ENV",
     "DeviceIdentity",
+    "RecoveryAction",
     "RestorableKnob",
     "StateFileError",
     "StateTracker",
     "recover",
+    "recover_actions",
+    "restore_defaults",
     "state_dir",
 ]
 
@@ -135,6 +139,10 @@ class RestorableKnob(Knob):
         restore_snapshot: writes such a snapshot back; validates it first and raises ValueError for
             values the hardware would not accept (a snapshot may come from a file after a crash).
         tracker: the device's :class:`StateTracker`, which records snapshots before the first write.
+        default_snapshot: returns the platform's documented default state as a snapshot that
+            ``restore_snapshot`` accepts (the full devfreq/cpufreq range, every core online, the default
+            nvpmodel mode, NVML clocks unlocked and the default power limit); None where the platform
+            documents none. ``edgetune restore --defaults`` applies it (:func:`restore_defaults`).
     """
 
     def __init__(
@@ -146,9 +154,11 @@ class RestorableKnob(Knob):
         snapshot: Callable[[], Snapshot],
         restore_snapshot: Callable[[Snapshot], None],
         tracker: StateTracker | None = None,
+        default_snapshot: Callable[[], Snapshot] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(name, unit, values, **kwargs)
+        self.default_snapshot = default_snapshot
         self.snapshot = snapshot
         self.restore_snapshot = restore_snapshot
         self.tracker = tracker
@@ -406,23 +416,69 @@ def load_state(path: Path) -> dict[str, Any]:
 
 
 def _set_aside(path: Path) -> Path:
-    target = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
-    with contextlib.suppress(OSError):
-        os.replace(path, target)
-    return target
+    """Move an untrusted state file to ``<name>.corrupt-<time>[-<n>]``, never over an earlier one.
+
+    The name holds the second it happened; files set aside in the same second get ``-1``, ``-2`` ...
+    (``os.link`` fails rather than replace an existing name, so two processes cannot both take one).
+    """
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    for n in itertools.count():
+        target = path.with_name(f"{path.name}.corrupt-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            os.link(path, target)
+        except FileExistsError:
+            continue
+        except OSError:  # no hard links here (some file systems): a rename, checked first
+            if target.exists():
+                continue
+            with contextlib.suppress(OSError):
+                os.replace(path, target)
+            return target
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return target
+    raise AssertionError("unreachable")  # pragma: no cover - itertools.count never ends
 
 
-def recover(
-    report: Callable[[str], None] = _say,
+@dataclass(frozen=True)
+class RecoveryAction:
+    """One thing recovery did, or could not do, with one state file.
+
+    Attributes:
+        message: the line for the user.
+        settled: no knob of this file may still be changed (restored, or reset by a reboot).
+        spec: the device the file was for ("" where the file does not say).
+        knobs: the knobs that may still be changed (empty when settled, or when an unreadable file does
+            not say which).
+    """
+
+    message: str
+    settled: bool
+    spec: str = ""
+    knobs: tuple[str, ...] = ()
+
+
+def _named_in(path: Path) -> tuple[str, tuple[str, ...]]:
+    """The device spec and knob names an untrusted state file claims (best effort, for the message only:
+    nothing is applied from it)."""
+    try:
+        data = json.loads(path.read_text(errors="replace"))
+        spec = data.get("device", {}).get("spec", "")
+        return (spec if isinstance(spec, str) else ""), tuple(str(k) for k in data.get("knobs", {}))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return "", ()
+
+
+def recover_actions(
     *,
     paths: Sequence[Path] | None = None,
     open_device: Callable[..., Any] | None = None,
-) -> list[str]:
+) -> list[RecoveryAction]:
     """Restore the knobs that state files left behind by runs that could not restore them (kill -9).
 
     Safe to call at every start: files of live runs are left alone, files from before a reboot are
-    dropped (the reboot reset the clocks), corrupt files are reported and set aside. Returns one line per
-    action, each also passed to ``report``.
+    dropped (the reboot reset the clocks), corrupt files are set aside (never applied) and reported with
+    the knobs they name, which may still be changed. One :class:`RecoveryAction` per file acted on.
     """
     if open_device is None:
         from edgetune.power.registry import open_device  # late: registry imports the platforms
@@ -430,11 +486,7 @@ def recover(
     if paths is None:
         directory = state_dir()
         paths = sorted(directory.glob("*.json")) if directory.is_dir() else []
-    lines: list[str] = []
-
-    def say(line: str) -> None:
-        lines.append(line)
-        report(line)
+    actions: list[RecoveryAction] = []
 
     for path in paths:
         try:
@@ -442,9 +494,11 @@ def recover(
         except StateFileError as exc:
             if not path.exists():
                 continue
+            spec, names = _named_in(path)
             moved = _set_aside(path)
-            say(f"{exc}; not used, moved to {moved.name}; check the clocks with `edgetune devices` "
-                f"(a reboot resets them)")
+            left = (f"{', '.join(names)} on {spec} may still be changed" if names and spec else
+                    "the knobs it held may still be changed")
+            actions.append(RecoveryAction(f"{exc}; not used, moved to {moved.name}; {left}", False, spec, names))
             continue
         device_info = state["device"]
         identity = DeviceIdentity(
@@ -453,32 +507,37 @@ def recover(
             root=device_info.get("root"),
             serial=str(device_info.get("serial", "")),
         )
+        knobs_state: dict[str, dict[str, Any]] = state["knobs"]
+        names = tuple(knobs_state)
         pid = int(state.get("pid", 0) or 0)
         boot = _boot_id(identity.root)
         if state.get("boot_id") and boot and state["boot_id"] != boot:
             path.unlink(missing_ok=True)
-            say(f"dropped the state file of {identity.spec} from before the last reboot (the reboot reset its clocks)")
+            actions.append(RecoveryAction(f"dropped the state file of {identity.spec} from before the last reboot "
+                                          f"(the reboot reset its clocks)", True, identity.spec))
             continue
         if pid != os.getpid() and pid_alive(pid):
             continue  # a live run owns it and restores it itself
-        knobs_state: dict[str, dict[str, Any]] = state["knobs"]
         try:
             device = open_device(identity.spec, **identity.open_options())
         except DeviceError as exc:
-            say(f"cannot restore knobs left changed on {identity.spec} (root {identity.root}): {exc}; "
-                f"state file kept at {path}")
+            actions.append(RecoveryAction(f"cannot restore knobs left changed on {identity.spec} (root "
+                                          f"{identity.root}): {exc}; state file kept at {path}", False,
+                                          identity.spec, names))
             continue
         try:
             if identity.description and device.description != identity.description:
                 moved = _set_aside(path)
-                say(f"state file {path.name} is for {identity.description!r} but {identity.spec} is now "
-                    f"{device.description!r}; not used, moved to {moved.name}")
+                actions.append(RecoveryAction(
+                    f"state file {path.name} is for {identity.description!r} but {identity.spec} is now "
+                    f"{device.description!r}; not used, moved to {moved.name}", False, identity.spec, names))
                 continue
-            done, failed = [], []
+            done, failed, failed_names = [], [], []
             for name, entry in knobs_state.items():
                 knob = device.knobs.get(name)
                 if not isinstance(knob, RestorableKnob):
                     failed.append(f"{name} (no such knob here)")
+                    failed_names.append(name)
                     continue
                 try:
                     knob.restore_snapshot(entry["snapshot"])
@@ -486,20 +545,67 @@ def recover(
                     done.append(f"{name}={format_value(original, knob.unit)}" if original is not None else name)
                 except (ValueError, TypeError, KeyError) as exc:
                     failed.append(f"{name} (state file value not accepted: {exc})")
+                    failed_names.append(name)
                 except (DeviceError, OSError) as exc:
                     failed.append(f"{name} ({exc})")
+                    failed_names.append(name)
             if failed:
-                say(f"restore on {identity.spec} incomplete: {'; '.join(failed)}; state file kept at {path}")
+                actions.append(RecoveryAction(f"restore on {identity.spec} incomplete: {'; '.join(failed)}; state "
+                                              f"file kept at {path}", False, identity.spec, tuple(failed_names)))
                 if done:
-                    say(f"restored {', '.join(done)} on {identity.spec}")
+                    actions.append(RecoveryAction(f"restored {', '.join(done)} on {identity.spec}", True,
+                                                  identity.spec))
                 continue
             path.unlink(missing_ok=True)
-            say(f"restored {', '.join(done)} on {identity.spec} ({device.description}), left changed by an "
-                f"interrupted edgetune run (pid {pid})")
+            actions.append(RecoveryAction(f"restored {', '.join(done)} on {identity.spec} ({device.description}), "
+                                          f"left changed by an interrupted edgetune run (pid {pid})", True,
+                                          identity.spec))
         finally:
             with contextlib.suppress(Exception):
                 device.close()
+    return actions
+
+
+def recover(
+    report: Callable[[str], None] = _say,
+    *,
+    paths: Sequence[Path] | None = None,
+    open_device: Callable[..., Any] | None = None,
+) -> list[str]:
+    """:func:`recover_actions`, each message passed to ``report``; returns the messages."""
+    lines = [a.message for a in recover_actions(paths=paths, open_device=open_device)]
+    for line in lines:
+        report(line)
     return lines
+
+
+#: knobs put back first by :func:`restore_defaults`: a power mode sets clock caps and cores itself
+_DEFAULTS_FIRST = ("power_mode",)
+
+
+def restore_defaults(device: Any) -> tuple[list[str], list[str]]:
+    """Put every knob of ``device`` that has a documented default back to it (``edgetune restore --defaults``).
+
+    The power mode goes first (nvpmodel sets clock caps and online cores itself), then the rest. Nothing
+    is recorded in a state file: this is a reset, not a change to undo. Returns (knobs reset, problems:
+    a knob whose reset failed, or a writable knob without a documented default).
+    """
+    knobs = sorted(device.knobs.values(), key=lambda k: (k.name not in _DEFAULTS_FIRST, k.name))
+    done: list[str] = []
+    problems: list[str] = []
+    for knob in knobs:
+        default = getattr(knob, "default_snapshot", None)
+        if default is None:
+            if knob.writable:
+                problems.append(f"{knob.name} (no documented default on {device.name})")
+            continue
+        try:
+            knob.restore_snapshot(default())
+        except (ValueError, TypeError, KeyError, DeviceError, OSError) as exc:
+            problems.append(f"{knob.name} ({exc})")
+        else:
+            done.append(knob.name)
+    return done, problems
 
 
 def pending() -> list[Path]:

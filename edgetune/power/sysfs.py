@@ -273,7 +273,10 @@ def cpu_freq_knob(policies: list[CpufreqPolicy], tracker: StateTracker) -> Resto
     return RestorableKnob("cpu_freq", knob_unit("cpu_freq"), table, read=read, write=write, writable=ok,
                           why_read_only="" if ok else read_only_reason(all_files), snapshot=snapshot,
                           restore_snapshot=restore, tracker=tracker,
-                          description=f"CPU clock of every cluster ({names})")
+                          description=f"CPU clock of every cluster ({names})",
+                          # every policy's full table: the governor scales freely again
+                          default_snapshot=lambda: {p.name: [p.frequencies_khz[0], p.frequencies_khz[-1]]
+                                                    for p in policies})
 
 
 

@@ -83,7 +83,7 @@ from edgetune.runtime.online import (
     OnlineTuner,
     RunState,
 )
-from edgetune.runtime.plan import Plan, PlanError, load_plan
+from edgetune.runtime.plan import Plan, PlanError, load_plan, workload_mismatch
 from edgetune.runtime.settings import GuardSettings, LoaderSettings, RecordSettings
 from edgetune.runtime.ticker import Ticker
 from edgetune.workloads import CostMeter
@@ -419,6 +419,14 @@ class Tuner:
         if plan.device and plan.device != dev.name:
             self._event(f"plan {plan.path} was made on {plan.device}, running on {dev.name}: "
                         "its setting may not be the best here")
+        if self.model is not None or self.cost is not None:  # a plan searched for another model
+            mismatch = workload_mismatch(
+                plan, flops_per_sample=self.cost.flops_per_sample if self.cost is not None else None,
+                param_bytes=self.cost.param_bytes if self.cost is not None else
+                float(sum(t.numel() * t.element_size() for t in self.model.parameters())))
+            if mismatch:  # a warning, not an info event: a script without logging set up still shows it
+                self.events.append((dev.clock.now(), mismatch))
+                _log.warning("%s", mismatch)
         if self._requested_batch is None or self._requested_batch == plan.batch_size:
             self._batch_size = plan.batch_size
         else:

@@ -9,7 +9,11 @@ from pathlib import Path
 
 from edgetune.power.base import KnobValue
 
-__all__ = ["Plan", "PlanError", "load_plan"]
+__all__ = ["COST_TOLERANCE", "Plan", "PlanError", "load_plan", "workload_mismatch"]
+
+#: a model whose parameter bytes or FLOPs per sample differ from the plan's workload by more than this
+#: fraction is another model: the plan's batch size and knobs were measured for a different step
+COST_TOLERANCE = 0.1
 
 
 class PlanError(ValueError):
@@ -26,6 +30,8 @@ class Plan:
         budget_w: the budget the search held, in W (None: the plan does not say).
         device: the device spec the plan was made on (None: unknown).
         path: the file it was read from (empty for a plan built in code).
+        workload: the workload the plan was searched for (None: unknown).
+        workload_cost: that workload's step cost (``WorkloadCost`` fields; None: unknown).
     """
 
     batch_size: int
@@ -33,6 +39,45 @@ class Plan:
     budget_w: float | None
     device: str | None
     path: str = ""
+    workload: str | None = None
+    workload_cost: dict[str, float] | None = None
+
+
+def workload_mismatch(plan: Plan, *, param_bytes: float | None = None,
+                      flops_per_sample: float | None = None) -> str | None:
+    """Why ``plan`` may not fit the model being trained (its cost differs from the plan's workload), or None.
+
+    Compares what is known on both sides: the parameter bytes (always at hand from the model) and the
+    FLOPs per sample (once measured), each within :data:`COST_TOLERANCE`.
+    """
+    cost = plan.workload_cost or {}
+    differs = []
+    for what, ours, label in (("param_bytes", param_bytes, "parameter bytes"),
+                              ("flops_per_sample", flops_per_sample, "FLOPs per sample")):
+        theirs = cost.get(what)
+        if ours is None or not isinstance(theirs, (int, float)) or theirs <= 0:
+            continue
+        if abs(ours / theirs - 1.0) > COST_TOLERANCE:
+            differs.append(f"{label} {ours:.3g} vs the plan's {theirs:.3g}")
+    if not differs:
+        return None
+    name = f" ({plan.workload})" if plan.workload else ""
+    return (f"plan {plan.path or '(in code)'} was searched for another model{name}: {'; '.join(differs)}; its "
+            f"batch size and knobs may not be the best for this one (run edgetune search for this model)")
+
+
+def _setting(raw: object, p: Path) -> dict[str, KnobValue]:
+    """best.json's setting: ``{knob: {"value": v, "unit": u, "text": t}}`` (units) or ``{knob: v}`` (older)."""
+    if not isinstance(raw, dict):
+        raise PlanError(f"plan {p}: setting must be an object of knob -> value, got {type(raw).__name__}")
+    setting: dict[str, KnobValue] = {}
+    for name, entry in raw.items():
+        value = entry.get("value") if isinstance(entry, dict) else entry
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise PlanError(f"plan {p}: setting {name!r} must be a number or a name (or an object with a "
+                            f"\"value\"), got {entry!r}")
+        setting[str(name)] = value
+    return setting
 
 
 def load_plan(path: str | os.PathLike) -> Plan:
@@ -42,17 +87,17 @@ def load_plan(path: str | os.PathLike) -> Plan:
         raw = json.loads(p.read_text())
     except FileNotFoundError:
         raise PlanError(f"plan {p}: no such file; run `edgetune search ... --out DIR` and pass DIR/best.json") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PlanError(f"plan {p}: not readable JSON ({exc}); pass the best.json that edgetune search wrote") from None
     if not isinstance(raw, dict):
         raise PlanError(f"plan {p}: expected a JSON object with batch_size and setting")
     b = raw.get("batch_size")
     if isinstance(b, bool) or not isinstance(b, int) or b <= 0:
         raise PlanError(f"plan {p}: batch_size must be a positive integer, got {b!r}")
-    setting = raw.get("setting", {})
-    if not isinstance(setting, dict):
-        raise PlanError(f"plan {p}: setting must be an object of knob -> value, got {type(setting).__name__}")
+    setting = _setting(raw.get("setting") or {}, p)
     budget = raw.get("budget_w")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
         raise PlanError(f"plan {p}: budget_w must be a positive number of watts, got {budget!r}")
-    return Plan(b, dict(setting), None if budget is None else float(budget), raw.get("device"), str(p))
+    cost = raw.get("workload_cost")
+    return Plan(b, setting, None if budget is None else float(budget), raw.get("device"), str(p),
+                workload=raw.get("workload"), workload_cost=cost if isinstance(cost, dict) else None)

@@ -2,7 +2,10 @@
 
 ``best.json`` keys (see DEVELOPERS.md, kept stable): ``device``, ``simulated``, ``workload``, ``budget_w``,
 ``objective``, ``batch_size``, ``setting``, ``measured``, ``predicted``, ``baseline``,
-``speedup_over_baseline``; plus context (study, storage, protocol, target model, trials, Pareto front).
+``speedup_over_baseline``; plus context (study, storage, protocol, target model, trials, Pareto front, the
+workload's step cost). Every knob value carries its unit: ``"setting": {"gpu_freq": {"value": 510000000,
+"unit": "Hz", "text": "510 MHz"}, "cpu_freq": {"value": 806400, "unit": "kHz", "text": "806.4 MHz"}}`` (the
+value in the knob's own unit, :data:`edgetune.power.knobs.KNOBS`, as ``edgetune run --set`` takes it).
 ``trials.csv`` has one row per measured trial (every measurement, infeasible ones included).
 """
 
@@ -15,12 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgetune.power.base import format_value
+from edgetune.power.knobs import knob_unit
 from edgetune.search.efficiency import TargetModel
 from edgetune.search.oracle import oracle_fields
 from edgetune.search.records import TrialRecord
 from edgetune.search.space import SearchSpace
 
-__all__ = ["TRIAL_COLUMNS", "SearchResult", "best_json", "pareto_front", "write_best", "write_trials_csv"]
+__all__ = ["TRIAL_COLUMNS", "SearchResult", "best_json", "pareto_front", "setting_with_units", "write_best",
+           "write_trials_csv"]
 
 
 @dataclass
@@ -45,6 +51,11 @@ class SearchResult:
     device_description: str
     simulated: bool
     workload: str
+    #: standard errors of the measured average added before judging the budget (None: not known here)
+    guard_sigma: float | None = None
+    #: what one step of the workload asks of the hardware (``WorkloadCost`` fields; None: not known), so a
+    #: plan applied to another model can be told apart
+    workload_cost: dict[str, float] | None = None
 
     @property
     def measured(self) -> list[TrialRecord]:
@@ -89,14 +100,25 @@ def _finite(v: Any) -> Any:
     return v
 
 
-def _plan(r: TrialRecord | None) -> dict[str, Any] | None:
+def setting_with_units(setting: dict[str, Any], units: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """``{"gpu_freq": {"value": 510000000, "unit": "Hz", "text": "510 MHz"}, ...}``: each knob's value in
+    the knob's own unit (:data:`edgetune.power.knobs.KNOBS`: Hz, kHz for ``cpu_freq``, W, cores, mode
+    names), that unit, and the value as a person reads it."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in setting.items():
+        unit = units.get(name) or knob_unit(name)
+        out[name] = {"value": value, "unit": unit, "text": format_value(value, unit)}
+    return out
+
+
+def _plan(r: TrialRecord | None, units: dict[str, str]) -> dict[str, Any] | None:
     if r is None:
         return None
     m = r.measurement or {}
     return {
         "trial": r.number,
         "batch_size": r.candidate.batch_size,
-        "setting": r.candidate.knobs,
+        "setting": setting_with_units(r.candidate.knobs, units),
         "measured": {k: _finite(m.get(k)) for k in MEASURED_KEYS},
         "predicted": {
             "time_to_target_s": _finite(r.outcome.time_to_target_s) if r.outcome else None,
@@ -109,7 +131,8 @@ def _plan(r: TrialRecord | None) -> dict[str, Any] | None:
 
 def best_json(result: SearchResult) -> dict[str, Any]:
     """The ``best.json`` document of a result (``batch_size`` and ``setting`` None when nothing held)."""
-    best = _plan(result.best) or {"batch_size": None, "setting": None, "measured": None, "predicted": None}
+    units = dict(result.space.unit_of)
+    best = _plan(result.best, units) or {"batch_size": None, "setting": None, "measured": None, "predicted": None}
     doc: dict[str, Any] = {
         "device": result.device_name,
         "device_description": result.device_description,
@@ -123,7 +146,7 @@ def best_json(result: SearchResult) -> dict[str, Any]:
         "setting": best["setting"],
         "measured": best["measured"],
         "predicted": best["predicted"],
-        "baseline": _plan(result.baseline),
+        "baseline": _plan(result.baseline, units),
         "speedup_over_baseline": _finite(result.speedup),
         "target_model": {"s_min": result.target.s_min, "b_noise": result.target.b_noise,
                          "b_noise_source": result.target.b_noise_source,
@@ -132,7 +155,8 @@ def best_json(result: SearchResult) -> dict[str, Any]:
                   "trials_measured": len(result.measured), "space_size": result.space.size,
                   "stop_reason": result.stop_reason},
         "protocol": result.protocol,
-        "pareto_front": [_plan(r) for r in result.pareto],
+        "pareto_front": [_plan(r, units) for r in result.pareto],
+        "workload_cost": result.workload_cost,
     }
     doc.update(oracle_fields(result))  # on a trace: gap to the table's own oracle, the table's target
     return doc

@@ -39,8 +39,8 @@ from edgetune.log import get_logger
 from edgetune.power.state import pid_alive
 from edgetune.search import records
 
-__all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "SearchError", "heartbeat", "open_storage",
-           "recover_dead_workers", "redact", "retry_callback", "worker_id"]
+__all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "SearchError", "check_sqlite_file", "heartbeat",
+           "open_storage", "recover_dead_workers", "redact", "retry_callback", "worker_id"]
 
 _log = get_logger(__name__)
 
@@ -56,6 +56,8 @@ MAX_RETRY = 2
 #: single commit of a busy fleet on one file
 SQLITE_LOCK_TIMEOUT_S = 60
 _MESSAGE_CHARS = 200  # a storage error's first line is cut here: one readable line, not a driver dump
+#: the first bytes of every SQLite 3 database file (the file format's documented header string)
+SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 class SearchError(RuntimeError):
@@ -106,6 +108,7 @@ def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_INTERVAL_S, grace_s: 
             return JournalStorage(JournalFileBackend(path))
         url = _postgres_driver(url)
         if url.startswith("sqlite"):
+            check_sqlite_file(url)
             # several processes on one file: wait for the lock instead of failing at once
             engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": SQLITE_LOCK_TIMEOUT_S}}
         else:
@@ -126,6 +129,52 @@ def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_INTERVAL_S, grace_s: 
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SearchError(f"cannot open storage {redact(given)}: {first[:_MESSAGE_CHARS]}; check the URL, that "
                           f"the server runs and accepts this user (or use the default SQLite file)") from None
+
+
+def _sqlite_path(url: str) -> str | None:
+    """The file of an SQLite URL (None: in memory, or not a file URL)."""
+    from sqlalchemy.engine import make_url
+
+    database = make_url(url).database
+    return None if not database or database == ":memory:" or database.startswith("file:") else database
+
+
+def check_sqlite_file(url: str) -> None:
+    """Refuse an existing SQLite study file that is empty or damaged, before anything writes to it.
+
+    SQLite takes a zero-byte file for a new, empty database, so the study would silently start again and
+    its results be overwritten; a file damaged mid-way fails later, deep inside SQLAlchemy. Both are refused
+    here with one line, and nothing is written. A file that does not exist yet is a new study.
+
+    Raises:
+        SearchError: the file is empty, not an SQLite database, or fails SQLite's ``quick_check``.
+    """
+    import sqlite3
+
+    path = _sqlite_path(url)
+    if path is None or not os.path.exists(path):
+        return
+    fix = "nothing was written; move it away to start a new study, or put back a good copy"
+    if os.path.isdir(path):
+        raise SearchError(f"storage {path} is a folder, not a study file; {fix}")
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            header = f.read(len(SQLITE_HEADER))
+    except OSError as exc:
+        raise SearchError(f"cannot read storage {path}: {exc.strerror or exc}") from None
+    if size == 0:
+        raise SearchError(f"storage {path} is empty (0 bytes), not a study: {fix}")
+    if header != SQLITE_HEADER:
+        raise SearchError(f"storage {path} is not an SQLite database (damaged or another file): {fix}")
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=SQLITE_LOCK_TIMEOUT_S)) as db:
+            verdict = [row[0] for row in db.execute("PRAGMA quick_check")]
+    except sqlite3.DatabaseError as exc:
+        verdict = [str(exc)]
+    if verdict != ["ok"]:
+        detail = " ".join(" ".join(verdict).split())[:_MESSAGE_CHARS]  # quick_check lists problems over lines
+        raise SearchError(f"storage {path} is damaged ({detail}): {fix}")
 
 
 def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:

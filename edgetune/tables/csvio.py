@@ -181,10 +181,13 @@ def load_table(path: str | os.PathLike) -> Table:
     """Read, map, aggregate and validate a measurement table (format: :mod:`edgetune.tables`)."""
     src = os.fspath(path)
     try:
-        with open(src, newline="") as f:
+        with open(src, newline="", encoding="utf-8") as f:
             lines = f.read().splitlines()
     except OSError as exc:
         raise TableError(f"cannot read table {src}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise TableError(f"table {src} is not a text CSV file (byte {exc.start} is not UTF-8); pass the "
+                         f"CSV table itself") from None
     notes: list[str] = []
     declarations: list[tuple[int, str]] = []
     start = 0

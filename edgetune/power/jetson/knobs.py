@@ -93,7 +93,8 @@ def range_knob(name: str, values: tuple[int, ...], min_file: Path, max_file: Pat
     ok = all(writable(f) for f in files)
     return RestorableKnob(name, unit, values, read=read, write=write, writable=ok,
                           why_read_only="" if ok else read_only_reason(files), snapshot=snapshot,
-                          restore_snapshot=restore, tracker=tracker, description=description)
+                          restore_snapshot=restore, tracker=tracker, description=description,
+                          default_snapshot=lambda: {"min": values[0], "max": values[-1]})  # the full table
 
 
 def cpu_cores_knob(root: Path, tracker: StateTracker) -> RestorableKnob | None:
@@ -137,7 +138,8 @@ def cpu_cores_knob(root: Path, tracker: StateTracker) -> RestorableKnob | None:
     return RestorableKnob("cpu_cores", knob_unit("cpu_cores"), list(range(1, len(cpus) + 1)), read=read, write=write,
                           writable=ok, why_read_only="" if ok else read_only_reason(files),
                           snapshot=snapshot, restore_snapshot=restore, tracker=tracker,
-                          description="online CPU cores (cpu0 always online)")
+                          description="online CPU cores (cpu0 always online)",
+                          default_snapshot=lambda: {"online": list(cpus)})  # every core online
 
 
 def emc_knob(root: Path, board: BoardInfo, tracker: StateTracker) -> RestorableKnob | None:
@@ -171,10 +173,13 @@ def emc_knob(root: Path, board: BoardInfo, tracker: StateTracker) -> RestorableK
     return RestorableKnob("emc_freq", knob_unit("emc_freq"), values, read=read, write=write, writable=ok,
                           why_read_only="" if ok else read_only_reason(files), snapshot=snapshot,
                           restore_snapshot=restore, tracker=tracker,
-                          description="memory (EMC) clock through BPMP debugfs")
+                          description="memory (EMC) clock through BPMP debugfs",
+                          # unlocked: the BPMP's own DVFS picks the rate again (at most max_rate)
+                          default_snapshot=lambda: {"rate": hi, "locked": 0})
 
 
 _MODE_LINE = re.compile(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=([^\s>]+)")
+_DEFAULT_MODE_LINE = re.compile(r"<\s*PM_CONFIG\s+DEFAULT=(\d+)")
 
 
 def power_mode_knob(root: Path, tracker: StateTracker) -> RestorableKnob | None:
@@ -186,6 +191,8 @@ def power_mode_knob(root: Path, tracker: StateTracker) -> RestorableKnob | None:
     if not modes:
         return None
     by_name = {name: i for i, name in modes.items()}
+    default = _DEFAULT_MODE_LINE.search(conf.read_text(errors="replace"))  # the mode L4T boots into
+    default_id = int(default.group(1)) if default and int(default.group(1)) in modes else None
     status = root / "var/lib/nvpmodel/status"
 
     def run(*args: str) -> str:
@@ -232,5 +239,6 @@ def power_mode_knob(root: Path, tracker: StateTracker) -> RestorableKnob | None:
     why = "" if ok else (f"nvpmodel needs root; {ROOT_FIX}" if not is_root() else f"{binary} is not executable")
     return RestorableKnob("power_mode", knob_unit("power_mode"), [modes[i] for i in sorted(modes)], read=read, write=write,
                           writable=ok, why_read_only=why, snapshot=snapshot, restore_snapshot=restore,
-                          tracker=tracker, description="nvpmodel power mode (sets clock caps and cores)")
+                          tracker=tracker, description="nvpmodel power mode (sets clock caps and cores)",
+                          default_snapshot=None if default_id is None else lambda: {"mode_id": default_id})
 

@@ -1,0 +1,284 @@
+"""`edgetune search` keeps every result: a folder per study, resume said, damaged storage refused, Ctrl-C and
+kill -9 lose nothing; progress readable without a terminal; a search whose every trial fails says why."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from edgetune.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+# a fast search: one batch size, one knob, short windows, the twin times all but the warm-up step
+FAST = ["--device", "sim:orin-nano", "--workload", "cnn", "--batch-sizes", "8", "--knobs", "gpu_freq",
+        "--sampler", "random", "--measure-s", "0.5", "--real-steps", "0"]
+
+# A user workload for the process tests: after HANG_AFTER batches it writes HANG_MARKER and waits to be
+# interrupted or killed (a step mid-measurement); with RAISE_IN_STEP set every step raises.
+HELPER = textwrap.dedent('''
+    import os, time, torch
+    from edgetune.workloads import Workload
+
+    def build(seed=0):
+        torch.manual_seed(seed)
+        calls = [0]
+
+        def make_batch(b, g):
+            calls[0] += 1
+            if os.environ.get("RAISE_IN_STEP"):
+                raise RuntimeError("the data loader broke: no such shard")
+            hang = int(os.environ.get("HANG_AFTER", "0"))
+            if hang and calls[0] > hang:
+                with open(os.environ["HANG_MARKER"], "w") as f:
+                    f.write(str(os.getpid()))
+                time.sleep(120)
+            return torch.randn(b, 8, generator=g), torch.randint(0, 2, (b,), generator=g)
+
+        return Workload.from_model("tiny", torch.nn.Linear(8, 2), make_batch, default_batch_size=8)
+''')
+
+
+@pytest.fixture
+def helper(tmp_path, monkeypatch):
+    (tmp_path / "helper_wl.py").write_text(HELPER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    return list(csv.DictReader(path.open()))
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("edgetune: error: "), err
+    assert not any("Traceback" in line for line in err), err
+    return err[-1]
+
+
+def test_each_study_writes_to_its_own_folder_and_a_resume_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["search", *FAST, "--budget", "10", "--n-trials", "2"]) == 0
+    first = tmp_path / "edgetune-out" / "sim-orin-nano-cnn-time-10W"
+    before = {name: (first / name).read_bytes() for name in ("best.json", "trials.csv", "time_vs_energy.png",
+                                                               "power.png")}
+    assert "new study 'sim:orin-nano-cnn-10W-time'" in capsys.readouterr().err
+    # the README's second search: another budget and objective, same default output
+    assert main(["search", *FAST, "--budget", "12", "--objective", "energy", "--n-trials", "2"]) == 0
+    second = tmp_path / "edgetune-out" / "sim-orin-nano-cnn-energy-12W"
+    assert json.loads((second / "best.json").read_text())["objective"] == "energy"
+    assert {name: (first / name).read_bytes() for name in before} == before  # the first one's files untouched
+    capsys.readouterr()
+    # the first command again, one trial more: it resumes its own study and says so
+    assert main(["search", *FAST, "--budget", "10", "--n-trials", "3"]) == 0
+    assert "resuming study 'sim:orin-nano-cnn-10W-time': 2 trials measured" in capsys.readouterr().err
+    assert len(_rows(first / "trials.csv")) == 3
+
+
+def test_output_flag_is_the_folder_itself(tmp_path, capsys):
+    out = tmp_path / "mine"
+    assert main(["search", *FAST, "--budget", "12", "--n-trials", "1", "--output", str(out)]) == 0
+    assert (out / "best.json").is_file() and (out / "study.db").is_file()
+
+
+def _first_search(out: Path) -> dict[str, bytes]:
+    assert main(["search", *FAST, "--budget", "10", "--n-trials", "2", "-o", str(out)]) == 0
+    return {name: (out / name).read_bytes() for name in ("best.json", "trials.csv")}
+
+
+def test_an_empty_study_file_is_refused_and_nothing_overwritten(tmp_path, capsys):
+    out = tmp_path / "o"
+    kept = _first_search(out)
+    (out / "study.db").write_bytes(b"")  # truncated: SQLite would take it for a new, empty study
+    assert main(["search", *FAST, "--budget", "10", "--n-trials", "2", "-o", str(out)]) == 2
+    line = _one_error_line(capsys)
+    assert "is empty (0 bytes)" in line and "nothing was written" in line
+    assert {name: (out / name).read_bytes() for name in kept} == kept
+    assert (out / "study.db").stat().st_size == 0
+
+
+def test_a_study_file_damaged_mid_file_is_refused_in_one_line(tmp_path, capsys):
+    out = tmp_path / "o"
+    kept = _first_search(out)
+    db = out / "study.db"
+    import sqlite3
+
+    with sqlite3.connect(db) as con:  # fold the write-ahead log into the file, then damage its middle
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(db.read_bytes())
+    middle = len(data) // 2 // 4096 * 4096
+    data[middle:middle + 4096] = b"\xff" * 4096
+    db.write_bytes(bytes(data))
+    assert main(["search", *FAST, "--budget", "10", "--n-trials", "2", "-o", str(out)]) == 2
+    line = _one_error_line(capsys)
+    assert "is damaged" in line and str(db) in line
+    assert {name: (out / name).read_bytes() for name in kept} == kept
+
+
+def _spawn(helper: Path, out: Path, marker: Path, hang_after: int) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{helper}", HANG_AFTER=str(hang_after),
+               HANG_MARKER=str(marker))
+    argv = [sys.executable, "-m", "edgetune", "search", *FAST, "--workload", "helper_wl:build", "--budget", "10",
+            "--batch-sizes", "8,16", "--knobs", "gpu_freq", "--n-trials", "6", "--warmup-steps", "1",
+            "--real-steps", "1", "-o", str(out)]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(marker: Path, proc: subprocess.Popen, limit_s: float = 120.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not marker.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the worker never reached the step it hangs in"
+        time.sleep(0.05)
+
+
+def test_ctrl_c_writes_what_was_measured_and_says_how_to_resume(helper, tmp_path):
+    out, marker = tmp_path / "o", tmp_path / "hanging"
+    proc = _spawn(helper, out, marker, hang_after=8)
+    _wait_for(marker, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("edgetune: interrupted: ") and "run the same command again to resume" in last
+    assert "Traceback" not in err
+    rows = _rows(out / "trials.csv")
+    best = json.loads((out / "best.json").read_text())
+    assert rows and best["study"]["trials_measured"] == len(rows)
+    assert best["study"]["stop_reason"] == "interrupted (Ctrl-C)"
+
+
+def test_a_trial_killed_with_kill_9_is_failed_and_queued_again_on_resume(helper, tmp_path, capsys):
+    out, marker = tmp_path / "o", tmp_path / "hanging"
+    proc = _spawn(helper, out, marker, hang_after=8)
+    _wait_for(marker, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    url = f"sqlite:///{out / 'study.db'}"
+    name = optuna.get_all_study_names(url)[0]
+    running = [t.number for t in optuna.load_study(study_name=name, storage=url).trials
+               if t.state == TrialState.RUNNING]
+    assert len(running) == 1  # the killed worker's trial, left RUNNING
+    assert main(["search", *FAST, "--workload", "helper_wl:build", "--budget", "10", "--batch-sizes", "8,16",
+                 "--knobs", "gpu_freq", "--n-trials", "6", "--warmup-steps", "1", "--real-steps", "1",
+                 "-o", str(out)]) == 0
+    assert "resuming study" in capsys.readouterr().err
+    trials = {t.number: t for t in optuna.load_study(study_name=name, storage=url).trials}
+    assert trials[running[0]].state == TrialState.FAIL
+    assert not any(t.state == TrialState.RUNNING for t in trials.values())
+    killed = trials[running[0]].params
+    # the killed setting was measured again by the resume (Optuna's retry of a stale trial)
+    assert any(t.params == killed and t.state == TrialState.COMPLETE for t in trials.values())
+
+
+def test_progress_is_one_line_per_trial_without_a_terminal(tmp_path, capsys):
+    assert main(["search", *FAST, "--budget", "10", "--n-trials", "2", "-o", str(tmp_path / "o")]) == 0
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("edgetune: trial ")]
+    assert [ln.split(":")[1].split()[1] for ln in lines] == ["1/2", "2/2"]
+    for ln in lines:
+        assert "batch 8, gpu_freq " in ln and " ms, " in ln and " W max 1-s avg" in ln
+        assert ("within budget" in ln or "over budget" in ln) and ("best so far #" in ln or "none within" in ln)
+    assert main(["search", *FAST, "--budget", "10", "--n-trials", "3", "-o", str(tmp_path / "o"), "--quiet"]) == 0
+    assert "edgetune: trial" not in capsys.readouterr().err
+
+
+def test_every_trial_out_of_memory_names_the_cause_not_the_budget(tmp_path, capsys):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no matplotlib warning leaks out of the plots of an empty search
+        code = main(["search", *FAST, "--budget", "10", "--batch-sizes", "400000,800000", "--n-trials", "2",
+                     "-o", str(tmp_path / "o")])
+    assert code == 2
+    line = _one_error_line(capsys)
+    assert "every one of the 2 measured settings failed" in line and "2 of 2 out of memory" in line
+    assert "first error (trial #0" in line and "smaller batch sizes" in line and "budget of" not in line
+    assert (tmp_path / "o" / "trials.csv").is_file()
+
+
+def test_every_trial_raising_names_the_first_error(helper, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("RAISE_IN_STEP", "1")
+    # the cost of a user workload is measured from one real step: that step raises before the search starts
+    code = main(["search", *FAST, "--workload", "helper_wl:build", "--budget", "10", "--n-trials", "2",
+                 "-o", str(tmp_path / "o")])
+    assert code == 2
+    line = _one_error_line(capsys)
+    assert "the data loader broke: no such shard" in line
+
+
+BINARY = b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["search", "--config", "{file}", "--budget", "10"], "is not a text TOML file (byte 0 is not UTF-8)"),
+    (["search", "--device", "trace:{file}", "--budget", "10"], "is not a text CSV file"),
+    (["predict-eval", "{file}"], "is not a text CSV file"),
+])
+def test_a_binary_config_or_table_is_one_line_exit_2(tmp_path, capsys, argv, message):
+    binary = tmp_path / "binary.bin"
+    binary.write_bytes(BINARY)
+    assert main([a.replace("{file}", str(binary)) for a in argv]) == 2
+    line = _one_error_line(capsys)
+    assert message in line and str(binary) in line
+
+
+def test_a_protocol_the_measurement_refuses_is_one_line_exit_2(tmp_path, capsys):
+    assert main(["search", *FAST, "--budget", "10", "--measure-steps", "1000000", "-o", str(tmp_path / "o")]) == 2
+    assert "--measure-steps) 1000000 is more steps than one measured window holds; use at most 100000" in \
+        _one_error_line(capsys)
+
+
+def test_best_json_labels_every_knob_value_and_the_runtime_reads_old_and_new_plans(tmp_path):
+    from edgetune.runtime import load_plan
+
+    out = tmp_path / "o"
+    assert main(["search", *FAST, "--budget", "12", "--n-trials", "1", "--knobs", "gpu_freq,cpu_freq",
+                 "-o", str(out)]) == 0
+    best = json.loads((out / "best.json").read_text())
+    gpu, cpu = best["setting"]["gpu_freq"], best["setting"]["cpu_freq"]
+    assert gpu["unit"] == "Hz" and gpu["text"] == f"{gpu['value'] / 1e6:g} MHz"
+    assert cpu["unit"] == "kHz" and cpu["text"].endswith("Hz") and cpu["value"] < 1e7  # kHz, labelled so
+    assert best["baseline"]["setting"]["gpu_freq"]["unit"] == "Hz"
+    assert best["workload_cost"]["param_bytes"] > 0 and best["workload_cost"]["flops_per_sample"] > 0
+    plan = load_plan(out / "best.json")
+    assert plan.setting == {"gpu_freq": gpu["value"], "cpu_freq": cpu["value"]} and plan.workload == "cnn"
+    old = tmp_path / "old.json"  # best.json as edgetune wrote it before the units
+    old.write_text(json.dumps({"batch_size": 8, "budget_w": 10, "setting": {"gpu_freq": 510000000}}))
+    assert load_plan(old).setting == {"gpu_freq": 510000000} and load_plan(old).workload_cost is None
+
+
+def test_a_plan_applied_to_another_model_is_warned_about(tmp_path, caplog):
+    import torch
+
+    import edgetune
+    from edgetune.workloads import load_workload
+
+    out = tmp_path / "o"
+    assert main(["search", *FAST, "--budget", "12", "--n-trials", "1", "-o", str(out)]) == 0
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    other = torch.nn.Linear(8, 2)
+    with caplog.at_level("WARNING", logger="edgetune"), edgetune.tune(
+            other, torch.optim.SGD(other.parameters(), lr=0.1), dataset=data, budget_w=12, device="sim:orin-nano",
+            plan=out / "best.json", print_summary=False) as tuner:
+        pass
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("was searched for another model (cnn): parameter bytes" in w for w in warned), warned
+    assert any("was searched for another model" in text for _, text in tuner.events)
+    caplog.clear()
+    cnn = load_workload("cnn").model  # the plan's own model: no word
+    with caplog.at_level("WARNING", logger="edgetune"), edgetune.tune(
+            cnn, torch.optim.SGD(cnn.parameters(), lr=0.1), dataset=data, budget_w=12, device="sim:orin-nano",
+            plan=out / "best.json", print_summary=False):
+        pass
+    assert not [r for r in caplog.records if "another model" in r.getMessage()]
