@@ -1,4 +1,5 @@
-"""The budget guard's control law as a pure function, and in a closed loop with a simple seeded plant."""
+"""The budget guard's control laws (the ladder and the batch size) as pure functions, and in closed loops with
+simple seeded plants."""
 
 from __future__ import annotations
 
@@ -8,6 +9,14 @@ import numpy as np
 import pytest
 
 from edgetune.power.base import Knob
+from edgetune.runtime.batch_law import (
+    BatchState,
+    Halving,
+    batch_floor,
+    batch_in_force,
+    control_batch,
+    grown_power_w,
+)
 from edgetune.runtime.guard import (
     GuardMove,
     GuardParams,
@@ -18,6 +27,7 @@ from edgetune.runtime.guard import (
     control,
     frequency_prior,
 )
+from edgetune.runtime.ladder_guard import LadderGuard
 
 P = GuardParams()
 # power per rung of a plant whose dynamic power grows faster than linearly with the clock
@@ -243,3 +253,179 @@ def test_after_the_load_goes_the_guard_climbs_back_without_overshoot_despite_a_w
         trips_after += t > 3.5 and d.kind is GuardMove.TRIP
     assert trips_after == 0 and state.trips >= 1
     assert state.rung == 8 and 8 in state.measured  # back at the top: 12.0 W fits 12.2 W
+
+
+# ---------------------------------------------------------------------------------------------- batch size
+
+
+def _over_at_bottom(state, batch, t0, t1, power, budget=3.8, model=None):
+    """Tick the composed law from t0 to t1 at a constant power; returns the states and the moves."""
+    model = model or LadderModel(TRUE_W, idle_w=IDLE)
+    moves, t = [], t0
+    while t < t1 - 1e-9:
+        state, batch, d = control_batch(state, batch, obs(t, power, budget=budget), model, P)
+        if d.moved:
+            moves.append((t, d))
+        t += P.tick_s
+    return state, batch, moves
+
+
+def test_the_batch_halves_only_after_the_lowest_rung_is_over_for_the_dwell_and_never_below_the_floor():
+    state, batch = GuardState(rung=0, ceiling=8, changed_t=0.0), BatchState(batch_size=128, chosen=128)
+    state, batch, moves = _over_at_bottom(state, batch, 0.3, 0.3 + P.batch_dwell_s - 0.01, 4.2)
+    assert moves == [] and batch.over_since == pytest.approx(0.3)  # over, not yet for the dwell
+    state, batch, moves = _over_at_bottom(state, batch, 0.8, 3.0, 4.2)
+    assert len(moves) == 1  # the change is on its way: no second halving before it arrives
+    d = moves[0][1]
+    assert d.kind is GuardMove.SHRINK_BATCH and d.batch_size == 64 and d.rung == 0 and d.infeasible
+    assert d.reason.startswith("shrink batch: 4.20 W > 3.80 W budget at the lowest setting")
+    assert batch.pending == 64 and batch.halvings == (Halving(128, 64, 4.2),)
+    # the loader delivers it; the ladder restarts at the lowest rung; the first steady reading says what it bought
+    batch = batch_in_force(batch, 64)
+    state = GuardState(rung=0, ceiling=8, changed_t=3.0)
+    state, batch, _ = _over_at_bottom(state, batch, 3.0, 3.2, 3.9)
+    assert batch.halvings[-1].saved_w is None  # the fast window still holds the old batch's power
+    state, batch, _ = _over_at_bottom(state, batch, 3.3, 3.35, 3.9)
+    assert batch.halvings[-1].saved_w == pytest.approx(0.3)
+    # a dip under the budget restarts the dwell
+    state, batch, moves = _over_at_bottom(state, batch, 3.35, 3.5, 3.9)
+    assert batch.over_since is not None
+    state, batch, _ = _over_at_bottom(state, batch, 3.5, 3.55, 3.7)
+    assert batch.over_since is None
+    # halving goes on down to the floor, 128 // batch_max_shrink, and stops there
+    for b in (64, 32):
+        state, batch, moves = _over_at_bottom(state, batch, 4.0, 6.0, 3.9)
+        assert [m[1].batch_size for m in moves] == [b // 2]
+        batch = batch_in_force(batch, b // 2)
+    state, batch, moves = _over_at_bottom(state, batch, 6.0, 12.0, 3.9)
+    assert moves == [] and batch.batch_size == batch_floor(128, P) == 16
+
+
+def test_the_batch_grows_back_when_the_estimate_at_the_larger_batch_is_under_the_band():
+    model = LadderModel(TRUE_W, idle_w=IDLE)
+    state = GuardState(rung=0, ceiling=8, changed_t=0.0)
+    batch = BatchState(batch_size=64, chosen=128, halvings=(Halving(128, 64, 4.03, saved_w=0.2),))
+    # at 3.83 W the larger batch is estimated at 4.03 W: over the band of a 4.2 W budget (3.86 W), no growth
+    _, _, moves = _over_at_bottom(state, batch, 0.3, 10.0, 3.83, budget=4.2, model=model)
+    assert moves == []
+    # a budget of 4.5 W: the band is 4.14 W; after up_dwell_s the batch doubles, before any climb
+    _, grown, moves = _over_at_bottom(state, batch, 0.3, 10.0, 3.83, budget=4.5, model=model)
+    d = moves[0][1]
+    assert moves[0][0] >= P.up_dwell_s and d.kind is GuardMove.GROW_BATCH and d.batch_size == 128
+    assert d.reason.startswith("grow batch: 3.83 W now, 4.03 W estimated at batch size 128 under 4.14 W")
+    assert grown.pending == 128 and grown.halvings == ()
+
+
+def test_the_growth_estimate_scales_what_a_halving_bought_by_the_rungs_dynamic_power():
+    model = LadderModel((4.0, 6.0, 10.0), idle_w=2.0)
+    halving = Halving(128, 64, 4.5, saved_w=0.5)
+    at_top = GuardState(rung=2, ceiling=2)
+    # the top rung's dynamic power is 8 W against 2 W at the lowest: the same extra work draws 4x as much
+    assert grown_power_w(at_top, halving, obs(0.0, 9.0), model) == pytest.approx(9.0 + 0.5 * 4)
+    assert grown_power_w(GuardState(rung=0, ceiling=2), halving, obs(0.0, 4.0), model) == pytest.approx(4.5)
+    # not measured: the dynamic part is taken to double
+    assert grown_power_w(at_top, Halving(128, 64, 4.5), obs(0.0, 9.0), model) == pytest.approx(9.0 + 7.0 * 4)
+
+
+def test_a_halving_soon_after_a_doubling_doubles_the_bar_and_a_pending_change_holds_the_ladder():
+    model = LadderModel(TRUE_W, idle_w=IDLE)
+    state = GuardState(rung=0, ceiling=8, changed_t=0.0)
+    batch = BatchState(batch_size=128, chosen=128, bar_len_s=P.block_s, barred_until=-10.0, grown_t=-1.0)
+    _, batch, moves = _over_at_bottom(state, batch, 0.3, 1.0, 4.2, model=model)
+    assert moves[0][1].kind is GuardMove.SHRINK_BATCH
+    assert batch.bar_len_s == 2 * P.block_s and batch.barred_until == pytest.approx(moves[0][0] + 2 * P.block_s)
+    # while the halving is on its way, headroom does not make the ladder climb
+    quiet = GuardState(rung=2, ceiling=8, changed_t=0.0)
+    _, _, moves = _over_at_bottom(quiet, batch, 0.3, 5.0, TRUE_W[2], budget=12.0, model=model)
+    assert moves == []
+
+
+def test_without_permission_the_composed_law_is_the_ladder_law():
+    model = LadderModel(TRUE_W, idle_w=IDLE)
+    state, batch = GuardState(rung=0, ceiling=8, changed_t=0.0), BatchState(batch_size=128, chosen=128)
+    for k in range(100):
+        o = obs(0.3 + P.tick_s * k, 4.2, budget=3.8)
+        expected = control(state, o, model, P)
+        state, batch, d = control_batch(state, batch, o, model, P, allow=False)
+        assert (state, d) == expected and not d.moved and batch.pending is None
+
+
+def test_batch_params_are_validated():
+    with pytest.raises(ValueError, match="batch_max_shrink"):
+        GuardParams(batch_max_shrink=0)
+    with pytest.raises(ValueError, match="batch_max_shrink"):
+        GuardParams(batch_max_shrink=2.5)
+    with pytest.raises(ValueError, match="positive"):
+        GuardParams(batch_dwell_s=0)
+    assert batch_floor(6, GuardParams()) == 1 and batch_floor(100, GuardParams()) == 12
+
+
+def _batch_closed_loop(budgets, loads=(), seconds=60.0, seed=0, step_s=0.06):
+    """The guard (LadderGuard: both laws) against a plant whose dynamic power grows with the batch size as
+    (b / 128) ** 0.35; a batch change arrives at the next step, and the ladder restarts then (the controller's
+    rule). Returns the times, the 1-s averages, the budgets, the batch sizes and the decisions."""
+    rng = np.random.default_rng(seed)
+    ladder = [{"gpu_freq": f} for f in FREQS]
+    model = LadderModel(TRUE_W, idle_w=IDLE)
+    guard = LadderGuard(P, reference_budget_w=budgets[0][1])
+    guard.anchor, guard.allow_batch = dict(ladder[-1]), True
+    guard.batch_arrived(128)
+    guard.reset(ladder, model, ladder[-1], budgets[0][1], 0.0)
+    batch, arriving, decisions = 128, None, []
+    dt = 0.01
+    ts, ps, batches = [], [], []
+    for k in range(int(seconds / dt)):
+        t = k * dt
+        if arriving is not None and t >= arriving[0]:
+            batch = arriving[1]
+            guard.batch_arrived(batch)
+            guard.reset(ladder, model, ladder[guard.state.rung], guard.state.budget_w, t)
+            arriving = None
+        load = sum(w for (t0, t1, w) in loads if t0 <= t < t1)
+        power = IDLE + (TRUE_W[guard.state.rung] - IDLE) * (batch / 128) ** 0.35 + load + rng.normal(0, 0.05)
+        ts.append(t)
+        ps.append(power)
+        batches.append(batch)
+        if k % int(P.tick_s / dt) == 0 and t > 0:
+            budget = [w for (t0, w) in budgets if t >= t0][-1]
+            arr_t, arr_p = np.asarray(ts), np.asarray(ps)
+            fast = arr_p[arr_t > t - P.fast_window_s].mean()
+            avg = arr_p[arr_t > t - 1.0].mean()
+            d = guard.tick(Observation(t, fast, avg, budget))
+            if d.moved:
+                decisions.append((t, d))
+            if d.batch_move:
+                arriving = (t + step_s, d.batch_size)
+    t_arr, p_arr = np.asarray(ts), np.asarray(ps)
+    avg = np.array([p_arr[(t_arr > x - 1.0) & (t_arr <= x)].mean() for x in t_arr])
+    budget = np.array([[w for (t0, w) in budgets if x >= t0][-1] for x in t_arr])
+    return t_arr, avg, budget, np.asarray(batches), decisions
+
+
+def test_closed_loop_a_budget_under_the_lowest_rung_halves_the_batch_and_a_higher_one_restores_it():
+    t, avg, budget, batches, decisions = _batch_closed_loop([(0.0, 10.0), (10.0, 3.8), (30.0, 10.0)])
+    kinds = [d.kind for _, d in decisions if d.batch_move]
+    assert kinds == [GuardMove.SHRINK_BATCH] * 2 + [GuardMove.GROW_BATCH] * 2  # 128 -> 64 -> 32 -> 64 -> 128
+    assert batches[(t > 14.0) & (t < 30.0)].tolist() == [32] * int(((t > 14.0) & (t < 30.0)).sum())
+    assert _last_over_after(t, avg, budget, 10.0, 30.0) <= 3.0
+    assert batches[-1] == 128 and (avg[t > 45.0] <= 10.0).all()
+
+
+def test_closed_loop_the_batch_follows_a_load_and_comes_back_when_it_goes_without_oscillating():
+    """+0.8 W from 10 s to 20 s under a 4.5 W budget: 128 and 64 do not fit at the lowest rung with the load,
+    32 does. The halvings' measured power cancels the load, so the growth estimates are right after it."""
+    t, avg, budget, batches, decisions = _batch_closed_loop([(0.0, 4.5)], loads=[(10.0, 20.0, 0.8)], seconds=45.0,
+                                                            seed=2)
+    kinds = [d.kind for _, d in decisions if d.batch_move]
+    assert kinds == [GuardMove.SHRINK_BATCH] * 2 + [GuardMove.GROW_BATCH] * 2
+    assert set(batches[(t > 14.0) & (t < 20.0)].tolist()) == {32} and batches[-1] == 128
+    assert _last_over_after(t, avg, budget, 10.0, 20.0) <= 3.0 and _last_over_after(t, avg, budget, 20.0, 45.0) <= 0.5
+
+
+def test_closed_loop_a_budget_between_two_batch_sizes_does_not_oscillate():
+    """3.85 W: 64 fits by 0.04 W at the lowest rung (the sensor noise is 0.05 W), 128 does not, and growing
+    back needs the band (3.54 W): one halving, then quiet for a minute. The 1-s average, still over the
+    budget for a second after the halving, must not cause a second one."""
+    t, _, _, batches, decisions = _batch_closed_loop([(0.0, 3.85)], seconds=60.0, seed=4)
+    assert [(d.kind, d.batch_size) for _, d in decisions if d.batch_move] == [(GuardMove.SHRINK_BATCH, 64)]
+    assert set(batches[t > 2.0].tolist()) == {64} and len(decisions) == 2  # the first trip, one halving

@@ -226,6 +226,57 @@ def test_guard_keeps_the_budget_through_disturbances_and_budget_changes(cnn_cost
     assert tuner.setting["gpu_freq"] == 408000000
 
 
+def test_a_budget_under_the_lowest_setting_shrinks_the_batch_and_a_higher_one_grows_it_back(cnn_cost):
+    """Batch 128 at 408 MHz; the budget drops to 6.2 W, under what the lowest clocks draw at 128 (6.55 W) and
+    64 (6.33 W): the guard halves the batch twice (32 draws 6.07 W), the learning rate follows the linear
+    rule; back at 10 W it doubles twice and climbs to the plan's setting. No move more than that."""
+    model, opt, data = mlp()
+    dev = open_device("sim:orin-nano", seed=0)
+    plan = Plan(128, {"gpu_freq": 408000000}, 10.0, "sim:orin-nano")
+    seen = []
+    with edgetune.tune(model, opt, dataset=data, device=dev, plan=plan, cost=cnn_cost, keep_trace=True,
+                       print_summary=False) as tuner:
+        def look():
+            seen.append((tuner.batch_size, opt.param_groups[0]["lr"], dict(tuner.setting)))
+
+        train_until(tuner, model, opt, 20.0, [(3.0, lambda: tuner.set_budget(6.2)), (10.0, look),
+                                              (11.0, lambda: tuner.set_budget(10.0))])
+    s = tuner.summary
+    batch, lr, setting = seen[0]
+    assert batch == 32 and lr == pytest.approx(0.05 * 32 / 128)
+    # the lowest clocks, still in force at the smaller batch
+    assert (setting["gpu_freq"], setting["emc_freq"], setting["cpu_freq"]) == (306000000, 204000000, 115200)
+    assert last_over(tuner, 3.0, 11.0) <= 2.5  # a trip, two halvings, then the 1-s average under 6.2 W
+    t, avg = np.array(tuner.accounting.trace_t), np.array(tuner.accounting.trace_avg)
+    assert avg[(t > 6.0) & (t < 11.0)].max() < 6.2
+    # one trip to the lowest clocks, two halvings, two doublings, one climb back: no oscillation
+    assert s.guard_moves == {GuardMove.TRIP: 1, GuardMove.SHRINK_BATCH: 2, GuardMove.GROW_BATCH: 2, GuardMove.CLIMB: 1}
+    moves = [text for _, text in tuner.events if text.startswith(("guard shrink", "guard grow"))]
+    assert [m.split(": ")[0] for m in moves] == ["guard shrink batch"] * 2 + ["guard grow batch"] * 2
+    assert moves[0].endswith("batch size 128 -> 64") and moves[-1].endswith("batch size 64 -> 128")
+    assert any(text == "batch size 64 -> 32 (guard); learning rate 0.0125 (linear)" for _, text in tuner.events)
+    # back where the plan put it: batch, learning rate, clocks
+    assert s.batch_size == 128 and opt.param_groups[0]["lr"] == pytest.approx(0.05)
+    assert tuner.setting["gpu_freq"] == 408000000 and tuner.setting["emc_freq"] == 2133000000
+    assert "batch size halved 2x and doubled 2x" in s.table() and s.knobs_restored
+
+
+def test_the_guard_leaves_the_batch_alone_without_the_loader_or_below_the_floor(cnn_cost):
+    """Without tuner.loader the batches are the user's: the guard holds the lowest setting and reports. With
+    batch_max_shrink=2 one halving is all it may make."""
+    with edgetune.tune(None, None, batch_size=128, budget_w=6.2, device="sim:orin-nano", cost=cnn_cost,
+                       online=False, print_summary=False) as tuner:
+        while tuner.device.clock.now() < 4.0:
+            tuner.step()
+    assert tuner.batch_size == 128 and not tuner.summary.guard_moves.get(GuardMove.SHRINK_BATCH)
+    model, opt, data = mlp()
+    with edgetune.tune(model, opt, dataset=data, batch_size=128, budget_w=6.2, device="sim:orin-nano",
+                       cost=cnn_cost, online=False, guard=GuardParams(batch_max_shrink=2),
+                       print_summary=False) as tuner:
+        train_until(tuner, model, opt, 6.0)
+    assert tuner.batch_size == 64 and tuner.summary.guard_moves[GuardMove.SHRINK_BATCH] == 1
+
+
 def test_budget_file_and_sigusr1_are_followed(tmp_path, cnn_cost):
     model, opt, data = mlp()
     budget_file = tmp_path / "budget"
@@ -386,9 +437,9 @@ def test_noise_scale_from_norms_recovers_a_known_noise_scale():
 
 
 def test_docstring_examples_run():
-    from edgetune.runtime import api, budget, guard
+    from edgetune.runtime import api, batch_law, budget, guard
 
-    for module in (api, budget, guard):
+    for module in (api, batch_law, budget, guard):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0 and result.attempted > 0
 
@@ -529,6 +580,8 @@ def test_budget_source_follows_the_api_the_file_and_the_signal(tmp_path):
     assert src.poll() is None  # not written yet: the starting budget holds
     assert src.set(3.0, 7.0) and not src.set(4.0, 7.0)  # the same budget again is no change
     assert (src.at(0.5), src.at(2.0), src.at(3.0), src.current_w) == (10.0, 10.0, 7.0, 7.0)
+    times = np.array([0.5, 2.0, 3.0, 9.0])
+    assert src.at_times(times).tolist() == [src.at(float(x)) for x in times]  # the same, vectorised
     with pytest.raises(ValueError, match="budget must be a positive number of watts"):
         src.set(5.0, float("nan"))
     path.write_text("8.5 W\n")
@@ -572,6 +625,100 @@ def test_ticker_follows_a_virtual_clock_and_runs_a_thread_on_a_real_one():
     assert not real.virtual and thread is not None and thread.daemon and thread.is_alive()
     real.stop()
     assert real.thread is None and not thread.is_alive()
+
+
+def test_one_ticker_thread_samples_and_ticks_and_a_failing_tick_does_not_stop_the_samples():
+    import threading
+
+    from edgetune.power.base import RealClock, VirtualClock
+    from edgetune.runtime.ticker import Ticker
+
+    clock, calls = VirtualClock(), []
+    ticker = Ticker(clock, 0.05, lambda: calls.append(("tick", clock.now())),
+                    sample=lambda: calls.append(("sample", clock.now())), sample_period_s=0.01)
+    clock.advance(0.1)
+    assert [c[0] for c in calls].count("sample") == 10 and [c for c in calls if c[0] == "tick"] == \
+        [("tick", pytest.approx(0.05)), ("tick", pytest.approx(0.1))]
+    ticker.stop()
+    samples, ticks = [], []
+    done = threading.Event()
+
+    def sample():
+        samples.append(threading.get_ident())
+        if len(samples) >= 20:
+            done.set()
+
+    def tick():
+        ticks.append(threading.get_ident())
+        raise RuntimeError("a bug in the tick")
+
+    real = Ticker(RealClock(), 0.002, tick, sample=sample, sample_period_s=0.001)
+    try:
+        assert done.wait(timeout=30.0)  # (a bound no run reaches: the test asserts that it happens, not when)
+    finally:
+        real.stop()
+    assert ticks and len(set(samples + ticks)) == 1  # one thread did both, and sampled on after the ticks raised
+
+
+def test_the_tap_queues_readings_and_keeps_the_monitors_rules():
+    from edgetune.power import PowerReading
+    from edgetune.runtime.accounting import SampleTap
+
+    class Sensor:
+        rails, total_label, update_period_s = ("VDD_IN",), "VDD_IN", 0.01
+
+        def __init__(self):
+            self.readings = [(0.0, 4.0), (0.1, 6.0), (0.1, 9.0), (0.2, float("nan")), (0.3, -1.0), (0.4, 6.0), None]
+
+        def read(self):
+            r = self.readings.pop(0)
+            if r is None:
+                raise OSError("sensor gone")
+            return PowerReading(r[0], r[1], {})
+
+        def energy_j(self):
+            return None
+
+    tap = SampleTap(Sensor(), keep_s=10.0)
+    for _ in range(7):
+        tap.sample()
+    assert tap.dropped == 1  # the failed read, counted, not raised
+    # a repeated time, a non-finite and a negative power are dropped (the monitor's rules); energy is exact
+    assert tap.average(10.0) == pytest.approx((0.5 + 0.3 * 6.0) / 0.4) and tap.total_samples == 3
+    t, p = tap.drain()
+    assert t.tolist() == [0.0, 0.1, 0.4] and p.tolist() == [4.0, 6.0, 6.0] and tap.drain()[0].size == 0
+    assert tap.averages(0.3, 10.0) == (pytest.approx(6.0), pytest.approx(2.3 / 0.4))
+
+
+def test_a_tuner_on_a_real_clock_runs_one_background_thread():
+    import threading
+
+    from edgetune.power import Device, PowerReading, RealClock
+
+    class Sensor:  # the hardware boundary: a constant reading on the real clock
+        rails, total_label, update_period_s = ("VDD_IN",), "VDD_IN", 0.01
+
+        def read(self):
+            return PowerReading(RealClock().now(), 5.0, {"VDD_IN": 5.0})
+
+        def energy_j(self):
+            return None
+
+    limit = {"w": 10.0}
+    knob = Knob("power_limit", "W", [4.0, 6.0, 8.0, 10.0], read=lambda: limit["w"],
+                write=lambda v: limit.update(w=float(v)))
+    dev = Device(name="wall", description="real clock, constant sensor", simulated=False, knobs={"power_limit": knob},
+                 sensor=Sensor(), clock=RealClock(), run_step=lambda fn, b, cost: fn(), idle_power_w=2.0,
+                 max_power_w=10.0)
+    before = {t.name for t in threading.enumerate()}
+    with edgetune.tune(None, None, batch_size=8, budget_w=7.0, device=dev, online=False,
+                       print_summary=False) as tuner:
+        names = [t.name for t in threading.enumerate() if t.name not in before]
+        for _ in range(3):
+            tuner.step()
+    assert names == ["edgetune-guard"]  # no separate monitor thread: the ticker samples too
+    assert {t.name for t in threading.enumerate()} - before == set()  # and it is gone after exit
+    assert tuner.summary.steps == 3 and tuner.monitor.total_samples >= 2 and limit["w"] == 10.0
 
 
 def test_online_tuner_decides_on_plain_values_and_applies_nothing(cnn_cost):

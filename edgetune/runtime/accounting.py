@@ -20,6 +20,7 @@ import io
 import json
 import math
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,11 +37,18 @@ __all__ = ["Accounting", "EpochRecord", "RunSummary", "SampleTap", "StepRecord",
 class SampleTap:
     """A :class:`~edgetune.power.base.PowerSensor` that passes another through and keeps what was read.
 
-    Give it to the :class:`~edgetune.power.monitor.PowerMonitor` in place of the sensor. Every good reading
-    (finite, non-negative, later than the last: the monitor's own rules) is queued once for the accounting
-    (:meth:`drain`) and kept for ``keep_s`` with its cumulative energy, so a live average over any recent
-    window is two lookups (:meth:`average`), in pure Python: the guard calls it at 20 Hz. Thread-safe: the
-    monitor samples from its thread, the guard reads from its own.
+    Give it to the :class:`~edgetune.power.monitor.PowerMonitor` in place of the sensor, or sample it alone
+    (:meth:`sample`: the controller's sampling thread does when no measurement window needs the monitor's
+    history). Every good
+    reading (finite, non-negative, later than the last: the monitor's own rules) is handed once to the
+    accounting (:meth:`drain`) and kept for ``keep_s`` with its cumulative energy, so a live average over
+    any recent window is two lookups (:meth:`average`), in pure Python: the guard calls it at 20 Hz.
+
+    :meth:`read` only queues the reading (a deque append, safe across threads without a lock): it runs 100
+    times a second on the sampling thread, where each line of Python is paid cold. The bookkeeping (order
+    check, energy, trimming) runs for the queued readings in one batch when :meth:`average` or :meth:`drain`
+    asks, under the tap's lock. Thread-safe: the monitor samples from its thread, the guard reads from its
+    own.
     """
 
     def __init__(self, sensor: PowerSensor, keep_s: float = 2.0) -> None:
@@ -50,31 +58,51 @@ class SampleTap:
         self.update_period_s = sensor.update_period_s
         self.keep_s = keep_s
         self._lock = threading.Lock()
+        self._inbox: deque[tuple[float, float]] = deque()
         self._new_t: list[float] = []
         self._new_p: list[float] = []
         # recent samples: time, power, cumulative energy (J) since the first sample
         self._t: list[float] = []
         self._p: list[float] = []
         self._e: list[float] = []
+        #: good readings taken so far
+        self.total_samples = 0
+        #: reads that failed in :meth:`sample` (the monitor counts its own)
+        self.dropped = 0
 
     def read(self) -> PowerReading:
         r = self.sensor.read()
-        t, p = r.t, r.total_w
-        if math.isfinite(p) and p >= 0:
-            with self._lock:
-                if not self._t or t > self._t[-1]:
-                    # one trapezoid, :func:`~edgetune.power.monitor.energy_j` written out for a scalar pair: this
-                    # runs on the monitor's thread at 100 Hz, where a numpy call costs 12x the whole read
-                    e = self._e[-1] + (t - self._t[-1]) * (p + self._p[-1]) / 2 if self._t else 0.0
-                    self._t.append(t)
-                    self._p.append(p)
-                    self._e.append(e)
-                    self._new_t.append(t)
-                    self._new_p.append(p)
-                    if len(self._t) > 64 and self._t[len(self._t) // 2] < t - self.keep_s:
-                        cut = bisect.bisect_left(self._t, t - self.keep_s) - 1
-                        del self._t[:cut], self._p[:cut], self._e[:cut]
+        self._inbox.append((r.t, r.total_w))
         return r
+
+    def sample(self) -> None:
+        """Take one reading for the tap alone (no monitor): a failed read is counted in :attr:`dropped`, never
+        raised (the monitor's rule)."""
+        try:
+            r = self.sensor.read()
+        except (OSError, ValueError, RuntimeError):
+            self.dropped += 1
+            return
+        self._inbox.append((r.t, r.total_w))
+
+    def _ingest(self) -> None:
+        """Move the queued readings into the history (call with the lock held)."""
+        inbox, t_, p_, e_ = self._inbox, self._t, self._p, self._e
+        while inbox:
+            t, p = inbox.popleft()
+            if not (math.isfinite(p) and p >= 0) or (t_ and t <= t_[-1]):
+                continue
+            # one trapezoid, :func:`~edgetune.power.monitor.energy_j` written out for a scalar pair (a numpy call
+            # per sample would cost more than all the rest of this loop)
+            e_.append(e_[-1] + (t - t_[-1]) * (p + p_[-1]) / 2 if t_ else 0.0)
+            t_.append(t)
+            p_.append(p)
+            self._new_t.append(t)
+            self._new_p.append(p)
+            self.total_samples += 1
+        if len(t_) > 64 and t_[len(t_) // 2] < t_[-1] - self.keep_s:
+            cut = bisect.bisect_left(t_, t_[-1] - self.keep_s) - 1
+            del t_[:cut], p_[:cut], e_[:cut]
 
     def energy_j(self) -> float | None:
         return self.sensor.energy_j()
@@ -82,6 +110,7 @@ class SampleTap:
     def drain(self) -> tuple[np.ndarray, np.ndarray]:
         """The readings taken since the last drain: times and board power."""
         with self._lock:
+            self._ingest()
             t, p = self._new_t, self._new_p
             self._new_t, self._new_p = [], []
         return np.asarray(t, dtype=float), np.asarray(p, dtype=float)
@@ -95,16 +124,27 @@ class SampleTap:
         slope = (p[i + 1] - p[i]) / span if span > 0 else 0.0
         return e[i] + p[i] * dt + 0.5 * slope * dt * dt
 
+    def _average(self, window_s: float) -> float:
+        t = self._t
+        if not t:
+            return math.nan
+        end = t[-1]
+        start = max(t[0], end - window_s)
+        if end <= start or len(t) < 2:
+            return self._p[-1]
+        return (self._e[-1] - self._energy_at(start)) / (end - start)
+
     def average(self, window_s: float) -> float:
         """Mean board power over the last ``window_s`` (the window cut at the first kept sample)."""
         with self._lock:
-            if not self._t:
-                return math.nan
-            end = self._t[-1]
-            start = max(self._t[0], end - window_s)
-            if end <= start or len(self._t) < 2:
-                return self._p[-1]
-            return (self._e[-1] - self._energy_at(start)) / (end - start)
+            self._ingest()
+            return self._average(window_s)
+
+    def averages(self, *windows_s: float) -> tuple[float, ...]:
+        """:meth:`average` over each of several windows, ending at the same sample (one lock, one batch)."""
+        with self._lock:
+            self._ingest()
+            return tuple(self._average(w) for w in windows_s)
 
 
 @dataclass(frozen=True)
@@ -173,7 +213,7 @@ class RunSummary:
         violations: budget violations; ``time_over_s`` their total time, ``worst_excess_w`` the largest.
         epochs: per-epoch records.
         events: (device time, text) of everything the controller did: plan applied, exploration, guard moves.
-        guard_moves: how many moves of each kind the guard made.
+        guard_moves: how many moves of each kind the guard made (the batch-size halvings and doublings too).
         batch_size, setting: what was in force at the end.
         knobs_restored: whether every knob was back at its original value after exit.
     """
@@ -226,8 +266,11 @@ class RunSummary:
         texts = [text for _, text in self.events]
         if not self.measure_only:
             moves = self.guard_moves
+            batch = (f", batch size halved {moves.get(GuardMove.SHRINK_BATCH, 0)}x and doubled "
+                     f"{moves.get(GuardMove.GROW_BATCH, 0)}x (lowest setting over the budget)"
+                     if moves.get(GuardMove.SHRINK_BATCH) or moves.get(GuardMove.GROW_BATCH) else "")
             lines.append(f"guard: {moves.get(GuardMove.TRIP, 0)} trip(s), {moves.get(GuardMove.CLIMB, 0)} climb(s), "
-                         f"{moves.get(GuardMove.UNDO_CLIMB, 0)} climb(s) undone (clock capped)")
+                         f"{moves.get(GuardMove.UNDO_CLIMB, 0)} climb(s) undone (clock capped){batch}")
         lines.extend(t for t in texts if t.startswith("online: settled"))
         setting = ", ".join(f"{k}={v}" for k, v in self.setting.items())
         lines.append(f"final: batch size {self.batch_size}; {setting or 'no knobs set'}; knobs restored: "
@@ -271,15 +314,18 @@ class Accounting:
     Args:
         tap: the tap between the power monitor and its sensor.
         budget_at: the budget in force at a device time.
+        budgets_at: the same for an array of times at once (None: ``budget_at`` time by time).
         window_s: the moving-average window the budget is judged by.
         log: optional ``.csv`` or ``.jsonl`` path for per-step (and per-epoch) rows.
         keep_trace: keep every sample with its 1-s moving average and budget (benchmarks plot and score it).
     """
 
     def __init__(self, tap: SampleTap, budget_at: Callable[[float], float], *, window_s: float = 1.0,
-                 log: str | Path | None = None, keep_trace: bool = False) -> None:
+                 log: str | Path | None = None, keep_trace: bool = False,
+                 budgets_at: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         self.tap = tap
         self.budget_at = budget_at
+        self.budgets_at = budgets_at
         self.window_s = window_s
         self._log = _StepLog(log) if log else None
         self.keep_trace = keep_trace
@@ -349,7 +395,8 @@ class Accounting:
 
     def _track_budget(self, tn: np.ndarray, pn: np.ndarray) -> None:
         avg = self._moving_average(tn)
-        budget = np.array([self.budget_at(float(x)) for x in tn])
+        budget = (self.budgets_at(tn) if self.budgets_at is not None
+                  else np.array([self.budget_at(float(x)) for x in tn]))
         self._max_avg = max(self._max_avg, float(avg.max()))
         self._epoch_max_avg = max(self._epoch_max_avg, float(avg.max()))
         if self.keep_trace:
@@ -358,6 +405,8 @@ class Accounting:
             self.trace_avg.extend(avg.tolist())
             self.trace_budget.extend(budget.tolist())
         over = avg > budget
+        if self._open_violation is None and not over.any():
+            return  # nothing over and nothing open: the common case, without a loop over the samples
         for x, a, b, o in zip(tn.tolist(), avg.tolist(), budget.tolist(), over.tolist()):
             v = self._open_violation
             if o and v is None:

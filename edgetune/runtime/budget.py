@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 __all__ = ["BudgetSource", "FileReading", "check_watts", "parse_watts"]
 
 #: characters of an unreadable budget file quoted back in the event (enough to recognise it)
@@ -91,6 +93,14 @@ class BudgetSource:
         """The budget that was in force at device time ``t``."""
         i = bisect.bisect_right(self._schedule, (t, math.inf)) - 1
         return self._schedule[max(i, 0)][1] if self._schedule else self.initial_w
+
+    def at_times(self, t: np.ndarray) -> np.ndarray:
+        """:meth:`at` for an array of device times at once."""
+        if not self._schedule:
+            return np.full(np.shape(t), self.initial_w)
+        starts = np.fromiter((s for s, _ in self._schedule), float, len(self._schedule))
+        watts = np.fromiter((w for _, w in self._schedule), float, len(self._schedule))
+        return watts[np.maximum(np.searchsorted(starts, t, side="right") - 1, 0)]
 
     def restart(self, t0: float) -> None:
         """Begin the schedule at device time ``t0`` with the initial budget (the run starts)."""

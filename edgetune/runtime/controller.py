@@ -19,8 +19,9 @@ How the user's steps meet the device
     kinds of device:
 
     * real hardware (``jetson``, ``nvml``, ``rapl``): the step already ran on the GPU; ``run_step`` waits
-      for the device to finish it (a CUDA synchronise), the monitor thread samples the real sensor, and
-      the guard runs on a 20 Hz thread, all on the real clock;
+      for the device to finish it (a CUDA synchronise); one background thread samples the real sensor at
+      the monitor's rate and runs the guard every ``tick_s`` (:mod:`edgetune.runtime.ticker` says why one),
+      all on the real clock;
     * the twin (``sim:<profile>``): the step ran for real on the CPU (the loss is real), and ``run_step``
       advances the twin's virtual clock by the step time its model gives for this batch size and knob
       setting, recording the power it draws. The monitor samples at its due times during that advance and
@@ -35,11 +36,12 @@ What it does, in order
     the budget guard;
     each step: device accounting, the online tuner's decisions (batch size and knobs, at step boundaries);
     each tick (:mod:`edgetune.runtime.ticker`): the budget file (:mod:`edgetune.runtime.budget`), the
-    guard (:mod:`edgetune.runtime.guard`), the accounting;
+    guard (:mod:`edgetune.runtime.guard`; when its lowest setting is still over the budget, the batch
+    size too, :mod:`edgetune.runtime.batch_law`), the accounting;
     exit (normal, exception, Ctrl-C): restore every knob, write the summary table.
 
 The pieces decide, the controller applies: the guard's law returns a :class:`~edgetune.runtime.guard.Decision`
-(a :class:`~edgetune.runtime.guard.GuardMove` and a rung) and the online tuner an
+(a :class:`~edgetune.runtime.guard.GuardMove` and a rung or a batch size) and the online tuner an
 :class:`~edgetune.runtime.online.OnlineDecision` (an :class:`~edgetune.runtime.online.OnlineMove` and a
 :class:`~edgetune.power.knobs.Candidate`); only the controller writes knobs, changes the batch size and
 records events.
@@ -103,9 +105,10 @@ TAP_FAST_WINDOWS = 2.0
 #: with no maximum power from the device, the frequency prior's top rung draws this many budgets (only the
 #: prior's scale: the guard's observations replace it)
 UNKNOWN_TOP_POWER_BUDGETS = 1.5
-#: s: on a real clock the guard's ticker updates the accounting this often: every half second is plenty and
-#: costs less than every tick (on a virtual clock it updates every tick)
-ACCOUNTING_PERIOD_S = 0.5
+#: s: on a real clock the guard's ticker updates the accounting this often (on a virtual clock, every tick):
+#: its records and violations are exact whenever it runs, only their delay changes, and an update costs
+#: about as much CPU as ten guard ticks
+ACCOUNTING_PERIOD_S = 1.0
 #: FLOP per MFLOP, for the event that reports the measured step cost
 _FLOP_PER_MFLOP = 1e6
 
@@ -196,6 +199,7 @@ class Tuner:
         self._guard_active = False
         self._guard_moves: Counter[GuardMove] = Counter()
         self._original: dict[str, KnobValue] = {}
+        self._label: tuple[dict[str, KnobValue], str] | None = None  # the setting label per step, cached
 
     # -- public API ---------------------------------------------------------------------------------------
     @property
@@ -285,6 +289,10 @@ class Tuner:
         return self
 
     def _enter(self) -> None:
+        with self._lock:  # on a real clock the ticker's thread runs from the accounting on: it waits for the setup
+            self._setup()
+
+    def _setup(self) -> None:
         dev = self.device
         self._original = dev.settings()
         self.setting = dict(self._original)
@@ -292,14 +300,26 @@ class Tuner:
         # the tap hands each sample to the guard and the accounting once, without copying the monitor's history
         self.tap = SampleTap(dev.sensor, keep_s=TAP_FAST_WINDOWS * self.guard_params.fast_window_s + TAP_SLACK_S)
         self.monitor = PowerMonitor(self.tap, dev.clock, rate_hz=self.record.monitor_rate_hz)
-        self.monitor.start()
+        self._virtual = isinstance(dev.clock, VirtualClock)
+        if self._virtual:
+            self.monitor.start()  # a ticker of the virtual clock
+        else:
+            self.monitor.sample()  # the first sample; the ticker's thread takes the others
         t0 = dev.clock.now()
         self._budget.restart(t0)
         simulated = " (simulated)" if dev.simulated and "simulated" not in dev.description else ""
         self._event(f"device {dev.name}: {dev.description}{simulated}")
         self.accounting = Accounting(self.tap, self.budget_at, window_s=self.monitor.avg_window_s,
-                                     log=self.record.log, keep_trace=self.record.keep_trace)
+                                     log=self.record.log, keep_trace=self.record.keep_trace,
+                                     budgets_at=self._budget.at_times)
         self.accounting.start(t0)
+        self._ticks = 0
+        self._update_every = max(1, round(ACCOUNTING_PERIOD_S / self.guard_params.tick_s))
+        # a real clock: the ticker's thread samples too; without online tuning no window ever needs the monitor
+        sample = self.tap.sample if self._online_options is None else self._sample
+        self._ticker = Ticker(dev.clock, self.guard_params.tick_s, self._tick,
+                              **({} if self._virtual else {"sample": sample,
+                                                           "sample_period_s": 1.0 / self.monitor.rate_hz}))
         if dev.measure_only:
             why = "; ".join(sorted({k.why_read_only for k in dev.knobs.values() if k.why_read_only})) or \
                 "the platform exposes no writable knob"
@@ -340,12 +360,9 @@ class Tuner:
                 raise ValueError("the twin needs the step's cost: pass model= (it is measured from the first "
                                  "step) or cost= (for example load_workload(...).cost)")
             self._cost_meter = CostMeter(self.model).start()
+        self._guard.batch_arrived(self.batch_size)
         self._poll_budget_file()
         self._budget.watch()
-        self._virtual = isinstance(dev.clock, VirtualClock)
-        self._ticks = 0
-        self._update_every = max(1, round(ACCOUNTING_PERIOD_S / self.guard_params.tick_s))
-        self._ticker = Ticker(dev.clock, self.guard_params.tick_s, self._tick)
         self._entered = True
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -457,12 +474,13 @@ class Tuner:
 
     # -- guard --------------------------------------------------------------------------------------------
     def _build_guard(self) -> None:
-        """The ladder around the current setting, the prior power model, the law's state at that rung."""
+        """The ladder around the chosen setting (the anchor), the prior power model, the law's state at the
+        rung in force (after a batch change the guard may be below the anchor: it stays there)."""
         dev = self.device
         self._guard_active = self._guard_enabled and not dev.measure_only
         if not self._guard_active:
             return
-        ladder = build_ladder(dev.knobs, self.setting)
+        ladder = build_ladder(dev.knobs, self._guard.anchor or self.setting)
         self._guard.ladder = ladder
         if len(ladder) < 2:
             self._guard_active = False
@@ -482,9 +500,13 @@ class Tuner:
             try:
                 self._poll_budget_file()
                 if self._guard_active and self._guard.ready:
+                    # the batch size is the guard's only where the loop takes its batches from tuner.loader, and
+                    # not while the online tuner explores batch sizes itself
+                    self._guard.allow_batch = self.loader is not None and (self.online is None
+                                                                            or not self.online.exploring)
                     t = self.device.clock.now()
-                    obs = Observation(t, self.tap.average(self.guard_params.fast_window_s),
-                                      self.tap.average(self.monitor.avg_window_s), self.budget_w)
+                    fast, avg = self.tap.averages(self.guard_params.fast_window_s, self.monitor.avg_window_s)
+                    obs = Observation(t, fast, avg, self.budget_w)
                     decision = self._guard.tick(obs)
                     if decision.moved:
                         self._guard_move(decision)
@@ -494,7 +516,28 @@ class Tuner:
             except DeviceError as exc:
                 self._event(f"guard: {exc}")
 
+    def _sample(self) -> None:
+        """One power sample on a real clock (the ticker's thread, at the monitor's rate).
+
+        The guard and the accounting read the tap; the monitor's own history serves only measurement
+        windows, which only the online tuner opens while it explores: then the sample goes through the monitor
+        (and on to the tap), else to the tap alone. The monitor's bookkeeping per sample is a fifth of the
+        controller's CPU on hardware (measured in ``experiments/runtime_guard.py``), for a history no one reads.
+        """
+        if self.online is not None and self.online.exploring:
+            self.monitor.sample()
+        else:
+            self.tap.sample()
+
     def _guard_move(self, decision: Decision) -> None:
+        if decision.batch_move:
+            # the loader draws its next batch at the new size (not waiting for an epoch: the budget cannot
+            # wait) and scales the learning rate when that batch reaches the loop (_on_resize)
+            assert self.loader is not None and decision.batch_size is not None
+            self._event(f"guard {decision.reason}")
+            self._guard_moves[decision.kind] += 1
+            self.loader.resize_now(decision.batch_size)
+            return
         rung = self._guard.ladder[decision.rung]
         changes = {k: v for k, v in rung.items() if self.setting.get(k) != v and self.device.knobs[k].writable}
         if changes:
@@ -566,9 +609,14 @@ class Tuner:
                 self._follow(self.online.after_step(RunState(t, self.batch_size, self.budget_w, dict(self.setting))))
 
     def _setting_label(self) -> str:
+        """The setting in force as text (per step in the accounting; formatted again only when it changed)."""
+        if self._label is not None and self._label[0] == self.setting:
+            return self._label[1]
         knobs = self.device.knobs
-        return " ".join(f"{k}={format_value(v, knobs[k].unit)}" for k, v in self.setting.items()
+        text = " ".join(f"{k}={format_value(v, knobs[k].unit)}" for k, v in self.setting.items()
                         if k in knobs and knobs[k].writable)
+        self._label = (dict(self.setting), text)
+        return text
 
     def _on_epoch_start(self, epoch: int) -> None:
         if epoch > 0:
@@ -586,9 +634,10 @@ class Tuner:
 
     def _on_resize(self, old: int, new: int, rates: list[float]) -> None:
         lr = f"; learning rate {rates[0]:.4g} ({self.lr_rule})" if rates else ""
-        self._event(f"batch size {old} -> {new}{lr}")
-        if self._guard.ladder:
-            with self._lock:
+        with self._lock:
+            own = self._guard.batch_arrived(new)  # the guard's own move, or the run's new choice
+            self._event(f"batch size {old} -> {new}{' (guard)' if own else ''}{lr}")
+            if self._guard.ladder:
                 self._build_guard()  # power depends on the batch size: start the ladder's observations afresh
 
     def _event(self, text: str) -> None:

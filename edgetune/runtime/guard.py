@@ -29,6 +29,10 @@ The law, in words
     *Settle time.* A trip acts within one tick of the fast average crossing the budget; the 1-s moving
     average then holds at most one second of the excess, so it is back under the budget within
     ``fast_window_s + tick + 1 s`` (about 1.3 s) of the disturbance.
+    *The batch size.* When the lowest rung is still over the budget, the ladder is exhausted: the outer loop
+    of :mod:`edgetune.runtime.batch_law` halves the batch size (:attr:`GuardMove.SHRINK_BATCH`) and doubles
+    it back (:attr:`GuardMove.GROW_BATCH`) when the budget allows; the controller applies it through the
+    loader, with the learning-rate rule.
 
 Rung power estimates
     Each rung has a prior power (from the predictors' hardware model where one is fitted, else from the
@@ -98,6 +102,14 @@ class GuardParams:
         steady_fraction: climb only while power is flat: the fast and the 1-s average within this fraction
             of the budget of each other (a climb during a transient would misjudge the climb's effect).
         tick_s: how often the controller calls :func:`control` (device clock).
+        batch_max_shrink: the batch size may fall to the chosen one divided by this (never below 1): 8 is
+            three halvings. Each halving buys less power than the one before (the step's fixed costs stay
+            while its work shrinks: on the twin's Orin Nano at the lowest clocks, a batch of 256 loses 0.53 W
+            over three halvings and 0.2 W over the next two) and costs more throughput, and the
+            learning-rate rules are approximations that hold near the batch size a run was tuned at. 1: the
+            guard never changes the batch size.
+        batch_dwell_s: the lowest rung over the budget this long (device time, steady readings) before a
+            halving: a batch change alters the training, so a transient must not cause one.
     """
 
     target_margin: float = 0.04
@@ -110,12 +122,19 @@ class GuardParams:
     windup_fraction: float = 0.25
     steady_fraction: float = 0.03
     tick_s: float = 0.05
+    batch_max_shrink: int = 8
+    batch_dwell_s: float = 0.5
 
     def __post_init__(self) -> None:
         if not 0 <= self.target_margin < self.up_margin < 1:
             raise ValueError("guard margins must satisfy 0 <= target_margin < up_margin < 1")
-        if min(self.fast_window_s, self.down_dwell_s, self.up_dwell_s, self.block_s, self.tick_s) <= 0:
+        if min(self.fast_window_s, self.down_dwell_s, self.up_dwell_s, self.block_s, self.tick_s,
+               self.batch_dwell_s) <= 0:
             raise ValueError("guard times must be positive")
+        if isinstance(self.batch_max_shrink, bool) or not isinstance(self.batch_max_shrink, int) \
+                or self.batch_max_shrink < 1:
+            raise ValueError(f"batch_max_shrink must be a whole number >= 1 (1: never change the batch size), "
+                             f"got {self.batch_max_shrink!r}")
 
 
 @dataclass(frozen=True)
@@ -227,6 +246,10 @@ class GuardMove(enum.Enum):
     CLIMB = "climb"
     #: anti-windup: the last climb raised power too little (the clock is capped); back to the rung before it
     UNDO_CLIMB = "undo climb"
+    #: the lowest rung is over the budget for ``batch_dwell_s``: halve the batch size (down to the floor)
+    SHRINK_BATCH = "shrink batch"
+    #: the budget allows the batch size the guard last shrank from: back to it (one halving undone)
+    GROW_BATCH = "grow batch"
 
 
 @dataclass(frozen=True)
@@ -234,25 +257,33 @@ class Decision:
     """The law's output: the rung to apply, the kind of move and, for a move, why (one line for the events).
 
     Attributes:
-        rung: the rung to apply (the current one for :attr:`GuardMove.HOLD`).
+        rung: the rung to apply (the current one for :attr:`GuardMove.HOLD` and the batch moves).
         kind: what the law decided.
         reason: the figures behind a move (empty for a hold).
         infeasible: no rung is estimated under the target: the lowest is the best the guard can do.
+        batch_size: the batch size to apply for :attr:`GuardMove.SHRINK_BATCH` and
+            :attr:`GuardMove.GROW_BATCH` (None for the rung moves).
     """
 
     rung: int
     kind: GuardMove = GuardMove.HOLD
     reason: str = ""
     infeasible: bool = False
+    batch_size: int | None = None
 
     @property
     def moved(self) -> bool:
-        """True when the rung changes (any kind but :attr:`GuardMove.HOLD`)."""
+        """True when something is to be applied: a rung or a batch size (any kind but :attr:`GuardMove.HOLD`)."""
         return self.kind is not GuardMove.HOLD
+
+    @property
+    def batch_move(self) -> bool:
+        """True for a change of the batch size (the rung stays)."""
+        return self.kind in (GuardMove.SHRINK_BATCH, GuardMove.GROW_BATCH)
 
 
 def _observe(observed: Mapping[int, float], offset_w: float, rung: int, now_w: float, model: LadderModel,
-             learn_base: bool) -> tuple[dict[int, float], float]:
+             learn_base: bool) -> tuple[Mapping[int, float], float]:
     """Take ``now_w`` seen at ``rung``; returns the observations (bases) and the additive offset.
 
     At a rung seen before, a change is an additive offset on every rung (another load, a warmer board). At
@@ -262,7 +293,7 @@ def _observe(observed: Mapping[int, float], offset_w: float, rung: int, now_w: f
     the new rung's base would carry the error into every later estimate.
     """
     if rung in observed:
-        return dict(observed), now_w - observed[rung]
+        return observed, now_w - observed[rung]  # never mutated: the mapping is shared, not copied
     if learn_base or not observed:
         return dict(observed) | {rung: now_w - offset_w}, offset_w
     base = model.estimate(rung, observed)
@@ -298,10 +329,13 @@ def control(state: GuardState, obs: Observation, model: LadderModel, params: Gua
     n = len(model)
     if not (math.isfinite(obs.fast_w) and math.isfinite(obs.avg_w)):
         return state, Decision(state.rung)
-    if state.budget_w is not None and budget != state.budget_w:
-        # a new budget: bars earned under the old one no longer say anything
-        state = replace(state, blocked_from=None, blocked_until=-math.inf, block_len_s=0.0, climb_from=None)
-    state = replace(state, budget_w=budget)
+    # (each ``replace`` below only where something changed: the law runs 20 times a second on hardware, where
+    # a dataclass copy is a noticeable share of its CPU time)
+    if state.budget_w != budget:
+        if state.budget_w is not None:
+            # a new budget: bars earned under the old one no longer say anything
+            state = replace(state, blocked_from=None, blocked_until=-math.inf, block_len_s=0.0, climb_from=None)
+        state = replace(state, budget_w=budget)
     since = t - state.changed_t
     steady = since >= params.fast_window_s + params.tick_s
     if steady:
@@ -309,7 +343,10 @@ def control(state: GuardState, obs: Observation, model: LadderModel, params: Gua
         observed, offset = _observe(state.observed, state.offset_w, state.rung, obs.fast_w, model, state.learn_base)
         measured = state.measured | {state.rung} if new_rung and (state.learn_base or not state.observed) \
             else state.measured
-        state = replace(state, observed=observed, offset_w=offset, measured=measured)
+        if observed is not state.observed or measured is not state.measured:
+            state = replace(state, observed=observed, offset_w=offset, measured=measured)
+        elif offset != state.offset_w:
+            state = replace(state, offset_w=offset)
 
     def estimate(rung: int, observed: Mapping[int, float], offset: float) -> float:
         return model.estimate(rung, observed) + offset

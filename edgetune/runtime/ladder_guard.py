@@ -1,9 +1,10 @@
 """The budget guard on one run: its ladder, the ladder's power model and the control law's state.
 
-:mod:`edgetune.runtime.guard` holds the law as a pure function; :class:`LadderGuard` keeps what it needs
-between ticks (the ladder around the chosen setting, the prior power model, the :class:`GuardState`) and
-answers each tick with a :class:`~edgetune.runtime.guard.Decision`. It never writes a knob: the controller
-applies the decided rung's setting.
+:mod:`edgetune.runtime.guard` and :mod:`edgetune.runtime.batch_law` hold the laws as pure functions;
+:class:`LadderGuard` keeps what they need between ticks (the ladder around the chosen setting, the prior
+power model, the :class:`GuardState`, and the :class:`~edgetune.runtime.batch_law.BatchState`, which
+outlives the ladder's resets) and answers each tick with a :class:`~edgetune.runtime.guard.Decision`. It
+never writes a knob nor changes the batch size: the controller applies the decision.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from edgetune.power.base import KnobValue
-from edgetune.runtime.guard import Decision, GuardParams, GuardState, LadderModel, Observation, control
+from edgetune.runtime.batch_law import BatchState, batch_in_force, control_batch
+from edgetune.runtime.guard import Decision, GuardParams, GuardState, LadderModel, Observation
 
 __all__ = ["LadderGuard"]
 
@@ -31,6 +33,9 @@ class LadderGuard:
         model: the rungs' power model (None before :meth:`reset`).
         state: the law's state (None before :meth:`reset`).
         anchor: the chosen setting (the plan's or the online tuner's); the controller sets it.
+        batch: the batch-size law's state (None before :meth:`batch_arrived`).
+        allow_batch: whether the guard may change the batch size now (the controller says: only when the
+            batches come from its loader, and not while online tuning explores).
     """
 
     def __init__(self, params: GuardParams, reference_budget_w: float) -> None:
@@ -40,6 +45,8 @@ class LadderGuard:
         self.model: LadderModel | None = None
         self.state: GuardState | None = None
         self.anchor: dict[str, KnobValue] = {}
+        self.batch: BatchState | None = None
+        self.allow_batch = False
 
     @property
     def ready(self) -> bool:
@@ -74,8 +81,20 @@ class LadderGuard:
         if self.state is not None:
             self.state = replace(self.state, ceiling=self.ceiling_for(budget_w))
 
+    def batch_arrived(self, batch_size: int) -> bool:
+        """The batch size ``batch_size`` is in force now; True when it is the guard's own pending change
+        (else it is the run's new choice: the guard never grows above it)."""
+        own = self.batch is not None and self.batch.pending == batch_size
+        self.batch = batch_in_force(self.batch, batch_size)
+        return own
+
     def tick(self, obs: Observation) -> Decision:
-        """One step of the law (:func:`~edgetune.runtime.guard.control`); the state moves on."""
+        """One step of the laws (:func:`~edgetune.runtime.batch_law.control_batch` around
+        :func:`~edgetune.runtime.guard.control`); the states move on."""
         assert self.state is not None and self.model is not None, "reset() first"
-        self.state, decision = control(self.state, obs, self.model, self.params)
+        if self.batch is None:
+            self.batch = BatchState(batch_size=0, chosen=0)  # no batch size known: the ladder only
+        allow = self.allow_batch and self.params.batch_max_shrink > 1 and self.batch.chosen > 1
+        self.state, self.batch, decision = control_batch(self.state, self.batch, obs, self.model, self.params,
+                                                         allow=allow)
         return decision

@@ -154,6 +154,14 @@ class BatchLoader:
         else:
             raise ValueError(f"at must be 'step' or 'epoch', got {at!r}")
 
+    def resize_now(self, batch_size: int) -> None:
+        """Draw the next batch at ``batch_size`` without cancelling a change asked for the next epoch.
+
+        The budget guard's moves: power must fall now, not at the end of the epoch, and a change the run
+        asked for at the next epoch still comes then.
+        """
+        self.sampler.batch_size = check_batch_size(batch_size)
+
     def __len__(self) -> int:
         return len(self.sampler)
 
