@@ -708,7 +708,7 @@ def test_a_tuner_on_a_real_clock_runs_one_background_thread():
     knob = Knob("power_limit", "W", [4.0, 6.0, 8.0, 10.0], read=lambda: limit["w"],
                 write=lambda v: limit.update(w=float(v)))
     dev = Device(name="wall", description="real clock, constant sensor", simulated=False, knobs={"power_limit": knob},
-                 sensor=Sensor(), clock=RealClock(), run_step=lambda fn, b, cost: fn(), idle_power_w=2.0,
+                 sensor=Sensor(), clock=RealClock(), run_step=lambda fn, b, cost: fn(), idle_power=lambda: 2.0,
                  max_power_w=10.0)
     before = {t.name for t in threading.enumerate()}
     with edgetune.tune(None, None, batch_size=8, budget_w=7.0, device=dev, online=False,
