@@ -61,7 +61,7 @@ def test_sigterm_restores_before_dying(board, tmp_path):
     proc = _start_changer(board, tmp_path)
     assert board.knob_state() != before and len(_state_files(tmp_path)) == 1
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=20)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGTERM  # still dies of the signal, as without edgetune
     assert "SIGTERM: restored" in err
     assert board.knob_state() == before
@@ -72,7 +72,7 @@ def test_sigint_restores(board, tmp_path):
     before = board.knob_state()
     proc = _start_changer(board, tmp_path)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=20)
+    _, err = proc.communicate(timeout=60)
     assert "SIGINT: restored" in err and "KeyboardInterrupt" in err  # chained to Python's handler
     assert board.knob_state() == before
 
@@ -193,7 +193,7 @@ def test_live_run_state_is_left_alone(board, tmp_path):
             device.knobs["gpu_freq"].set(510_000_000)
     finally:
         proc.terminate()
-        proc.communicate(timeout=20)
+        proc.communicate(timeout=60)
 
 
 def test_new_run_restores_leftover_before_recording(board, tmp_path):
