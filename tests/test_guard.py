@@ -429,3 +429,20 @@ def test_closed_loop_a_budget_between_two_batch_sizes_does_not_oscillate():
     t, _, _, batches, decisions = _batch_closed_loop([(0.0, 3.85)], seconds=60.0, seed=4)
     assert [(d.kind, d.batch_size) for _, d in decisions if d.batch_move] == [(GuardMove.SHRINK_BATCH, 64)]
     assert set(batches[t > 2.0].tolist()) == {64} and len(decisions) == 2  # the first trip, one halving
+
+
+def test_evolve_is_replace_for_the_laws_states_and_refuses_unknown_fields():
+    import dataclasses
+
+    from edgetune.runtime.guard import evolve, hold
+
+    states = [GuardState(rung=2, ceiling=8, observed={2: 5.0}), BatchState(batch_size=64, chosen=128),
+              Halving(128, 64, 6.5)]
+    changes = [{"offset_w": 1.5, "trips": 3}, {"pending": 32, "over_since": 1.0}, {"saved_w": 0.2}]
+    for state, change in zip(states, changes):
+        new = evolve(state, **change)
+        assert new == dataclasses.replace(state, **change) and type(new) is type(state) and new is not state
+        assert state == dataclasses.replace(new, **{k: getattr(state, k) for k in change})  # the original intact
+        with pytest.raises(TypeError, match="no field"):
+            evolve(state, rungs=3)
+    assert hold(4) is hold(4) and hold(4) == type(hold(4))(4) and not hold(4).moved

@@ -419,29 +419,45 @@ class Accounting:
                 self._open_violation = None
 
     def _close_steps(self) -> None:
+        """Close every pending step whose end the samples cover: its energy, mean and peak power, in one
+        vectorised pass over all of them (a step ends every few tens of milliseconds; one numpy call per step
+        and figure cost more CPU than the rest of the controller's bookkeeping)."""
         if not self._t.size:
             return
         covered = self._t[-1]
-        done = 0
-        for end, batch, setting, epoch in self._pending:
+        ready = 0
+        for end, *_ in self._pending:
             if end > covered + 1e-12:
                 break
-            start = self._last_end if self._last_end is not None else float(self._t[0])
-            start = max(start, float(self._t[0]))
-            dt = end - start
-            energy = float(self._energy_at(np.array([end]))[0] - self._energy_at(np.array([start]))[0])
-            i, j = np.searchsorted(self._t, [start, end], side="left")
-            inside = self._p[i:j + 1] if j < self._t.size else self._p[i:]
-            peak = float(inside.max()) if inside.size else float(np.interp(end, self._t, self._p))
-            rec = StepRecord(len(self.steps), epoch, batch, start, end, dt, energy,
-                             energy / dt if dt > 0 else math.nan, peak, self.budget_at(end), setting)
+            ready += 1
+        if not ready:
+            return
+        t, p = self._t, self._p
+        t0 = float(t[0])
+        ends = np.fromiter((e for e, *_ in self._pending[:ready]), float, ready)
+        first = self._last_end if self._last_end is not None else t0
+        starts = np.maximum(np.concatenate([[first], ends[:-1]]), t0)
+        energy = self._energy_at(ends) - self._energy_at(starts)
+        dt = ends - starts
+        # peak of the samples in [start, end] (the sample at or after the end included): a max per segment
+        i = np.searchsorted(t, starts, side="left")
+        j = np.minimum(np.searchsorted(t, ends, side="left") + 1, t.size)
+        bounds = np.empty(2 * ready, dtype=np.intp)
+        bounds[0::2], bounds[1::2] = np.minimum(i, t.size - 1), j  # j may be t.size: the sentinel below
+        peaks = np.maximum.reduceat(np.append(p, -math.inf), bounds)[0::2]
+        peaks = np.where(i < t.size, peaks, np.interp(ends, t, p))  # no sample inside: the power at the end
+        budgets = (self.budgets_at(ends) if self.budgets_at is not None
+                   else np.array([self.budget_at(float(x)) for x in ends]))
+        for k, (end, batch, setting, epoch) in enumerate(self._pending[:ready]):
+            step_dt, step_e = float(dt[k]), float(energy[k])
+            rec = StepRecord(len(self.steps), epoch, batch, float(starts[k]), end, step_dt, step_e,
+                             step_e / step_dt if step_dt > 0 else math.nan, float(peaks[k]), float(budgets[k]),
+                             setting)
             self.steps.append(rec)
             if self._log is not None:
                 self._log.step(rec)
-            self._last_end = end
-            done += 1
-        if done:
-            del self._pending[:done]
+        self._last_end = float(ends[-1])
+        del self._pending[:ready]
 
     def _trim(self) -> None:
         # keep what the next moving average and the oldest open step need

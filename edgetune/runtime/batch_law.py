@@ -34,7 +34,7 @@ The law, in words
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from edgetune.runtime.guard import (
     BAR_GROWTH,
@@ -45,6 +45,8 @@ from edgetune.runtime.guard import (
     LadderModel,
     Observation,
     control,
+    evolve,
+    hold,
 )
 
 __all__ = ["BatchState", "Halving", "batch_floor", "batch_in_force", "control_batch", "grown_power_w"]
@@ -106,7 +108,7 @@ def batch_in_force(state: BatchState | None, batch_size: int) -> BatchState:
     """The batch size ``batch_size`` arrived: the guard's pending change, or the run's own new choice (then
     the guard's record starts afresh at it)."""
     if state is not None and state.pending == batch_size:
-        return replace(state, batch_size=batch_size, pending=None, over_since=None)
+        return evolve(state, batch_size=batch_size, pending=None, over_since=None)
     if state is not None and state.pending is None and state.batch_size == batch_size:
         return state
     return BatchState(batch_size=batch_size, chosen=batch_size)
@@ -130,7 +132,7 @@ def grown_power_w(state: GuardState, halving: Halving, obs: Observation, model: 
 
 def _not_over(state: BatchState) -> BatchState:
     """``state`` with no over-budget time running (the same object when there was none: no copy per tick)."""
-    return state if state.over_since is None else replace(state, over_since=None)
+    return state if state.over_since is None else evolve(state, over_since=None)
 
 
 def _bar_length(state: BatchState, t: float, params: GuardParams) -> float:
@@ -165,16 +167,16 @@ def control_batch(state: GuardState, batch: BatchState, obs: Observation, model:
         return new, _not_over(batch), d
     if batch.budget_w != budget:
         if batch.budget_w is not None:
-            batch = replace(batch, barred_until=-math.inf, bar_len_s=0.0)  # earned under another budget
-        batch = replace(batch, budget_w=budget)
+            batch = evolve(batch, barred_until=-math.inf, bar_len_s=0.0)  # earned under another budget
+        batch = evolve(batch, budget_w=budget)
     since = t - state.changed_t
     steady = since >= params.fast_window_s + params.tick_s
 
     # --- the power the last halving bought: the first steady reading at the lowest rung after it
     last = batch.halvings[-1] if batch.halvings else None
     if last is not None and last.saved_w is None and batch.pending is None and state.rung == 0 and steady:
-        last = replace(last, saved_w=max(0.0, last.before_w - obs.fast_w))
-        batch = replace(batch, halvings=(*batch.halvings[:-1], last))
+        last = evolve(last, saved_w=max(0.0, last.before_w - obs.fast_w))
+        batch = evolve(batch, halvings=(*batch.halvings[:-1], last))
 
     # --- grow: the last halving undone, before the ladder climbs
     if last is not None and batch.pending is None and t >= batch.barred_until and since >= params.up_dwell_s:
@@ -183,7 +185,7 @@ def control_batch(state: GuardState, batch: BatchState, obs: Observation, model:
         if obs.fast_w <= band and obs.avg_w <= band and flat:
             grown = grown_power_w(state, last, obs, model)
             if grown <= band:
-                batch = replace(batch, pending=last.larger, halvings=batch.halvings[:-1], over_since=None, grown_t=t)
+                batch = evolve(batch, pending=last.larger, halvings=batch.halvings[:-1], over_since=None, grown_t=t)
                 reason = (f"grow batch: {obs.avg_w:.2f} W now, {grown:.2f} W estimated at batch size {last.larger} "
                           f"under {band:.2f} W: batch size {batch.batch_size} -> {last.larger}")
                 return state, batch, Decision(state.rung, GuardMove.GROW_BATCH, reason, batch_size=last.larger)
@@ -192,7 +194,7 @@ def control_batch(state: GuardState, batch: BatchState, obs: Observation, model:
     if batch.pending is not None:
         if d.kind is GuardMove.CLIMB:
             # a batch change is on its way: the ladder restarts with it, a climb now would judge the wrong batch
-            return state, batch, Decision(state.rung)
+            return state, batch, hold(state.rung)
         return new, batch, d
 
     # --- shrink: the lowest rung over the budget with nothing below, for batch_dwell_s. The ladder's trip
@@ -203,13 +205,13 @@ def control_batch(state: GuardState, batch: BatchState, obs: Observation, model:
         return new, _not_over(batch), d
     over_since = batch.over_since if batch.over_since is not None else t
     if batch.over_since is None:
-        batch = replace(batch, over_since=over_since)
+        batch = evolve(batch, over_since=over_since)
     target = max(batch_floor(batch.chosen, params), batch.batch_size // 2)
     if target >= batch.batch_size or t - over_since < params.batch_dwell_s:
         return new, batch, d  # at the floor, or not yet sustained: the lowest rung is the best there is
     bar = _bar_length(batch, t, params)
     halving = Halving(batch.batch_size, target, obs.fast_w)
-    batch = replace(batch, pending=target, over_since=None, halvings=(*batch.halvings, halving),
+    batch = evolve(batch, pending=target, over_since=None, halvings=(*batch.halvings, halving),
                     barred_until=t + bar, bar_len_s=bar)
     reason = (f"shrink batch: {obs.fast_w:.2f} W > {budget:.2f} W budget at the lowest setting for "
               f"{t - over_since:.2f} s: batch size {halving.larger} -> {target}")
