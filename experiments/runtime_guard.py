@@ -17,7 +17,7 @@ above the budget (0 if never). "Over after settle" is the time over budget more 
 
 Part 2 - the controller's overhead on this CPU, on the real clock: the cnn workload's real training step at
 the batch size whose step takes closest to 50 ms of CPU here, under ``edgetune.tune`` with a software power
-sensor sampled at 100 Hz (a model from the process's CPU time, standing in for a cheap sysfs read) and the
+sensor sampled at the runtime's rate, 50 Hz (a model from the process's CPU time, standing in for a cheap sysfs read) and the
 guard at 20 Hz on one writable knob (the model's power limit): all the controller's per-step and
 background work. Bare and wrapped blocks of steps alternate in random order, round after round.
 
@@ -25,7 +25,7 @@ background work. Bare and wrapped blocks of steps alternate in random order, rou
   optimizer post-step hooks registered just before and just after edgetune's), and the CPU time of the
   controller's background thread (``/proc/self/task/<tid>/schedstat``) per sample it took (the guard's
   ticks ride on every fifth), over every wrapped step. ``overhead (cpu)`` is their cost for a 50 ms step:
-  (hook CPU per step + background CPU per sample x 100 Hz x 50 ms) / 50 ms. Counting per sample keeps a
+  (hook CPU per step + background CPU per sample x rate x 50 ms) / 50 ms. Counting per sample keeps a
   loaded machine, which starves the thread of wake-ups, from flattering the figure. "As run" divides what
   each step actually cost by the step's own CPU time here (a loaded machine stretches a step's wall time, so
   more samples fall in each, up to the rate the machine lets the thread keep).
@@ -33,7 +33,7 @@ background work. Bare and wrapped blocks of steps alternate in random order, rou
   the load average beside it (on a loaded machine this figure moves by several percent either way).
 * Where the background CPU goes: one more wrapped block in which the software sensor times its own reads.
 
-    python experiments/runtime_guard.py [--quick] [--rounds N] [--steps N]
+    python experiments/runtime_guard.py [--quick] [--rounds N] [--steps N] [--rate-hz HZ]
 
 Last line: ``worst settle: X s | time over budget after settle: Y s | overhead (cpu): Z% | overhead (wall): W% |
 knobs restored: yes|no``
@@ -63,6 +63,7 @@ from edgetune.power import Device, Knob, PowerMonitor, PowerReading, RealClock, 
 from edgetune.runtime import Plan
 from edgetune.runtime.accounting import Accounting, SampleTap
 from edgetune.runtime.guard import GuardMove
+from edgetune.runtime.settings import RUNTIME_MONITOR_RATE_HZ
 from edgetune.workloads import load_workload
 
 SETTLE_S = 2.0
@@ -334,8 +335,6 @@ def thread_cpu_s(native_id: int | None) -> float:
 
 #: s: the step the CPU-time overhead is judged against (issue 12: at most 1% of a 50 ms step)
 STEP_TARGET_S = 0.050
-#: Hz: the controller's sampling rate in part 2 (the monitor's default)
-SAMPLE_RATE_HZ = 100.0
 #: batch sizes tried for a step of about STEP_TARGET_S of CPU on this machine
 CALIBRATION_BATCHES = (8, 12, 16, 20, 24, 28, 32, 48, 64)
 
@@ -403,7 +402,7 @@ def bare_block(wl: Workload, steps: int) -> Block:
     return Block(walls, time.thread_time() - c)
 
 
-def wrapped_block(wl: Workload, steps: int, timed_sensor: bool = False) -> tuple[Block, object, Device]:
+def wrapped_block(wl: Workload, steps: int, rate_hz: float, timed_sensor: bool = False) -> tuple[Block, object, Device]:
     """``steps`` steps under edgetune.tune; CPU of the hook (hooks before and after edgetune's) and of the
     controller's background threads (those it started), read while they run."""
     opt = wl.w.optimizer
@@ -420,7 +419,7 @@ def wrapped_block(wl: Workload, steps: int, timed_sensor: bool = False) -> tuple
     first = opt.register_step_post_hook(before)  # torch calls post-step hooks in the order registered
     try:
         with edgetune.tune(wl.w.model, opt, batch_size=wl.batch, budget_w=5.0, device=dev, online=False,
-                           cost=wl.w.cost, monitor_rate_hz=SAMPLE_RATE_HZ, print_summary=False) as tuner:
+                           cost=wl.w.cost, monitor_rate_hz=rate_hz, print_summary=False) as tuner:
             last = opt.register_step_post_hook(after)
             ids = [t.native_id for t in threading.enumerate() if t.ident not in existing]
             bg0 = sum(thread_cpu_s(i) for i in ids)
@@ -451,7 +450,7 @@ class Overhead:
     restored: bool
 
 
-def part2(quick: bool, rounds: int | None, steps: int | None) -> Overhead:
+def part2(quick: bool, rounds: int | None, steps: int | None, rate_hz: float = RUNTIME_MONITOR_RATE_HZ) -> Overhead:
     import random
 
     rounds = rounds or (4 if quick else 20)
@@ -473,7 +472,7 @@ def part2(quick: bool, rounds: int | None, steps: int | None) -> Overhead:
             if kind == "bare":
                 got[kind] = bare_block(wl, steps)
             else:
-                got[kind], tuner, _ = wrapped_block(wl, steps)
+                got[kind], tuner, _ = wrapped_block(wl, steps, rate_hz)
                 restored = restored and bool(tuner.summary.knobs_restored)
         bare.append(got["bare"])
         wrapped.append(got["wrapped"])
@@ -488,8 +487,8 @@ def part2(quick: bool, rounds: int | None, steps: int | None) -> Overhead:
     samples = sum(b.samples for b in wrapped)
     rate = samples / elapsed
     # a loaded machine starves the thread of wake-ups (fewer samples, fewer ticks): its CPU per second is
-    # taken per sample it took (the guard's ticks ride on every fifth) and counted at the full 100 Hz
-    bg_frac = background / samples * SAMPLE_RATE_HZ if samples else math.nan  # CPU seconds per wall second
+    # taken per sample it took (the guard's ticks ride on every fifth) and counted at the full rate
+    bg_frac = background / samples * rate_hz if samples else math.nan  # CPU seconds per wall second
     own_cpu = (sum(b.main_cpu_s for b in wrapped) - hook_s * n) / n
     wall_step = elapsed / n
     bare_cpu = sum(b.main_cpu_s for b in bare) / n
@@ -499,16 +498,16 @@ def part2(quick: bool, rounds: int | None, steps: int | None) -> Overhead:
     wall_pct = 100.0 * (statistics.median(ratios) - 1.0)
 
     # where the background CPU goes: one more block, the sensor timing its own reads
-    probe, _, dev = wrapped_block(wl, steps, timed_sensor=True)
+    probe, _, dev = wrapped_block(wl, steps, rate_hz, timed_sensor=True)
     sensor = dev.sensor
     read_us = 1e6 * sensor.read_cpu_s / max(1, sensor.reads)
-    sensor_pct = 100.0 * sensor.read_cpu_s / max(1, sensor.reads) * SAMPLE_RATE_HZ
-    probe_pct = 100.0 * probe.background_cpu_s / max(1, probe.samples) * SAMPLE_RATE_HZ
+    sensor_pct = 100.0 * sensor.read_cpu_s / max(1, sensor.reads) * rate_hz
+    probe_pct = 100.0 * probe.background_cpu_s / max(1, probe.samples) * rate_hz
 
     cores = os.cpu_count()
     print(f"\noverhead on this CPU, real clock: cnn workload, batch {wl.batch} (calibrated: {1e3 * cal_cpu:.1f} ms of "
           f"CPU per step, the nearest to {1e3 * STEP_TARGET_S:g} ms), {torch.get_num_threads()} torch thread; "
-          f"edgetune.tune with a software power sensor at 100 Hz and the guard at 20 Hz")
+          f"edgetune.tune with a software power sensor at {rate_hz:g} Hz and the guard at 20 Hz")
     print(f"{rounds} rounds x {steps} steps, bare and wrapped blocks in random order (first each round: "
           f"{''.join(orders)}); load average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end "
           f"(1-min), on {cores} cores")
@@ -519,13 +518,13 @@ def part2(quick: bool, rounds: int | None, steps: int | None) -> Overhead:
     print(f"cpu time over {n} wrapped steps: the hook {1e6 * hook_s:.1f} us per step (timed by the hooks around it); "
           f"the background thread {1e6 * background / samples:.1f} us per sample taken (the guard's ticks included), "
           f"{100 * background / elapsed:.3f}% of a core at the {rate:.0f} samples/s it took, {100 * bg_frac:.3f}% "
-          f"at {SAMPLE_RATE_HZ:g}/s")
+          f"at {rate_hz:g}/s")
     print(f"  for a {1e3 * STEP_TARGET_S:g} ms step: {1e6 * hook_s:.1f} us + {1e6 * bg_frac * STEP_TARGET_S:.1f} us "
-          f"(the background at {SAMPLE_RATE_HZ:g} Hz for {1e3 * STEP_TARGET_S:g} ms) = {cpu_pct:.3f}% of the step")
+          f"(the background at {rate_hz:g} Hz for {1e3 * STEP_TARGET_S:g} ms) = {cpu_pct:.3f}% of the step")
     print(f"  as run: {1e6 * per_step:.1f} us per step = {as_run:.3f}% of the step's own {1e3 * own_cpu:.1f} ms of CPU, "
           f"{100 * per_step / wall_step:.3f}% of its {1e3 * wall_step:.1f} ms of wall time (the load stretches the "
           f"wall time, and more samples fall in each step)")
-    print(f"  where the background CPU goes (one instrumented block, at {SAMPLE_RATE_HZ:g} Hz): sensor reads "
+    print(f"  where the background CPU goes (one instrumented block, at {rate_hz:g} Hz): sensor reads "
           f"{read_us:.1f} us each, {sensor_pct:.3f}% of a core; the rest (wake-ups, the tap, guard ticks, "
           f"accounting) {probe_pct - sensor_pct:.3f}%")
     print(f"wall time, median per-round ratio wrapped/bare: {wall_pct:+.2f}% "
@@ -545,11 +544,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=None, help="overhead rounds (default 20; --quick 4)")
     ap.add_argument("--steps", type=int, default=None, help="steps per overhead block (default 100; --quick 50)")
     ap.add_argument("--skip-scenarios", action="store_true", help="only the overhead part")
+    ap.add_argument("--rate-hz", type=float, default=RUNTIME_MONITOR_RATE_HZ,
+                    help=f"the controller's power sampling rate in the overhead part (default: the runtime's, "
+                         f"{RUNTIME_MONITOR_RATE_HZ:g} Hz)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # one core for training, the other for the controller and everything else
     COST = load_workload("cnn", seed=0).cost
     runs = [] if args.skip_scenarios else part1(args.quick, args.only)
-    over = part2(args.quick, args.rounds, args.steps)
+    over = part2(args.quick, args.rounds, args.steps, args.rate_hz)
     worst = max((r.settle_s for r in runs), default=math.nan)
     after = sum(r.over_after_settle_s for r in runs)
     restored = all(r.restored for r in runs) and over.restored

@@ -57,7 +57,7 @@ def tune(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer 
         log: ``.csv`` or ``.jsonl`` file for one row per step (and per epoch in JSONL).
         budget_file: a file holding the budget in watts (``7.5``); re-read when it changes and on SIGUSR1.
         guard: False to only report; or :class:`~edgetune.runtime.guard.GuardParams`.
-        monitor_rate_hz: power sampling rate (default 100 Hz).
+        monitor_rate_hz: power sampling rate (default 50 Hz: the guard judges 1-s averages).
         print_summary: write the summary table on exit (True: to standard error; or to the given stream).
         keep_trace: keep every power sample with its 1-s average in ``tuner.accounting`` (for plots).
         loader_options: passed to ``torch.utils.data.DataLoader`` (``num_workers``, ``collate_fn`` ...).

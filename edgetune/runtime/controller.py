@@ -86,7 +86,12 @@ from edgetune.runtime.online import (
     RunState,
 )
 from edgetune.runtime.plan import Plan, PlanError, load_plan, workload_mismatch
-from edgetune.runtime.settings import GuardSettings, LoaderSettings, RecordSettings
+from edgetune.runtime.settings import (
+    RUNTIME_MONITOR_RATE_HZ,
+    GuardSettings,
+    LoaderSettings,
+    RecordSettings,
+)
 from edgetune.runtime.ticker import Ticker
 from edgetune.workloads import CostMeter
 
@@ -299,7 +304,8 @@ class Tuner:
         self._guard.anchor = dict(self.setting)
         # the tap hands each sample to the guard and the accounting once, without copying the monitor's history
         self.tap = SampleTap(dev.sensor, keep_s=TAP_FAST_WINDOWS * self.guard_params.fast_window_s + TAP_SLACK_S)
-        self.monitor = PowerMonitor(self.tap, dev.clock, rate_hz=self.record.monitor_rate_hz)
+        self.monitor = PowerMonitor(self.tap, dev.clock,
+                                    rate_hz=self.record.monitor_rate_hz or RUNTIME_MONITOR_RATE_HZ)
         self._virtual = isinstance(dev.clock, VirtualClock)
         if self._virtual:
             self.monitor.start()  # a ticker of the virtual clock
