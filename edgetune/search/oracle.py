@@ -177,8 +177,8 @@ def prepare_trace(device: Device, batch_sizes: Sequence[int] | None = None,
     name = os.path.basename(table.source)
     spread = table.spread()
     power_cv = float(np.max(spread.power_cv)) if replay.noise else 0.0
-    notes = [f"trace: the table is the training run; the workload's step is not executed, time and power are "
-             f"{name}'s; budget judged by the {BUDGET_RULE} (stated power spread up to {power_cv:.2%})"]
+    notes = [(f"trace: the table is the training run; the workload's step is not executed, time and power are "
+             f"{name}'s; budget judged by the {BUDGET_RULE} (stated power spread up to {power_cv:.2%})")]
     if table.batch_size is None:  # a fixed-batch sweep: one batch size, the declared one or the job's
         b = replay.default_batch_size or (min(batch_sizes) if batch_sizes else default_batch_size)
         if b is None:
