@@ -193,6 +193,13 @@ def _flag_number(text: str) -> float:
         raise ValueError(f"expected a number, got {text!r}") from None
 
 
+def _flag_bool(text: str) -> bool:
+    """``true`` / ``false`` (any case): how a switch's default is stated in its help."""
+    if text.strip().lower() not in ("true", "false"):
+        raise ValueError(f"expected true or false, got {text!r}")
+    return text.strip().lower() == "true"
+
+
 def _flag_int(text: str) -> int:
     try:
         return int(text)
@@ -393,7 +400,8 @@ class EfficiencySection:
     known_convergence: bool = _key(False, _boolean, "on trace:<table.csv>: the table's epochs to target of every "
                                    "batch size are known from the start (a recurring job); otherwise the search "
                                    "sees a batch size's only once it measured it",
-                                   flag=Flag("--known-convergence", group=MEASUREMENT, switch=True))
+                                   flag=Flag("--known-convergence", _flag_bool, group=MEASUREMENT,
+                                             switch=True))
 
 
 @dataclass(frozen=True)
