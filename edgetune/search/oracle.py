@@ -62,6 +62,8 @@ class TableTarget(TargetModel):
     ``s_min`` and ``b_noise`` do not apply (NaN). ``batch_sizes`` are those searched; ``epochs_of(b)`` is
     what the search may know of batch size ``b`` (the replay's :meth:`epochs_to_target`: None until ``b`` is
     measured, unless convergence is known); where it knows nothing, :func:`estimate_epochs` from the known.
+    A measured batch size the table has no convergence data for counts as never reaching the target
+    (``measured_of``: the replay's measured batch sizes).
     """
 
     s_min: float = math.nan
@@ -71,17 +73,21 @@ class TableTarget(TargetModel):
     samples_per_epoch: float = math.nan
     table: Table | None = field(default=None, compare=False, hash=False, repr=False)
     epochs_of: Callable[[int], float | None] | None = field(default=None, compare=False, hash=False, repr=False)
+    measured_of: Callable[[], frozenset[int]] | None = field(default=None, compare=False, hash=False, repr=False)
     known_convergence: bool = False
 
     def known_epochs(self) -> dict[int, float]:
         """Epochs to target of the batch sizes the search knows them for (``inf``: never reached)."""
         if self.epochs_of is None:
             return {}
+        measured = self.measured_of() if self.measured_of is not None else frozenset()
         out = {}
         for b in self.batch_sizes:
             e = self.epochs_of(b)
             if e is not None:
                 out[b] = float(e)
+            elif b in measured:  # measured, and the table has no convergence data there: it cannot be chosen
+                out[b] = math.inf
         return out
 
     def epochs(self, batch_size: int) -> float:
@@ -216,7 +222,7 @@ def prepare_trace(device: Device, batch_sizes: Sequence[int] | None = None,
                              f"target in the table (or it has no convergence data for them)")
     spe = float(table.samples_per_epoch[0])
     target = TableTarget(batch_sizes=chosen, samples_per_epoch=spe, table=table, epochs_of=replay.epochs_to_target,
-                         known_convergence=replay.known_convergence,
+                         measured_of=lambda: replay.measured_batch_sizes, known_convergence=replay.known_convergence,
                          b_noise_source=f"epochs to target per batch size from {name}")
     notes.append(f"time to target: epochs to target per batch size from {name} x measured time per epoch "
                  f"(not the gradient-noise-scale model)")
