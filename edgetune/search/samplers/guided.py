@@ -8,7 +8,8 @@ objective (in log space, where the model's errors are relative) times the probab
 holds the budget. So measurements go where the prediction could beat the incumbent, or where feasibility
 is uncertain (power near the budget) and the prize is large.
 
-The candidates are the whole grid when it has at most ``max_candidates`` settings (Orin Nano with every
+On a rows space (a table replay: :attr:`SearchSpace.rows`) the candidates are its rows only. The
+candidates are the whole grid when it has at most ``max_candidates`` settings (Orin Nano with every
 knob: 24k). Larger grids (AGX Orin: 429k) are searched the way discrete Bayesian optimisation usually is:
 a fresh random sample of the grid plus the neighbours (one level up or down in one knob) of the best
 measured settings, then the neighbours of the best candidates of that first pass.
