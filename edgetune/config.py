@@ -108,6 +108,12 @@ def _integer(lo: int = 0) -> Callable[[Any], int]:
     return check
 
 
+def _boolean(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"must be true or false, got {v!r}")  # noqa: TRY004
+    return v
+
+
 def _text(nonempty: bool = True) -> Callable[[Any], str]:
     def check(v: Any) -> str:
         if not isinstance(v, str):
@@ -187,6 +193,13 @@ def _flag_number(text: str) -> float:
         raise ValueError(f"expected a number, got {text!r}") from None
 
 
+def _flag_bool(text: str) -> bool:
+    """``true`` / ``false`` (any case): how a switch's default is stated in its help."""
+    if text.strip().lower() not in ("true", "false"):
+        raise ValueError(f"expected true or false, got {text!r}")
+    return text.strip().lower() == "true"
+
+
 def _flag_int(text: str) -> int:
     try:
         return int(text)
@@ -233,6 +246,7 @@ class Flag:
     metavar: str | None = None
     group: str | None = None
     short: str | None = None
+    switch: bool = False  # a flag without a value that sets the key to true
 
     @property
     def dest(self) -> str:
@@ -383,6 +397,11 @@ class EfficiencySection:
     b_noise: float | str = _key(256.0, _b_noise, f'gradient noise scale B_noise in samples, or "{MEASURE}" '
                                 "(from gradient norms during the warm-up)",
                                 flag=Flag("--b-noise", _flag_number_or_measure, group=MEASUREMENT))
+    known_convergence: bool = _key(False, _boolean, "on trace:<table.csv>: the table's epochs to target of every "
+                                   "batch size are known from the start (a recurring job); otherwise the search "
+                                   "sees a batch size's only once it measured it",
+                                   flag=Flag("--known-convergence", _flag_bool, group=MEASUREMENT,
+                                             switch=True))
 
 
 @dataclass(frozen=True)

@@ -81,15 +81,14 @@ def search(args: argparse.Namespace) -> int:
         workload = load_workload(cfg.workload, seed=cfg.seed)
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
-    device = open_device(cfg.device, seed=cfg.seed)
+    device = open_device(cfg.device, seed=cfg.seed, known_convergence=cfg.efficiency.known_convergence)
     try:
         try:
-            trace = prepare_trace(device, cfg.space.batch_sizes)  # a trace: its batch sizes, its epochs
+            # a trace: its batch sizes, its convergence as the search may see it, its untuned batch size
+            trace = prepare_trace(device, cfg.space.batch_sizes, workload.default_batch_size)
             if trace is not None:
                 # the table is the training run: reports and the study name name it, not the unused workload
                 workload.name = Path(device.name.partition(":")[2]).stem
-                # ... and its declared untuned batch size is the baseline's, not the unused workload's
-                workload.default_batch_size = device.backend.default_batch_size or workload.default_batch_size
             space = build_space(device, workload.default_batch_size,
                                 trace.batch_sizes if trace else cfg.space.batch_sizes, cfg.space.knobs,
                                 cfg.space.values)
@@ -144,6 +143,8 @@ def search(args: argparse.Namespace) -> int:
                 window_s=cfg.budget.window_s, tolerance=cfg.budget.tolerance, guard_sigma=cfg.budget.guard_sigma,
                 patience=cfg.search.patience, margin=cfg.search.margin, timeout_s=cfg.search.timeout_s,
                 seed=cfg.seed, on_trial=progress, storage=storage,
+                baseline_batch_size=trace.baseline_batch_size if trace else None,
+                power_cv=trace.power_cv if trace else 0.0,
             )
             try:
                 result = s.run()

@@ -25,6 +25,7 @@ goes on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 import time
@@ -93,6 +94,9 @@ class Search:
         timeout_s: stop starting trials after this much wall time (0: none).
         seed: sampler seed.
         baseline_batch_size: the baseline's batch size (default: the workload's default batch size).
+        power_cv: relative run-to-run spread of a window's mean power that one window cannot show (a table
+            replay draws one power per window, so its readings are constant): the standard error of a
+            measured average is at least this fraction of it, and the guard band covers that spread.
         guided_options: keyword arguments of the guided sampler.
         on_trial: called after each trial with ``(record, measured_so_far)`` (progress display).
         on_step: passed to :func:`measure_setting` (progress within a trial).
@@ -121,6 +125,7 @@ class Search:
         timeout_s: float = 0.0,
         seed: int = 0,
         baseline_batch_size: int | None = None,
+        power_cv: float = 0.0,
         guided_options: Mapping[str, Any] | None = None,
         on_trial: Callable[[TrialRecord, int], None] | None = None,
         on_step: Callable[[int], None] | None = None,
@@ -147,6 +152,7 @@ class Search:
         self.timeout_s = timeout_s
         self.seed = seed
         self.guided_options = guided_options
+        self.power_cv = float(power_cv)
         self.on_trial = on_trial
         self.on_step = on_step
         self.worker = worker_id()
@@ -338,6 +344,8 @@ class Search:
         assert self._monitor is not None
         m = measure_setting(self.device, self.workload, cand.batch_size, cand.knobs, self.protocol,
                             self._monitor, on_step=self.on_step)
+        if m.ok and self.power_cv > 0 and m.power_se_w < self.power_cv * m.max_avg_power_w:
+            m = dataclasses.replace(m, power_se_w=self.power_cv * m.max_avg_power_w)
         return self._tell(study, trial, cand, role, m)
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, cand: Candidate, role: Role,
@@ -375,6 +383,7 @@ class Search:
         the same setting.
         """
         params = trial.params
+        same = self._same_setting(params)
         deadline = time.monotonic() + PENDING_WAIT_S
         while True:
             trials = study.get_trials(deepcopy=False)
@@ -387,7 +396,7 @@ class Search:
                 if t.state == TrialState.RUNNING and t.number < trial.number and len(t.params) < len(params):
                     pending = True
                     continue
-                if t.params != params:
+                if not same(t.params):
                     continue
                 if records.is_measured(t) or t.number in dead_ends:
                     return t
@@ -396,6 +405,15 @@ class Search:
             if best is not None or not pending or time.monotonic() > deadline:
                 return best
             time.sleep(_PENDING_POLL_S)
+
+    def _same_setting(self, params: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
+        """Whether other params name the same setting: equal params, or (a rows space, where levels that
+        name no row map to the nearest row) the same row."""
+        if self.space.rows is None:
+            return lambda other: other == params
+        cand = self.space.candidate(params)
+        names = set(self.space.param_names())
+        return lambda other: other == params or (set(other) >= names and self.space.candidate(other) == cand)
 
     # -- results ----------------------------------------------------------------------------------------
     def result(self, stop_reason: str = "") -> SearchResult:

@@ -8,7 +8,8 @@ objective (in log space, where the model's errors are relative) times the probab
 holds the budget. So measurements go where the prediction could beat the incumbent, or where feasibility
 is uncertain (power near the budget) and the prize is large.
 
-The candidates are the whole grid when it has at most ``max_candidates`` settings (Orin Nano with every
+On a rows space (a table replay: :attr:`SearchSpace.rows`) the candidates are its rows only. The
+candidates are the whole grid when it has at most ``max_candidates`` settings (Orin Nano with every
 knob: 24k). Larger grids (AGX Orin: 429k) are searched the way discrete Bayesian optimisation usually is:
 a fresh random sample of the grid plus the neighbours (one level up or down in one knob) of the best
 measured settings, then the neighbours of the best candidates of that first pass.
@@ -156,9 +157,21 @@ class GuidedSampler(BaseSampler):
         self._named = [j for j, (_, v) in enumerate(space.knobs) if isinstance(v[0], str)]
         self._pooled_names = knob_names
         self._numeric_names = [n for j, n in enumerate(knob_names) if j not in self._named]
-        self._steps_table = np.array([float(self.target.steps(b)) for b in space.batch_sizes])
+        # a rows space (a table replay): only its rows are candidates, by flat grid index
+        self._allowed = (None if space.rows is None else
+                         np.unique(np.ravel_multi_index(tuple(space.row_levels.T), self._sizes)))
         self._cache: dict[str, Any] = {}
         self._stop_streak: list[Any] = []
+
+    @property
+    def _steps_table(self) -> np.ndarray:
+        """Steps to target per batch level, asked of the target each time: a table's target learns a batch
+        size's convergence once it is measured."""
+        return np.array([float(self.target.steps(b)) for b in self.space.batch_sizes])
+
+    def _all_candidates(self) -> np.ndarray:
+        """Flat indices of every candidate: the grid, or a rows space's rows."""
+        return np.arange(self._n) if self._allowed is None else self._allowed
 
     # -- the grid, by flat index ----------------------------------------------------------------------
     def _levels(self, idx: np.ndarray) -> np.ndarray:
@@ -252,7 +265,8 @@ class GuidedSampler(BaseSampler):
     def _startup(self, study: Study) -> dict[str, Any]:
         """A space-filling point: the sampled free setting farthest (in normalised levels) from all taken."""
         taken = self._taken(study)
-        pool = self._rng.choice(self._n, min(self._n, _STARTUP_POOL), replace=False)
+        every = self._all_candidates()
+        pool = self._rng.choice(every, min(every.size, _STARTUP_POOL), replace=False)
         free = np.array([i for i in pool if int(i) not in taken], dtype=np.int64)
         if free.size == 0:
             free = pool
@@ -356,7 +370,8 @@ class GuidedSampler(BaseSampler):
                 ok = (moved[:, d] >= 0) & (moved[:, d] < size)
                 if ok.any():
                     out.append(self._flat(moved[ok]))
-        return np.unique(np.concatenate(out))
+        near = np.unique(np.concatenate(out))
+        return near if self._allowed is None else near[np.isin(near, self._allowed)]
 
     # -- scoring ------------------------------------------------------------------------------------
     def _objective(self, number: int) -> str:
@@ -421,13 +436,13 @@ class GuidedSampler(BaseSampler):
         if self._cache.get("score_key") == key:
             return self._cache["score"]
         taken = self._taken(study)
-        if self._n <= self.max_candidates:
-            scores = self._evaluate(fitted, np.arange(self._n), objective, taken)
+        if self._all_candidates().size <= self.max_candidates:
+            scores = self._evaluate(fitted, self._all_candidates(), objective, taken)
         else:
             idx = np.array(fitted.measured.idx)
             # a fresh sample per measured set, reproducible from the seed
             rng = np.random.RandomState(None if self._seed is None else self._seed + len(idx))
-            first = np.unique(np.concatenate([rng.choice(self._n, self.max_candidates // _FIRST_PASS_SHARE, replace=False),
+            first = np.unique(np.concatenate([rng.choice(self._all_candidates(), self.max_candidates // _FIRST_PASS_SHARE, replace=False),
                                               self._neighbours(idx)]))
             s1 = self._evaluate(fitted, first, objective, taken)
             top = first[np.argsort(-s1["acquisition"])[:_REFINE_TOP]]
