@@ -268,7 +268,12 @@ def test_cli_search_with_real_cnn_steps_writes_results_and_resumes(tmp_path, cap
     for name in ("trials.csv", "time_vs_energy.png", "power.png", "study.db"):
         assert (out / name).stat().st_size > 0
     rows = list(csv.DictReader((out / "trials.csv").open()))
-    assert len(rows) == 3 and all(int(r["real_steps"]) == 1 for r in rows if r["ok"] == "True")
+    # a trial stopped over the budget counts its real warm-up step too (its figures cover the steps since the
+    # knobs were set)
+    assert len(rows) == 3 and all(int(r["real_steps"]) == 1 for r in rows
+                                  if r["ok"] == "True" and r["aborted_over_budget"] == "False")
+    assert all(float(r["over_budget_s"]) >= 0 for r in rows)
+    assert best["study"]["over_budget_s"] == pytest.approx(sum(float(r["over_budget_s"]) for r in rows))
     # the same command again: nothing new to measure; more trials: only the new ones are measured
     assert main(argv(3)) == 0
     assert len(list(csv.DictReader((out / "trials.csv").open()))) == 3

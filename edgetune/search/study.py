@@ -70,6 +70,9 @@ DUPLICATE_STALL = 30
 #: largest grid whose unmeasured settings are listed to pick from after a stall (settings; listing a bigger
 #: one costs seconds per stall, and a stall on such a grid is no sign it is exhausted)
 MAX_LISTED_GRID = 200_000
+#: the least constraint violation (W) told for a trial stopped over the budget: positive, so Optuna counts it
+#: infeasible, even where its short record's judged power fell a hair under the limit
+_ABORTED_CONSTRAINT_W = 1e-6
 
 
 class Search:
@@ -342,8 +345,9 @@ class Search:
 
     def _measure(self, study: optuna.Study, trial: optuna.Trial, cand: Candidate, role: Role) -> TrialRecord:
         assert self._monitor is not None
+        limit_w = self.budget_w * (1.0 + self.tolerance) if self.constrained and self.budget_w is not None else None
         m = measure_setting(self.device, self.workload, cand.batch_size, cand.knobs, self.protocol,
-                            self._monitor, on_step=self.on_step)
+                            self._monitor, on_step=self.on_step, limit_w=limit_w, guard_sigma=self.guard_sigma)
         if m.ok and self.power_cv > 0 and m.power_se_w < self.power_cv * m.max_avg_power_w:
             m = dataclasses.replace(m, power_se_w=self.power_cv * m.max_avg_power_w)
         return self._tell(study, trial, cand, role, m)
@@ -361,6 +365,8 @@ class Search:
         if self.constrained:
             assert self.budget_w is not None
             constraint_w = m.judged_power_w(self.guard_sigma) - self.budget_w * (1.0 + self.tolerance)
+            if m.aborted_over_budget:  # stopped over the budget: violated, however short its record
+                constraint_w = max(constraint_w, _ABORTED_CONSTRAINT_W)
         records.write_measurement(trial, m, outcome, feasible, constraint_w)
         study.tell(trial, objective_values(outcome, self.objective))
         return TrialRecord(trial.number, "COMPLETE", cand, role, True, m.to_dict(), outcome, feasible, None,

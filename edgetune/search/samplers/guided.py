@@ -15,8 +15,12 @@ a fresh random sample of the grid plus the neighbours (one level up or down in o
 measured settings, then the neighbours of the best candidates of that first pass.
 
 :meth:`GuidedSampler.should_stop` ends the search when no unmeasured setting has a meaningful chance to
-improve the best by the margin (optimistic bound at 2.5 standard deviations, and at least 5% probability of
-holding the budget).
+improve the best by the margin: its probability of improvement times its probability of holding the budget
+stays below Phi(-2.5) = 0.6% everywhere, and every power mode (a knob whose role caps the others) that could
+hold the budget has measurements of its own.
+
+Safe profiling: once the model is fitted, a setting predicted over the budget with confidence (less than
+``min_feasible_p`` probability of holding it) is never proposed.
 
 It is an ordinary Optuna sampler: trials, storage, resume and fleets work as with any other; a fleet's
 workers see each other's trials and avoid settings another worker is measuring or has queued.
@@ -42,6 +46,7 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 from scipy.special import erf
 
+from edgetune.power.knobs import KNOBS
 from edgetune.search.efficiency import TargetModel
 from edgetune.search.records import Observation, read_observation
 from edgetune.search.space import SearchSpace
@@ -113,7 +118,9 @@ class GuidedSampler(BaseSampler):
         seed: seed of the space-filling start, the candidate samples and ties.
         n_startup: measured settings (baseline probes included) before the model is used.
         min_group: measured settings a power mode needs before it gets a model of its own.
-        stop_kappa: standard deviations of optimism in the stopping rule.
+        stop_kappa: standard deviations of optimism in the stopping rule: the search stops when no unmeasured
+            setting has a chance (probability of improving the best by the margin times probability of
+            holding the budget) of at least ``stop_probability`` = Phi(-stop_kappa) (2.5: 0.6%).
         stop_confirmations: successive fits that must agree there is nothing left before stopping.
         min_feasible_p: settings less likely than this to hold the budget are not worth a measurement.
         max_candidates: grids up to this size are scored whole; larger ones by sampling (module docs).
@@ -137,6 +144,7 @@ class GuidedSampler(BaseSampler):
         self.n_startup = n_startup
         self.min_group = min_group
         self.stop_kappa = stop_kappa
+        self.stop_probability = float(_norm_cdf(np.array(-stop_kappa)))
         self.stop_confirmations = stop_confirmations
         self.min_feasible_p = min_feasible_p
         self.max_candidates = max_candidates
@@ -154,7 +162,10 @@ class GuidedSampler(BaseSampler):
         self._tables = [np.array(space.batch_sizes, dtype=float)] + [
             np.array([float(v) if not isinstance(v, str) else float(i + 1) for i, v in enumerate(values)])
             for _, values in space.knobs]
-        self._named = [j for j, (_, v) in enumerate(space.knobs) if isinstance(v[0], str)]
+        # the knobs that group the space: a power mode caps the clocks under it (KnobRole.caps_others); any
+        # other named (categorical) knob is treated alike
+        self._named = [j for j, (name, v) in enumerate(space.knobs)
+                       if isinstance(v[0], str) or (name in KNOBS and KNOBS[name].role.caps_others)]
         self._pooled_names = knob_names
         self._numeric_names = [n for j, n in enumerate(knob_names) if j not in self._named]
         # a rows space (a table replay): only its rows are candidates, by flat grid index
@@ -226,7 +237,7 @@ class GuidedSampler(BaseSampler):
         if scores is None:  # the space-filling start
             return self._startup(study)
         acq = scores["acquisition"]
-        lacking = self._lacking_groups(study)
+        lacking = self._lacking_groups(study, scores)
         if lacking and trial.number % 2 == 1:
             # every other proposal goes to the power mode measured least, until each has a model of its
             # own: a mode caps the clocks, so the pooled model cannot tell what a mode it barely saw does
@@ -235,19 +246,34 @@ class GuidedSampler(BaseSampler):
             if np.any(np.isfinite(focused)):
                 acq = focused
         if not np.any(np.isfinite(acq)):
-            return self._startup(study)
+            # nothing left that is both unmeasured and plausibly within the budget: the free setting most
+            # likely to hold it (never a space-filling guess, which could be anywhere over the budget)
+            safest = np.where(scores["free"], scores["p_feas"], -np.inf)
+            if not np.any(np.isfinite(safest)):
+                return self._startup(study)
+            return self._params(int(scores["idx"][int(np.argmax(safest))]))
         k = int(np.argmax(np.where(np.isfinite(acq), acq, -np.inf)))
         return self._params(int(scores["idx"][k]))
 
-    def _lacking_groups(self, study: Study) -> list[int]:
-        """Named-knob groups (power modes) with fewer than ``min_group`` measurements, fewest first."""
+    def _lacking_groups(self, study: Study, scores: dict[str, np.ndarray] | None = None) -> list[int]:
+        """Named-knob groups (power modes) with fewer than ``min_group`` measurements, fewest first.
+
+        With ``scores``, a group none of whose scored unmeasured settings is plausibly within the budget
+        (probability at least ``min_feasible_p``) lacks nothing: probing it would only run the board over
+        the budget.
+        """
         if not self._named:
             return []
         idx = self._measured(study).idx
         groups = self._group(np.array(idx, dtype=np.int64)) if idx else np.array([], dtype=np.int64)
         n_groups = int(np.prod([self._sizes[j + 1] for j in self._named]))
         counts = {g: int(np.sum(groups == g)) for g in range(n_groups)}
-        return sorted((g for g, c in counts.items() if c < self.min_group), key=lambda g: (counts[g], g))
+        lacking = [g for g, c in counts.items() if c < self.min_group]
+        if scores is not None and lacking:
+            open_ = scores["free"] & (scores["p_feas"] >= self.min_feasible_p)
+            plausible = set(np.unique(self._group(scores["idx"][open_])).tolist())
+            lacking = [g for g in lacking if g in plausible]
+        return sorted(lacking, key=lambda g: (counts[g], g))
 
     # -- what is known ------------------------------------------------------------------------------
     def _taken(self, study: Study) -> set[int]:
@@ -412,7 +438,9 @@ class GuidedSampler(BaseSampler):
                 ei = s_log * (z * _norm_cdf(z) + _norm_pdf(z))
             else:  # nothing feasible yet: look for feasibility first
                 ei = np.ones_like(log_score)
-        acq = np.where(free & np.isfinite(log_score), ei * p_feas, -np.inf)
+        # safe profiling: a setting the model is confident is over the budget is not measured at all
+        plausible = p_feas >= self.min_feasible_p if self.budget_w is not None else np.ones_like(free)
+        acq = np.where(free & plausible & np.isfinite(log_score), ei * p_feas, -np.inf)
         return {"idx": cand, "acquisition": acq, "log_score": log_score, "s_log": s_log, "p_feas": p_feas,
                 "free": free, "best": best}
 
@@ -458,23 +486,27 @@ class GuidedSampler(BaseSampler):
         return scores
 
     def should_stop(self, study: Study, margin: float) -> str | None:
-        """A reason to stop when no unmeasured setting can plausibly beat the best by ``margin``.
+        """A reason to stop when no unmeasured setting has a meaningful chance to beat the best by ``margin``.
 
-        The condition must hold after ``stop_confirmations`` successive measurements (each one the most
-        promising setting left), so one over-confident fit does not end the search.
+        The chance of a setting is the model's probability that it improves the best by the margin times
+        its probability of holding the budget (a setting near the budget counts by how likely it holds);
+        the search goes on while any unmeasured setting's chance is at least ``stop_probability``. Before
+        that, each power mode (a knob that caps the others) must have ``min_group`` measurements of its own,
+        unless none of its settings is plausibly within the budget. The condition must hold after
+        ``stop_confirmations`` successive measurements, so one over-confident fit does not end the search.
         """
-        if len(self._measured(study).idx) < self.min_trials_to_stop or self._lacking_groups(study):
+        if len(self._measured(study).idx) < self.min_trials_to_stop:
             return None
         objectives = ["time", "energy"] if self.objective == "pareto" else [self.objective]
         for k, _ in enumerate(objectives):
             s = self._score(study, k)  # k's parity picks the pareto objective
-            if s is None or not math.isfinite(s["best"]):
+            if s is None or not math.isfinite(s["best"]) or self._lacking_groups(study, s):
                 self._stop_streak = []
                 return None
-            optimistic = s["log_score"] - self.stop_kappa * s["s_log"]
-            hope = s["free"] & (s["p_feas"] >= self.min_feasible_p) & (
-                optimistic < s["best"] + math.log(1.0 - margin))
-            if hope.any():
+            with np.errstate(all="ignore"):
+                p_improve = _norm_cdf((s["best"] + math.log(1.0 - margin) - s["log_score"]) / s["s_log"])
+            chance = np.where(s["free"] & np.isfinite(s["log_score"]), np.nan_to_num(p_improve * s["p_feas"]), 0.0)
+            if chance.size and float(np.max(chance)) >= self.stop_probability:
                 self._stop_streak = []
                 return None
         key = self._cache.get("key")
@@ -482,8 +514,8 @@ class GuidedSampler(BaseSampler):
             self._stop_streak.append(key)
         if len(self._stop_streak) < self.stop_confirmations:
             return None
-        return (f"no unmeasured setting is predicted to beat the best by {margin:.0%} (hardware model, "
-                f"{self.stop_kappa:g} std optimism, {self.stop_confirmations} fits in a row)")
+        return (f"no unmeasured setting has a {self.stop_probability:.2%} chance to beat the best by {margin:.0%} "
+                f"within the budget (hardware model; {self.stop_confirmations} fits in a row)")
 
     def __repr__(self) -> str:
         return f"GuidedSampler(grid={self._n}, objective={self.objective!r})"
