@@ -104,6 +104,7 @@ def search(args: argparse.Namespace) -> int:
             notes.append(f"note: budget {budget:g} W is at or above the most {device.name} can draw "
                          f"({device.max_power_w:.1f} W): no constraint binds; searching unconstrained")
         target = trace.target if trace and trace.target else _target(cfg.efficiency, workload)
+        prior = _prior(cfg.search.prior, space, device)
         out = Path(cfg.output)
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -132,7 +133,7 @@ def search(args: argparse.Namespace) -> int:
                 bar.update(n - bar.n)  # n: trials measured so far, this worker's and the fleet's
 
             s = Search(
-                device, workload, space, budget_w=budget, objective=cfg.objective, target=target,
+                device, workload, space, eta=cfg.search.eta, prior=prior, budget_w=budget, objective=cfg.objective, target=target,
                 protocol=measurement_protocol(cfg.protocol), storage_url=cfg.storage_url(),
                 study_name=study_name, sampler=cfg.search.sampler, n_trials=cfg.search.n_trials,
                 window_s=cfg.budget.window_s, tolerance=cfg.budget.tolerance, guard_sigma=cfg.budget.guard_sigma,
@@ -146,6 +147,21 @@ def search(args: argparse.Namespace) -> int:
     finally:
         device.close()
     return _finish(result, out, cfg)
+
+
+def _prior(spec: str, space, device) -> tuple:
+    """``--prior``'s observations mapped to ``space`` (none without one); bad input: a UsageError."""
+    if not spec:
+        return ()
+    from edgetune.search.prior import PriorError, load_prior, map_to_space
+
+    try:
+        prior = load_prior(spec)
+    except PriorError as exc:
+        raise UsageError(str(exc)) from None
+    mapped = map_to_space(prior.observations, space, device.settings())
+    print(f"{prior.describe()}; {len(mapped)} of them in this space", file=sys.stderr)
+    return mapped
 
 
 def measurement_protocol(section: ProtocolSection) -> MeasurementProtocol:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgetune.search.efficiency import TargetModel
+from edgetune.search.efficiency import TargetModel, ZeusCost
 from edgetune.search.oracle import oracle_fields
 from edgetune.search.records import TrialRecord
 from edgetune.search.space import SearchSpace
@@ -45,6 +45,7 @@ class SearchResult:
     device_description: str
     simulated: bool
     workload: str
+    cost: ZeusCost | None = None  # the weights of the ``cost`` objective
 
     @property
     def measured(self) -> list[TrialRecord]:
@@ -59,6 +60,8 @@ class SearchResult:
             return b.energy_to_target_j / c.energy_to_target_j
         if self.objective == "throughput":
             return c.samples_per_s / b.samples_per_s
+        if self.objective == "cost" and self.cost is not None:
+            return self.cost.of_outcome(b) / self.cost.of_outcome(c)
         return b.time_to_target_s / c.time_to_target_s
 
 
@@ -134,6 +137,11 @@ def best_json(result: SearchResult) -> dict[str, Any]:
         "protocol": result.protocol,
         "pareto_front": [_plan(r) for r in result.pareto],
     }
+    if result.cost is not None:  # Zeus's cost of the pick, J (eta x energy + (1 - eta) x max power x time)
+        out = result.best.outcome if result.best is not None else None
+        doc["cost"] = {"eta": result.cost.eta, "max_power_w": result.cost.max_power_w,
+                       "cost_j": _finite(result.cost.of_outcome(out)) if out else None,
+                       "formula": "eta * energy_to_target_j + (1 - eta) * max_power_w * time_to_target_s (Zeus)"}
     doc.update(oracle_fields(result))  # on a trace: gap to the table's own oracle, the table's target
     return doc
 
