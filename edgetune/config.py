@@ -55,7 +55,7 @@ __all__ = [
     "validate",
 ]
 
-OBJECTIVES = ("time", "energy", "throughput", "pareto")
+OBJECTIVES = ("time", "energy", "throughput", "pareto", "cost")
 SAMPLERS = ("auto", "guided", "tpe", "gp", "random")
 #: ``efficiency.b_noise = "measure"``: measure the gradient noise scale during the warm-up
 MEASURE = "measure"
@@ -369,6 +369,12 @@ class SearchSection:
                          flag=Flag("--margin", _flag_number, group=SEARCH))
     timeout_s: float = _key(0.0, _number(0.0, unit="seconds"), "stop starting trials after this many seconds "
                             "of wall time (0: no limit)", flag=Flag("--timeout", _flag_number, "S", SEARCH))
+    prior: str = _key("", _text(nonempty=False), "start from an earlier study of another board, budget or power "
+                      "mode: its output folder, or a storage URL with #STUDY_NAME; it guides the search, only "
+                      "new measurements count", example='"runs/orin-nano"', default_text="none",
+                      flag=Flag("--prior", metavar="FOLDER_OR_URL", group=SEARCH))
+    eta: float = _key(0.5, _number(0.0, 1.0), "weight of energy in the cost objective (Zeus's eta; 1: energy "
+                      "only, 0: time only)", flag=Flag("--eta", _flag_number, group=SEARCH))
 
 
 @dataclass(frozen=True)
@@ -422,7 +428,8 @@ class Config:
         "the power budget in watts, judged by the moving average of board power; the search needs one",
         example="10.0", flag=Flag("--budget", _flag_number, "W", TUNE))
     objective: str = _key("time", _choice(OBJECTIVES), "time (time to target), energy (energy to target), "
-                          "throughput (samples/s), pareto (time and energy)", flag=Flag("--objective", group=TUNE))
+                          "throughput (samples/s), pareto (time and energy), cost (Zeus: eta x energy + (1 - eta) x max power x "
+                          "time, see search.eta)", flag=Flag("--objective", group=TUNE))
     output: str = _key("edgetune-out", _text(), f"output folder: best.json, trials.csv, {STUDY_DB}, plots",
                        flag=Flag("--output", short="-o"))
     seed: int = _key(0, _integer(0), "seed of the sampler, the workload's synthetic data and the twin",

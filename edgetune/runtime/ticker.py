@@ -86,7 +86,7 @@ class Ticker:
         while True:
             tick_due = t0 + n_tick * period_s
             sample_due = t0 + n_sample * every
-            delay = (sample_due if sample_due < tick_due else tick_due) - now()
+            delay = min(tick_due, sample_due) - now()
             if delay > SLEEP_MAX_S:
                 if stop.wait(delay):
                     return

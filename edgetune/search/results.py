@@ -20,7 +20,7 @@ from typing import Any
 
 from edgetune.power.base import format_value
 from edgetune.power.knobs import knob_unit
-from edgetune.search.efficiency import TargetModel, scalar_score
+from edgetune.search.efficiency import TargetModel, ZeusCost, scalar_score
 from edgetune.search.oracle import oracle_fields
 from edgetune.search.records import TrialRecord
 from edgetune.search.space import SearchSpace
@@ -64,6 +64,7 @@ class SearchResult:
     #: what one step of the workload asks of the hardware (``WorkloadCost`` fields; None: not known), so a
     #: plan applied to another model can be told apart
     workload_cost: dict[str, float] | None = None
+    cost: ZeusCost | None = None  # the weights of the ``cost`` objective
 
     @property
     def measured(self) -> list[TrialRecord]:
@@ -93,6 +94,8 @@ class SearchResult:
             return b.energy_to_target_j / c.energy_to_target_j
         if self.objective == "throughput":
             return c.samples_per_s / b.samples_per_s
+        if self.objective == "cost" and self.cost is not None:
+            return self.cost.of_outcome(b) / self.cost.of_outcome(c)
         return b.time_to_target_s / c.time_to_target_s
 
 
@@ -251,6 +254,11 @@ def best_json(result: SearchResult) -> dict[str, Any]:
         # the best's measured power within the sensor's accuracy of the budget (null: a clear margin)
         "knife_edge": _knife_edge_json(knife_edge(result)),
     }
+    if result.cost is not None:  # Zeus's cost of the pick, J (eta x energy + (1 - eta) x max power x time)
+        out = result.best.outcome if result.best is not None else None
+        doc["cost"] = {"eta": result.cost.eta, "max_power_w": result.cost.max_power_w,
+                       "cost_j": _finite(result.cost.of_outcome(out)) if out else None,
+                       "formula": "eta * energy_to_target_j + (1 - eta) * max_power_w * time_to_target_s (Zeus)"}
     doc.update(oracle_fields(result))  # on a trace: gap to the table's own oracle, the table's target
     return doc
 

@@ -30,7 +30,7 @@ import math
 import random
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -40,8 +40,17 @@ from edgetune.power.base import Device
 from edgetune.power.monitor import PowerMonitor
 from edgetune.search import records
 from edgetune.search.baseline import Baseline, nearest_batch_size
-from edgetune.search.efficiency import DIRECTIONS, Outcome, TargetModel, objective_values, scalar_score
-from edgetune.search.records import CONSTRAINT, Role, TrialRecord
+from edgetune.search.efficiency import (
+    DEFAULT_ETA,
+    DIRECTIONS,
+    Outcome,
+    TargetModel,
+    ZeusCost,
+    cost_max_power_w,
+    objective_values,
+    scalar_score,
+)
+from edgetune.search.records import CONSTRAINT, Observation, Role, TrialRecord
 from edgetune.search.results import SearchResult, pareto_front
 from edgetune.search.samplers import AUTO_SAMPLER, make_sampler
 from edgetune.search.space import Candidate, SearchSpace
@@ -85,7 +94,11 @@ class Search:
             ``window_s`` with ``tolerance`` (fraction) allowed overshoot; the measured maximum plus
             ``guard_sigma`` standard errors of the measured average must hold it (a reading that happens
             to be low does not pass a setting whose true power is over the budget).
-        objective: ``time``, ``energy``, ``throughput`` or ``pareto``.
+        objective: ``time``, ``energy``, ``throughput``, ``pareto`` or ``cost`` (Zeus's
+            ``eta x energy + (1 - eta) x max power x time``, :class:`~edgetune.search.efficiency.ZeusCost`).
+        eta: the cost objective's weight of energy, in [0, 1].
+        prior: observations of an earlier study mapped to this space (:mod:`edgetune.search.prior`): they
+            shape where the guided sampler looks, never count as measurements.
         target: steps to target (S_min, B_noise).
         protocol: the measurement protocol.
         storage_url, study_name: where the study lives; the same pair resumes it.
@@ -133,9 +146,22 @@ class Search:
         on_trial: Callable[[TrialRecord, int], None] | None = None,
         on_step: Callable[[int], None] | None = None,
         storage: optuna.storages.BaseStorage | None = None,
+        eta: float = DEFAULT_ETA,
+        prior: Sequence[Observation] = (),
     ) -> None:
         if objective not in DIRECTIONS:
             raise SearchError(f"unknown objective {objective!r}; use {', '.join(DIRECTIONS)}")
+        self.cost: ZeusCost | None = None
+        if objective == "cost":
+            max_power_w = cost_max_power_w(device)
+            if max_power_w is None:
+                raise SearchError(f"the cost objective needs the device's maximum power, which {device.name} "
+                                  f"does not state; use --objective energy or time")
+            try:
+                self.cost = ZeusCost(eta, max_power_w)
+            except ValueError as exc:
+                raise SearchError(f"{exc}; pass --eta between 0 and 1") from None
+        self.prior = tuple(prior)
         self.device = device
         self.workload = workload
         self.space = space
@@ -187,6 +213,10 @@ class Search:
             pass
         guided = {"budget_w": self.budget_w if self.constrained else None, "tolerance": self.tolerance,
                   "target": self.target, "guard_sigma": self.guard_sigma, **dict(self.guided_options or {})}
+        if self.cost is not None:
+            guided["cost"] = self.cost
+        if self.prior:
+            guided["prior"] = self.prior
         try:  # a resumed study draws new random numbers: the seed moves on by the trials it holds
             sampler = make_sampler(self.sampler_name, seed=self.seed + n_existing, n_trials=self.n_trials,
                                    objective=self.objective, space=self.space, guided_options=guided)
@@ -198,8 +228,11 @@ class Search:
         return study
 
     def _identity(self) -> dict[str, Any]:
-        return {"space": self.space.to_dict(), "objective": self.objective, "budget_w": self.budget_w,
-                "workload": getattr(self.workload, "name", str(self.workload)), "device": self.device.name}
+        identity = {"space": self.space.to_dict(), "objective": self.objective, "budget_w": self.budget_w,
+                    "workload": getattr(self.workload, "name", str(self.workload)), "device": self.device.name}
+        if self.cost is not None:  # only for the cost objective: other studies' identities stay as they were
+            identity["eta"] = self.cost.eta
+        return identity
 
     def _check_identity(self, study: optuna.Study) -> None:
         """A new study records what it is for; a resumed one must be for the same."""
@@ -281,7 +314,7 @@ class Search:
         best = math.inf
         since = 0
         for r in measured:
-            score = scalar_score(r.outcome, self.objective) if r.feasible and r.outcome else math.inf
+            score = scalar_score(r.outcome, self.objective, self.cost) if r.feasible and r.outcome else math.inf
             if score < best - self.margin * abs(best) if math.isfinite(best) else score < best:
                 best = score
                 since = 0
@@ -368,7 +401,7 @@ class Search:
             if m.aborted_over_budget:  # stopped over the budget: violated, however short its record
                 constraint_w = max(constraint_w, _ABORTED_CONSTRAINT_W)
         records.write_measurement(trial, m, outcome, feasible, constraint_w)
-        study.tell(trial, objective_values(outcome, self.objective))
+        study.tell(trial, objective_values(outcome, self.objective, self.cost))
         return TrialRecord(trial.number, "COMPLETE", cand, role, True, m.to_dict(), outcome, feasible, None,
                            self.worker, m.trace_t, m.trace_w)
 
@@ -437,7 +470,7 @@ class Search:
                 # one pick for best.json: the front's point with the lowest energy-delay product
                 best = min(pareto, key=lambda r: r.outcome.time_to_target_s * r.outcome.energy_to_target_j)
             else:
-                best = min(feasible, key=lambda r: scalar_score(r.outcome, self.objective))
+                best = min(feasible, key=lambda r: scalar_score(r.outcome, self.objective, self.cost))
         return SearchResult(
             study_name=self.study_name, storage_url=redact(self.storage_url), objective=self.objective,
             budget_w=self.budget_w, constrained=self.constrained, tolerance=self.tolerance, space=self.space,
@@ -447,4 +480,5 @@ class Search:
                 runs_step=bool(getattr(self.device.backend, "compute", True))),
             device_name=self.device.name, device_description=self.device.description,
             simulated=self.device.simulated, workload=getattr(self.workload, "name", str(self.workload)),
+            cost=self.cost,
         )

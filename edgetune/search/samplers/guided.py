@@ -29,13 +29,21 @@ What was measured reaches it through ``observations_func(frozen_trial) -> Observ
 Optuna's samplers take a ``constraints_func``); the default, :func:`edgetune.search.records.read_observation`,
 reads what :class:`~edgetune.search.study.Search` records. It works under a plain ``study.optimize`` too,
 given an ``observations_func`` that knows the objective's measurements.
+
+With ``prior`` observations (an earlier study of another board, mapped to this space by
+:mod:`edgetune.search.prior`) the model is the prior's hardware model corrected by this board's own
+measurements (:class:`~edgetune.search.prior.Transfer`): it is used from the first proposal, a power mode
+needs no measurements of its own, and the stopping rule may end the search after
+:data:`PRIOR_MIN_TRIALS_TO_STOP` measurements. The prior is never a measurement: the incumbent and the
+budget are this board's measurements alone (before one holds the budget, expected improvement is taken
+over the best setting the model predicts to hold it).
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +55,7 @@ from optuna.trial import FrozenTrial, TrialState
 from scipy.special import erf
 
 from edgetune.power.knobs import KNOBS
-from edgetune.search.efficiency import TargetModel
+from edgetune.search.efficiency import TargetModel, ZeusCost
 from edgetune.search.records import Observation, read_observation
 from edgetune.search.space import SearchSpace
 
@@ -68,6 +76,14 @@ _REFINE_TOP = 32  # candidates of a sampled first pass whose neighbourhoods the 
 _BATCH_STEPS = (-2, -1, 1, 2)  # neighbour levels in batch size: the optimum moves by octaves, two either way
 _KNOB_STEPS = (-1, 1)  # neighbour levels in a knob
 _MIN_ROWS = 2  # the hardware model's fit needs at least two measured rows
+#: measured settings before the stopping rule may end a search that has no prior (see min_trials_to_stop)
+MIN_TRIALS_TO_STOP = 16
+#: ... and one with a prior: the prior model has seen the space, so a few measurements of this board that
+#: agree with it (baseline probes included) are enough to trust its corrected predictions
+PRIOR_MIN_TRIALS_TO_STOP = 6
+#: with a prior and no measured setting holding the budget yet, proposals are limited to settings at least
+#: this likely to hold it (the first feasible measurement comes at once; improving on it is EI's job)
+_PREDICTED_FEASIBLE_P = 0.8
 
 
 def _norm_cdf(z: np.ndarray) -> np.ndarray:
@@ -105,6 +121,7 @@ class _Fitted:
     measured: _Measured
     per_group: dict[int, Any]
     pooled: Any | None
+    transfer: Any | None = None  # with a prior: the prior model corrected by this board's measurements
 
 
 class GuidedSampler(BaseSampler):
@@ -112,7 +129,8 @@ class GuidedSampler(BaseSampler):
 
     Args:
         space: the search space.
-        objective: ``time``, ``energy``, ``throughput`` or ``pareto`` (alternates time and energy).
+        objective: ``time``, ``energy``, ``throughput``, ``pareto`` (alternates time and energy) or ``cost``
+            (Zeus's ``eta x energy + (1 - eta) x max power x time``; needs ``cost``).
         budget_w: the budget (None: unconstrained); tolerance: allowed overshoot fraction.
         target: steps to target per batch size.
         seed: seed of the space-filling start, the candidate samples and ties.
@@ -126,7 +144,10 @@ class GuidedSampler(BaseSampler):
         max_candidates: grids up to this size are scored whole; larger ones by sampling (module docs).
         guard_sigma: standard errors added to measured power before it is compared with the budget.
         min_trials_to_stop: measured settings before the stopping rule may end the search (a model fitted on
-            a handful of points is over-confident about the regions it has not seen).
+            a handful of points is over-confident about the regions it has not seen); None:
+            :data:`MIN_TRIALS_TO_STOP`, with a prior :data:`PRIOR_MIN_TRIALS_TO_STOP`.
+        cost: the weights of the ``cost`` objective.
+        prior: observations of an earlier study mapped to this space (module docs).
         observations_func: what each trial measured (:data:`ObservationsFunc`); default
             :func:`~edgetune.search.records.read_observation`, the search's records.
     """
@@ -135,7 +156,10 @@ class GuidedSampler(BaseSampler):
                  tolerance: float = 0.0, target: TargetModel | None = None, seed: int | None = None,
                  n_startup: int = 6, min_group: int = 4, stop_kappa: float = 2.5, stop_confirmations: int = 3,
                  min_feasible_p: float = 0.05, max_candidates: int = 30_000, guard_sigma: float = 0.0,
-                 min_trials_to_stop: int = 16, observations_func: ObservationsFunc | None = None) -> None:
+                 min_trials_to_stop: int | None = None, observations_func: ObservationsFunc | None = None,
+                 cost: ZeusCost | None = None, prior: Sequence[Observation] = ()) -> None:
+        if objective == "cost" and cost is None:
+            raise ValueError("the cost objective needs its weights: cost=ZeusCost(eta, max_power_w)")
         self.space = space
         self.objective = objective
         self.budget_w = budget_w
@@ -149,6 +173,10 @@ class GuidedSampler(BaseSampler):
         self.min_feasible_p = min_feasible_p
         self.max_candidates = max_candidates
         self.guard_sigma = guard_sigma
+        self.prior = tuple(o for o in prior if o.ok and space.contains(o.candidate))
+        self.cost = cost
+        if min_trials_to_stop is None:
+            min_trials_to_stop = PRIOR_MIN_TRIALS_TO_STOP if self.prior else MIN_TRIALS_TO_STOP
         self.min_trials_to_stop = min_trials_to_stop
         self.observations_func = observations_func or read_observation
         self._seed = seed
@@ -256,13 +284,14 @@ class GuidedSampler(BaseSampler):
         return self._params(int(scores["idx"][k]))
 
     def _lacking_groups(self, study: Study, scores: dict[str, np.ndarray] | None = None) -> list[int]:
-        """Named-knob groups (power modes) with fewer than ``min_group`` measurements, fewest first.
+        """Named-knob groups (power modes) with fewer than ``min_group`` measurements, fewest first (none
+        with a prior: its model covers every mode).
 
         With ``scores``, a group none of whose scored unmeasured settings is plausibly within the budget
         (probability at least ``min_feasible_p``) lacks nothing: probing it would only run the board over
         the budget.
         """
-        if not self._named:
+        if not self._named or self.prior:
             return []
         idx = self._measured(study).idx
         groups = self._group(np.array(idx, dtype=np.int64)) if idx else np.array([], dtype=np.int64)
@@ -336,6 +365,8 @@ class GuidedSampler(BaseSampler):
         measured = self._measured(study)
         idx, times, powers, peaks, oom = (measured.idx, measured.times, measured.powers, measured.peaks,
                                           measured.oom_batches)
+        if self.prior:
+            return self._fit_transfer(measured)
         if len(idx) < self.n_startup:
             return None
         key = (tuple(idx), tuple(oom))
@@ -369,8 +400,38 @@ class GuidedSampler(BaseSampler):
         self._cache = {"key": key, "value": value}
         return value
 
+    def _prior_idx(self) -> np.ndarray:
+        return np.array([self._candidate_index(o) for o in self.prior], dtype=np.int64)
+
+    def _fit_transfer(self, measured: _Measured) -> _Fitted:
+        """The prior model (fitted once) corrected by the measured settings; cached per measured set."""
+        from edgetune.search.prior import PriorModel, Transfer
+
+        key = ("transfer", tuple(measured.idx), tuple(measured.oom_batches))
+        if self._cache.get("key") == key:
+            return self._cache["value"]
+        if "prior_model" not in self._cache:
+            pidx = self._prior_idx()
+            self._cache["prior_model"] = PriorModel(
+                self._rows(pidx, self._numeric_names), self._group(pidx), [o.step_time_s for o in self.prior],
+                [o.judged_power_w(self.guard_sigma) for o in self.prior], min_rows=self.min_group)
+        names = ["batch_size", *self._pooled_names]
+        scale = np.array([np.ptp(np.log(np.maximum(t, 1e-12))) for t in self._tables])
+        idx = np.array(measured.idx, dtype=np.int64)
+        transfer = Transfer(self._cache["prior_model"], names, scale, self._rows(idx, self._numeric_names),
+                            self._rows(idx, self._pooled_names), self._group(idx), measured.times,
+                            measured.powers)
+        value = _Fitted(measured, {}, None, transfer)
+        self._cache = {"key": key, "value": value, "prior_model": self._cache["prior_model"]}
+        return value
+
     def _predict(self, fitted: _Fitted, cand: np.ndarray) -> tuple[np.ndarray, ...]:
         """Step time, power and their std for grid indices ``cand``."""
+        if fitted.transfer is not None:
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                return fitted.transfer.predict(self._rows(cand, self._numeric_names),
+                                               self._rows(cand, self._pooled_names), self._group(cand))
         per_group, pooled = fitted.per_group, fitted.pooled
         out = [np.full(cand.size, np.nan) for _ in range(4)]
         groups = self._group(cand)
@@ -421,6 +482,11 @@ class GuidedSampler(BaseSampler):
             elif objective == "energy":
                 log_score = np.log(steps * t * p)
                 s_log = np.sqrt(st ** 2 + (sp / np.maximum(p, _MIN_POWER_W)) ** 2)
+            elif objective == "cost":  # steps x step time x (eta P + (1 - eta) P_max)
+                assert self.cost is not None
+                weighted = self.cost.eta * p + (1.0 - self.cost.eta) * self.cost.max_power_w
+                log_score = np.log(steps * t * weighted)
+                s_log = np.sqrt(st ** 2 + (self.cost.eta * sp / np.maximum(weighted, _MIN_POWER_W)) ** 2)
             else:  # throughput: time per sample
                 log_score, s_log = np.log(t / batch), st
             if self.budget_w is not None:
@@ -432,15 +498,21 @@ class GuidedSampler(BaseSampler):
             p_feas = np.where(lv[:, 0] >= min(oom), 0.0, p_feas)
         best = self._incumbent(idx, times, powers, objective)
         free = np.array([int(i) not in taken for i in cand])
+        ref, proposable = best, free
+        if not math.isfinite(best) and self.prior:  # the prior-informed model knows where to look already
+            likely = free & np.isfinite(log_score) & (p_feas >= _PREDICTED_FEASIBLE_P)
+            if likely.any():
+                ref = float(np.min(log_score[likely]))
+                proposable = likely
         with np.errstate(all="ignore"):
-            if math.isfinite(best):
-                z = (best - log_score) / s_log
+            if math.isfinite(ref):
+                z = (ref - log_score) / s_log
                 ei = s_log * (z * _norm_cdf(z) + _norm_pdf(z))
             else:  # nothing feasible yet: look for feasibility first
                 ei = np.ones_like(log_score)
         # safe profiling: a setting the model is confident is over the budget is not measured at all
         plausible = p_feas >= self.min_feasible_p if self.budget_w is not None else np.ones_like(free)
-        acq = np.where(free & plausible & np.isfinite(log_score), ei * p_feas, -np.inf)
+        acq = np.where(proposable & plausible & np.isfinite(log_score), ei * p_feas, -np.inf)
         return {"idx": cand, "acquisition": acq, "log_score": log_score, "s_log": s_log, "p_feas": p_feas,
                 "free": free, "best": best}
 
@@ -452,6 +524,9 @@ class GuidedSampler(BaseSampler):
                 b = int(self._levels(np.array([i]))[0, 0])
                 steps, batch = self._steps_table[b], self._tables[0][b]
                 val = {"time": steps * tt, "energy": steps * tt * pp}.get(objective, tt / batch)
+                if objective == "cost":
+                    assert self.cost is not None
+                    val = steps * tt * (self.cost.eta * pp + (1.0 - self.cost.eta) * self.cost.max_power_w)
                 best = min(best, math.log(val))
         return best
 
@@ -467,11 +542,12 @@ class GuidedSampler(BaseSampler):
         if self._all_candidates().size <= self.max_candidates:
             scores = self._evaluate(fitted, self._all_candidates(), objective, taken)
         else:
-            idx = np.array(fitted.measured.idx)
+            idx = np.array(fitted.measured.idx, dtype=np.int64)
             # a fresh sample per measured set, reproducible from the seed
             rng = np.random.RandomState(None if self._seed is None else self._seed + len(idx))
+            seeds = np.concatenate([idx, self._prior_idx()]) if self.prior else idx  # the prior's too
             first = np.unique(np.concatenate([rng.choice(self._all_candidates(), self.max_candidates // _FIRST_PASS_SHARE, replace=False),
-                                              self._neighbours(idx)]))
+                                              self._neighbours(seeds)]))
             s1 = self._evaluate(fitted, first, objective, taken)
             top = first[np.argsort(-s1["acquisition"])[:_REFINE_TOP]]
             second = np.setdiff1d(self._neighbours(self._neighbours(top)), first)
