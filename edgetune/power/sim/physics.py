@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from edgetune.power.base import DeviceError, KnobValue, WorkloadCost
 from edgetune.power.sim.profiles import TRANSFERS_PER_CLOCK, Profile, RailLayout
@@ -41,17 +41,18 @@ __all__ = [
     "effective_clocks",
     "idle_power",
     "largest_at_most",
+    "leak_scale",
+    "occupancy",
+    "overlap",
     "phase_gpu_scales",
     "rail_matrix",
     "rail_powers",
-    "smooth_max",
+    "relax_temperature_c",
+    "steady_temperature_c",
     "step_model",
     "voltage",
 ]
 
-#: Smooth-maximum exponent for overlapping step components: 4 keeps the result within 19% of the true
-#: maximum when two parts are equal (imperfect overlap) and within 1% when one part is twice the other.
-_OVERLAP_P = 4.0
 #: Share of a step spent in the forward pass (backward costs about twice the forward); the GPU draws
 #: (1 - ripple) x its mean then and more after it (:func:`phase_gpu_scales`).
 FORWARD_SHARE = 1.0 / 3.0
@@ -107,6 +108,7 @@ class Expected:
             traffic, host kernel launches, data loading per loader process).
         rails_w: mean power per INA3221 rail.
         clocks: the effective clocks.
+        temperature_c: the board temperature the figures hold at (GPU leakage rises with it).
     """
 
     batch_size: int
@@ -123,6 +125,7 @@ class Expected:
     load_s: float
     rails_w: Mapping[str, float] = field(default_factory=dict)
     clocks: Clocks | None = None
+    temperature_c: float | None = None
 
     @property
     def samples_per_s(self) -> float:
@@ -148,6 +151,10 @@ class StepPower:
     cpu: float
     emc: float
     dram: float
+
+    def with_leak_scale(self, scale: float) -> StepPower:
+        """The same step with the GPU leakage scaled by ``scale`` (a warmer or cooler board)."""
+        return replace(self, gpu_leak=self.gpu_leak * scale)
 
     def vector(self, gpu_scale: float = 1.0) -> tuple[float, ...]:
         """Component powers in :data:`COMPONENTS` order, the GPU's switching part scaled by ``gpu_scale``."""
@@ -193,9 +200,25 @@ def voltage(f: float, f_top: float, v_min: float, v_max: float, knee_frac: float
     return v_min + (v_max - v_min) * (f - knee) / (f_top - knee)
 
 
-def smooth_max(*parts: float) -> float:
-    """``(sum x^p)^(1/p)``: the time of parts that overlap imperfectly."""
-    return sum(p**_OVERLAP_P for p in parts) ** (1.0 / _OVERLAP_P)
+def overlap(exposed: float, *parts: float) -> float:
+    """Time of parts that overlap partially: the largest part plus ``exposed`` of each of the others.
+
+    ``exposed`` = 0 is perfect overlap (the slowest part alone), 1 no overlap (the parts add up). The
+    result rises with every part, so a faster clock never lengthens a step.
+    """
+    top = max(parts)
+    return top + exposed * (sum(parts) - top)
+
+
+def occupancy(profile: Profile, clocks: Clocks, cost: WorkloadCost, batch_size: int) -> float:
+    """How full the busy GPU is: b / (b + b_half), b_half = fill work per core x active cores / FLOPs per
+    sample (a wider GPU, or a lighter sample, needs a larger batch to saturate); 1 for a cost without
+    FLOPs."""
+    if cost.flops_per_sample <= 0:
+        return 1.0
+    cores = clocks.tpcs * profile.calibration.cores_per_tpc
+    b_half = profile.calibration.fill_flops_per_core * cores / cost.flops_per_sample
+    return batch_size / (batch_size + b_half)
 
 
 def step_model(profile: Profile, clocks: Clocks, cost: WorkloadCost, batch_size: int
@@ -203,7 +226,8 @@ def step_model(profile: Profile, clocks: Clocks, cost: WorkloadCost, batch_size:
     """The roofline step time and DVFS power of one training step (see the module docstring).
 
     Returns the time parts (``step``, ``compute``, ``memory``, ``gpu``, ``launch``, ``load``, ``full``
-    (compute at full occupancy), ``occupancy``, ``traffic`` bytes) and the mean power per component.
+    (compute at full occupancy), ``occupancy``, ``traffic`` bytes) and the mean power per component, the
+    GPU leakage at the calibration's reference temperature (scale it with :func:`leak_scale`).
     """
     cal = profile.calibration
     b = float(batch_size)
@@ -211,33 +235,34 @@ def step_model(profile: Profile, clocks: Clocks, cost: WorkloadCost, batch_size:
     f_gpu = float(clocks.gpu_hz)
     f_cpu = clocks.cpu_khz * _HZ_PER_KHZ
 
+    occ = occupancy(profile, clocks, cost, batch_size)
     flops = cost.flops_per_sample * b
-    if cost.flops_per_sample > 0:
-        b_half = cal.fill_flops_per_core * cores / cost.flops_per_sample
-        occupancy = b / (b + b_half)
-        t_full = flops / (cores * _FLOPS_PER_CORE_CYCLE * f_gpu * cal.compute_efficiency)
-        t_compute = t_full / occupancy
-    else:
-        occupancy, t_full, t_compute = 0.0, 0.0, 0.0
-    traffic = (_PARAM_PASSES * cost.param_bytes + _OPTIMIZER_PASSES * cost.optimizer_state_bytes
-               + b * (_ACTIVATION_PASSES * cost.activation_bytes_per_sample + cost.input_bytes_per_sample))
+    t_full = flops / (cores * _FLOPS_PER_CORE_CYCLE * f_gpu * cal.compute_efficiency)
+    t_compute = t_full / occ
+    fixed_traffic = _PARAM_PASSES * cost.param_bytes + _OPTIMIZER_PASSES * cost.optimizer_state_bytes
+    sample_traffic = b * (_ACTIVATION_PASSES * cost.activation_bytes_per_sample + cost.input_bytes_per_sample)
+    traffic = fixed_traffic + sample_traffic
     bandwidth = profile.bus_bytes * TRANSFERS_PER_CLOCK * clocks.emc_hz * cal.memory_efficiency
-    t_memory = traffic / bandwidth
-    t_gpu = smooth_max(t_compute, t_memory)
+    # per-sample kernels of a small batch keep few requests in flight, as they keep few SMs busy
+    t_memory = (fixed_traffic + sample_traffic / occ) / bandwidth
+    t_gpu = overlap(cal.gpu_exposed, t_compute, t_memory)
 
     t_launch = cal.launch_cycles / f_cpu
     load_core_s = b * cost.input_bytes_per_sample * cal.load_cycles_per_byte / f_cpu
     if clocks.cores > 1:
         t_load = load_core_s / (clocks.cores - 1)
-        step = smooth_max(t_gpu, t_launch, t_load)
+        step = overlap(cal.host_exposed, t_gpu, t_launch, t_load)
         busy_cores = _MAIN_THREAD_CORES + load_core_s / step
     else:
         t_load = load_core_s
-        step = smooth_max(t_gpu, t_launch + t_load)
+        step = overlap(cal.host_exposed, t_gpu, t_launch + t_load)
         busy_cores = _MAIN_THREAD_CORES
 
     v_gpu = voltage(f_gpu, profile.gpu_freqs_hz[-1], cal.gpu_v_min, cal.gpu_v_max, cal.gpu_knee_frac)
-    activity = cal.gpu_clock_share * (t_gpu / step) + (1.0 - cal.gpu_clock_share) * (t_full / step)
+    gpu_parts = t_compute + t_memory
+    compute_share = t_compute / gpu_parts if gpu_parts > 0 else 0.0
+    sm_activity = occ * (compute_share + cal.gpu_memory_activity * (1.0 - compute_share))
+    activity = (t_gpu / step) * (cal.gpu_clock_share + (1.0 - cal.gpu_clock_share) * sm_activity)
     p_gpu = cal.gpu_cap_nf_per_tpc * _F_PER_NF * clocks.tpcs * v_gpu**2 * f_gpu * activity
     p_leak = cal.gpu_leak_w_per_tpc * clocks.tpcs * v_gpu / cal.gpu_v_max
 
@@ -249,8 +274,31 @@ def step_model(profile: Profile, clocks: Clocks, cost: WorkloadCost, batch_size:
     p_emc = cal.emc_w_at_max * clocks.emc_hz / profile.emc_freqs_hz[-1]
     p_dram = cal.dram_pj_per_byte * _J_PER_PJ * traffic / step
     times = {"step": step, "compute": t_compute, "memory": t_memory, "gpu": t_gpu, "launch": t_launch,
-             "load": t_load, "full": t_full, "occupancy": occupancy, "traffic": traffic}
+             "load": t_load, "full": t_full, "occupancy": occ, "traffic": traffic}
     return times, StepPower(cal.static_w, p_gpu, p_leak, p_cpu, p_emc, p_dram)
+
+
+# ---------------------------------------------------------------------------------------------- thermal
+
+
+def leak_scale(profile: Profile, temperature_c: float) -> float:
+    """GPU leakage at ``temperature_c`` relative to the calibration's reference temperature: it doubles
+    every ``leak_doubling_k`` kelvin."""
+    cal = profile.calibration
+    return 2.0 ** ((temperature_c - cal.leak_ref_c) / cal.leak_doubling_k)
+
+
+def steady_temperature_c(profile: Profile, power_w: float) -> float:
+    """Board temperature after minutes at a constant ``power_w``: ambient + thermal resistance x power."""
+    cal = profile.calibration
+    return cal.ambient_c + cal.thermal_k_per_w * power_w
+
+
+def relax_temperature_c(profile: Profile, temperature_c: float, power_w: float, seconds: float) -> float:
+    """The first-order board temperature after ``seconds`` at ``power_w``, starting from ``temperature_c``
+    (exact for a constant power: relaxing over two spans equals relaxing over their sum)."""
+    target = steady_temperature_c(profile, power_w)
+    return target + (temperature_c - target) * math.exp(-seconds / profile.calibration.thermal_tau_s)
 
 
 def idle_power(profile: Profile, clocks: Clocks) -> StepPower:
