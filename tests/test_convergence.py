@@ -20,6 +20,7 @@ from edgetune.predictors.convergence import (
     load_b_noise,
     load_convergence,
     predict_from_warmup,
+    read_convergence_rows,
     save_b_noise_rows,
     save_convergence_rows,
     steps_error,
@@ -201,3 +202,12 @@ def test_b_noise_table_round_trips(tmp_path):
     path = tmp_path / "b_noise.csv"
     save_b_noise_rows(path, [row])
     assert load_b_noise(path) == {"cnn": row}
+
+
+def test_rows_read_back_as_written(tmp_path):
+    path = tmp_path / "steps.csv"
+    rows = _rows()
+    save_convergence_rows(path, rows)
+    back = read_convergence_rows(path)
+    assert [r.steps for r in back if math.isfinite(r.steps)] == [r.steps for r in rows if math.isfinite(r.steps)]
+    assert back[:-1] == rows[:-1] and math.isnan(back[-1].steps)

@@ -38,6 +38,7 @@ __all__ = [
     "load_b_noise",
     "load_convergence",
     "predict_from_warmup",
+    "read_convergence_rows",
     "save_b_noise_rows",
     "save_convergence_rows",
     "steps_error",
@@ -300,6 +301,11 @@ def save_b_noise_rows(path: str | os.PathLike, rows: Iterable[NoiseScaleRow]) ->
     _write_rows(path, rows, [f.name for f in fields(NoiseScaleRow)])
 
 
+def read_convergence_rows(path: str | os.PathLike) -> list[ConvergenceRow]:
+    """The runs as written by :func:`save_convergence_rows` (raises :class:`ConvergenceError`)."""
+    return _read_rows(path, ConvergenceRow)
+
+
 def load_convergence(path: str | os.PathLike) -> dict[str, MeasuredCurve]:
     """The measured table as one :class:`MeasuredCurve` per workload.
 
@@ -309,7 +315,7 @@ def load_convergence(path: str | os.PathLike) -> dict[str, MeasuredCurve]:
     Raises:
         ConvergenceError: unreadable file, missing columns, a bad value, or one workload with two targets.
     """
-    rows: list[ConvergenceRow] = _read_rows(path, ConvergenceRow)
+    rows = read_convergence_rows(path)
     by_workload: dict[str, list[ConvergenceRow]] = {}
     for row in rows:
         by_workload.setdefault(row.workload, []).append(row)
