@@ -2,21 +2,28 @@
 
 * **Effective clocks**: the clock a step runs at is the largest table value at or below
   ``min(knob value, mode cap, thermal throttle)``; online cores likewise ``min(knob, mode cores)``.
-* **Step time** (roofline with overlap): compute time ``t_c`` = FLOPs / (active cores x 2 x f_gpu x
-  efficiency x occupancy(b)), where occupancy(b) = b / (b + b_half) and b_half = fill work per core x
-  cores / FLOPs per sample (small batches of small models do not fill the GPU); memory time ``t_m`` = bytes
-  moved / (bus bytes x 2 x f_emc x efficiency), bytes moved = 6 x parameters + 2 x optimizer state (read
-  in forward and backward, gradients written, optimizer read-modify-write) + b x (4 x saved activations +
-  input); the host's kernel launches ``launch_cycles / f_cpu``; data loading ``b x input bytes x cycles per
-  byte / f_cpu`` spread over ``cores - 1`` loader processes (serial with the main thread on one core).
-  The parts overlap imperfectly: ``step = smax(smax(t_c, t_m), t_launch, t_load)`` with the smooth
-  maximum ``smax = (sum x^4)^(1/4)``.
-* **Power** (DVFS): static + GPU ``C x TPCs x V(f)^2 x f x (share x busy + (1 - share) x SM activity)``
-  + GPU leakage ``TPCs x leak x V / V_max`` while training (the GPU rail-gates at rest) + EMC (linear in
-  f_emc) + DRAM (pJ per byte moved) + CPU ``online x idle + busy cores x C x V(f)^2 x f``. V(f) is flat
-  below a knee and rises linearly to the top clock. Within a step the GPU power ripples (forward lower,
-  backward higher) so the peak exceeds the mean while the step's average equals it
+* **Step time** (roofline with partial overlap): compute time ``t_c`` = FLOPs / (active cores x 2 x
+  f_gpu x efficiency x occupancy(b)), where occupancy(b) = b / (b + b_half) and b_half = fill work per core x
+  cores / FLOPs per sample (small batches of small models do not fill the GPU); memory time ``t_m`` =
+  (6 x parameters + 2 x optimizer state) / bandwidth + b x (4 x saved activations + input) / (bandwidth x
+  occupancy) (a small batch keeps few requests in flight as it keeps few SMs busy), bandwidth = bus bytes
+  x 2 x f_emc x efficiency; the host's kernel launches ``launch_cycles / f_cpu``; data loading ``b x
+  input bytes x cycles per byte / f_cpu`` spread over ``cores - 1`` loader processes (serial with the main
+  thread on one core). The parts overlap partially (:func:`overlap`: the largest plus a share of the
+  others): ``t_gpu = overlap(gpu_exposed, t_c, t_m)``, ``step = overlap(host_exposed, t_gpu, t_launch,
+  t_load)``, so the step's slope in the GPU clock lies between flat and 1/f.
+* **Power** (DVFS): static + GPU ``C x TPCs x V(f)^2 x f x activity`` with activity = busy share x
+  (clock share + (1 - clock share) x occupancy x (compute share + memory activity x memory share)): the
+  GPU's switching power follows the SMs actually active, so small batches draw much less + GPU leakage
+  ``TPCs x leak x V / V_max x 2^((T - T_ref) / doubling)`` while training (rail-gated at rest; T the board
+  temperature, :func:`leak_scale`) + EMC (linear in f_emc) + DRAM (pJ per byte moved) + CPU ``online x
+  idle + busy cores x C x V(f)^2 x f``. V(f) is flat at V_min below a knee, so the lowest clock steps
+  share one voltage, and rises linearly to the top clock. Within a step the GPU power ripples (forward
+  lower, backward higher) so the peak exceeds the mean while the step's average equals it
   (:func:`phase_gpu_scales`).
+* **Board temperature** (first order): it relaxes towards ambient + R_th x power with time constant
+  R_th x C_th (:func:`relax_temperature_c`, :func:`steady_temperature_c`); the twin integrates it on its
+  virtual clock.
 * **Rails**: component powers map onto the INA3221 channels through :func:`rail_matrix`.
 
 The constants of each profile are in ``profiles/calibration.csv``; the structural ones are named here.
