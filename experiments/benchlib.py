@@ -552,6 +552,40 @@ class Bench:
         return run_case(case, self.truths[key], self.spaces[key], self.workloads[case.workload],
                         self.starts[case.profile], sampler, n_trials, seed)
 
+    def run_all(self, cases: Sequence[Case], sampler: str, n_trials: int, seed: int, jobs: int = 1,
+                on_row: Any = None) -> list[Row]:
+        """Every case, in ``jobs`` forked processes (each search is seeded on its own: the rows are the same
+        whatever ``jobs``); ``on_row(row)`` as each finishes; rows in the order of ``cases``."""
+        if jobs <= 1:
+            rows = []
+            for case in cases:
+                rows.append(self.run(case, sampler, n_trials, seed))
+                if on_row is not None:
+                    on_row(rows[-1])
+            return rows
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        global _FORKED
+        _FORKED = self  # the children inherit the grids through fork instead of rebuilding them
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = {pool.submit(_run_forked, case, sampler, n_trials, seed): i for i, case in enumerate(cases)}
+            out: list[Row | None] = [None] * len(cases)
+            for future in as_completed(futures):
+                out[futures[future]] = row = future.result()
+                if on_row is not None:
+                    on_row(row)
+        return [r for r in out if r is not None]
+
+
+_FORKED: Bench | None = None
+
+
+def _run_forked(case: Case, sampler: str, n_trials: int, seed: int) -> Row:
+    assert _FORKED is not None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return _FORKED.run(case, sampler, n_trials, seed)
+
 
 def machine_state() -> str:
     """Load average and cores, for the figures' context."""

@@ -135,6 +135,7 @@ def main(argv=None) -> int:
     ap.add_argument("--devices", default=",".join(DEVICES))
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--table", type=Path, default=CONVERGENCE_TABLE, help="the measured convergence table")
+    ap.add_argument("--jobs", type=int, default=1, help="searches run in parallel processes (rows unchanged)")
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -146,13 +147,15 @@ def main(argv=None) -> int:
         return 2
     setup_s = time.perf_counter() - t0
     cases, notes = make_cases(bench.truths, args.objective)
-    rows = []
-    for case in cases:
-        r = bench.run(case, args.sampler, args.n_trials, args.seed)
-        rows.append(r)
-        print(f"  {case.profile} {case.workload} {case.budget_w:.2f} W: gap {r.gap_pct:.2f}% with {r.measured} "
-              f"settings ({r.wall_s:.1f} s wall, {r.cpu_s:.1f} s CPU; {r.stop})", file=sys.stderr)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+
+    def progress(r: Row) -> None:
+        print(f"  {r.case.profile} {r.case.workload} {r.case.budget_w:.2f} W: gap {r.gap_pct:.2f}% with "
+              f"{r.measured} settings ({r.wall_s:.1f} s wall, {r.cpu_s:.1f} s CPU; {r.stop})", file=sys.stderr)
+
+    rows = bench.run_all(cases, args.sampler, args.n_trials, args.seed, args.jobs, progress)
+    wall = time.perf_counter() - t0
+    # this process's CPU time, plus the searches' where they ran in child processes
+    cpu = time.process_time() - c0 + (sum(r.cpu_s for r in rows) if args.jobs > 1 else 0.0)
     print(f"objective: {args.objective}; sampler: {args.sampler}; n_trials: {args.n_trials}; seed {args.seed}; "
           f"the search's target model: S_min 1000, B_noise 256; scorer: measured steps ({args.table.name}) x "
           f"the twin's true step time")
@@ -164,7 +167,7 @@ def main(argv=None) -> int:
         print(f"no binding budget: {note}")
     print(f"timing: {wall:.0f} s wall, {cpu:.0f} s CPU in all ({setup_s:.0f} s wall enumerating the grids); "
           f"searches {sum(r.wall_s for r in rows):.0f} s wall / {sum(r.cpu_s for r in rows):.0f} s CPU, "
-          f"{len(rows)} searches; machine at end: {machine_state()}")
+          f"{len(rows)} searches in {max(1, args.jobs)} process(es); machine at end: {machine_state()}")
     for line in summary(rows, args.objective):
         print(line)
     return 0

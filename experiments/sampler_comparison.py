@@ -54,6 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--devices", default=",".join(DEVICES))
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--table", type=Path, default=CONVERGENCE_TABLE, help="the measured convergence table")
+    ap.add_argument("--jobs", type=int, default=1, help="searches run in parallel processes (rows unchanged)")
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -65,16 +66,22 @@ def main(argv=None) -> int:
         return 2
     cases, notes = make_cases(bench.truths, args.objective)
     table = []
+    cpu_children = 0.0
     for sampler in args.samplers.split(","):
         started = time.perf_counter()
         rows = []
-        for case in cases:
+
+        def progress(r, sampler=sampler) -> None:
+            print(f"  {sampler} {r.case.profile} {r.case.workload} {r.case.budget_w:.2f} W: gap {r.gap_pct:.2f}% "
+                  f"({r.measured} settings, {r.wall_s:.1f} s wall, {r.cpu_s:.1f} s CPU)", file=sys.stderr)
+
+        # in chunks of --jobs cases, so that the time limit is checked between them
+        step = max(1, args.jobs)
+        for i in range(0, len(cases), step):
             if args.time_limit_s and time.perf_counter() - started > args.time_limit_s:
                 break
-            r = bench.run(case, sampler, args.n_trials, args.seed)
-            rows.append(r)
-            print(f"  {sampler} {case.profile} {case.workload} {case.budget_w:.2f} W: gap {r.gap_pct:.2f}% "
-                  f"({r.measured} settings, {r.wall_s:.1f} s wall, {r.cpu_s:.1f} s CPU)", file=sys.stderr)
+            rows += bench.run_all(cases[i:i + step], sampler, args.n_trials, args.seed, args.jobs, progress)
+        cpu_children += sum(r.cpu_s for r in rows) if args.jobs > 1 else 0.0
         gaps = [r.gap_pct for r in rows]
         finite = [g for g in gaps if math.isfinite(g)]
         measured = [r.measured for r in rows]
@@ -93,7 +100,7 @@ def main(argv=None) -> int:
         print(f"no binding budget: {note}")
     print(format_table(["sampler", "cases", "worst gap %", "mean gap %", "median gap %", "within 3%", "misses",
                         "median trials", "max trials", "violations", "wall s/search", "CPU s/search"], table))
-    print(f"timing: {time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU in all; "
+    print(f"timing: {time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0 + cpu_children:.0f} s CPU in all; "
           f"machine at end: {machine_state()}")
     complete = [r for r in table if r[1] == f"{len(cases)}/{len(cases)}"] or table
     winner = min(complete, key=lambda r: (r[9], r[6], math.inf if r[2] == "MISS" else float(r[2]), r[3], r[7]))
