@@ -430,7 +430,8 @@ class Config:
     objective: str = _key("time", _choice(OBJECTIVES), "time (time to target), energy (energy to target), "
                           "throughput (samples/s), pareto (time and energy), cost (Zeus: eta x energy + (1 - eta) x max power x "
                           "time, see search.eta)", flag=Flag("--objective", group=TUNE))
-    output: str = _key("edgetune-out", _text(), f"output folder: best.json, trials.csv, {STUDY_DB}, plots",
+    output: str = _key("edgetune-out", _text(), f"output folder: best.json, trials.csv, {STUDY_DB}, plots; each "
+                       "study in its own subfolder <device>-<workload>-<objective>-<budget>, except with --output",
                        flag=Flag("--output", short="-o"))
     seed: int = _key(0, _integer(0), "seed of the sampler, the workload's synthetic data and the twin",
                      flag=Flag("--seed", _flag_int, group=SEARCH))

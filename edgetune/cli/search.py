@@ -4,11 +4,13 @@
     edgetune search --config edgetune.toml --budget 12 --objective energy
 
 Each trial sets the knobs, warms up, and measures the real training step while the power monitor records;
-the budget is judged by the 1-s moving average of board power. The study lives in an Optuna storage
-(``study.db`` in the output folder unless ``--storage`` says otherwise): the same command again resumes it,
-and several processes given one ``--storage`` URL share the work (a fleet of identical boards). Results go
-to the output folder: best.json, trials.csv, time_vs_energy.png, power.png. Browse the study with
-``optuna-dashboard sqlite:///<output>/study.db``.
+the budget is judged by the 1-s moving average of board power. Each study has a folder of its own under the
+output folder, named from the study (``edgetune-out/sim-orin-nano-cnn-time-10W``), unless ``--output DIR``
+names the folder itself: best.json, trials.csv, time_vs_energy.png, power.png and the Optuna storage
+``study.db`` (unless ``--storage`` says otherwise). The same command again resumes the study and says so;
+several processes given one ``--storage`` URL share the work (a fleet of identical boards). An empty or
+damaged ``study.db`` is refused, nothing overwritten; Ctrl-C writes best.json and trials.csv from the trials
+measured. Browse the study with ``optuna-dashboard sqlite:///<folder>/study.db``.
 """
 
 from __future__ import annotations
@@ -187,8 +189,8 @@ def output_folder(cfg: Config, device_name: str, workload_name: str) -> Path:
     if cfg.search.study_name:
         name = cfg.search.study_name
     else:
-        kind, _, rest = device_name.partition(":")
-        device = f"{kind}-{Path(rest).stem}" if kind == "trace" else device_name  # a table's path: its stem
+        # a trace's workload is named after its table already: "trace" rather than the table's path twice
+        device = "trace" if device_name.startswith("trace:") else device_name
         budget = "unconstrained" if cfg.power_budget_w is None else f"{cfg.power_budget_w:g}W"
         name = f"{device}-{workload_name}-{cfg.objective}-{budget}"
     return Path(cfg.output) / (_FOLDER_CHARS.sub("-", name).strip("-.") or "study")
