@@ -55,7 +55,7 @@ __all__ = [
     "validate",
 ]
 
-OBJECTIVES = ("time", "energy", "throughput", "pareto")
+OBJECTIVES = ("time", "energy", "throughput", "pareto", "cost")
 SAMPLERS = ("auto", "guided", "tpe", "gp", "random")
 #: ``efficiency.b_noise = "measure"``: measure the gradient noise scale during the warm-up
 MEASURE = "measure"
@@ -106,6 +106,12 @@ def _integer(lo: int = 0) -> Callable[[Any], int]:
             raise ValueError(f"must be >= {lo}, got {v!r}")
         return int(v)
     return check
+
+
+def _boolean(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"must be true or false, got {v!r}")  # noqa: TRY004
+    return v
 
 
 def _text(nonempty: bool = True) -> Callable[[Any], str]:
@@ -187,6 +193,13 @@ def _flag_number(text: str) -> float:
         raise ValueError(f"expected a number, got {text!r}") from None
 
 
+def _flag_bool(text: str) -> bool:
+    """``true`` / ``false`` (any case): how a switch's default is stated in its help."""
+    if text.strip().lower() not in ("true", "false"):
+        raise ValueError(f"expected true or false, got {text!r}")
+    return text.strip().lower() == "true"
+
+
 def _flag_int(text: str) -> int:
     try:
         return int(text)
@@ -233,6 +246,7 @@ class Flag:
     metavar: str | None = None
     group: str | None = None
     short: str | None = None
+    switch: bool = False  # a flag without a value that sets the key to true
 
     @property
     def dest(self) -> str:
@@ -355,6 +369,12 @@ class SearchSection:
                          flag=Flag("--margin", _flag_number, group=SEARCH))
     timeout_s: float = _key(0.0, _number(0.0, unit="seconds"), "stop starting trials after this many seconds "
                             "of wall time (0: no limit)", flag=Flag("--timeout", _flag_number, "S", SEARCH))
+    prior: str = _key("", _text(nonempty=False), "start from an earlier study of another board, budget or power "
+                      "mode: its output folder, or a storage URL with #STUDY_NAME; it guides the search, only "
+                      "new measurements count", example='"runs/orin-nano"', default_text="none",
+                      flag=Flag("--prior", metavar="FOLDER_OR_URL", group=SEARCH))
+    eta: float = _key(0.5, _number(0.0, 1.0), "weight of energy in the cost objective (Zeus's eta; 1: energy "
+                      "only, 0: time only)", flag=Flag("--eta", _flag_number, group=SEARCH))
 
 
 @dataclass(frozen=True)
@@ -383,6 +403,11 @@ class EfficiencySection:
     b_noise: float | str = _key(256.0, _b_noise, f'gradient noise scale B_noise in samples, or "{MEASURE}" '
                                 "(from gradient norms during the warm-up)",
                                 flag=Flag("--b-noise", _flag_number_or_measure, group=MEASUREMENT))
+    known_convergence: bool = _key(False, _boolean, "on trace:<table.csv>: the table's epochs to target of every "
+                                   "batch size are known from the start (a recurring job); otherwise the search "
+                                   "sees a batch size's only once it measured it",
+                                   flag=Flag("--known-convergence", _flag_bool, group=MEASUREMENT,
+                                             switch=True))
 
 
 @dataclass(frozen=True)
@@ -403,7 +428,8 @@ class Config:
         "the power budget in watts, judged by the moving average of board power; the search needs one",
         example="10.0", flag=Flag("--budget", _flag_number, "W", TUNE))
     objective: str = _key("time", _choice(OBJECTIVES), "time (time to target), energy (energy to target), "
-                          "throughput (samples/s), pareto (time and energy)", flag=Flag("--objective", group=TUNE))
+                          "throughput (samples/s), pareto (time and energy), cost (Zeus: eta x energy + (1 - eta) x max power x "
+                          "time, see search.eta)", flag=Flag("--objective", group=TUNE))
     output: str = _key("edgetune-out", _text(), f"output folder: best.json, trials.csv, {STUDY_DB}, plots; each "
                        "study in its own subfolder <device>-<workload>-<objective>-<budget>, except with --output",
                        flag=Flag("--output", short="-o"))

@@ -29,7 +29,7 @@ def test_example_config_loads_back_with_every_default(tmp_path):
     ({"objectiv": "time"}, "did you mean 'objective'?"),
     ({"patience": 3}, "did you mean 'search.patience'?"),
     ({"gpu_freq": 1}, "knob values go in the [space] section"),
-    ({"objective": "energi"}, ("objective must be one of time, energy, throughput, pareto, got 'energi'; "
+    ({"objective": "energi"}, ("objective must be one of time, energy, throughput, pareto, cost, got 'energi'; "
                               "did you mean 'energy'?")),
     ({"power_budget_w": -3}, "power_budget_w must be > 0, got -3"),
     ({"power_budget_w": "ten"}, "power_budget_w must be a number of watts, got 'ten'"),

@@ -160,3 +160,32 @@ def test_predicts_a_search_sized_grid():
     pred = model.predict(grid)  # the speed is measured in experiments/predictor_comparison.py
     assert len(pred) == 5000 and np.all(np.isfinite(pred.step_time_s)) and np.all(pred.power_w > 0)
     assert np.all(np.isfinite(pred.step_time_std)) and np.all(pred.power_std > 0)
+
+
+def test_columns_named_by_role_use_the_clock_physics():
+    """``gpu_freq_hz`` / ``emc_freq_mhz`` / ``online_cores`` are the registry's clocks by role: the roofline
+    serves them, with the same predictions as under the registry's names; a knob with no role rides along."""
+    X, time_s, power = twin_rows(40, seed=2)
+    renamed = [{"gpu_freq_hz": r["gpu_freq"], "emc_freq_mhz": r["emc_freq"] / 1e6, "batch_size": r["batch_size"]}
+               for r in X]
+    plain = HardwareModel().fit(X[:10], time_s[:10], power[:10])
+    model = HardwareModel().fit(renamed[:10], time_s[:10], power[:10])
+    assert model.base_kind_ == plain.base_kind_ == "frequency"
+    np.testing.assert_allclose(model.predict(renamed[10:]).step_time_s, plain.predict(X[10:]).step_time_s,
+                               rtol=1e-3)
+    extra = [{**r, "fan_level": 1.0 + i % 3} for i, r in enumerate(renamed)]
+    assert HardwareModel().fit(extra[:10], time_s[:10], power[:10]).base_kind_ == "frequency"
+
+
+def test_extrapolated_batch_sizes_are_reported_unsure_and_more_so_further_out():
+    from edgetune.predictors.hardware_model import EXTRAPOLATION_STD_PER_OCTAVE
+
+    t = load_table(os.path.join(ZEUS_TABLES, "v100_squad_bert_base_uncased.csv"))
+    X, time_s, power = t.features(), t.step_time(), t.power_w
+    near = [i for i, r in enumerate(X) if r["batch_size"] <= 16]
+    model = HardwareModel().fit([X[i] for i in near], time_s[near], power[near])
+    rel = [float(p.step_time_std[0] / p.step_time_s[0]) for p in
+           (model.predict([{"power_limit": 150.0, "batch_size": b}]) for b in (12.0, 32.0, 64.0))]
+    assert rel[0] < rel[1] < rel[2]
+    assert rel[1] >= EXTRAPOLATION_STD_PER_OCTAVE[0] * 1.0  # one octave above the largest measured (16)
+    assert rel[2] >= EXTRAPOLATION_STD_PER_OCTAVE[0] * 2.0

@@ -10,6 +10,7 @@ import csv
 import json
 import math
 
+import numpy as np
 import optuna
 import pytest
 import torch
@@ -137,6 +138,39 @@ def test_out_of_memory_is_an_infeasible_result_and_the_monitor_goes_on(workload)
         assert measure_setting(device, workload, 32, {}, protocol, monitor).ok
 
 
+def test_a_setting_over_the_budget_stops_early_infeasible_and_counts_its_time_over(workload):
+    device = open_device("sim:orin-nano", compute=False)
+    protocol = MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=2.0)
+    top = {"gpu_freq": 624_750_000, "emc_freq": 2_133_000_000}
+    with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+        free = measure_setting(device, workload, 128, top, protocol, monitor)
+        limit_w = free.mean_power_w - 1.0  # this setting draws a watt more than the limit
+        low = {"gpu_freq": 306_000_000, "emc_freq": 204_000_000}
+        calm = measure_setting(device, workload, 128, low, protocol, monitor, limit_w=limit_w, guard_sigma=2.0)
+        over = measure_setting(device, workload, 128, top, protocol, monitor, limit_w=limit_w, guard_sigma=2.0)
+    assert not free.aborted_over_budget and free.over_budget_s == 0.0  # no limit: no stop, nothing counted
+    # right after the unlimited run the 1-s average still holds its power: the board is over the limit for a
+    # moment (counted), but not by this setting's doing (not stopped)
+    assert calm.ok and not calm.aborted_over_budget and calm.holds(limit_w) and 0.0 < calm.over_budget_s < 1.0
+    assert over.ok and over.aborted_over_budget and not over.holds(limit_w, guard_sigma=2.0)
+    assert over.max_avg_power_w > limit_w
+    # stopped within a second of device time (a full window is >= 2 s); the guard band stops it as the average
+    # nears the limit, so the board spends at most one step (plus a monitor sample) above it
+    assert over.duration_s < 1.0 < free.duration_s
+    assert 0.0 <= over.over_budget_s <= over.step_time_s + 0.01
+
+
+def test_over_limit_s_counts_the_time_the_moving_average_is_above():
+    from edgetune.search.trial import over_limit_s
+
+    t = [i * 0.01 for i in range(401)]  # 4 s at 100 Hz: 10 W for 2 s, then 20 W
+    p = [10.0 if x < 2.0 else 20.0 for x in t]
+    # the 1-s average crosses 15 W half a second after the step: above it for about 1.5 s of the last 2
+    assert over_limit_s(t, p, 0.0, 4.0, 1.0, 15.0) == pytest.approx(1.5, abs=0.03)
+    assert over_limit_s(t, p, 0.0, 3.0, 1.0, 15.0) == pytest.approx(0.5, abs=0.03)
+    assert over_limit_s(t, p, 0.0, 4.0, 1.0, 25.0) == 0.0
+
+
 def test_real_steps_train_the_model_and_the_twin_times_the_rest():
     wl = tiny_workload(seed=1)
     before = [p.detach().clone() for p in wl.model.parameters()]
@@ -232,6 +266,74 @@ def test_guided_search_finds_the_oracle_of_a_small_space(workload):
     assert len(result.measured) < space.size
 
 
+def mode_space(device):
+    return build_space(device, 32, (16, 32, 64, 128), ["power_mode", "gpu_freq"])
+
+
+def test_guided_sampler_never_proposes_a_confidently_infeasible_setting(workload, monkeypatch):
+    from edgetune.search.samplers import GuidedSampler
+
+    proposals = []
+    original = GuidedSampler.sample_relative
+
+    def watched(self, study, trial, search_space):
+        params = original(self, study, trial, search_space)
+        scores = self._score(study, trial.number)  # the fit the proposal was made from (cached)
+        if scores is not None:
+            k = int(np.flatnonzero(scores["idx"] == self._index(params))[0])
+            proposals.append(float(scores["p_feas"][k]))
+        return params
+
+    monkeypatch.setattr(GuidedSampler, "sample_relative", watched)
+    device = open_device("sim:orin-nano", compute=False, seed=2)
+    s = search(device, workload, mode_space(device), 8.0, sampler="guided", n_trials=16, seed=2,
+               protocol=MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=1.0))
+    result = s.run()
+    assert len(proposals) >= 5  # the model proposed most of the settings
+    assert min(proposals) >= 0.05  # GuidedSampler's min_feasible_p
+    assert result.best is not None and result.best.feasible
+
+
+def test_each_power_mode_is_probed_before_the_model_may_stop(workload):
+    device = open_device("sim:orin-nano", compute=False, seed=4)
+    space = mode_space(device)
+    # a 50% margin: the model would stop on its first fit if the power modes did not need their own probes
+    s = search(device, workload, space, 9.0, sampler="guided", n_trials=40, seed=4, margin=0.5,
+               protocol=MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=1.0),
+               guided_options={"min_trials_to_stop": 4, "min_group": 4, "stop_confirmations": 1})
+    result = s.run()
+    assert result.stop_reason.startswith("no unmeasured setting")
+    per_mode = {m: sum(r.candidate.knobs["power_mode"] == m and r.ok for r in result.measured)
+                for m in space.knob_values["power_mode"]}
+    assert min(per_mode.values()) >= 4, per_mode
+    assert len(result.measured) < space.size
+
+
+def test_knife_edge_names_the_margin_and_the_next_safer_setting(workload):
+    from edgetune.search.results import knife_edge, sensor_accuracy_w
+
+    device = open_device("sim:orin-nano", compute=False, seed=1)
+    space = small_space(device)
+    s = search(device, workload, space, 8.5, sampler="random", n_trials=8, seed=1)
+    result = s.run()
+    assert result.best is not None
+    measured_w = result.best.measurement["max_avg_power_w"]
+    assert knife_edge(result) is None or 8.5 - measured_w < sensor_accuracy_w(8.5)
+    # the same search under a budget a hair above the best's measured power: a knife edge
+    result.budget_w = measured_w + 0.01
+    edge = knife_edge(result)
+    assert edge is not None and edge.best is result.best
+    assert edge.margin_w == pytest.approx(0.01) and edge.accuracy_w == pytest.approx(sensor_accuracy_w(measured_w + 0.01))
+    safer = [r for r in result.measured if r.feasible and result.budget_w - r.measurement["max_avg_power_w"] >= edge.accuracy_w]
+    if safer:
+        assert edge.safer in safer and edge.safer_cost_pct >= 0.0
+        assert edge.safer_cost_pct == pytest.approx(
+            (edge.safer.outcome.time_to_target_s / result.best.outcome.time_to_target_s - 1) * 100)
+    doc = best_json(result)["knife_edge"]
+    assert doc["margin_w"] == pytest.approx(0.01) and doc["setting"] == result.best.candidate.knobs
+    assert (doc["next_safer"] is None) == (edge.safer is None)
+
+
 def test_knobs_restored_and_no_running_trial_after_ctrl_c(workload):
     device = open_device("sim:orin-nano", compute=False)
     start = device.settings()
@@ -254,7 +356,7 @@ def test_cli_search_with_real_cnn_steps_writes_results_and_resumes(tmp_path, cap
     out = tmp_path / "out"
 
     def argv(n_trials):
-        return ["search", "--device", "sim:orin-nano", "--workload", "cnn", "--budget", "9", "--batch-sizes",
+        return ["search", "--device", "sim:orin-nano", "--workload", "cnn", "--budget", "9.5", "--batch-sizes",
                 "8,16", "--knobs", "gpu_freq", "--n-trials", str(n_trials), "--sampler", "random", "--measure-s",
                 "1", "-o", str(out)]
 
@@ -263,12 +365,17 @@ def test_cli_search_with_real_cnn_steps_writes_results_and_resumes(tmp_path, cap
     assert "speedup over baseline" in text and "SIMULATED device" in text
     assert "real training step" in text  # the protocol says what ran for real
     best = json.loads((out / "best.json").read_text())
-    assert BEST_KEYS <= set(best) and best["simulated"] is True and best["budget_w"] == 9.0
-    assert best["measured"]["max_avg_power_w"] <= 9.0
+    assert BEST_KEYS <= set(best) and best["simulated"] is True and best["budget_w"] == 9.5
+    assert best["measured"]["max_avg_power_w"] <= 9.5
     for name in ("trials.csv", "time_vs_energy.png", "power.png", "study.db"):
         assert (out / name).stat().st_size > 0
     rows = list(csv.DictReader((out / "trials.csv").open()))
-    assert len(rows) == 3 and all(int(r["real_steps"]) == 1 for r in rows if r["ok"] == "True")
+    # a trial stopped over the budget counts its real warm-up step too (its figures cover the steps since the
+    # knobs were set)
+    assert len(rows) == 3 and all(int(r["real_steps"]) == 1 for r in rows
+                                  if r["ok"] == "True" and r["aborted_over_budget"] == "False")
+    assert all(float(r["over_budget_s"]) >= 0 for r in rows)
+    assert best["study"]["over_budget_s"] == pytest.approx(sum(float(r["over_budget_s"]) for r in rows))
     # the same command again: nothing new to measure; more trials: only the new ones are measured
     assert main(argv(3)) == 0
     assert len(list(csv.DictReader((out / "trials.csv").open()))) == 3

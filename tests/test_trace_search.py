@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -27,8 +28,8 @@ def small_table(tmp_path):
     return str(path)
 
 
-def test_time_to_target_is_the_tables_epochs_times_time_per_epoch(small_table):
-    dev = open_device(f"trace:{small_table}")
+def test_time_to_target_is_the_tables_epochs_times_time_per_epoch_with_known_convergence(small_table):
+    dev = open_device(f"trace:{small_table}", known_convergence=True)
     plan = prepare_trace(dev)
     table = dev.backend.table
     assert plan.batch_sizes == (8, 32, 128) and isinstance(plan.target, TableTarget)
@@ -37,6 +38,30 @@ def test_time_to_target_is_the_tables_epochs_times_time_per_epoch(small_table):
     for i in range(len(table)):
         b = int(table.batch_size[i])
         assert plan.target.steps(b) * step[i] == pytest.approx(table.time_to_target_s()[i], rel=1e-9)
+
+
+def test_unknown_convergence_is_estimated_until_the_batch_size_is_measured(small_table):
+    dev = open_device(f"trace:{small_table}")
+    plan = prepare_trace(dev)
+    table, target = dev.backend.table, plan.target
+    epochs = {b: float(table.epochs_to_target[table.batch_size == b][0]) for b in (8, 32, 128)}
+    assert target.known_epochs() == {} and target.epochs(32) == 1.0  # nothing measured: nothing known
+    dev.apply({"power_limit": 150.0})
+    dev.run_step(lambda: None, 32)
+    assert target.known_epochs() == {32: epochs[32]}
+    assert target.epochs(8) == epochs[32] and target.epochs(128) == epochs[32]  # the nearest measured one's
+    assert "seen only for the batch sizes measured" in target.describe()["convergence"]
+    assert target.describe()["epochs_estimated_for"] == [8, 128]
+
+
+def test_estimate_epochs_from_the_nearest_measured_batch_size():
+    from edgetune.search.oracle import estimate_epochs
+
+    assert estimate_epochs(64, {}) == 1.0
+    assert estimate_epochs(64, {32: 5.0, 256: 9.0}) == 5.0
+    assert estimate_epochs(128, {32: 5.0, 256: 9.0}) == 9.0  # nearer in ratio
+    assert estimate_epochs(512, {32: 5.0, 256: float("inf")}) == float("inf")  # beyond one never reached
+    assert estimate_epochs(128, {32: 5.0, 256: float("inf")}) == 5.0  # below it: may still reach
 
 
 def test_cli_search_reports_gap_to_the_table_oracle_and_holds_the_budget(small_table, tmp_path, capsys):
@@ -58,15 +83,28 @@ def test_cli_search_reports_gap_to_the_table_oracle_and_holds_the_budget(small_t
     assert gap["gap_pct"] == pytest.approx(100.0 * (ttt[chosen] / oracle - 1.0))
     assert gap["gap_pct"] >= 0.0 and gap["measured_settings"] <= 6
     assert doc["target_model"]["source"] == "table"
-    assert doc["predicted"]["time_to_target_s"] == pytest.approx(ttt[chosen], rel=1e-3)
+    # measured on a noisy window: within a few of the table's stated 3.1% time spread of its median
+    assert doc["predicted"]["time_to_target_s"] == pytest.approx(ttt[chosen], rel=0.1)
 
 
-def test_cli_batch_size_without_epochs_to_target_is_one_line_exit_2(small_table, tmp_path, capsys):
+def test_cli_batch_size_the_table_lacks_is_one_line_exit_2(small_table, tmp_path, capsys):
     rc = main(["search", "--device", f"trace:{small_table}", "--budget", "150", "--batch-sizes", "8,16",
                "--output", str(tmp_path / "o"), "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
-    assert "batch size 16 has no epochs to target in small.csv; use some of 8, 32, 128" in err[-1]
+    assert "small.csv has no rows for batch size 16; it has 8, 32, 128" in err[-1]
+
+
+def test_cli_known_convergence_refuses_a_batch_size_that_never_reaches_the_target(small_table, tmp_path, capsys):
+    table = load_table(small_table)
+    e = table.epochs_to_target.copy()
+    e[table.batch_size == 128] = np.inf
+    path = tmp_path / "never.csv"
+    save_table(dataclasses.replace(table, epochs_to_target=e), path)
+    args = ["search", "--device", f"trace:{path}", "--budget", "150", "--batch-sizes", "8,128", "--output",
+            str(tmp_path / "o"), "--quiet"]
+    assert main([*args, "--known-convergence"]) == 2
+    assert "batch size 128 has no epochs to target in never.csv; use some of 8, 32" in capsys.readouterr().err
 
 
 def test_power_cap_design_starts_at_the_cap_below_the_budget_across_batch_sizes(small_table):
@@ -82,3 +120,50 @@ def test_power_cap_design_starts_at_the_cap_below_the_budget_across_batch_sizes(
     assert {c.knobs["power_limit"] for c in picked} == {150.0}  # the highest cap at or below 180 W
     with pytest.raises(ValueError, match="only knob is a power limit"):
         PowerCapSampler(build_space(open_device("sim:orin-nano", compute=False), 32, (16, 32)))
+
+
+SWEEP = os.path.join(os.path.dirname(__file__), "data", "orin_nano_clock_sweep.csv")
+
+
+def test_a_sparse_table_searches_its_rows_only():
+    from edgetune.search.space import build_space
+
+    dev = open_device(f"trace:{SWEEP}")
+    plan = prepare_trace(dev, None, 32)
+    space = build_space(dev, 32, plan.batch_sizes)
+    table = dev.backend.table
+    assert space.rows is not None and space.size == len(table) < space.grid_size
+    assert all(table.find(c.knobs, None) is not None for c in space.grid())
+    # levels that name no row map to the nearest row: every sampler measures real rows
+    far = {n: 0 for n in space.param_names()}
+    assert space.contains(space.candidate(far))
+
+
+def test_cli_search_on_a_sparse_clock_sweep_lands_every_trial_on_a_row(tmp_path, capsys):
+    """The issue's end-to-end case: a sparse, repeated, batch-size-free sweep with role-suffixed columns."""
+    out = tmp_path / "sweep"
+    rc = main(["search", "--device", f"trace:{SWEEP}", "--budget", "10", "--n-trials", "20", "--output",
+               str(out), "--quiet", "--seed", "0"])
+    assert rc == 0
+    table = load_table(SWEEP)
+    import csv
+
+    with open(out / "trials.csv") as f:
+        trials = list(csv.DictReader(f))
+    assert trials
+    for row in trials:
+        setting = {k: float(row[k]) for k in table.knobs}
+        assert table.find(setting, None) is not None, row
+    doc = json.loads((out / "best.json").read_text())
+    gap = doc["oracle_gap"]
+    assert gap is not None
+    assert gap["chosen_holds_budget"] is True and gap["gap_pct"] <= 5.0
+    assert "noise-scale model" in gap["convergence"]
+
+
+def test_the_guard_band_on_a_trace_covers_the_tables_stated_power_spread(small_table):
+    dev = open_device(f"trace:{small_table}")
+    plan = prepare_trace(dev)
+    assert plan.power_cv == pytest.approx(float(dev.backend.table.spread().power_cv.max()))
+    quiet = open_device(f"trace:{small_table}", noise=False)
+    assert prepare_trace(quiet).power_cv == 0.0

@@ -83,15 +83,14 @@ def search(args: argparse.Namespace) -> int:
         workload = load_workload(cfg.workload, seed=cfg.seed)
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
-    device = open_device(cfg.device, seed=cfg.seed)
+    device = open_device(cfg.device, seed=cfg.seed, known_convergence=cfg.efficiency.known_convergence)
     try:
         try:
-            trace = prepare_trace(device, cfg.space.batch_sizes)  # a trace: its batch sizes, its epochs
+            # a trace: its batch sizes, its convergence as the search may see it, its untuned batch size
+            trace = prepare_trace(device, cfg.space.batch_sizes, workload.default_batch_size)
             if trace is not None:
                 # the table is the training run: reports and the study name name it, not the unused workload
                 workload.name = Path(device.name.partition(":")[2]).stem
-                # ... and its declared untuned batch size is the baseline's, not the unused workload's
-                workload.default_batch_size = device.backend.default_batch_size or workload.default_batch_size
             space = build_space(device, workload.default_batch_size,
                                 trace.batch_sizes if trace else cfg.space.batch_sizes, cfg.space.knobs,
                                 cfg.space.values)
@@ -115,6 +114,7 @@ def search(args: argparse.Namespace) -> int:
         study_name = cfg.study_name(device.name, workload.name)
         out = output_folder(cfg, device.name, workload.name)
         cfg = cfg.with_values(output=str(out))  # the default storage, study.db, lives in the study's folder
+        prior = _prior(cfg.search.prior, space, device)
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -140,12 +140,15 @@ def search(args: argparse.Namespace) -> int:
         with SearchProgress(cfg.search.n_trials, dict(space.unit_of), cfg.objective, quiet=args.quiet,
                             measured_before=measured_before or 0, stored=stored or []) as progress:
             s = Search(
-                device, workload, space, budget_w=budget, objective=cfg.objective, target=target,
+                device, workload, space, eta=cfg.search.eta, prior=prior, budget_w=budget, objective=cfg.objective,
+                target=target,
                 protocol=measurement_protocol(cfg.protocol), storage_url=cfg.storage_url(),
                 study_name=study_name, sampler=cfg.search.sampler, n_trials=cfg.search.n_trials,
                 window_s=cfg.budget.window_s, tolerance=cfg.budget.tolerance, guard_sigma=cfg.budget.guard_sigma,
                 patience=cfg.search.patience, margin=cfg.search.margin, timeout_s=cfg.search.timeout_s,
                 seed=cfg.seed, on_trial=progress, storage=storage,
+                baseline_batch_size=trace.baseline_batch_size if trace else None,
+                power_cv=trace.power_cv if trace else 0.0,
             )
             try:
                 result = s.run()
@@ -204,6 +207,21 @@ def _stored_records(storage, study_name: str, space) -> list | None:
     except KeyError:
         return None
     return records.read_records(study.get_trials(deepcopy=False), space)
+
+
+def _prior(spec: str, space, device) -> tuple:
+    """``--prior``'s observations mapped to ``space`` (none without one); bad input: a UsageError."""
+    if not spec:
+        return ()
+    from edgetune.search.prior import PriorError, load_prior, map_to_space
+
+    try:
+        prior = load_prior(spec)
+    except PriorError as exc:
+        raise UsageError(str(exc)) from None
+    mapped = map_to_space(prior.observations, space, device.settings())
+    print(f"{prior.describe()}; {len(mapped)} of them in this space", file=sys.stderr)
+    return mapped
 
 
 def measurement_protocol(section: ProtocolSection) -> MeasurementProtocol:

@@ -30,9 +30,21 @@ The model has two layers, both fitted in log space (errors are relative, as the 
    * ``generic`` (knob names unknown): time per sample = c0/b + c1 + c2 b + sum_k (ck/k + ck'/(b k)),
      power = p0 + p1 log b + sum_k (pk k + pk' k log b), non-negative.
 
+   Knob names are read by role (:func:`edgetune.tables.resolve_knob_name`): ``gpu_freq_hz``, ``gpu_clk``,
+   ``emc_freq_mhz``, ``online_cores`` ... are clock and core knobs like the registry's names, so the roofline
+   serves any table whose columns map to roles; a knob with no role is left to the residual GP.
+
 2. A **residual Gaussian process** on (log2 b, knobs scaled to [0, 1]) of log(measured / base), with a
    white-noise term: it corrects what the physics misses and gives the uncertainty (its predictive std,
    noise included). ``residual="none"`` keeps the base alone, with the base's residual spread as std.
+
+3. **Extrapolation doubt**: a prediction outside the fitted range (batch sizes beyond the measured ones,
+   knob values beyond the measured span) gets a relative std that grows with the distance
+   (:data:`EXTRAPOLATION_STD_PER_OCTAVE` per octave of batch size, :data:`EXTRAPOLATION_STD_PER_SPAN` per
+   measured span of a knob), added in quadrature. The GP's own std saturates at its small signal variance
+   far from the data, so without this a batch size several octaves out (mispredicted by 198% on a Zeus
+   trace of a GPU not in the repository) would be reported as sure as one in range; with it the guided
+   sampler's expected improvement and stopping rule send a measurement there before trusting it.
 
 ``experiments/predictor_comparison.py`` compares this against a plain GP, gradient boosting and the bases
 alone by cross-validation on the Zeus traces (and the twin where present) and records why this one stays.
@@ -53,12 +65,32 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
-__all__ = ["BASES", "FREQUENCY_KNOBS", "HardwareModel", "Prediction"]
+__all__ = ["BASES", "EXTRAPOLATION_STD_PER_OCTAVE", "EXTRAPOLATION_STD_PER_SPAN", "FREQUENCY_KNOBS",
+           "HardwareModel", "Prediction", "role_name"]
 
 #: Knobs whose value is a clock (or a count of cores): time scales with 1/value.
 FREQUENCY_KNOBS = ("gpu_freq", "emc_freq", "cpu_freq", "mem_freq", "cpu_cores")
 BASES = ("auto", "frequency", "power_cap", "generic")
 BATCH = "batch_size"
+#: relative std added per octave of batch size outside the measured ones (time, power): one octave out is
+#: trusted to no better than 20% in time (per-sample time bends with the batch: the GPU fills, caches spill)
+#: and 10% in power (power saturates with the batch, so it strays less)
+EXTRAPOLATION_STD_PER_OCTAVE = (0.20, 0.10)
+#: relative std added per measured span of a knob beyond that span (time, power): a clock twice as far out
+#: as the measured range is wide may cross a roofline knee the rows never showed
+EXTRAPOLATION_STD_PER_SPAN = (0.20, 0.10)
+
+
+def role_name(name: str) -> str:
+    """The registry name of a knob column by its role (``gpu_freq_hz`` -> ``gpu_freq``); the name itself
+    when it maps to no role."""
+    from edgetune.tables import resolve_knob_name
+
+    try:
+        column = resolve_knob_name(name)
+    except ValueError:
+        return name
+    return column.name if column.role is not None else name
 
 
 @dataclass(frozen=True)
@@ -482,16 +514,21 @@ class HardwareModel(BaseEstimator):
         span = M[:, :-1].max(axis=0) - M[:, :-1].min(axis=0) if names else np.zeros(0)
         self.gp_span_ = np.where(span > 0, span / self.scale_, 1.0)  # the fitted knob range, scaled
         k = M[:, :-1] / self.scale_ if names else M[:, :0]
+        self.k_min_ = k.min(axis=0) if names else np.zeros(0)
+        self.k_max_ = k.max(axis=0) if names else np.zeros(0)
+        self.b_range_ = (float(M[:, -1].min()), float(M[:, -1].max()))
+        roles = [role_name(nm) for nm in names]  # registry names by role: gpu_freq_hz -> gpu_freq
+        clocks = [r for r in roles if r in FREQUENCY_KNOBS]
         kind = self.base
         if kind == "auto":
-            if names == ["power_limit"]:
+            if roles == ["power_limit"]:
                 kind = "power_cap"
-            elif (names and all(nm in FREQUENCY_KNOBS for nm in names)
-                  and not all(m in names for m in _MEMORY_KNOBS)):
-                kind = "frequency"
+            elif (clocks and len(set(clocks)) == len(clocks) and not all(m in roles for m in _MEMORY_KNOBS)
+                  and not {"power_limit", "power_mode"} & set(roles)):
+                kind = "frequency"  # knobs with no role ride along: the residual GP sees them
             else:
                 kind = "generic"
-        if kind == "power_cap" and names != ["power_limit"]:
+        if kind == "power_cap" and roles != ["power_limit"]:
             raise ValueError(f"base 'power_cap' needs exactly one knob, power_limit; got {names}")
         if kind == "frequency" and not names:
             kind = "generic"
@@ -502,7 +539,7 @@ class HardwareModel(BaseEstimator):
             if kind == "power_cap":
                 self.base_model_ = _PowerCapBase.fit(k, b, t_sample, p, float(self.scale_[0]))
             elif kind == "frequency":
-                self.base_model_ = _RooflineBase.fit(names, k, self.scale_, b, t, p)
+                self.base_model_ = _RooflineBase.fit(roles, k, self.scale_, b, t, p)
             else:
                 self.base_model_ = _GenericBase.fit(k, b, t_sample, p)
         bt, bp = self._base_predict(k, b)
@@ -533,6 +570,18 @@ class HardwareModel(BaseEstimator):
         # a length scale of 1 is two octaves of batch size, or half the measured range of a knob
         return np.column_stack([np.log2(b) / 2.0, 2.0 * k / self.gp_span_])
 
+    def _extrapolation_std(self, k: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Relative std (time, power) for the distance of each row outside the fitted range (module docs)."""
+        lo, hi = self.b_range_
+        octaves = np.maximum(0.0, np.maximum(np.log2(lo / b), np.log2(b / hi)))
+        spans = np.zeros(b.size)
+        if self.knobs_:
+            width = np.where(self.k_max_ > self.k_min_, self.k_max_ - self.k_min_, np.maximum(self.k_max_, 1e-12))
+            out = np.maximum(0.0, np.maximum(self.k_min_ - k, k - self.k_max_)) / width
+            spans = out.sum(axis=1)
+        (ot, op), (kt, kp) = EXTRAPOLATION_STD_PER_OCTAVE, EXTRAPOLATION_STD_PER_SPAN
+        return ot * octaves + kt * spans, op * octaves + kp * spans
+
     def predict(self, X: Sequence[Mapping[str, float]]) -> Prediction:
         """Predict every row of ``X`` (same knobs as in :meth:`fit`)."""
         if not hasattr(self, "base_model_"):
@@ -550,5 +599,7 @@ class HardwareModel(BaseEstimator):
         else:
             st = np.full(b.size, self.time_spread_)
             sp = np.full(b.size, self.power_spread_)
+        xt, xp = self._extrapolation_std(k, b)
+        st, sp = np.hypot(st, xt), np.hypot(sp, xp)
         return Prediction(step_time_s=t, power_w=p, peak_power_w=p * self.peak_ratio_,
                           step_time_std=t * st, power_std=p * sp)

@@ -7,6 +7,10 @@ can: the highest value of the lowered knob first (it often fits), then bisection
 that held the budget and the lowest that did not. Its probes are measured by the search like any other
 trial (role :attr:`~edgetune.search.records.Role.BASELINE`), so they also teach the sampler.
 
+In a rows space (a table replay) the probes are rows: the lowered knob takes the values it has in rows at
+the baseline's batch size, and each probe is the row with that value whose other knobs are nearest the
+found setting.
+
 A baseline that never holds the budget is no baseline: no speedup is claimed over an infeasible setting.
 Nor is one whose default batch size does not fit in memory.
 """
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 from edgetune.power.base import KnobValue
 from edgetune.power.knobs import Candidate, KnobRole, knob_of_role
 from edgetune.search.records import Role, TrialRecord
-from edgetune.search.space import SearchSpace
+from edgetune.search.space import LEVEL, SearchSpace
 
 __all__ = ["LOWERED_ROLES", "Baseline", "BaselineState", "nearest_batch_size"]
 
@@ -62,9 +66,30 @@ class Baseline:
         self.knob = next((k for role in LOWERED_ROLES if (k := knob_of_role(space.knob_names, role)) is not None),
                          None)
 
+    def lowered_values(self) -> list[KnobValue]:
+        """The values the lowered knob takes, ascending (a rows space: in rows at the baseline batch size)."""
+        assert self.knob is not None
+        if self.space.rows is None:
+            return list(self.space.knob_values[self.knob])
+        return sorted({r.knobs[self.knob] for r in self.space.rows if r.batch_size == self.batch_size})
+
     def candidate(self, lowered_value: KnobValue | None) -> Candidate:
         """The baseline's batch size with the lowered knob at ``lowered_value``, the others as found (the
-        nearest allowed value; a knob found outside a named space: its highest)."""
+        nearest allowed value; a knob found outside a named space: its highest). In a rows space: the row
+        with that batch size and lowered value nearest that setting."""
+        cand = self._grid_candidate(lowered_value)
+        if self.space.rows is None or self.space.contains(cand):
+            return cand
+        rows = [r for r in self.space.rows if r.batch_size == self.batch_size
+                and (self.knob is None or r.knobs[self.knob] == lowered_value)]
+        if not rows:
+            return self.space.rows[self.space.nearest_row(self.space.params(cand))]
+        want = self.space.params(cand)
+        scale = {n: max(len(v) - 1, 1) for n, v in self.space.knobs}
+        return min(rows, key=lambda r: sum(abs(self.space.params(r)[n + LEVEL] - want[n + LEVEL]) / scale[n]
+                                           for n in scale))
+
+    def _grid_candidate(self, lowered_value: KnobValue | None) -> Candidate:
         setting = []
         for name, allowed in self.space.knobs:
             if name == self.knob:
@@ -91,7 +116,9 @@ class Baseline:
             if not done:
                 return BaselineState(cand, None)
             return BaselineState(None, done[0] if done[0].feasible else None)
-        values = list(self.space.knob_values[self.knob])
+        values = self.lowered_values()
+        if not values:  # a rows space without rows at the baseline batch size: no baseline there
+            return BaselineState(None, None)
 
         def level(r: TrialRecord) -> int:
             return values.index(r.candidate.knobs[self.knob])

@@ -10,6 +10,13 @@ with ``B_noise`` the gradient noise scale (in samples) and ``S_min`` the steps a
     time to target   = steps(b) * step time(b, knobs)
     energy to target = steps(b) * energy per step(b, knobs)
 
+Users coming from Zeus (You et al., NSDI'23) weigh energy against time with one knob ``eta`` in [0, 1]:
+
+    cost = eta x energy to target + (1 - eta) x max power x time to target
+
+with max power the device's maximum power (Zeus: the GPU's largest power limit), so both terms are joules
+(:class:`ZeusCost`, objective ``cost``). Its optimum lies on the time-energy Pareto front.
+
 ``S_min`` scales every setting alike: it changes the absolute figures reported, never which setting wins.
 ``B_noise`` does decide the winner. The default (``efficiency.b_noise = 256`` samples) is the order of the
 noise scale McCandlish et al. report for small image classifiers early in training; set it from your own
@@ -22,7 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["DIRECTIONS", "Outcome", "TargetModel", "measure_b_noise", "objective_values", "steps_to_target"]
+__all__ = ["DIRECTIONS", "Outcome", "TargetModel", "ZeusCost", "cost_max_power_w", "measure_b_noise",
+           "objective_values", "steps_to_target"]
 
 #: Optuna study directions per objective.
 DIRECTIONS: dict[str, list[str]] = {
@@ -30,7 +38,10 @@ DIRECTIONS: dict[str, list[str]] = {
     "energy": ["minimize"],
     "throughput": ["maximize"],
     "pareto": ["minimize", "minimize"],
+    "cost": ["minimize"],
 }
+#: Zeus's default weight of energy in its cost (eta): energy and time, each in joules, weigh alike
+DEFAULT_ETA = 0.5
 
 
 def steps_to_target(batch_size: float, s_min: float, b_noise: float) -> float:
@@ -74,8 +85,46 @@ class Outcome:
         )
 
 
-def objective_values(outcome: Outcome, objective: str) -> list[float]:
-    """The study's objective value(s) for ``objective`` (directions in :data:`DIRECTIONS`)."""
+@dataclass(frozen=True)
+class ZeusCost:
+    """Zeus's cost of a setting: ``eta x energy + (1 - eta) x max_power_w x time`` (to target), in joules.
+
+    Attributes:
+        eta: weight of energy, in [0, 1] (1: energy only; 0: time only).
+        max_power_w: the device's maximum power, W (:func:`cost_max_power_w`).
+    """
+
+    eta: float = DEFAULT_ETA
+    max_power_w: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.eta <= 1.0:
+            raise ValueError(f"eta must be in [0, 1], got {self.eta!r}")
+        if not (self.max_power_w > 0 and math.isfinite(self.max_power_w)):
+            raise ValueError(f"max_power_w must be a positive number of watts, got {self.max_power_w!r}")
+
+    def of(self, time_s: float, energy_j: float) -> float:
+        """The cost of ``time_s`` and ``energy_j`` (to target, or of anything else alike)."""
+        return self.eta * energy_j + (1.0 - self.eta) * self.max_power_w * time_s
+
+    def of_outcome(self, outcome: Outcome) -> float:
+        return self.of(outcome.time_to_target_s, outcome.energy_to_target_j)
+
+
+def cost_max_power_w(device) -> float | None:
+    """The max power in Zeus's cost for ``device``: its largest power limit when it has a ``power_limit``
+    knob (Zeus's definition: the GPU's maximum power limit; the Zeus traces), else the most the device can
+    draw (``device.max_power_w``: on the twin the module's power at its highest mode and clocks). None when
+    neither is known."""
+    knob = getattr(device, "knobs", {}).get("power_limit")
+    if knob is not None and knob.values:
+        return float(max(knob.values))
+    return None if device.max_power_w is None else float(device.max_power_w)
+
+
+def objective_values(outcome: Outcome, objective: str, cost: ZeusCost | None = None) -> list[float]:
+    """The study's objective value(s) for ``objective`` (directions in :data:`DIRECTIONS`); ``cost``: the
+    weights of the ``cost`` objective."""
     if objective == "time":
         return [outcome.time_to_target_s]
     if objective == "energy":
@@ -84,11 +133,17 @@ def objective_values(outcome: Outcome, objective: str) -> list[float]:
         return [outcome.samples_per_s]
     if objective == "pareto":
         return [outcome.time_to_target_s, outcome.energy_to_target_j]
+    if objective == "cost":
+        if cost is None:
+            raise ValueError("the cost objective needs its weights (ZeusCost)")
+        return [cost.of_outcome(outcome)]
     raise ValueError(f"unknown objective {objective!r}; use one of {', '.join(DIRECTIONS)}")
 
 
-def scalar_score(outcome: Outcome, objective: str) -> float:
+def scalar_score(outcome: Outcome, objective: str, cost: ZeusCost | None = None) -> float:
     """One number, smaller is better, for ranking and early stopping (pareto: time)."""
+    if objective == "cost":
+        return objective_values(outcome, objective, cost)[0]
     if objective == "throughput":
         return -outcome.samples_per_s
     if objective == "energy":

@@ -12,17 +12,28 @@ runs. :func:`prepare_trace` puts it in place of the gradient-noise-scale model:
 so the search's time to target of a row is the table's own figure, and the best row the table holds under
 the budget (its *oracle*) is the yardstick: :func:`oracle_gap` reports how far the chosen setting is from it.
 
-How the budget is judged on a trace: a trace has no power samples within a step, only each row's mean
-power. The replay draws that mean constantly through every step, so the maximum 1-s moving average the
-search judges the budget by equals the row's ``power_w``; the oracle uses the same criterion, ``power_w <=
-budget * (1 + tolerance)``. A row that holds the budget on average may still exceed it for milliseconds on
-the real GPU; the table cannot tell.
+What the search may know of convergence: only what it measured. A batch size's epochs to target become
+visible once a step has run at it (:meth:`~edgetune.power.trace.TraceReplay.epochs_to_target`), unless the
+table's convergence data is known from the start (``--known-convergence``: a recurring job whose earlier
+runs measured every batch size). Until then :class:`TableTarget` estimates them from the measured batch sizes
+(:func:`estimate_epochs`: the nearest measured batch size's epochs, an optimistic guess for the larger ones,
+so the sampler measures a batch size before it trusts it); the outcome of a measured setting always uses the
+table's own figure.
+
+How the budget is judged on a trace: a trace has no power samples within a step, only each window's mean
+(the replay draws one per window around the row's median with the table's stated spread). A window's
+readings are therefore constant and their standard error zero, which would leave the guard band nothing to
+add: a row whose median is 0.1% over the budget passes when its window happens to read low. The search is
+told the replay's stated spread (``TracePlan.power_cv``), and the standard error of a window's power is at
+least that fraction of it, so the guard band covers the run-to-run noise the table states. The oracle judges
+rows by their median, ``power_w <= budget * (1 + tolerance)``: the truth the search is scored against.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,131 +47,239 @@ from edgetune.tables import Table
 if TYPE_CHECKING:
     from edgetune.search.results import SearchResult
 
-__all__ = ["BUDGET_RULE", "TableTarget", "TracePlan", "oracle_fields", "oracle_gap", "oracle_lines",
-           "prepare_trace"]
+__all__ = ["BUDGET_RULE", "TableTarget", "TracePlan", "estimate_epochs", "oracle_fields", "oracle_gap",
+           "oracle_lines", "prepare_trace"]
 
-BUDGET_RULE = ("table's mean power of the row (the replay draws it through every step, so the 1-s moving "
-               "average equals it) <= budget * (1 + tolerance)")
+BUDGET_RULE = ("window's measured power plus guard_sigma x the table's stated power spread (a window's power is "
+               "one draw, constant through its steps) <= budget * (1 + tolerance); the oracle and the "
+               "violation count use the row's median power")
 
 
 @dataclass(frozen=True)
 class TableTarget(TargetModel):
     """Steps to target from a table's epochs to target per batch size (no noise-scale model).
 
-    ``s_min`` and ``b_noise`` do not apply (NaN); ``epochs`` maps batch size to epochs to target.
+    ``s_min`` and ``b_noise`` do not apply (NaN). ``batch_sizes`` are those searched; ``epochs_of(b)`` is
+    what the search may know of batch size ``b`` (the replay's :meth:`epochs_to_target`: None until ``b`` is
+    measured, unless convergence is known); where it knows nothing, :func:`estimate_epochs` from the known.
+    A measured batch size the table has no convergence data for counts as never reaching the target
+    (``measured_of``: the replay's measured batch sizes).
     """
 
     s_min: float = math.nan
     b_noise: float = math.nan
     b_noise_source: str = "table"
-    epochs: tuple[tuple[int, float], ...] = ()
+    batch_sizes: tuple[int, ...] = ()
     samples_per_epoch: float = math.nan
     table: Table | None = field(default=None, compare=False, hash=False, repr=False)
+    epochs_of: Callable[[int], float | None] | None = field(default=None, compare=False, hash=False, repr=False)
+    measured_of: Callable[[], frozenset[int]] | None = field(default=None, compare=False, hash=False, repr=False)
+    known_convergence: bool = False
+
+    def known_epochs(self) -> dict[int, float]:
+        """Epochs to target of the batch sizes the search knows them for (``inf``: never reached)."""
+        if self.epochs_of is None:
+            return {}
+        measured = self.measured_of() if self.measured_of is not None else frozenset()
+        out = {}
+        for b in self.batch_sizes:
+            e = self.epochs_of(b)
+            if e is not None:
+                out[b] = float(e)
+            elif b in measured:  # measured, and the table has no convergence data there: it cannot be chosen
+                out[b] = math.inf
+        return out
+
+    def epochs(self, batch_size: int) -> float:
+        """Epochs to target at ``batch_size``: the table's where known, else the estimate."""
+        known = self.known_epochs()
+        b = int(batch_size)
+        return known[b] if b in known else estimate_epochs(b, known)
 
     def steps(self, batch_size: float) -> float:
-        epochs = dict(self.epochs).get(int(batch_size), math.nan)
-        return epochs * self.samples_per_epoch / float(batch_size)
+        return self.epochs(int(batch_size)) * self.samples_per_epoch / float(batch_size)
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready: what ``best.json`` says in place of the noise-scale model."""
+        known = self.known_epochs()
         return {"source": "table", "table": self.table.source if self.table is not None else None,
                 "formula": "steps(b) = epochs_to_target(b) * samples_per_epoch / b; time to target = "
                            "epochs_to_target(b) * time per epoch",
                 "samples_per_epoch": self.samples_per_epoch,
-                "epochs_to_target": {str(b): e for b, e in self.epochs}}
+                "convergence": ("known from the start (known convergence)" if self.known_convergence else
+                                "seen only for the batch sizes measured"),
+                "epochs_to_target": {str(b): e for b, e in known.items()},
+                "epochs_estimated_for": [b for b in self.batch_sizes if b not in known]}
+
+
+def estimate_epochs(batch_size: int, known: dict[int, float]) -> float:
+    """Epochs to target at an unmeasured batch size from those known: the nearest known batch size's (in
+    ratio; a tie goes to the smaller, whose epochs are usually fewer); 1 epoch when nothing is known.
+
+    Epochs to target rarely fall as the batch grows, so for a larger batch size this is optimistic: the
+    sampler sees promise there and measures it, and the measurement reveals the table's figure. Above a
+    never-reached nearest neighbour: never reached either; below it, the nearest finite one's.
+    """
+    if not known:
+        return 1.0
+
+    def nearest(pool: dict[int, float]) -> int:
+        return min(pool, key=lambda b: (abs(math.log(b / batch_size)), b))
+
+    b = nearest(known)
+    if math.isfinite(known[b]) or batch_size >= b:
+        return known[b]
+    finite = {k: e for k, e in known.items() if math.isfinite(e)}
+    return finite[nearest(finite)] if finite else 1.0
 
 
 @dataclass(frozen=True)
 class TracePlan:
-    """What a trace changes in a search: the batch sizes, the target model (None: keep the config's), notes."""
+    """What a trace changes in a search.
+
+    Attributes:
+        batch_sizes: the batch sizes searched.
+        target: the table's convergence as a target model (None: the table has none; keep the config's).
+        notes: lines for the report.
+        baseline_batch_size: the table's declared untuned batch size (None: the workload's).
+        power_cv: the replay's stated relative spread of one window's power (the guard band's floor,
+            :class:`~edgetune.search.study.Search`'s ``power_cv``); 0 with noise off.
+    """
 
     batch_sizes: tuple[int, ...]
     target: TableTarget | None
     notes: tuple[str, ...]
+    baseline_batch_size: int | None = None
+    power_cv: float = 0.0
 
 
-def _replay_table(device: Device) -> Table | None:
+def _replay(device: Device) -> Any:
     from edgetune.power.trace import TraceReplay
 
     backend = device.backend
-    return backend.table if isinstance(backend, TraceReplay) else None
+    return backend if isinstance(backend, TraceReplay) else None
 
 
-def prepare_trace(device: Device, batch_sizes: tuple[int, ...] | list[int] | None = None) -> TracePlan | None:
+def prepare_trace(device: Device, batch_sizes: Sequence[int] | None = None,
+                  default_batch_size: int | None = None) -> TracePlan | None:
     """Set a search up on a ``trace:`` device (None for any other device).
 
     The table is the training run, so the workload's own training step is not executed (the replay's
-    ``compute`` is switched off). With ``epochs_to_target`` in the table the target comes from it and the
-    batch sizes default to those that reach the target; without it, the batch sizes default to the table's
-    and the config's noise-scale model stays.
+    ``compute`` is switched off). The batch sizes default to the table's (a table without batch sizes: its
+    declared batch size, else ``default_batch_size``, the workload's; it runs no other). With known
+    convergence, only those that reach the target. With convergence data in the table
+    the target is a :class:`TableTarget` that asks the replay what the search may know; without it the
+    config's noise-scale model stays.
 
     Raises:
-        SpaceError: a batch size asked for that the table lacks or that never reaches its target.
+        SpaceError: a batch size asked for that the table lacks, or (known convergence) that never
+            reaches its target.
     """
-    table = _replay_table(device)
-    if table is None:
+    replay = _replay(device)
+    if replay is None:
         return None
-    device.backend.compute = False
+    table: Table = replay.table
+    replay.compute = False
     name = os.path.basename(table.source)
+    spread = table.spread()
+    power_cv = float(np.max(spread.power_cv)) if replay.noise else 0.0
     notes = [(f"trace: the table is the training run; the workload's step is not executed, time and power are "
-              f"{name}'s; budget judged by the {BUDGET_RULE}")]
-    have = table.batch_sizes
+             f"{name}'s; budget judged by the {BUDGET_RULE} (stated power spread up to {power_cv:.2%})")]
+    if table.batch_size is None:  # a fixed-batch sweep: one batch size, the declared one or the job's
+        b = replay.default_batch_size or (min(batch_sizes) if batch_sizes else default_batch_size)
+        if b is None:
+            raise SpaceError(f"{name} is a fixed-batch sweep with no declared batch size: declare "
+                             f"'# edgetune: default_batch_size=<B>' in it, or give the job's batch size")
+        have = [int(b)]
+    else:
+        have = table.batch_sizes
+    chosen = tuple(sorted(set(batch_sizes))) if batch_sizes else tuple(have)
+    missing = [b for b in chosen if b not in have]
+    if missing:
+        raise SpaceError(f"space.batch_sizes: {name} has no rows for batch size {missing[0]}; it has "
+                         f"{', '.join(map(str, have))}")
+    baseline = replay.default_batch_size
     if table.epochs_to_target is None or table.samples_per_epoch is None:
         why = "epochs_to_target" if table.epochs_to_target is None else "samples_per_epoch"
         notes.append(f"trace: {name} has no {why} column: time to target from the noise-scale model "
                      f"(efficiency.s_min, efficiency.b_noise)")
-        chosen = tuple(sorted(batch_sizes)) if batch_sizes else tuple(have)
-        missing = [b for b in chosen if b not in have]
-        if missing:
-            raise SpaceError(f"space.batch_sizes: {name} has no rows for batch size {missing[0]}; it has "
-                             f"{', '.join(map(str, have))}")
-        return TracePlan(chosen, None, tuple(notes))
-    epochs = {b: float(table.epochs_to_target[table.batch_size == b][0]) for b in have}
-    reach = [b for b in have if math.isfinite(epochs[b])]
-    if not reach:
-        raise SpaceError(f"{name}: no batch size reaches the target in the table (epochs_to_target is inf or "
-                         f"empty everywhere); choose another target when importing it")
-    if batch_sizes:
-        chosen = tuple(sorted(batch_sizes))
-        bad = [b for b in chosen if b not in reach]
-        if bad:
-            raise SpaceError(f"space.batch_sizes: batch size {bad[0]} has no epochs to target in {name}; "
-                             f"use some of {', '.join(map(str, reach))}")
-    else:
-        chosen = tuple(reach)
-        left_out = [b for b in have if b not in reach]
-        if left_out:
-            notes.append(f"trace: batch sizes {', '.join(map(str, left_out))} left out: they never reach the "
-                         f"target in the table (or it has no convergence data for them)")
+        return TracePlan(chosen, None, tuple(notes), baseline, power_cv)
+    if replay.known_convergence:
+        reach = [b for b in have if (e := replay.epochs_to_target(b)) is not None and math.isfinite(e)]
+        if not reach:
+            raise SpaceError(f"{name}: no batch size reaches the target in the table (epochs_to_target is inf or "
+                             f"empty everywhere); choose another target when importing it")
+        if batch_sizes:
+            bad = [b for b in chosen if b not in reach]
+            if bad:
+                raise SpaceError(f"space.batch_sizes: batch size {bad[0]} has no epochs to target in {name}; "
+                                 f"use some of {', '.join(map(str, reach))}")
+        else:
+            chosen = tuple(reach)
+            left_out = [b for b in have if b not in reach]
+            if left_out:
+                notes.append(f"trace: batch sizes {', '.join(map(str, left_out))} left out: they never reach the "
+                             f"target in the table (or it has no convergence data for them)")
     spe = float(table.samples_per_epoch[0])
-    target = TableTarget(epochs=tuple((b, epochs[b]) for b in chosen), samples_per_epoch=spe, table=table,
+    target = TableTarget(batch_sizes=chosen, samples_per_epoch=spe, table=table, epochs_of=replay.epochs_to_target,
+                         measured_of=lambda: replay.measured_batch_sizes, known_convergence=replay.known_convergence,
                          b_noise_source=f"epochs to target per batch size from {name}")
     notes.append(f"time to target: epochs to target per batch size from {name} x measured time per epoch "
                  f"(not the gradient-noise-scale model)")
-    return TracePlan(chosen, target, tuple(notes))
+    notes.append(replay.convergence_note())
+    return TracePlan(chosen, target, tuple(notes), baseline, power_cv)
+
+
+def _scored_table(result: SearchResult) -> tuple[Table, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The table a trace search ran on, each row's batch size, time and energy to target (the truth the
+    search is scored against: the table's own convergence; without any, the search's target model)."""
+    target = result.target
+    if isinstance(target, TableTarget) and target.table is not None:
+        table = target.table
+        batch = table.batch_size if table.batch_size is not None else np.full(len(table), result.space.batch_sizes[0])
+        return table, batch, table.time_to_target_s(), table.energy_to_target_j()
+    platform, _, path = result.device_name.partition(":")
+    if platform != "trace" or not path:
+        return None
+    from edgetune.tables import TableError, load_table
+
+    try:
+        table = load_table(path)
+    except (OSError, TableError):
+        return None
+    batch = table.batch_size if table.batch_size is not None else np.full(len(table), result.space.batch_sizes[0])
+    steps = np.array([float(target.steps(b)) for b in batch])
+    step_time = table.step_time()
+    if table.batch_size is None and table.step_time_s is None:
+        return None
+    ttt = steps * step_time
+    return table, batch, ttt, ttt * table.power_w
 
 
 def oracle_gap(result: SearchResult) -> dict[str, Any] | None:
-    """The chosen setting against the table's oracle (None unless the search ran on a table target).
+    """The chosen setting against the table's oracle (None unless the search ran on a table).
 
     The oracle is the table's best row by the objective (energy to target for ``energy``, else time to
-    target) among the batch sizes searched, whose mean power holds the budget as the search judged it.
-    ``gap_pct`` is how much longer (or costlier) the chosen row is, in percent; None when nothing was chosen.
+    target: the table's epochs to target where it has them, else the search's target model) among the batch
+    sizes searched, whose median power holds the budget. ``gap_pct`` is how much longer (or costlier) the
+    chosen row is, in percent; None when nothing was chosen.
     """
-    target = result.target
-    if not isinstance(target, TableTarget) or target.table is None:
+    scored = _scored_table(result)
+    if scored is None:
         return None
-    table = target.table
+    table, batch, ttt, ett = scored
     limit = None if result.budget_w is None else result.budget_w * (1.0 + result.tolerance)
     objective = "energy" if result.objective == "energy" else "time"
-    searched = np.isin(table.batch_size, list(result.space.batch_sizes))
-    cost = table.time_to_target_s() if objective == "time" else table.energy_to_target_j()
+    searched = np.isin(batch, list(result.space.batch_sizes))
+    if result.space.rows is not None:
+        rows = {table.find({k: float(v) for k, v in c.knobs.items()}, c.batch_size) for c in result.space.rows}
+        searched &= np.isin(np.arange(len(table)), [r for r in rows if r is not None])
+    cost = ttt if objective == "time" else ett
     ok = searched & np.isfinite(cost) & (table.power_w <= (math.inf if limit is None else limit))
 
     def row(i: int) -> dict[str, Any]:
-        return {"batch_size": int(table.batch_size[i]), "setting": table.setting(i),
-                "power_w": float(table.power_w[i]), "time_to_target_s": float(table.time_to_target_s()[i]),
-                "energy_to_target_j": float(table.energy_to_target_j()[i])}
+        return {"batch_size": int(batch[i]), "setting": table.setting(i), "power_w": float(table.power_w[i]),
+                "time_to_target_s": float(ttt[i]), "energy_to_target_j": float(ett[i])}
 
     oracle = int(np.flatnonzero(ok)[np.argmin(cost[ok])]) if ok.any() else None
     chosen = None
@@ -170,6 +289,7 @@ def oracle_gap(result: SearchResult) -> dict[str, Any] | None:
     gap = None
     if oracle is not None and chosen is not None:
         gap = 100.0 * (float(cost[chosen]) / float(cost[oracle]) - 1.0)
+    target = result.target
     return {
         "table": table.source,
         "objective": f"{objective} to target",
@@ -179,17 +299,24 @@ def oracle_gap(result: SearchResult) -> dict[str, Any] | None:
         "chosen_holds_budget": (None if chosen is None else
                                 bool(limit is None or table.power_w[chosen] <= limit)),
         "gap_pct": gap,
+        "convergence": (target.describe()["convergence"] if isinstance(target, TableTarget) else
+                        "the table has none: steps to target from the noise-scale model (the same for every "
+                        "row of a batch size)"),
         "measured_settings": len(result.measured),
         "table_rows": int(searched.sum()),
     }
 
 
 def oracle_fields(result: SearchResult) -> dict[str, Any]:
-    """Extra ``best.json`` keys on a table target: ``oracle_gap`` and the table's ``target_model``."""
+    """Extra ``best.json`` keys on a table: ``oracle_gap`` and (with convergence data) the table's
+    ``target_model``."""
     report = oracle_gap(result)
     if report is None:
         return {}
-    return {"oracle_gap": report, "target_model": result.target.describe()}
+    out: dict[str, Any] = {"oracle_gap": report}
+    if isinstance(result.target, TableTarget):
+        out["target_model"] = result.target.describe()
+    return out
 
 
 def oracle_lines(result: SearchResult) -> list[str]:
@@ -213,4 +340,5 @@ def oracle_lines(result: SearchResult) -> list[str]:
         lines.append(f"chosen: {text(c)}; gap to the oracle {report['gap_pct']:+.2f}% after "
                      f"{report['measured_settings']} measured settings")
     lines.append(f"budget on a trace: judged by the {BUDGET_RULE}")
+    lines.append(f"convergence on a trace: {report['convergence']}")
     return lines

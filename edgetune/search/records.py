@@ -119,6 +119,19 @@ class TrialRecord:
     def oom(self) -> bool:
         return bool(self.measurement and self.measurement.get("oom"))
 
+    @property
+    def aborted_over_budget(self) -> bool:
+        """The trial was stopped early, its live moving average over the budget (safe profiling)."""
+        return bool(self.measurement and self.measurement.get("aborted_over_budget"))
+
+    @property
+    def over_budget_s(self) -> float:
+        """Device seconds the board's moving average spent above the budget during this trial (0: none,
+        or not measured here)."""
+        if not self.measured or not self.measurement:
+            return 0.0
+        return float(self.measurement.get("over_budget_s") or 0.0)
+
 
 @dataclass(frozen=True)
 class Observation:

@@ -20,13 +20,21 @@ from typing import Any
 
 from edgetune.power.base import format_value
 from edgetune.power.knobs import knob_unit
-from edgetune.search.efficiency import TargetModel
+from edgetune.search.efficiency import TargetModel, ZeusCost, scalar_score
 from edgetune.search.oracle import oracle_fields
 from edgetune.search.records import TrialRecord
 from edgetune.search.space import SearchSpace
 
-__all__ = ["TRIAL_COLUMNS", "SearchResult", "best_json", "pareto_front", "setting_with_units", "write_best",
+__all__ = ["SENSOR_ACCURACY_ABS_W", "SENSOR_ACCURACY_REL", "TRIAL_COLUMNS", "KnifeEdge", "SearchResult", "best_json",
+           "knife_edge", "pareto_front", "sensor_accuracy_w", "setting_with_units", "write_best",
            "write_trials_csv"]
+
+#: a board power sensor's accuracy, relative part: the INA3221's maximum gain errors (shunt and bus voltage,
+#: 0.25 % each, TI datasheet SBOS576) add up in their product, the power
+SENSOR_ACCURACY_REL = 0.005
+#: ... and absolute part, W: the INA3221's maximum shunt offset (80 uV) over a 5 mOhm shunt at 5 V (the Jetson
+#: modules' rails; edgetune/power/profiles/SOURCES.md, "Sensor")
+SENSOR_ACCURACY_ABS_W = 0.08
 
 
 @dataclass
@@ -56,10 +64,26 @@ class SearchResult:
     #: what one step of the workload asks of the hardware (``WorkloadCost`` fields; None: not known), so a
     #: plan applied to another model can be told apart
     workload_cost: dict[str, float] | None = None
+    cost: ZeusCost | None = None  # the weights of the ``cost`` objective
 
     @property
     def measured(self) -> list[TrialRecord]:
         return [r for r in self.records if r.measured]
+
+    @property
+    def over_budget_s(self) -> float:
+        """Device seconds the board's moving average spent above the budget while the search measured."""
+        return sum(r.over_budget_s for r in self.measured)
+
+    @property
+    def knife_edge(self) -> KnifeEdge | None:
+        """The best's measured power within the sensor's accuracy of the budget (:func:`knife_edge`)."""
+        return knife_edge(self)
+
+    @property
+    def aborted_over_budget(self) -> int:
+        """Trials stopped early because their live moving average crossed the budget."""
+        return sum(r.aborted_over_budget for r in self.measured)
 
     @property
     def speedup(self) -> float | None:
@@ -70,7 +94,74 @@ class SearchResult:
             return b.energy_to_target_j / c.energy_to_target_j
         if self.objective == "throughput":
             return c.samples_per_s / b.samples_per_s
+        if self.objective == "cost" and self.cost is not None:
+            return self.cost.of_outcome(b) / self.cost.of_outcome(c)
         return b.time_to_target_s / c.time_to_target_s
+
+
+def sensor_accuracy_w(power_w: float) -> float:
+    """How far a measured board power may be from the true one (:data:`SENSOR_ACCURACY_REL` and
+    :data:`SENSOR_ACCURACY_ABS_W`)."""
+    return SENSOR_ACCURACY_REL * abs(power_w) + SENSOR_ACCURACY_ABS_W
+
+
+@dataclass(frozen=True)
+class KnifeEdge:
+    """The best setting's measured power lies within the sensor's accuracy of the budget: the true power may
+    be over it. The pick stays (it held the budget as judged, guard band included); the user may prefer
+    ``safer``, the best measured setting whose margin exceeds the accuracy, at ``safer_cost_pct`` more of
+    the objective (time, energy, or less throughput). ``safer`` is None when no measured setting has that
+    margin."""
+
+    best: TrialRecord
+    margin_w: float  # budget (with tolerance) minus the best's measured moving-average maximum
+    accuracy_w: float
+    safer: TrialRecord | None
+    safer_margin_w: float | None
+    safer_cost_pct: float | None
+
+
+def _margin_w(r: TrialRecord, limit_w: float) -> float:
+    return limit_w - float((r.measurement or {}).get("max_avg_power_w", math.nan))
+
+
+def _cost_pct(best: TrialRecord, other: TrialRecord, objective: str) -> float:
+    """How much worse ``other`` is than ``best`` in the objective, %."""
+    a, b = scalar_score(best.outcome, objective), scalar_score(other.outcome, objective)
+    if objective == "throughput":  # scores are minus samples/s
+        return (a / b - 1.0) * 100.0
+    return (b / a - 1.0) * 100.0
+
+
+def knife_edge(result: SearchResult) -> KnifeEdge | None:
+    """A :class:`KnifeEdge` when the best's measured power is within the sensor's accuracy of the budget."""
+    best = result.best
+    if best is None or best.outcome is None or not result.constrained or result.budget_w is None:
+        return None
+    limit_w = result.budget_w * (1.0 + result.tolerance)
+    accuracy_w = sensor_accuracy_w(limit_w)
+    margin_w = _margin_w(best, limit_w)
+    if not margin_w < accuracy_w:
+        return None
+    safe = [r for r in result.measured if r.feasible and r.outcome is not None and _margin_w(r, limit_w) >= accuracy_w]
+    objective = "time" if result.objective == "pareto" else result.objective
+    safer = min(safe, key=lambda r: scalar_score(r.outcome, objective), default=None)
+    return KnifeEdge(best, margin_w, accuracy_w, safer, _margin_w(safer, limit_w) if safer else None,
+                     _cost_pct(best, safer, objective) if safer else None)
+
+
+def _knife_edge_json(edge: KnifeEdge | None) -> dict[str, Any] | None:
+    if edge is None:
+        return None
+
+    def where(r: TrialRecord) -> dict[str, Any]:
+        return {"trial": r.number, "batch_size": r.candidate.batch_size, "setting": r.candidate.knobs,
+                "max_avg_power_w": _finite((r.measurement or {}).get("max_avg_power_w"))}
+
+    return {**where(edge.best), "margin_w": edge.margin_w, "sensor_accuracy_w": edge.accuracy_w,
+            "sensor_accuracy": f"{SENSOR_ACCURACY_REL:.1%} + {SENSOR_ACCURACY_ABS_W:g} W (INA3221 maxima)",
+            "next_safer": None if edge.safer is None else {**where(edge.safer), "margin_w": edge.safer_margin_w,
+                                                           "cost_pct": edge.safer_cost_pct}}
 
 
 def pareto_front(records: list[TrialRecord]) -> list[TrialRecord]:
@@ -89,7 +180,8 @@ MEASURED_KEYS = ("step_time_s", "samples_per_s", "mean_power_w", "peak_power_w",
 TRIAL_COLUMNS = (
     "trial", "role", "worker", "batch_size", "ok", "oom", "feasible", "step_time_s", "samples_per_s",
     "mean_power_w", "peak_power_w", "max_avg_power_w", "energy_j", "energy_per_sample_j", "duration_s",
-    "steps", "real_steps", "time_to_target_s", "energy_to_target_j", "error",
+    "steps", "real_steps", "time_to_target_s", "energy_to_target_j", "aborted_over_budget", "over_budget_s",
+    "error",
 )
 
 
@@ -153,11 +245,20 @@ def best_json(result: SearchResult) -> dict[str, Any]:
                          "formula": "steps(b) = s_min * (1 + b_noise / b)  (McCandlish et al. 2018)"},
         "study": {"name": result.study_name, "storage": result.storage_url,
                   "trials_measured": len(result.measured), "space_size": result.space.size,
-                  "stop_reason": result.stop_reason},
+                  "stop_reason": result.stop_reason,
+                  # safe profiling: device seconds the moving average spent above the budget while measuring
+                  "over_budget_s": result.over_budget_s, "aborted_over_budget": result.aborted_over_budget},
         "protocol": result.protocol,
         "pareto_front": [_plan(r, units) for r in result.pareto],
         "workload_cost": result.workload_cost,
+        # the best's measured power within the sensor's accuracy of the budget (null: a clear margin)
+        "knife_edge": _knife_edge_json(knife_edge(result)),
     }
+    if result.cost is not None:  # Zeus's cost of the pick, J (eta x energy + (1 - eta) x max power x time)
+        out = result.best.outcome if result.best is not None else None
+        doc["cost"] = {"eta": result.cost.eta, "max_power_w": result.cost.max_power_w,
+                       "cost_j": _finite(result.cost.of_outcome(out)) if out else None,
+                       "formula": "eta * energy_to_target_j + (1 - eta) * max_power_w * time_to_target_s (Zeus)"}
     doc.update(oracle_fields(result))  # on a trace: gap to the table's own oracle, the table's target
     return doc
 
@@ -186,7 +287,8 @@ def write_trials_csv(result: SearchResult, path: str | Path) -> Path:
                    "ok": m.get("ok"), "oom": m.get("oom"), "feasible": r.feasible, "error": m.get("error") or ""}
             row.update(r.candidate.knobs)
             for k in ("step_time_s", "samples_per_s", "mean_power_w", "peak_power_w", "max_avg_power_w",
-                      "energy_j", "energy_per_sample_j", "duration_s", "steps", "real_steps"):
+                      "energy_j", "energy_per_sample_j", "duration_s", "steps", "real_steps",
+                      "aborted_over_budget", "over_budget_s"):
                 v = m.get(k)
                 row[k] = "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
             if r.outcome:

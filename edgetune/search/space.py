@@ -1,5 +1,13 @@
 """The search space: batch sizes times the values of the device knobs being tuned.
 
+A space is a *grid* (every combination of batch size and knob values: a board or the twin, which can run
+any of them) or a set of *rows* (an explicit list of candidates: a ``trace:`` table, which holds only the
+settings it measured; a sparse Jetson clock sweep holds 58 of a 6,776-setting grid). A rows space keeps the
+grid's dimensions (the values each knob takes in some row) so that levels, samplers and reports are the
+same; :meth:`SearchSpace.grid` lists only the rows, :meth:`SearchSpace.contains` accepts only them, and
+:meth:`SearchSpace.candidate` maps levels that name no row to the nearest row (a sampler that knows nothing
+of rows, such as TPE, still measures only real rows).
+
 Every dimension is discrete and ordered (batch sizes ascending; frequencies ascending; power modes in
 ascending power). Optuna sees each dimension as an integer *level* (``batch_size_level``,
 ``gpu_freq_level`` ...: an index into the ordered values), so that TPE and GP samplers can use the order;
@@ -8,13 +16,16 @@ the values themselves go into each trial's user attributes, ``trials.csv`` and t
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from edgetune.power.base import Device, KnobValue, KnobValueError, format_value
+import numpy as np
+
+from edgetune.power.base import Capability, Device, KnobValue, KnobValueError, format_value
 from edgetune.power.knobs import Candidate
 
 __all__ = ["Candidate", "SearchSpace", "SpaceError", "build_space", "default_batch_sizes"]
@@ -34,6 +45,26 @@ class SearchSpace:
     batch_sizes: tuple[int, ...]
     knobs: tuple[tuple[str, tuple[KnobValue, ...]], ...]
     units: tuple[tuple[str, str], ...] = ()
+    rows: tuple[Candidate, ...] | None = None  # None: the whole grid; else the only candidates there are
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Candidate], units: Mapping[str, str] | None = None) -> SearchSpace:
+        """A rows space: its dimensions inferred per column (each knob's values in some row, ascending).
+
+        Raises:
+            SpaceError: no rows, or rows that do not all set the same knobs.
+        """
+        rows = tuple(dict.fromkeys(rows))  # in order, without repeats
+        if not rows:
+            raise SpaceError("space: no rows to search (the table has none for the batch sizes and knob values "
+                             "asked for); widen space.batch_sizes or space.values")
+        names = tuple(n for n, _ in rows[0].setting)
+        if any(tuple(n for n, _ in r.setting) != names for r in rows):
+            raise SpaceError("space: rows set different knobs; every row must set the same ones")
+        knobs = tuple((n, tuple(sorted({r.knobs[n] for r in rows}))) for n in names)
+        units = dict(units or {})
+        return cls(batch_sizes=tuple(sorted({r.batch_size for r in rows})), knobs=knobs,
+                   units=tuple((n, units.get(n, "")) for n in names), rows=rows)
 
     @property
     def knob_values(self) -> dict[str, tuple[KnobValue, ...]]:
@@ -49,10 +80,20 @@ class SearchSpace:
 
     @property
     def size(self) -> int:
+        if self.rows is not None:
+            return len(self.rows)
+        return len(self.batch_sizes) * math.prod(len(v) for _, v in self.knobs)
+
+    @property
+    def grid_size(self) -> int:
+        """Settings of the full grid of the dimensions (a rows space holds only :attr:`size` of them)."""
         return len(self.batch_sizes) * math.prod(len(v) for _, v in self.knobs)
 
     def grid(self) -> Iterator[Candidate]:
-        """Every candidate, batch size outermost."""
+        """Every candidate, batch size outermost (a rows space: its rows, in order)."""
+        if self.rows is not None:
+            yield from self.rows
+            return
         names = self.knob_names
         for b in self.batch_sizes:
             for combo in itertools.product(*(v for _, v in self.knobs)):
@@ -79,11 +120,32 @@ class SearchSpace:
         return out
 
     def candidate(self, params: Mapping[str, Any]) -> Candidate:
-        """The candidate of Optuna params (levels)."""
+        """The candidate of Optuna params (levels); in a rows space, the row nearest them (module docs)."""
         b = self.batch_sizes[int(params[BATCH + LEVEL])]
-        return Candidate(b, tuple((name, values[int(params[name + LEVEL])]) for name, values in self.knobs))
+        cand = Candidate(b, tuple((name, values[int(params[name + LEVEL])]) for name, values in self.knobs))
+        if self.rows is None or cand in self._row_set:
+            return cand
+        return self.rows[self.nearest_row(self.params(cand))]
+
+    @functools.cached_property
+    def _row_set(self) -> frozenset[Candidate]:
+        return frozenset(self.rows or ())
+
+    @functools.cached_property
+    def row_levels(self) -> np.ndarray:
+        """(rows, dims) levels of a rows space's rows (batch size first), in row order."""
+        return np.array([[self.params(r)[n] for n in self.param_names()] for r in self.rows or ()], dtype=np.int64)
+
+    def nearest_row(self, params: Mapping[str, Any]) -> int:
+        """Index of the row nearest Optuna params: the least sum of level distances, each scaled by its
+        dimension's length; ties to the first row."""
+        want = np.array([int(params[n]) for n in self.param_names()])
+        scale = np.maximum(np.array([len(self.batch_sizes)] + [len(v) for _, v in self.knobs]) - 1, 1)
+        return int(np.argmin((np.abs(self.row_levels - want) / scale).sum(axis=1)))
 
     def contains(self, candidate: Candidate) -> bool:
+        if self.rows is not None:
+            return candidate in self._row_set
         values = self.knob_values
         return candidate.batch_size in self.batch_sizes and all(
             name in values and v in values[name] for name, v in candidate.setting
@@ -91,7 +153,10 @@ class SearchSpace:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready description (stored in the study so a resume can check it is the same space)."""
-        return {"batch_sizes": list(self.batch_sizes), "knobs": {k: list(v) for k, v in self.knobs}}
+        out: dict[str, Any] = {"batch_sizes": list(self.batch_sizes), "knobs": {k: list(v) for k, v in self.knobs}}
+        if self.rows is not None:
+            out["rows"] = len(self.rows)
+        return out
 
     def describe(self) -> str:
         units = self.unit_of
@@ -100,6 +165,8 @@ class SearchSpace:
             parts.append(f"{name} {len(values)} values ({format_value(values[0], units.get(name, ''))}"
                          f"..{format_value(values[-1], units.get(name, ''))})" if len(values) > 1
                          else f"{name} {format_value(values[0], units.get(name, ''))}")
+        if self.rows is not None:
+            return f"{self.size} rows of a {self.grid_size}-setting grid: " + ", ".join(parts)
         return f"{self.size} settings: " + ", ".join(parts)
 
 
@@ -163,4 +230,25 @@ def build_space(
             ordered = tuple(knob.values)
         dims.append((name, ordered))
     units = tuple((name, device.knobs[name].unit) for name in names)
+    if device.has(Capability.TABLE_REPLAY):
+        return _rows_space(device, bs, dims, dict(units))
     return SearchSpace(batch_sizes=bs, knobs=tuple(dims), units=units)
+
+
+def _rows_space(device: Device, batch_sizes: tuple[int, ...], dims: list[tuple[str, tuple[KnobValue, ...]]],
+                units: dict[str, str]) -> SearchSpace:
+    """A table replay's space: its rows at ``batch_sizes`` whose tuned knobs take allowed values and whose
+    untuned knobs are at their current values (``device.backend.candidates(b)``: one candidate per row)."""
+    allowed = dict(dims)
+    found = device.settings()
+    rows = []
+    for b in batch_sizes:
+        for cand in device.backend.candidates(b):
+            knobs = cand.knobs
+            if all(knobs[n] in allowed[n] if n in allowed else knobs[n] == found.get(n) for n in knobs):
+                rows.append(Candidate(cand.batch_size, tuple((n, knobs[n]) for n in allowed)))
+    if not rows:
+        raise SpaceError(f"space: {device.name} has no row at batch sizes {list(batch_sizes)} with the knob values "
+                         f"asked for (untuned knobs at their current values); widen space.batch_sizes, "
+                         f"space.knobs or space.values")
+    return SearchSpace.from_rows(rows, units)

@@ -25,11 +25,12 @@ goes on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -39,8 +40,17 @@ from edgetune.power.base import Device
 from edgetune.power.monitor import PowerMonitor
 from edgetune.search import records
 from edgetune.search.baseline import Baseline, nearest_batch_size
-from edgetune.search.efficiency import DIRECTIONS, Outcome, TargetModel, objective_values, scalar_score
-from edgetune.search.records import CONSTRAINT, Role, TrialRecord
+from edgetune.search.efficiency import (
+    DEFAULT_ETA,
+    DIRECTIONS,
+    Outcome,
+    TargetModel,
+    ZeusCost,
+    cost_max_power_w,
+    objective_values,
+    scalar_score,
+)
+from edgetune.search.records import CONSTRAINT, Observation, Role, TrialRecord
 from edgetune.search.results import SearchResult, pareto_front
 from edgetune.search.samplers import AUTO_SAMPLER, make_sampler
 from edgetune.search.space import Candidate, SearchSpace
@@ -69,6 +79,9 @@ DUPLICATE_STALL = 30
 #: largest grid whose unmeasured settings are listed to pick from after a stall (settings; listing a bigger
 #: one costs seconds per stall, and a stall on such a grid is no sign it is exhausted)
 MAX_LISTED_GRID = 200_000
+#: the least constraint violation (W) told for a trial stopped over the budget: positive, so Optuna counts it
+#: infeasible, even where its short record's judged power fell a hair under the limit
+_ABORTED_CONSTRAINT_W = 1e-6
 
 
 class Search:
@@ -81,7 +94,11 @@ class Search:
             ``window_s`` with ``tolerance`` (fraction) allowed overshoot; the measured maximum plus
             ``guard_sigma`` standard errors of the measured average must hold it (a reading that happens
             to be low does not pass a setting whose true power is over the budget).
-        objective: ``time``, ``energy``, ``throughput`` or ``pareto``.
+        objective: ``time``, ``energy``, ``throughput``, ``pareto`` or ``cost`` (Zeus's
+            ``eta x energy + (1 - eta) x max power x time``, :class:`~edgetune.search.efficiency.ZeusCost`).
+        eta: the cost objective's weight of energy, in [0, 1].
+        prior: observations of an earlier study mapped to this space (:mod:`edgetune.search.prior`): they
+            shape where the guided sampler looks, never count as measurements.
         target: steps to target (S_min, B_noise).
         protocol: the measurement protocol.
         storage_url, study_name: where the study lives; the same pair resumes it.
@@ -93,6 +110,9 @@ class Search:
         timeout_s: stop starting trials after this much wall time (0: none).
         seed: sampler seed.
         baseline_batch_size: the baseline's batch size (default: the workload's default batch size).
+        power_cv: relative run-to-run spread of a window's mean power that one window cannot show (a table
+            replay draws one power per window, so its readings are constant): the standard error of a
+            measured average is at least this fraction of it, and the guard band covers that spread.
         guided_options: keyword arguments of the guided sampler.
         on_trial: called after each trial with ``(record, measured_so_far)`` (progress display).
         on_step: passed to :func:`measure_setting` (progress within a trial).
@@ -121,13 +141,27 @@ class Search:
         timeout_s: float = 0.0,
         seed: int = 0,
         baseline_batch_size: int | None = None,
+        power_cv: float = 0.0,
         guided_options: Mapping[str, Any] | None = None,
         on_trial: Callable[[TrialRecord, int], None] | None = None,
         on_step: Callable[[int], None] | None = None,
         storage: optuna.storages.BaseStorage | None = None,
+        eta: float = DEFAULT_ETA,
+        prior: Sequence[Observation] = (),
     ) -> None:
         if objective not in DIRECTIONS:
             raise SearchError(f"unknown objective {objective!r}; use {', '.join(DIRECTIONS)}")
+        self.cost: ZeusCost | None = None
+        if objective == "cost":
+            max_power_w = cost_max_power_w(device)
+            if max_power_w is None:
+                raise SearchError(f"the cost objective needs the device's maximum power, which {device.name} "
+                                  f"does not state; use --objective energy or time")
+            try:
+                self.cost = ZeusCost(eta, max_power_w)
+            except ValueError as exc:
+                raise SearchError(f"{exc}; pass --eta between 0 and 1") from None
+        self.prior = tuple(prior)
         self.device = device
         self.workload = workload
         self.space = space
@@ -147,6 +181,7 @@ class Search:
         self.timeout_s = timeout_s
         self.seed = seed
         self.guided_options = guided_options
+        self.power_cv = float(power_cv)
         self.on_trial = on_trial
         self.on_step = on_step
         self.worker = worker_id()
@@ -178,6 +213,10 @@ class Search:
             pass
         guided = {"budget_w": self.budget_w if self.constrained else None, "tolerance": self.tolerance,
                   "target": self.target, "guard_sigma": self.guard_sigma, **dict(self.guided_options or {})}
+        if self.cost is not None:
+            guided["cost"] = self.cost
+        if self.prior:
+            guided["prior"] = self.prior
         try:  # a resumed study draws new random numbers: the seed moves on by the trials it holds
             sampler = make_sampler(self.sampler_name, seed=self.seed + n_existing, n_trials=self.n_trials,
                                    objective=self.objective, space=self.space, guided_options=guided)
@@ -189,8 +228,11 @@ class Search:
         return study
 
     def _identity(self) -> dict[str, Any]:
-        return {"space": self.space.to_dict(), "objective": self.objective, "budget_w": self.budget_w,
-                "workload": getattr(self.workload, "name", str(self.workload)), "device": self.device.name}
+        identity = {"space": self.space.to_dict(), "objective": self.objective, "budget_w": self.budget_w,
+                    "workload": getattr(self.workload, "name", str(self.workload)), "device": self.device.name}
+        if self.cost is not None:  # only for the cost objective: other studies' identities stay as they were
+            identity["eta"] = self.cost.eta
+        return identity
 
     def _check_identity(self, study: optuna.Study) -> None:
         """A new study records what it is for; a resumed one must be for the same."""
@@ -272,7 +314,7 @@ class Search:
         best = math.inf
         since = 0
         for r in measured:
-            score = scalar_score(r.outcome, self.objective) if r.feasible and r.outcome else math.inf
+            score = scalar_score(r.outcome, self.objective, self.cost) if r.feasible and r.outcome else math.inf
             if score < best - self.margin * abs(best) if math.isfinite(best) else score < best:
                 best = score
                 since = 0
@@ -336,8 +378,11 @@ class Search:
 
     def _measure(self, study: optuna.Study, trial: optuna.Trial, cand: Candidate, role: Role) -> TrialRecord:
         assert self._monitor is not None
+        limit_w = self.budget_w * (1.0 + self.tolerance) if self.constrained and self.budget_w is not None else None
         m = measure_setting(self.device, self.workload, cand.batch_size, cand.knobs, self.protocol,
-                            self._monitor, on_step=self.on_step)
+                            self._monitor, on_step=self.on_step, limit_w=limit_w, guard_sigma=self.guard_sigma)
+        if m.ok and self.power_cv > 0 and m.power_se_w < self.power_cv * m.max_avg_power_w:
+            m = dataclasses.replace(m, power_se_w=self.power_cv * m.max_avg_power_w)
         return self._tell(study, trial, cand, role, m)
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, cand: Candidate, role: Role,
@@ -353,8 +398,10 @@ class Search:
         if self.constrained:
             assert self.budget_w is not None
             constraint_w = m.judged_power_w(self.guard_sigma) - self.budget_w * (1.0 + self.tolerance)
+            if m.aborted_over_budget:  # stopped over the budget: violated, however short its record
+                constraint_w = max(constraint_w, _ABORTED_CONSTRAINT_W)
         records.write_measurement(trial, m, outcome, feasible, constraint_w)
-        study.tell(trial, objective_values(outcome, self.objective))
+        study.tell(trial, objective_values(outcome, self.objective, self.cost))
         return TrialRecord(trial.number, "COMPLETE", cand, role, True, m.to_dict(), outcome, feasible, None,
                            self.worker, m.trace_t, m.trace_w)
 
@@ -375,6 +422,7 @@ class Search:
         the same setting.
         """
         params = trial.params
+        same = self._same_setting(params)
         deadline = time.monotonic() + PENDING_WAIT_S
         while True:
             trials = study.get_trials(deepcopy=False)
@@ -387,7 +435,7 @@ class Search:
                 if t.state == TrialState.RUNNING and t.number < trial.number and len(t.params) < len(params):
                     pending = True
                     continue
-                if t.params != params:
+                if not same(t.params):
                     continue
                 if records.is_measured(t) or t.number in dead_ends:
                     return t
@@ -396,6 +444,15 @@ class Search:
             if best is not None or not pending or time.monotonic() > deadline:
                 return best
             time.sleep(_PENDING_POLL_S)
+
+    def _same_setting(self, params: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
+        """Whether other params name the same setting: equal params, or (a rows space, where levels that
+        name no row map to the nearest row) the same row."""
+        if self.space.rows is None:
+            return lambda other: other == params
+        cand = self.space.candidate(params)
+        names = set(self.space.param_names())
+        return lambda other: other == params or (set(other) >= names and self.space.candidate(other) == cand)
 
     # -- results ----------------------------------------------------------------------------------------
     def result(self, stop_reason: str = "") -> SearchResult:
@@ -413,7 +470,7 @@ class Search:
                 # one pick for best.json: the front's point with the lowest energy-delay product
                 best = min(pareto, key=lambda r: r.outcome.time_to_target_s * r.outcome.energy_to_target_j)
             else:
-                best = min(feasible, key=lambda r: scalar_score(r.outcome, self.objective))
+                best = min(feasible, key=lambda r: scalar_score(r.outcome, self.objective, self.cost))
         return SearchResult(
             study_name=self.study_name, storage_url=redact(self.storage_url), objective=self.objective,
             budget_w=self.budget_w, constrained=self.constrained, tolerance=self.tolerance, space=self.space,
@@ -423,4 +480,5 @@ class Search:
                 runs_step=bool(getattr(self.device.backend, "compute", True))),
             device_name=self.device.name, device_description=self.device.description,
             simulated=self.device.simulated, workload=getattr(self.workload, "name", str(self.workload)),
+            cost=self.cost,
         )

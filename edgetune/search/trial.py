@@ -20,6 +20,19 @@ trial. So on a virtual clock :attr:`MeasurementProtocol.real_steps` bounds how m
 execute the real training step (after the warm-up, which always does); the remaining steps of the window
 are timed by the twin without re-running the step. Every measurement records how many steps were real
 (:attr:`Measurement.real_steps`) so reports can say so.
+
+Safe profiling
+--------------
+The budget a user sets protects the board, so the search must not run a setting over it for long just to
+learn that it is over. Given ``limit_w`` (the budget with its tolerance), :func:`measure_setting` watches the
+monitor's live moving average after every step, warm-up included, and stops the trial as soon as the budget
+window's average *and* the average since this setting was applied (the previous setting's power is not
+this one's fault), each plus the guard band, are above the limit: such a setting would be judged over the
+budget anyway (the judged power is the window's moving-average maximum plus the guard band). The
+measurement is then flagged :attr:`Measurement.aborted_over_budget`, its figures cover the steps run since the
+knobs were set, and it never holds the budget. Every measurement records :attr:`Measurement.over_budget_s`:
+the device seconds, from the knobs being set to the trial's end, during which the moving average of board
+power was above the limit.
 """
 
 from __future__ import annotations
@@ -33,9 +46,13 @@ from typing import Any
 import numpy as np
 
 from edgetune.power.base import Device, KnobValue, is_out_of_memory
-from edgetune.power.monitor import PowerMonitor
+from edgetune.power.monitor import PowerMonitor, cumulative_energy_j, window_stats
 
-__all__ = ["Measurement", "MeasurementProtocol", "judged_power_w", "measure_setting"]
+__all__ = ["Measurement", "MeasurementProtocol", "judged_power_w", "measure_setting", "over_limit_s"]
+
+#: shortest span (s, device clock) of this setting's own power before a trial may be stopped over budget: a
+#: few sensor updates (INA3221: 6.6 ms) and more than one 100-Hz monitor sample, so one noisy reading cannot
+_MIN_ABORT_SPAN_S = 0.05
 
 
 def judged_power_w(max_avg_power_w: float, power_se_w: float, guard_sigma: float = 0.0) -> float:
@@ -123,6 +140,10 @@ class Measurement:
         energy_per_sample_j: energy / samples.
         samples: power samples in the window; dropped: sensor reads dropped in it.
         loss: the last real step's loss (NaN where none ran).
+        aborted_over_budget: the trial was stopped early because the live moving average crossed the budget
+            (safe profiling, module docs); the figures then cover the steps since the knobs were set.
+        over_budget_s: device seconds, from the knobs being set to the trial's end, during which the moving
+            average of board power was above the budget (0 when no budget was given).
         wall_s: wall-clock seconds the measurement took (warm-up included).
         trace_t, trace_w: the window's power record (times relative to the window start), for plots.
     """
@@ -147,6 +168,8 @@ class Measurement:
     samples: int = 0
     dropped: int = 0
     loss: float = math.nan
+    aborted_over_budget: bool = False
+    over_budget_s: float = 0.0
     wall_s: float = 0.0
     trace_t: list[float] = field(default_factory=list, repr=False)
     trace_w: list[float] = field(default_factory=list, repr=False)
@@ -161,7 +184,7 @@ class Measurement:
         ``guard_sigma`` standard errors of the measured average are added first (a guard band against a
         measurement that reads low); ``budget_w=None`` means unconstrained.
         """
-        if not self.ok:
+        if not self.ok or self.aborted_over_budget:
             return False
         if budget_w is None:
             return True
@@ -189,6 +212,40 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
+def over_limit_s(t: np.ndarray, p: np.ndarray, t_from: float, t_to: float, window_s: float,
+                 limit_w: float) -> float:
+    """Seconds within ``[t_from, t_to]`` during which the ``window_s`` moving average of the power record
+    ``(t, p)`` was above ``limit_w`` (pure function; samples before ``t_from`` feed the first averages).
+
+    The average at each sample time is over the window ending there (over the record, where it is shorter);
+    it holds until the next sample.
+    """
+    t = np.asarray(t, dtype=float)
+    p = np.asarray(p, dtype=float)
+    if t.size < 2 or t_to <= t_from:
+        return 0.0
+    e = cumulative_energy_j(t, p)
+    start = np.maximum(t - window_s, t[0])
+    span = t - start
+    with np.errstate(divide="ignore", invalid="ignore"):
+        avg = np.where(span > 0, (e - np.interp(start, t, e)) / np.where(span > 0, span, 1.0), p)
+    # np.interp of the cumulative energy is exact at samples and linear between (the trapezoid's error is
+    # second order within one sample period: negligible against a 1-s window)
+    ends = np.append(t[1:], t[-1])
+    lo = np.clip(t, t_from, t_to)
+    hi = np.clip(ends, t_from, t_to)
+    return float(np.sum(np.where(avg > limit_w, hi - lo, 0.0)))
+
+
+def _se_w(watts: np.ndarray, sensor_period_s: float, monitor: PowerMonitor) -> float:
+    """Standard error of one ``avg_window_s`` average from the readings ``watts`` (see :class:`Measurement`)."""
+    if watts.size < 2:
+        return 0.0
+    period = max(sensor_period_s, 1.0 / monitor.rate_hz)
+    updates_per_average = max(1.0, monitor.avg_window_s / period)
+    return float(np.std(watts, ddof=1) / math.sqrt(updates_per_average))
+
+
 def measure_setting(
     device: Device,
     workload: Any,
@@ -197,6 +254,9 @@ def measure_setting(
     protocol: MeasurementProtocol,
     monitor: PowerMonitor,
     on_step: Callable[[int], None] | None = None,
+    *,
+    limit_w: float | None = None,
+    guard_sigma: float = 0.0,
 ) -> Measurement:
     """Set ``setting`` on ``device`` and measure ``workload``'s training step at ``batch_size``.
 
@@ -208,6 +268,10 @@ def measure_setting(
         protocol: warm-up and window lengths.
         monitor: a started :class:`PowerMonitor` on the device's sensor and clock.
         on_step: called with the number of window steps done after each one (progress display).
+        limit_w: the budget with its tolerance, W: the trial stops as soon as the live moving average (plus
+            ``guard_sigma`` standard errors) crosses it, and :attr:`Measurement.over_budget_s` is counted
+            against it (module docs, safe profiling). None: no budget, no early stop.
+        guard_sigma: the guard band of the early stop, in standard errors of one moving average.
 
     Returns:
         A :class:`Measurement`; ``ok=False`` for out-of-memory or a failed step (never raised).
@@ -220,6 +284,7 @@ def measure_setting(
     virtual = bool(getattr(clock, "virtual", False))
     cost = getattr(workload, "cost", None)
     real_limit = protocol.real_steps if (virtual and protocol.real_steps is not None) else None
+    sensor_period_s = float(getattr(device.sensor, "update_period_s", 0.0) or 0.0)
     last_loss = [math.nan]
 
     def real_step() -> Any:
@@ -233,40 +298,80 @@ def measure_setting(
     result = Measurement(batch_size=int(batch_size), setting=dict(applied), ok=False,
                          avg_window_s=monitor.avg_window_s)
     window = f"measure-{id(result)}"
+    whole = f"setting-{id(result)}"  # from the knobs being set: the early stop's and over-budget's record
+    monitor.begin_window(whole)
+    t_set = clock.now()
     window_open = False
+    steps = real = warm = 0
+    trigger_w = math.nan
+
+    def over_limit() -> bool:
+        """The live average and this setting's own average, plus the guard band, are above the limit."""
+        nonlocal trigger_w
+        if limit_w is None:
+            return False
+        own_s = clock.now() - t_set
+        if own_s < _MIN_ABORT_SPAN_S:
+            return False
+        times, watts = monitor.records()
+        own = watts[times >= t_set - 1e-9]
+        guard = guard_sigma * _se_w(own, sensor_period_s, monitor)
+        if monitor.moving_average() + guard <= limit_w:
+            return False
+        own_avg = monitor.moving_average(min(own_s, monitor.avg_window_s))
+        if own_avg + guard <= limit_w:
+            return False
+        trigger_w = own_avg
+        return True
+
     try:
         for _ in range(protocol.warmup_steps):
             device.run_step(real_step, batch_size, cost)
-        monitor.begin_window(window)
-        window_open = True
-        t0 = clock.now()
-        steps = real = 0
-        while steps < protocol.max_steps:
-            is_real = real_limit is None or real < real_limit
-            device.run_step(real_step if is_real else timed_only, batch_size, cost)
-            steps += 1
-            real += int(is_real)
-            if on_step is not None:
-                on_step(steps)
-            long_enough = clock.now() - t0 >= max(protocol.measure_s, monitor.min_measure_s)
-            if steps >= protocol.measure_steps and long_enough:
+            warm += 1
+            if over_limit():
                 break
-        t1 = clock.now()
-        stats = monitor.end_window(window)
-        window_open = False
-        times, watts = monitor.records()
+        if not math.isfinite(trigger_w):
+            monitor.begin_window(window)
+            window_open = True
+            t0 = clock.now()
+            while steps < protocol.max_steps:
+                is_real = real_limit is None or real < real_limit
+                device.run_step(real_step if is_real else timed_only, batch_size, cost)
+                steps += 1
+                real += int(is_real)
+                if on_step is not None:
+                    on_step(steps)
+                if over_limit():
+                    break
+                long_enough = clock.now() - t0 >= max(protocol.measure_s, monitor.min_measure_s)
+                if steps >= protocol.measure_steps and long_enough:
+                    break
+            t1 = clock.now()
+            stats = monitor.end_window(window)
+            window_open = False
     except Exception as exc:  # noqa: BLE001 - an OOM or a failing step is a result, not a crash
         if window_open:
             monitor.end_window(window)
         result.oom = is_out_of_memory(exc)
         result.error = (f"out of memory at batch size {batch_size}" if result.oom else _one_line(exc))
+        result.over_budget_s = _finish(monitor, whole, t_set, limit_w)
         result.wall_s = time.perf_counter() - wall0
         return result
     except BaseException:
         if window_open:
             monitor.end_window(window)
+        monitor.end_window(whole)
         raise
 
+    times, watts = monitor.records()
+    result.over_budget_s = _finish(monitor, whole, t_set, limit_w)
+    result.aborted_over_budget = math.isfinite(trigger_w)
+    if result.aborted_over_budget:
+        # the figures of the steps run since the knobs were set (warm-up included): all there is
+        t0, t1 = t_set, clock.now()
+        steps, real = warm + steps, warm + real  # warm-up steps are always real
+        in_window = (times >= t0 - 1e-9) & (times <= t1 + 1e-9)
+        stats = window_stats(times[in_window], watts[in_window], monitor.avg_window_s)
     duration = t1 - t0
     in_window = (times >= t0 - 1e-9) & (times <= t1 + 1e-9)
     result.trace_t, result.trace_w = _downsample(times[in_window] - t0, watts[in_window])
@@ -279,16 +384,24 @@ def measure_setting(
     # plain Python numbers: the measurement is stored as JSON in the study
     result.mean_power_w = float(stats.mean_w)
     result.peak_power_w = float(stats.peak_w)
-    result.max_avg_power_w = float(stats.max_avg_w)
+    # an early stop's record is shorter than the budget window: its average then is the live one that crossed
+    result.max_avg_power_w = float(max(stats.max_avg_w, trigger_w) if result.aborted_over_budget else stats.max_avg_w)
     result.energy_j = float(stats.energy_j)
     result.energy_per_sample_j = float(stats.energy_j) / (batch_size * steps)
     result.samples = int(stats.samples)
     result.dropped = int(stats.dropped)
-    w = watts[in_window]
-    if w.size > 1:
-        period = max(float(getattr(device.sensor, "update_period_s", 0.0) or 0.0), 1.0 / monitor.rate_hz)
-        updates_per_average = max(1.0, monitor.avg_window_s / period)
-        result.power_se_w = float(np.std(w, ddof=1) / math.sqrt(updates_per_average))
+    result.power_se_w = _se_w(watts[in_window], sensor_period_s, monitor)
     result.loss = last_loss[0]
     result.wall_s = time.perf_counter() - wall0
     return result
+
+
+def _finish(monitor: PowerMonitor, whole: str, t_set: float, limit_w: float | None) -> float:
+    """Close the setting's window; the seconds its moving average spent above ``limit_w`` (0 without one)."""
+    monitor.end_window(whole)
+    if limit_w is None:
+        return 0.0
+    times, watts = monitor.records()
+    if times.size == 0:
+        return 0.0
+    return over_limit_s(times, watts, t_set, float(times[-1]), monitor.avg_window_s, limit_w)

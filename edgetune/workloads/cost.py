@@ -118,7 +118,7 @@ class CostMeter:
             self._flops.__exit__(None, None, None)
             self._active = False
 
-    def __enter__(self) -> CostMeter:
+    def __enter__(self) -> CostMeter:  # noqa: PYI034 - CostMeter is not subclassed
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -24,7 +24,13 @@ The package, one concern per module:
 * :mod:`~edgetune.power.sim.twin` - :class:`Twin` (knobs, ground truth, the step on the virtual clock,
   disturbances, out-of-memory like torch's), and the platform functions :func:`open` and :func:`probe`.
 
-Noise-free ground truth for any batch size and setting: :meth:`Twin.expected`. Disturbances for tests
+* :mod:`~edgetune.power.sim.ratios` - the batch-size and clock ratios beside the published ranges
+  (calibration v2's acceptance table, ``profiles/SOURCES.md``).
+
+Noise-free ground truth for any batch size and setting: :meth:`Twin.expected` (at the board's temperature
+now, or a ``temperature_c`` given), :meth:`Twin.steady_state` (after minutes of that load, the board warm).
+The board temperature (:attr:`Twin.temperature_c`) follows the load over minutes and GPU leakage with it;
+the low GPU clock steps share one voltage. Neither is in the predictors' physics. Disturbances for tests
 and benchmarks of the runtime controller: :meth:`Twin.set_power_offset` (another process's load, on the CPU
 rail, from the current virtual time) and :meth:`Twin.set_throttle` (a thermal cap on the GPU clock, from the
 next step).

@@ -2,21 +2,28 @@
 
 * **Effective clocks**: the clock a step runs at is the largest table value at or below
   ``min(knob value, mode cap, thermal throttle)``; online cores likewise ``min(knob, mode cores)``.
-* **Step time** (roofline with overlap): compute time ``t_c`` = FLOPs / (active cores x 2 x f_gpu x
-  efficiency x occupancy(b)), where occupancy(b) = b / (b + b_half) and b_half = fill work per core x
-  cores / FLOPs per sample (small batches of small models do not fill the GPU); memory time ``t_m`` = bytes
-  moved / (bus bytes x 2 x f_emc x efficiency), bytes moved = 6 x parameters + 2 x optimizer state (read
-  in forward and backward, gradients written, optimizer read-modify-write) + b x (4 x saved activations +
-  input); the host's kernel launches ``launch_cycles / f_cpu``; data loading ``b x input bytes x cycles per
-  byte / f_cpu`` spread over ``cores - 1`` loader processes (serial with the main thread on one core).
-  The parts overlap imperfectly: ``step = smax(smax(t_c, t_m), t_launch, t_load)`` with the smooth
-  maximum ``smax = (sum x^4)^(1/4)``.
-* **Power** (DVFS): static + GPU ``C x TPCs x V(f)^2 x f x (share x busy + (1 - share) x SM activity)``
-  + GPU leakage ``TPCs x leak x V / V_max`` while training (the GPU rail-gates at rest) + EMC (linear in
-  f_emc) + DRAM (pJ per byte moved) + CPU ``online x idle + busy cores x C x V(f)^2 x f``. V(f) is flat
-  below a knee and rises linearly to the top clock. Within a step the GPU power ripples (forward lower,
-  backward higher) so the peak exceeds the mean while the step's average equals it
+* **Step time** (roofline with partial overlap): compute time ``t_c`` = FLOPs / (active cores x 2 x
+  f_gpu x efficiency x occupancy(b)), where occupancy(b) = b / (b + b_half) and b_half = fill work per core x
+  cores / FLOPs per sample (small batches of small models do not fill the GPU); memory time ``t_m`` =
+  (6 x parameters + 2 x optimizer state) / bandwidth + b x (4 x saved activations + input) / (bandwidth x
+  occupancy) (a small batch keeps few requests in flight as it keeps few SMs busy), bandwidth = bus bytes
+  x 2 x f_emc x efficiency; the host's kernel launches ``launch_cycles / f_cpu``; data loading ``b x
+  input bytes x cycles per byte / f_cpu`` spread over ``cores - 1`` loader processes (serial with the main
+  thread on one core). The parts overlap partially (:func:`overlap`: the largest plus a share of the
+  others): ``t_gpu = overlap(gpu_exposed, t_c, t_m)``, ``step = overlap(host_exposed, t_gpu, t_launch,
+  t_load)``, so the step's slope in the GPU clock lies between flat and 1/f.
+* **Power** (DVFS): static + GPU ``C x TPCs x V(f)^2 x f x activity`` with activity = busy share x
+  (clock share + (1 - clock share) x occupancy x (compute share + memory activity x memory share)): the
+  GPU's switching power follows the SMs actually active, so small batches draw much less + GPU leakage
+  ``TPCs x leak x V / V_max x 2^((T - T_ref) / doubling)`` while training (rail-gated at rest; T the board
+  temperature, :func:`leak_scale`) + EMC (linear in f_emc) + DRAM (pJ per byte moved) + CPU ``online x
+  idle + busy cores x C x V(f)^2 x f``. V(f) is flat at V_min below a knee, so the lowest clock steps
+  share one voltage, and rises linearly to the top clock. Within a step the GPU power ripples (forward
+  lower, backward higher) so the peak exceeds the mean while the step's average equals it
   (:func:`phase_gpu_scales`).
+* **Board temperature** (first order): it relaxes towards ambient + R_th x power with time constant
+  R_th x C_th (:func:`relax_temperature_c`, :func:`steady_temperature_c`); the twin integrates it on its
+  virtual clock.
 * **Rails**: component powers map onto the INA3221 channels through :func:`rail_matrix`.
 
 The constants of each profile are in ``profiles/calibration.csv``; the structural ones are named here.
@@ -26,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from edgetune.power.base import DeviceError, KnobValue, WorkloadCost
 from edgetune.power.sim.profiles import TRANSFERS_PER_CLOCK, Profile, RailLayout
@@ -41,17 +48,18 @@ __all__ = [
     "effective_clocks",
     "idle_power",
     "largest_at_most",
+    "leak_scale",
+    "occupancy",
+    "overlap",
     "phase_gpu_scales",
     "rail_matrix",
     "rail_powers",
-    "smooth_max",
+    "relax_temperature_c",
+    "steady_temperature_c",
     "step_model",
     "voltage",
 ]
 
-#: Smooth-maximum exponent for overlapping step components: 4 keeps the result within 19% of the true
-#: maximum when two parts are equal (imperfect overlap) and within 1% when one part is twice the other.
-_OVERLAP_P = 4.0
 #: Share of a step spent in the forward pass (backward costs about twice the forward); the GPU draws
 #: (1 - ripple) x its mean then and more after it (:func:`phase_gpu_scales`).
 FORWARD_SHARE = 1.0 / 3.0
@@ -107,6 +115,7 @@ class Expected:
             traffic, host kernel launches, data loading per loader process).
         rails_w: mean power per INA3221 rail.
         clocks: the effective clocks.
+        temperature_c: the board temperature the figures hold at (GPU leakage rises with it).
     """
 
     batch_size: int
@@ -123,6 +132,7 @@ class Expected:
     load_s: float
     rails_w: Mapping[str, float] = field(default_factory=dict)
     clocks: Clocks | None = None
+    temperature_c: float | None = None
 
     @property
     def samples_per_s(self) -> float:
@@ -148,6 +158,10 @@ class StepPower:
     cpu: float
     emc: float
     dram: float
+
+    def with_leak_scale(self, scale: float) -> StepPower:
+        """The same step with the GPU leakage scaled by ``scale`` (a warmer or cooler board)."""
+        return replace(self, gpu_leak=self.gpu_leak * scale)
 
     def vector(self, gpu_scale: float = 1.0) -> tuple[float, ...]:
         """Component powers in :data:`COMPONENTS` order, the GPU's switching part scaled by ``gpu_scale``."""
@@ -193,9 +207,25 @@ def voltage(f: float, f_top: float, v_min: float, v_max: float, knee_frac: float
     return v_min + (v_max - v_min) * (f - knee) / (f_top - knee)
 
 
-def smooth_max(*parts: float) -> float:
-    """``(sum x^p)^(1/p)``: the time of parts that overlap imperfectly."""
-    return sum(p**_OVERLAP_P for p in parts) ** (1.0 / _OVERLAP_P)
+def overlap(exposed: float, *parts: float) -> float:
+    """Time of parts that overlap partially: the largest part plus ``exposed`` of each of the others.
+
+    ``exposed`` = 0 is perfect overlap (the slowest part alone), 1 no overlap (the parts add up). The
+    result rises with every part, so a faster clock never lengthens a step.
+    """
+    top = max(parts)
+    return top + exposed * (sum(parts) - top)
+
+
+def occupancy(profile: Profile, clocks: Clocks, cost: WorkloadCost, batch_size: int) -> float:
+    """How full the busy GPU is: b / (b + b_half), b_half = fill work per core x active cores / FLOPs per
+    sample (a wider GPU, or a lighter sample, needs a larger batch to saturate); 1 for a cost without
+    FLOPs."""
+    if cost.flops_per_sample <= 0:
+        return 1.0
+    cores = clocks.tpcs * profile.calibration.cores_per_tpc
+    b_half = profile.calibration.fill_flops_per_core * cores / cost.flops_per_sample
+    return batch_size / (batch_size + b_half)
 
 
 def step_model(profile: Profile, clocks: Clocks, cost: WorkloadCost, batch_size: int
@@ -203,7 +233,8 @@ def step_model(profile: Profile, clocks: Clocks, cost: WorkloadCost, batch_size:
     """The roofline step time and DVFS power of one training step (see the module docstring).
 
     Returns the time parts (``step``, ``compute``, ``memory``, ``gpu``, ``launch``, ``load``, ``full``
-    (compute at full occupancy), ``occupancy``, ``traffic`` bytes) and the mean power per component.
+    (compute at full occupancy), ``occupancy``, ``traffic`` bytes) and the mean power per component, the
+    GPU leakage at the calibration's reference temperature (scale it with :func:`leak_scale`).
     """
     cal = profile.calibration
     b = float(batch_size)
@@ -211,33 +242,34 @@ def step_model(profile: Profile, clocks: Clocks, cost: WorkloadCost, batch_size:
     f_gpu = float(clocks.gpu_hz)
     f_cpu = clocks.cpu_khz * _HZ_PER_KHZ
 
+    occ = occupancy(profile, clocks, cost, batch_size)
     flops = cost.flops_per_sample * b
-    if cost.flops_per_sample > 0:
-        b_half = cal.fill_flops_per_core * cores / cost.flops_per_sample
-        occupancy = b / (b + b_half)
-        t_full = flops / (cores * _FLOPS_PER_CORE_CYCLE * f_gpu * cal.compute_efficiency)
-        t_compute = t_full / occupancy
-    else:
-        occupancy, t_full, t_compute = 0.0, 0.0, 0.0
-    traffic = (_PARAM_PASSES * cost.param_bytes + _OPTIMIZER_PASSES * cost.optimizer_state_bytes
-               + b * (_ACTIVATION_PASSES * cost.activation_bytes_per_sample + cost.input_bytes_per_sample))
+    t_full = flops / (cores * _FLOPS_PER_CORE_CYCLE * f_gpu * cal.compute_efficiency)
+    t_compute = t_full / occ
+    fixed_traffic = _PARAM_PASSES * cost.param_bytes + _OPTIMIZER_PASSES * cost.optimizer_state_bytes
+    sample_traffic = b * (_ACTIVATION_PASSES * cost.activation_bytes_per_sample + cost.input_bytes_per_sample)
+    traffic = fixed_traffic + sample_traffic
     bandwidth = profile.bus_bytes * TRANSFERS_PER_CLOCK * clocks.emc_hz * cal.memory_efficiency
-    t_memory = traffic / bandwidth
-    t_gpu = smooth_max(t_compute, t_memory)
+    # per-sample kernels of a small batch keep few requests in flight, as they keep few SMs busy
+    t_memory = (fixed_traffic + sample_traffic / occ) / bandwidth
+    t_gpu = overlap(cal.gpu_exposed, t_compute, t_memory)
 
     t_launch = cal.launch_cycles / f_cpu
     load_core_s = b * cost.input_bytes_per_sample * cal.load_cycles_per_byte / f_cpu
     if clocks.cores > 1:
         t_load = load_core_s / (clocks.cores - 1)
-        step = smooth_max(t_gpu, t_launch, t_load)
+        step = overlap(cal.host_exposed, t_gpu, t_launch, t_load)
         busy_cores = _MAIN_THREAD_CORES + load_core_s / step
     else:
         t_load = load_core_s
-        step = smooth_max(t_gpu, t_launch + t_load)
+        step = overlap(cal.host_exposed, t_gpu, t_launch + t_load)
         busy_cores = _MAIN_THREAD_CORES
 
     v_gpu = voltage(f_gpu, profile.gpu_freqs_hz[-1], cal.gpu_v_min, cal.gpu_v_max, cal.gpu_knee_frac)
-    activity = cal.gpu_clock_share * (t_gpu / step) + (1.0 - cal.gpu_clock_share) * (t_full / step)
+    gpu_parts = t_compute + t_memory
+    compute_share = t_compute / gpu_parts if gpu_parts > 0 else 0.0
+    sm_activity = occ * (compute_share + cal.gpu_memory_activity * (1.0 - compute_share))
+    activity = (t_gpu / step) * (cal.gpu_clock_share + (1.0 - cal.gpu_clock_share) * sm_activity)
     p_gpu = cal.gpu_cap_nf_per_tpc * _F_PER_NF * clocks.tpcs * v_gpu**2 * f_gpu * activity
     p_leak = cal.gpu_leak_w_per_tpc * clocks.tpcs * v_gpu / cal.gpu_v_max
 
@@ -249,8 +281,31 @@ def step_model(profile: Profile, clocks: Clocks, cost: WorkloadCost, batch_size:
     p_emc = cal.emc_w_at_max * clocks.emc_hz / profile.emc_freqs_hz[-1]
     p_dram = cal.dram_pj_per_byte * _J_PER_PJ * traffic / step
     times = {"step": step, "compute": t_compute, "memory": t_memory, "gpu": t_gpu, "launch": t_launch,
-             "load": t_load, "full": t_full, "occupancy": occupancy, "traffic": traffic}
+             "load": t_load, "full": t_full, "occupancy": occ, "traffic": traffic}
     return times, StepPower(cal.static_w, p_gpu, p_leak, p_cpu, p_emc, p_dram)
+
+
+# ---------------------------------------------------------------------------------------------- thermal
+
+
+def leak_scale(profile: Profile, temperature_c: float) -> float:
+    """GPU leakage at ``temperature_c`` relative to the calibration's reference temperature: it doubles
+    every ``leak_doubling_k`` kelvin."""
+    cal = profile.calibration
+    return 2.0 ** ((temperature_c - cal.leak_ref_c) / cal.leak_doubling_k)
+
+
+def steady_temperature_c(profile: Profile, power_w: float) -> float:
+    """Board temperature after minutes at a constant ``power_w``: ambient + thermal resistance x power."""
+    cal = profile.calibration
+    return cal.ambient_c + cal.thermal_k_per_w * power_w
+
+
+def relax_temperature_c(profile: Profile, temperature_c: float, power_w: float, seconds: float) -> float:
+    """The first-order board temperature after ``seconds`` at ``power_w``, starting from ``temperature_c``
+    (exact for a constant power: relaxing over two spans equals relaxing over their sum)."""
+    target = steady_temperature_c(profile, power_w)
+    return target + (temperature_c - target) * math.exp(-seconds / profile.calibration.thermal_tau_s)
 
 
 def idle_power(profile: Profile, clocks: Clocks) -> StepPower:

@@ -89,6 +89,9 @@ class Calibration:
     gpu_v_max: float
     gpu_knee_frac: float
     gpu_clock_share: float
+    gpu_memory_activity: float
+    gpu_exposed: float
+    host_exposed: float
     ripple: float
     cpu_cap_nf_per_core: float
     cpu_v_min: float
@@ -101,6 +104,16 @@ class Calibration:
     sensor_noise_w: float
     sensor_noise_rel: float
     step_jitter: float
+    ambient_c: float
+    thermal_k_per_w: float
+    thermal_j_per_k: float
+    leak_ref_c: float
+    leak_doubling_k: float
+
+    @property
+    def thermal_tau_s(self) -> float:
+        """The board's first-order thermal time constant: resistance x heat capacity."""
+        return self.thermal_k_per_w * self.thermal_j_per_k
 
 
 @dataclass(frozen=True)

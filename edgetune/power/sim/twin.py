@@ -38,9 +38,12 @@ from edgetune.power.sim.physics import (
     effective_clocks,
     idle_power,
     largest_at_most,
+    leak_scale,
     phase_gpu_scales,
     rail_matrix,
     rail_powers,
+    relax_temperature_c,
+    steady_temperature_c,
     step_model,
 )
 from edgetune.power.sim.profiles import DEFAULT_PROFILE, GIB, MIB, PROFILES, PowerMode, Profile
@@ -58,6 +61,9 @@ _CACHE_MAX_ENTRIES = 65536
 #: Step segments older than this many sensor update periods are dropped: the sensor reads the power at
 #: the last update instant, at most one period back.
 _SEGMENT_HORIZON_PERIODS = 2.0
+#: Fixed-point iterations of :meth:`Twin.steady_state` (temperature -> leakage -> power -> temperature):
+#: each shrinks the error by R_th x dP/dT, about 0.1, so a few reach a millikelvin.
+_STEADY_ITERATIONS = 12
 
 _KNOB_DESCRIPTIONS = {
     "gpu_freq": "GPU clock (devfreq); runs at min(value, power-mode cap, thermal throttle)",
@@ -98,7 +104,7 @@ class Twin:
         self._offset_w = 0.0
         # (start, end, clean rail powers) of the steps run; trimmed as time passes
         self._segments: deque[tuple[float, float, tuple[float, ...]]] = deque()
-        self._cache: dict[tuple, tuple[Expected, tuple[float, ...], tuple[float, ...]]] = {}
+        self._cache: dict[tuple, tuple[dict[str, float], StepPower, float]] = {}
         self._idle_cache: dict[Clocks, tuple[float, ...]] = {}
         self.steps = 0
         self.sensor = TwinSensor(self)
@@ -106,6 +112,9 @@ class Twin:
         self._allowed = {name: frozenset(v for v in knob.values if not isinstance(v, bool))
                          for name, knob in self.knobs.items()}
         self._device: Device | None = None
+        # the board starts warmed to its idle steady state (it has been on), at virtual time 0
+        self._temperature_c = steady_temperature_c(profile, self.idle_power_w)
+        self._temperature_t = self.clock.now()
 
     def __repr__(self) -> str:
         return f"Twin({self.profile.name!r}, seed={self.seed}, t={self.clock.now():.3f}s)"
@@ -213,26 +222,35 @@ class Twin:
     def _total(self, rails: tuple[float, ...]) -> float:
         return board_total(self.profile.rails, rails)
 
-    def _evaluate(self, cost: WorkloadCost, batch_size: int, clocks: Clocks
+    def _model(self, cost: WorkloadCost, batch_size: int, clocks: Clocks
+               ) -> tuple[dict[str, float], StepPower, float]:
+        """The temperature-free step model (times, component powers at the reference temperature, memory
+        needed), cached: a search revisits settings, and the board temperature changes every step."""
+        key = (cost, batch_size, clocks)
+        hit = self._cache.get(key)
+        if hit is None:
+            if len(self._cache) > _CACHE_MAX_ENTRIES:
+                self._cache.clear()
+            times, power = step_model(self.profile, clocks, cost, batch_size)
+            hit = self._cache[key] = (times, power, cost.memory_bytes(batch_size))
+        return hit
+
+    def _evaluate(self, cost: WorkloadCost, batch_size: int, clocks: Clocks, temperature_c: float
                   ) -> tuple[Expected, tuple[float, ...], tuple[float, ...]]:
-        """Ground truth at ``clocks``, and the clean rail powers of the forward and backward phases.
+        """Ground truth at ``clocks`` and ``temperature_c``, and the clean rail powers of the forward and
+        backward phases.
 
         The phase rails exclude the power offset: the sensor adds the offset in force when it reads, so a
         change shows at once even in the middle of a step.
         """
-        key = (cost, batch_size, clocks, self._offset_w)
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
-        times, power = step_model(self.profile, clocks, cost, batch_size)
+        times, reference, memory = self._model(cost, batch_size, clocks)
+        power = reference.with_leak_scale(leak_scale(self.profile, temperature_c))
         forward_scale, backward_scale = phase_gpu_scales(self.profile.calibration.ripple)
         forward = self._rails(power, forward_scale)
         backward = self._rails(power, backward_scale)
         offset = self._offset_w
         mean = self._rails(power, 1.0, offset)
-        peak = max(self._total(self._rails(power, forward_scale, offset)),
-                   self._total(self._rails(power, backward_scale, offset)))
-        memory = cost.memory_bytes(batch_size)
+        peak = max(self._total(self._with_offset(forward)), self._total(self._with_offset(backward)))
         expected = Expected(
             batch_size=batch_size,
             step_time_s=times["step"],
@@ -248,22 +266,59 @@ class Twin:
             load_s=times["load"],
             rails_w=dict(zip(self.profile.rails.channels, mean)),
             clocks=clocks,
+            temperature_c=temperature_c,
         )
-        if len(self._cache) > _CACHE_MAX_ENTRIES:
-            self._cache.clear()
-        self._cache[key] = (expected, forward, backward)
-        return self._cache[key]
+        return expected, forward, backward
 
     def expected(self, cost: WorkloadCost, batch_size: int,
-                 setting: Mapping[str, KnobValue] | None = None) -> Expected:
+                 setting: Mapping[str, KnobValue] | None = None, *,
+                 temperature_c: float | None = None) -> Expected:
         """Noise-free step time and power of ``cost`` at ``batch_size`` under ``setting``.
 
         ``setting`` maps knob names to values (or ``min``/``max``/``918MHz`` text); knobs it leaves out
         keep their current values, and a power mode in it resets the clocks under it as applying it would.
-        The figures include any disturbance in force (power offset, throttle).
+        The figures include any disturbance in force (power offset, throttle) and hold at the board
+        temperature ``temperature_c``: by default the board's temperature now (:attr:`temperature_c`), so
+        they are what the next step would draw; the board then warms or cools towards the load's steady
+        state over minutes (:meth:`steady_state`).
         """
         batch_size = _batch_size(batch_size)
-        return self._evaluate(cost, batch_size, self.effective_clocks(setting))[0]
+        temperature = self.temperature_c if temperature_c is None else float(temperature_c)
+        return self._evaluate(cost, batch_size, self.effective_clocks(setting), temperature)[0]
+
+    def steady_state(self, cost: WorkloadCost, batch_size: int,
+                     setting: Mapping[str, KnobValue] | None = None) -> Expected:
+        """:meth:`expected` after minutes of this load: at the temperature where the board's heat balance
+        (ambient + thermal resistance x power) and the leakage it causes agree."""
+        batch_size = _batch_size(batch_size)
+        clocks = self.effective_clocks(setting)
+        temperature = self.temperature_c
+        for _ in range(_STEADY_ITERATIONS):
+            power_w = self._evaluate(cost, batch_size, clocks, temperature)[0].power_w
+            temperature = steady_temperature_c(self.profile, power_w)
+        return self._evaluate(cost, batch_size, clocks, temperature)[0]
+
+    # -- temperature -----------------------------------------------------------------------------
+    @property
+    def temperature_c(self) -> float:
+        """The board temperature now: first order towards ambient + R_th x power, time constant
+        ``thermal_tau_s``; steps heat it with their power, rest lets it cool towards the idle state."""
+        self._settle(self.clock.now())
+        return self._temperature_c
+
+    def set_temperature(self, temperature_c: float) -> None:
+        """Put the board at ``temperature_c`` now (a test's or benchmark's starting condition)."""
+        if not math.isfinite(temperature_c):
+            raise ValueError(f"temperature must be finite, got {temperature_c}")
+        self._settle(self.clock.now())
+        self._temperature_c = float(temperature_c)
+
+    def _settle(self, now: float) -> None:
+        """Relax the temperature over the rest since the last step (idle power at the current knobs)."""
+        if now > self._temperature_t:
+            self._temperature_c = relax_temperature_c(self.profile, self._temperature_c, self.idle_power_w,
+                                                      now - self._temperature_t)
+            self._temperature_t = now
 
     @property
     def idle_power_w(self) -> float:
@@ -292,7 +347,8 @@ class Twin:
             raise DeviceError("the simulated twin needs the workload's cost to time a step; "
                               "pass cost=workload.cost")
         batch_size = _batch_size(batch_size)
-        expected, forward, backward = self._evaluate(cost, batch_size, self.effective_clocks())
+        expected, forward, backward = self._evaluate(cost, batch_size, self.effective_clocks(),
+                                                     self.temperature_c)
         if not expected.fits:
             raise DeviceOutOfMemoryError(self._oom_message(cost, batch_size))
         result = fn() if self.compute else None
@@ -308,6 +364,9 @@ class Twin:
         segments.append((start, split, forward))
         segments.append((split, start + dt, backward))
         self.steps += 1
+        # the step heats the board with its mean power (a whole step at the temperature it started at)
+        self._temperature_c = relax_temperature_c(self.profile, self._temperature_c, expected.power_w, dt)
+        self._temperature_t = start + dt
         self.clock.advance(dt)
         return result
 

@@ -8,14 +8,19 @@ objective (in log space, where the model's errors are relative) times the probab
 holds the budget. So measurements go where the prediction could beat the incumbent, or where feasibility
 is uncertain (power near the budget) and the prize is large.
 
-The candidates are the whole grid when it has at most ``max_candidates`` settings (Orin Nano with every
+On a rows space (a table replay: :attr:`SearchSpace.rows`) the candidates are its rows only. The
+candidates are the whole grid when it has at most ``max_candidates`` settings (Orin Nano with every
 knob: 24k). Larger grids (AGX Orin: 429k) are searched the way discrete Bayesian optimisation usually is:
 a fresh random sample of the grid plus the neighbours (one level up or down in one knob) of the best
 measured settings, then the neighbours of the best candidates of that first pass.
 
 :meth:`GuidedSampler.should_stop` ends the search when no unmeasured setting has a meaningful chance to
-improve the best by the margin (optimistic bound at 2.5 standard deviations, and at least 5% probability of
-holding the budget).
+improve the best by the margin: its probability of improvement times its probability of holding the budget
+stays below Phi(-2.5) = 0.6% everywhere, and every power mode (a knob whose role caps the others) that could
+hold the budget has measurements of its own.
+
+Safe profiling: once the model is fitted, a setting predicted over the budget with confidence (less than
+``min_feasible_p`` probability of holding it) is never proposed.
 
 It is an ordinary Optuna sampler: trials, storage, resume and fleets work as with any other; a fleet's
 workers see each other's trials and avoid settings another worker is measuring or has queued.
@@ -24,13 +29,21 @@ What was measured reaches it through ``observations_func(frozen_trial) -> Observ
 Optuna's samplers take a ``constraints_func``); the default, :func:`edgetune.search.records.read_observation`,
 reads what :class:`~edgetune.search.study.Search` records. It works under a plain ``study.optimize`` too,
 given an ``observations_func`` that knows the objective's measurements.
+
+With ``prior`` observations (an earlier study of another board, mapped to this space by
+:mod:`edgetune.search.prior`) the model is the prior's hardware model corrected by this board's own
+measurements (:class:`~edgetune.search.prior.Transfer`): it is used from the first proposal, a power mode
+needs no measurements of its own, and the stopping rule may end the search after
+:data:`PRIOR_MIN_TRIALS_TO_STOP` measurements. The prior is never a measurement: the incumbent and the
+budget are this board's measurements alone (before one holds the budget, expected improvement is taken
+over the best setting the model predicts to hold it).
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +54,8 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 from scipy.special import erf
 
-from edgetune.search.efficiency import TargetModel
+from edgetune.power.knobs import KNOBS
+from edgetune.search.efficiency import TargetModel, ZeusCost
 from edgetune.search.records import Observation, read_observation
 from edgetune.search.space import SearchSpace
 
@@ -62,6 +76,14 @@ _REFINE_TOP = 32  # candidates of a sampled first pass whose neighbourhoods the 
 _BATCH_STEPS = (-2, -1, 1, 2)  # neighbour levels in batch size: the optimum moves by octaves, two either way
 _KNOB_STEPS = (-1, 1)  # neighbour levels in a knob
 _MIN_ROWS = 2  # the hardware model's fit needs at least two measured rows
+#: measured settings before the stopping rule may end a search that has no prior (see min_trials_to_stop)
+MIN_TRIALS_TO_STOP = 16
+#: ... and one with a prior: the prior model has seen the space, so a few measurements of this board that
+#: agree with it (baseline probes included) are enough to trust its corrected predictions
+PRIOR_MIN_TRIALS_TO_STOP = 6
+#: with a prior and no measured setting holding the budget yet, proposals are limited to settings at least
+#: this likely to hold it (the first feasible measurement comes at once; improving on it is EI's job)
+_PREDICTED_FEASIBLE_P = 0.8
 
 
 def _norm_cdf(z: np.ndarray) -> np.ndarray:
@@ -99,6 +121,7 @@ class _Fitted:
     measured: _Measured
     per_group: dict[int, Any]
     pooled: Any | None
+    transfer: Any | None = None  # with a prior: the prior model corrected by this board's measurements
 
 
 class GuidedSampler(BaseSampler):
@@ -106,19 +129,25 @@ class GuidedSampler(BaseSampler):
 
     Args:
         space: the search space.
-        objective: ``time``, ``energy``, ``throughput`` or ``pareto`` (alternates time and energy).
+        objective: ``time``, ``energy``, ``throughput``, ``pareto`` (alternates time and energy) or ``cost``
+            (Zeus's ``eta x energy + (1 - eta) x max power x time``; needs ``cost``).
         budget_w: the budget (None: unconstrained); tolerance: allowed overshoot fraction.
         target: steps to target per batch size.
         seed: seed of the space-filling start, the candidate samples and ties.
         n_startup: measured settings (baseline probes included) before the model is used.
         min_group: measured settings a power mode needs before it gets a model of its own.
-        stop_kappa: standard deviations of optimism in the stopping rule.
+        stop_kappa: standard deviations of optimism in the stopping rule: the search stops when no unmeasured
+            setting has a chance (probability of improving the best by the margin times probability of
+            holding the budget) of at least ``stop_probability`` = Phi(-stop_kappa) (2.5: 0.6%).
         stop_confirmations: successive fits that must agree there is nothing left before stopping.
         min_feasible_p: settings less likely than this to hold the budget are not worth a measurement.
         max_candidates: grids up to this size are scored whole; larger ones by sampling (module docs).
         guard_sigma: standard errors added to measured power before it is compared with the budget.
         min_trials_to_stop: measured settings before the stopping rule may end the search (a model fitted on
-            a handful of points is over-confident about the regions it has not seen).
+            a handful of points is over-confident about the regions it has not seen); None:
+            :data:`MIN_TRIALS_TO_STOP`, with a prior :data:`PRIOR_MIN_TRIALS_TO_STOP`.
+        cost: the weights of the ``cost`` objective.
+        prior: observations of an earlier study mapped to this space (module docs).
         observations_func: what each trial measured (:data:`ObservationsFunc`); default
             :func:`~edgetune.search.records.read_observation`, the search's records.
     """
@@ -127,7 +156,10 @@ class GuidedSampler(BaseSampler):
                  tolerance: float = 0.0, target: TargetModel | None = None, seed: int | None = None,
                  n_startup: int = 6, min_group: int = 4, stop_kappa: float = 2.5, stop_confirmations: int = 3,
                  min_feasible_p: float = 0.05, max_candidates: int = 30_000, guard_sigma: float = 0.0,
-                 min_trials_to_stop: int = 16, observations_func: ObservationsFunc | None = None) -> None:
+                 min_trials_to_stop: int | None = None, observations_func: ObservationsFunc | None = None,
+                 cost: ZeusCost | None = None, prior: Sequence[Observation] = ()) -> None:
+        if objective == "cost" and cost is None:
+            raise ValueError("the cost objective needs its weights: cost=ZeusCost(eta, max_power_w)")
         self.space = space
         self.objective = objective
         self.budget_w = budget_w
@@ -136,10 +168,15 @@ class GuidedSampler(BaseSampler):
         self.n_startup = n_startup
         self.min_group = min_group
         self.stop_kappa = stop_kappa
+        self.stop_probability = float(_norm_cdf(np.array(-stop_kappa)))
         self.stop_confirmations = stop_confirmations
         self.min_feasible_p = min_feasible_p
         self.max_candidates = max_candidates
         self.guard_sigma = guard_sigma
+        self.prior = tuple(o for o in prior if o.ok and space.contains(o.candidate))
+        self.cost = cost
+        if min_trials_to_stop is None:
+            min_trials_to_stop = PRIOR_MIN_TRIALS_TO_STOP if self.prior else MIN_TRIALS_TO_STOP
         self.min_trials_to_stop = min_trials_to_stop
         self.observations_func = observations_func or read_observation
         self._seed = seed
@@ -153,12 +190,27 @@ class GuidedSampler(BaseSampler):
         self._tables = [np.array(space.batch_sizes, dtype=float)] + [
             np.array([float(v) if not isinstance(v, str) else float(i + 1) for i, v in enumerate(values)])
             for _, values in space.knobs]
-        self._named = [j for j, (_, v) in enumerate(space.knobs) if isinstance(v[0], str)]
+        # the knobs that group the space: a power mode caps the clocks under it (KnobRole.caps_others); any
+        # other named (categorical) knob is treated alike
+        self._named = [j for j, (name, v) in enumerate(space.knobs)
+                       if isinstance(v[0], str) or (name in KNOBS and KNOBS[name].role.caps_others)]
         self._pooled_names = knob_names
         self._numeric_names = [n for j, n in enumerate(knob_names) if j not in self._named]
-        self._steps_table = np.array([float(self.target.steps(b)) for b in space.batch_sizes])
+        # a rows space (a table replay): only its rows are candidates, by flat grid index
+        self._allowed = (None if space.rows is None else
+                         np.unique(np.ravel_multi_index(tuple(space.row_levels.T), self._sizes)))
         self._cache: dict[str, Any] = {}
         self._stop_streak: list[Any] = []
+
+    @property
+    def _steps_table(self) -> np.ndarray:
+        """Steps to target per batch level, asked of the target each time: a table's target learns a batch
+        size's convergence once it is measured."""
+        return np.array([float(self.target.steps(b)) for b in self.space.batch_sizes])
+
+    def _all_candidates(self) -> np.ndarray:
+        """Flat indices of every candidate: the grid, or a rows space's rows."""
+        return np.arange(self._n) if self._allowed is None else self._allowed
 
     # -- the grid, by flat index ----------------------------------------------------------------------
     def _levels(self, idx: np.ndarray) -> np.ndarray:
@@ -213,7 +265,7 @@ class GuidedSampler(BaseSampler):
         if scores is None:  # the space-filling start
             return self._startup(study)
         acq = scores["acquisition"]
-        lacking = self._lacking_groups(study)
+        lacking = self._lacking_groups(study, scores)
         if lacking and trial.number % 2 == 1:
             # every other proposal goes to the power mode measured least, until each has a model of its
             # own: a mode caps the clocks, so the pooled model cannot tell what a mode it barely saw does
@@ -222,19 +274,35 @@ class GuidedSampler(BaseSampler):
             if np.any(np.isfinite(focused)):
                 acq = focused
         if not np.any(np.isfinite(acq)):
-            return self._startup(study)
+            # nothing left that is both unmeasured and plausibly within the budget: the free setting most
+            # likely to hold it (never a space-filling guess, which could be anywhere over the budget)
+            safest = np.where(scores["free"], scores["p_feas"], -np.inf)
+            if not np.any(np.isfinite(safest)):
+                return self._startup(study)
+            return self._params(int(scores["idx"][int(np.argmax(safest))]))
         k = int(np.argmax(np.where(np.isfinite(acq), acq, -np.inf)))
         return self._params(int(scores["idx"][k]))
 
-    def _lacking_groups(self, study: Study) -> list[int]:
-        """Named-knob groups (power modes) with fewer than ``min_group`` measurements, fewest first."""
-        if not self._named:
+    def _lacking_groups(self, study: Study, scores: dict[str, np.ndarray] | None = None) -> list[int]:
+        """Named-knob groups (power modes) with fewer than ``min_group`` measurements, fewest first (none
+        with a prior: its model covers every mode).
+
+        With ``scores``, a group none of whose scored unmeasured settings is plausibly within the budget
+        (probability at least ``min_feasible_p``) lacks nothing: probing it would only run the board over
+        the budget.
+        """
+        if not self._named or self.prior:
             return []
         idx = self._measured(study).idx
         groups = self._group(np.array(idx, dtype=np.int64)) if idx else np.array([], dtype=np.int64)
         n_groups = int(np.prod([self._sizes[j + 1] for j in self._named]))
         counts = {g: int(np.sum(groups == g)) for g in range(n_groups)}
-        return sorted((g for g, c in counts.items() if c < self.min_group), key=lambda g: (counts[g], g))
+        lacking = [g for g, c in counts.items() if c < self.min_group]
+        if scores is not None and lacking:
+            open_ = scores["free"] & (scores["p_feas"] >= self.min_feasible_p)
+            plausible = set(np.unique(self._group(scores["idx"][open_])).tolist())
+            lacking = [g for g in lacking if g in plausible]
+        return sorted(lacking, key=lambda g: (counts[g], g))
 
     # -- what is known ------------------------------------------------------------------------------
     def _taken(self, study: Study) -> set[int]:
@@ -252,7 +320,8 @@ class GuidedSampler(BaseSampler):
     def _startup(self, study: Study) -> dict[str, Any]:
         """A space-filling point: the sampled free setting farthest (in normalised levels) from all taken."""
         taken = self._taken(study)
-        pool = self._rng.choice(self._n, min(self._n, _STARTUP_POOL), replace=False)
+        every = self._all_candidates()
+        pool = self._rng.choice(every, min(every.size, _STARTUP_POOL), replace=False)
         free = np.array([i for i in pool if int(i) not in taken], dtype=np.int64)
         if free.size == 0:
             free = pool
@@ -296,6 +365,8 @@ class GuidedSampler(BaseSampler):
         measured = self._measured(study)
         idx, times, powers, peaks, oom = (measured.idx, measured.times, measured.powers, measured.peaks,
                                           measured.oom_batches)
+        if self.prior:
+            return self._fit_transfer(measured)
         if len(idx) < self.n_startup:
             return None
         key = (tuple(idx), tuple(oom))
@@ -329,8 +400,38 @@ class GuidedSampler(BaseSampler):
         self._cache = {"key": key, "value": value}
         return value
 
+    def _prior_idx(self) -> np.ndarray:
+        return np.array([self._candidate_index(o) for o in self.prior], dtype=np.int64)
+
+    def _fit_transfer(self, measured: _Measured) -> _Fitted:
+        """The prior model (fitted once) corrected by the measured settings; cached per measured set."""
+        from edgetune.search.prior import PriorModel, Transfer
+
+        key = ("transfer", tuple(measured.idx), tuple(measured.oom_batches))
+        if self._cache.get("key") == key:
+            return self._cache["value"]
+        if "prior_model" not in self._cache:
+            pidx = self._prior_idx()
+            self._cache["prior_model"] = PriorModel(
+                self._rows(pidx, self._numeric_names), self._group(pidx), [o.step_time_s for o in self.prior],
+                [o.judged_power_w(self.guard_sigma) for o in self.prior], min_rows=self.min_group)
+        names = ["batch_size", *self._pooled_names]
+        scale = np.array([np.ptp(np.log(np.maximum(t, 1e-12))) for t in self._tables])
+        idx = np.array(measured.idx, dtype=np.int64)
+        transfer = Transfer(self._cache["prior_model"], names, scale, self._rows(idx, self._numeric_names),
+                            self._rows(idx, self._pooled_names), self._group(idx), measured.times,
+                            measured.powers)
+        value = _Fitted(measured, {}, None, transfer)
+        self._cache = {"key": key, "value": value, "prior_model": self._cache["prior_model"]}
+        return value
+
     def _predict(self, fitted: _Fitted, cand: np.ndarray) -> tuple[np.ndarray, ...]:
         """Step time, power and their std for grid indices ``cand``."""
+        if fitted.transfer is not None:
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                return fitted.transfer.predict(self._rows(cand, self._numeric_names),
+                                               self._rows(cand, self._pooled_names), self._group(cand))
         per_group, pooled = fitted.per_group, fitted.pooled
         out = [np.full(cand.size, np.nan) for _ in range(4)]
         groups = self._group(cand)
@@ -356,7 +457,8 @@ class GuidedSampler(BaseSampler):
                 ok = (moved[:, d] >= 0) & (moved[:, d] < size)
                 if ok.any():
                     out.append(self._flat(moved[ok]))
-        return np.unique(np.concatenate(out))
+        near = np.unique(np.concatenate(out))
+        return near if self._allowed is None else near[np.isin(near, self._allowed)]
 
     # -- scoring ------------------------------------------------------------------------------------
     def _objective(self, number: int) -> str:
@@ -380,6 +482,11 @@ class GuidedSampler(BaseSampler):
             elif objective == "energy":
                 log_score = np.log(steps * t * p)
                 s_log = np.sqrt(st ** 2 + (sp / np.maximum(p, _MIN_POWER_W)) ** 2)
+            elif objective == "cost":  # steps x step time x (eta P + (1 - eta) P_max)
+                assert self.cost is not None
+                weighted = self.cost.eta * p + (1.0 - self.cost.eta) * self.cost.max_power_w
+                log_score = np.log(steps * t * weighted)
+                s_log = np.sqrt(st ** 2 + (self.cost.eta * sp / np.maximum(weighted, _MIN_POWER_W)) ** 2)
             else:  # throughput: time per sample
                 log_score, s_log = np.log(t / batch), st
             if self.budget_w is not None:
@@ -391,13 +498,21 @@ class GuidedSampler(BaseSampler):
             p_feas = np.where(lv[:, 0] >= min(oom), 0.0, p_feas)
         best = self._incumbent(idx, times, powers, objective)
         free = np.array([int(i) not in taken for i in cand])
+        ref, proposable = best, free
+        if not math.isfinite(best) and self.prior:  # the prior-informed model knows where to look already
+            likely = free & np.isfinite(log_score) & (p_feas >= _PREDICTED_FEASIBLE_P)
+            if likely.any():
+                ref = float(np.min(log_score[likely]))
+                proposable = likely
         with np.errstate(all="ignore"):
-            if math.isfinite(best):
-                z = (best - log_score) / s_log
+            if math.isfinite(ref):
+                z = (ref - log_score) / s_log
                 ei = s_log * (z * _norm_cdf(z) + _norm_pdf(z))
             else:  # nothing feasible yet: look for feasibility first
                 ei = np.ones_like(log_score)
-        acq = np.where(free & np.isfinite(log_score), ei * p_feas, -np.inf)
+        # safe profiling: a setting the model is confident is over the budget is not measured at all
+        plausible = p_feas >= self.min_feasible_p if self.budget_w is not None else np.ones_like(free)
+        acq = np.where(proposable & plausible & np.isfinite(log_score), ei * p_feas, -np.inf)
         return {"idx": cand, "acquisition": acq, "log_score": log_score, "s_log": s_log, "p_feas": p_feas,
                 "free": free, "best": best}
 
@@ -409,6 +524,9 @@ class GuidedSampler(BaseSampler):
                 b = int(self._levels(np.array([i]))[0, 0])
                 steps, batch = self._steps_table[b], self._tables[0][b]
                 val = {"time": steps * tt, "energy": steps * tt * pp}.get(objective, tt / batch)
+                if objective == "cost":
+                    assert self.cost is not None
+                    val = steps * tt * (self.cost.eta * pp + (1.0 - self.cost.eta) * self.cost.max_power_w)
                 best = min(best, math.log(val))
         return best
 
@@ -421,14 +539,15 @@ class GuidedSampler(BaseSampler):
         if self._cache.get("score_key") == key:
             return self._cache["score"]
         taken = self._taken(study)
-        if self._n <= self.max_candidates:
-            scores = self._evaluate(fitted, np.arange(self._n), objective, taken)
+        if self._all_candidates().size <= self.max_candidates:
+            scores = self._evaluate(fitted, self._all_candidates(), objective, taken)
         else:
-            idx = np.array(fitted.measured.idx)
+            idx = np.array(fitted.measured.idx, dtype=np.int64)
             # a fresh sample per measured set, reproducible from the seed
             rng = np.random.RandomState(None if self._seed is None else self._seed + len(idx))
-            first = np.unique(np.concatenate([rng.choice(self._n, self.max_candidates // _FIRST_PASS_SHARE, replace=False),
-                                              self._neighbours(idx)]))
+            seeds = np.concatenate([idx, self._prior_idx()]) if self.prior else idx  # the prior's too
+            first = np.unique(np.concatenate([rng.choice(self._all_candidates(), self.max_candidates // _FIRST_PASS_SHARE, replace=False),
+                                              self._neighbours(seeds)]))
             s1 = self._evaluate(fitted, first, objective, taken)
             top = first[np.argsort(-s1["acquisition"])[:_REFINE_TOP]]
             second = np.setdiff1d(self._neighbours(self._neighbours(top)), first)
@@ -443,23 +562,27 @@ class GuidedSampler(BaseSampler):
         return scores
 
     def should_stop(self, study: Study, margin: float) -> str | None:
-        """A reason to stop when no unmeasured setting can plausibly beat the best by ``margin``.
+        """A reason to stop when no unmeasured setting has a meaningful chance to beat the best by ``margin``.
 
-        The condition must hold after ``stop_confirmations`` successive measurements (each one the most
-        promising setting left), so one over-confident fit does not end the search.
+        The chance of a setting is the model's probability that it improves the best by the margin times
+        its probability of holding the budget (a setting near the budget counts by how likely it holds);
+        the search goes on while any unmeasured setting's chance is at least ``stop_probability``. Before
+        that, each power mode (a knob that caps the others) must have ``min_group`` measurements of its own,
+        unless none of its settings is plausibly within the budget. The condition must hold after
+        ``stop_confirmations`` successive measurements, so one over-confident fit does not end the search.
         """
-        if len(self._measured(study).idx) < self.min_trials_to_stop or self._lacking_groups(study):
+        if len(self._measured(study).idx) < self.min_trials_to_stop:
             return None
         objectives = ["time", "energy"] if self.objective == "pareto" else [self.objective]
         for k, _ in enumerate(objectives):
             s = self._score(study, k)  # k's parity picks the pareto objective
-            if s is None or not math.isfinite(s["best"]):
+            if s is None or not math.isfinite(s["best"]) or self._lacking_groups(study, s):
                 self._stop_streak = []
                 return None
-            optimistic = s["log_score"] - self.stop_kappa * s["s_log"]
-            hope = s["free"] & (s["p_feas"] >= self.min_feasible_p) & (
-                optimistic < s["best"] + math.log(1.0 - margin))
-            if hope.any():
+            with np.errstate(all="ignore"):
+                p_improve = _norm_cdf((s["best"] + math.log(1.0 - margin) - s["log_score"]) / s["s_log"])
+            chance = np.where(s["free"] & np.isfinite(s["log_score"]), np.nan_to_num(p_improve * s["p_feas"]), 0.0)
+            if chance.size and float(np.max(chance)) >= self.stop_probability:
                 self._stop_streak = []
                 return None
         key = self._cache.get("key")
@@ -467,8 +590,8 @@ class GuidedSampler(BaseSampler):
             self._stop_streak.append(key)
         if len(self._stop_streak) < self.stop_confirmations:
             return None
-        return (f"no unmeasured setting is predicted to beat the best by {margin:.0%} (hardware model, "
-                f"{self.stop_kappa:g} std optimism, {self.stop_confirmations} fits in a row)")
+        return (f"no unmeasured setting has a {self.stop_probability:.2%} chance to beat the best by {margin:.0%} "
+                f"within the budget (hardware model; {self.stop_confirmations} fits in a row)")
 
     def __repr__(self) -> str:
         return f"GuidedSampler(grid={self._n}, objective={self.objective!r})"

@@ -1,0 +1,344 @@
+"""Convergence truth: measured steps to a validation target per batch size, and the law's prediction of them.
+
+McCandlish et al. (2018) predict the optimizer steps to a target as S(b) = S_min (1 + B_noise / b). This
+module holds the pure pieces that check that law against real training runs
+(``experiments/convergence_truth.py``) and the measured table the runs leave behind
+(``experiments/data/convergence/``), which the benchmark's scorer reads:
+
+* :func:`crossing_step` - the step at which a validation metric first reaches its target, interpolated
+  between evaluations;
+* :func:`geometric_schedule` - evaluation steps spaced by a constant ratio (constant relative resolution);
+* :func:`predict_from_warmup` - S(b) from a noise scale measured in a warm-up at one batch size and the
+  steps measured there (S_min = S(b_w) / (1 + B_noise / b_w));
+* :func:`steps_error` and :func:`choice_loss` - how far the predicted curve is from the measured one, in
+  steps and in time to target lost by choosing the batch size from the prediction;
+* :func:`load_convergence` / :func:`save_convergence_rows`, :func:`load_b_noise` - the measured table.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+__all__ = [
+    "CONVERGENCE_COLUMNS",
+    "ChoiceLoss",
+    "ConvergenceError",
+    "ConvergenceRow",
+    "MeasuredCurve",
+    "NoiseScaleRow",
+    "choice_loss",
+    "crossing_step",
+    "geometric_schedule",
+    "load_b_noise",
+    "load_convergence",
+    "predict_from_warmup",
+    "read_convergence_rows",
+    "save_b_noise_rows",
+    "save_convergence_rows",
+    "steps_error",
+]
+
+
+class ConvergenceError(ValueError):
+    """A convergence table that cannot be read; the message is one line naming the file and the fix."""
+
+
+# ------------------------------------------------------------------------------------------ steps to target
+
+
+def crossing_step(steps: Sequence[float], values: Sequence[float], target: float, *,
+                  higher_is_better: bool) -> float:
+    """The step at which ``values`` (a metric evaluated at ``steps``) first reaches ``target``.
+
+    Between the last evaluation short of the target and the first one at or past it the metric is taken
+    as linear in the step, so the answer is not tied to the evaluation grid; reached at the first
+    evaluation, the answer is that step (nothing earlier was seen). ``nan`` when the target is never
+    reached. Accuracy wants ``higher_is_better=True``, a loss ``False``.
+    """
+    s = np.asarray(steps, dtype=float)
+    v = np.asarray(values, dtype=float)
+    if s.shape != v.shape or s.ndim != 1:
+        raise ValueError("steps and values must be 1-d and of the same length")
+    if s.size and np.any(np.diff(s) <= 0):
+        raise ValueError("steps must be strictly increasing")
+    sign = 1.0 if higher_is_better else -1.0
+    margin = sign * (v - target)  # >= 0: target reached
+    hits = np.flatnonzero(margin >= 0)
+    if hits.size == 0:
+        return math.nan
+    k = int(hits[0])
+    if k == 0:
+        return float(s[0])
+    m0, m1 = margin[k - 1], margin[k]  # m0 < 0 <= m1
+    return float(s[k - 1] + (s[k] - s[k - 1]) * (-m0) / (m1 - m0))
+
+
+def geometric_schedule(first: int = 1, ratio: float = 1.1) -> Iterator[int]:
+    """Evaluation steps ``first, ...``, each at least one step and ``ratio`` times past the last.
+
+    A constant ratio gives every run the same relative resolution (about ``(ratio - 1) / 2`` after
+    :func:`crossing_step`'s interpolation), whatever its length, for ``log(N) / log(ratio)`` evaluations.
+    """
+    if first < 1 or isinstance(first, bool):
+        raise ValueError(f"first must be a positive integer, got {first!r}")
+    if not ratio > 1.0:
+        raise ValueError(f"ratio must be above 1, got {ratio!r}")
+    step = int(first)
+    while True:
+        yield step
+        step = max(step + 1, math.ceil(step * ratio))
+
+
+# ------------------------------------------------------------------------------------------ prediction
+
+
+def predict_from_warmup(batch_sizes: Sequence[float] | np.ndarray, b_noise: float, warmup_batch: float,
+                        warmup_steps: float) -> np.ndarray:
+    """S(b) = S_min (1 + B_noise / b), anchored on the steps measured at the warm-up batch size.
+
+    Args:
+        batch_sizes: where to predict.
+        b_noise: the gradient noise scale measured in the warm-up (samples); ``inf`` means steps fall as
+            1/b everywhere (S(b) = S(b_w) b_w / b).
+        warmup_batch: the warm-up's batch size b_w.
+        warmup_steps: steps to target measured at b_w; S_min = S(b_w) / (1 + B_noise / b_w).
+    """
+    b = np.asarray(batch_sizes, dtype=float)
+    if not (warmup_batch > 0 and warmup_steps > 0 and np.all(b > 0)):
+        raise ValueError("batch sizes and warm-up steps must be positive")
+    if not b_noise >= 0:  # also rejects nan
+        raise ValueError(f"b_noise must be a non-negative number of samples, got {b_noise!r}")
+    if math.isinf(b_noise):
+        return warmup_steps * warmup_batch / b
+    s_min = warmup_steps / (1.0 + b_noise / warmup_batch)
+    return s_min * (1.0 + b_noise / b)
+
+
+def steps_error(predicted: Sequence[float] | np.ndarray, measured: Sequence[float] | np.ndarray) -> float:
+    """Mean absolute relative error ``mean(|predicted / measured - 1|)`` (a fraction), over finite pairs."""
+    p = np.asarray(predicted, dtype=float)
+    m = np.asarray(measured, dtype=float)
+    if p.shape != m.shape:
+        raise ValueError("predicted and measured must have the same shape")
+    ok = np.isfinite(p) & np.isfinite(m) & (m > 0)
+    if not ok.any():
+        raise ValueError("no batch size has both a prediction and a measurement")
+    return float(np.mean(np.abs(p[ok] / m[ok] - 1.0)))
+
+
+@dataclass(frozen=True)
+class ChoiceLoss:
+    """The batch size each curve picks for the least time to target, and what the predicted pick costs.
+
+    ``loss`` is measured time to target at ``predicted_choice`` over that at ``measured_choice``, minus 1
+    (0 when both curves pick the same batch size).
+    """
+
+    measured_choice: int
+    predicted_choice: int
+    measured_time_s: float
+    predicted_choice_time_s: float
+
+    @property
+    def loss(self) -> float:
+        return self.predicted_choice_time_s / self.measured_time_s - 1.0
+
+
+def choice_loss(batch_sizes: Sequence[int], predicted_steps: Sequence[float], measured_steps: Sequence[float],
+                step_time_s: Sequence[float]) -> ChoiceLoss:
+    """Time to target lost by choosing the batch size from ``predicted_steps`` instead of ``measured_steps``.
+
+    Time to target at b is steps(b) x step_time_s(b); each curve picks its argmin among the batch sizes
+    measured to reach the target (a ``nan`` measurement is a batch size that never reached it: it is
+    never the measured pick, and the predicted pick falls on the next best measured one).
+    """
+    b = np.asarray(batch_sizes, dtype=int)
+    p = np.asarray(predicted_steps, dtype=float)
+    m = np.asarray(measured_steps, dtype=float)
+    t = np.asarray(step_time_s, dtype=float)
+    if not (b.shape == p.shape == m.shape == t.shape) or b.ndim != 1:
+        raise ValueError("batch_sizes, predicted_steps, measured_steps and step_time_s must be 1-d, same length")
+    if not np.all(t > 0):
+        raise ValueError("step times must be positive")
+    ok = np.isfinite(m) & np.isfinite(p)
+    if not ok.any():
+        raise ValueError("no batch size has both a prediction and a measurement")
+    idx = np.flatnonzero(ok)
+    measured_time = m[idx] * t[idx]
+    predicted_time = p[idx] * t[idx]
+    i_meas = idx[int(np.argmin(measured_time))]
+    i_pred = idx[int(np.argmin(predicted_time))]
+    return ChoiceLoss(measured_choice=int(b[i_meas]), predicted_choice=int(b[i_pred]),
+                      measured_time_s=float(m[i_meas] * t[i_meas]),
+                      predicted_choice_time_s=float(m[i_pred] * t[i_pred]))
+
+
+# ------------------------------------------------------------------------------------------ the measured table
+
+@dataclass(frozen=True)
+class ConvergenceRow:
+    """One training run: steps to the validation target at one batch size and seed.
+
+    ``steps`` is ``nan`` when the run stopped (``max_samples``) before reaching the target; ``lr`` is the
+    learning rate the run trained with (the workload's, rescaled to ``batch_size`` by the runtime's rule).
+    """
+
+    workload: str
+    metric: str
+    target: float
+    batch_size: int
+    seed: int
+    lr: float
+    steps: float
+    evaluations: int
+    wall_s: float
+
+
+CONVERGENCE_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ConvergenceRow))
+
+
+@dataclass(frozen=True)
+class NoiseScaleRow:
+    """B_noise of one workload, measured with :class:`~edgetune.predictors.GradientNoiseScale`.
+
+    Measured during a warm-up run at ``warmup_batch`` split into ``micro_batches`` equal micro-batches
+    (the estimator's two batch sizes), EMA decay ``beta``, until the validation target was reached after
+    ``warmup_steps`` steps; ``b_noise`` is the estimate at that point, ``b_noise_first_steps`` the estimate
+    after only the first ``first_steps`` steps (what a short search warm-up would see).
+    """
+
+    workload: str
+    b_noise: float
+    warmup_batch: int
+    micro_batches: int
+    beta: float
+    warmup_seed: int
+    warmup_steps: float
+    first_steps: int
+    b_noise_first_steps: float
+
+
+@dataclass(frozen=True)
+class MeasuredCurve:
+    """Steps to target per batch size for one workload: median over seeds, and the spread."""
+
+    workload: str
+    metric: str
+    target: float
+    batch_sizes: tuple[int, ...]
+    median_steps: tuple[float, ...]
+    min_steps: tuple[float, ...]
+    max_steps: tuple[float, ...]
+    seeds: tuple[int, ...]
+
+    def steps(self, batch_size: int) -> float:
+        """Median steps to target at ``batch_size`` (``nan`` where most seeds never reached it)."""
+        try:
+            return self.median_steps[self.batch_sizes.index(batch_size)]
+        except ValueError:
+            raise KeyError(f"{self.workload}: no measurement at batch size {batch_size}; "
+                           f"measured: {', '.join(map(str, self.batch_sizes))}") from None
+
+
+def _write_rows(path: str | os.PathLike, rows: Iterable[object], columns: Sequence[str]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([_fmt(getattr(row, c)) for c in columns])
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.6g}"
+    return str(value)
+
+
+def _read_rows(path: str | os.PathLike, cls: type) -> list:
+    types = {f.name: f.type for f in fields(cls)}
+    try:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in types if c not in (reader.fieldnames or [])]
+            if missing:
+                raise ConvergenceError(f"{path}: missing column(s) {', '.join(missing)}; write the table with "
+                                       f"experiments/convergence_truth.py")
+            rows = []
+            for line, record in enumerate(reader, start=2):
+                try:
+                    values = {k: _parse(types[k], record[k]) for k in types}
+                except ValueError as exc:
+                    raise ConvergenceError(f"{path}, line {line}: {exc}") from None
+                rows.append(cls(**values))
+    except OSError as exc:
+        raise ConvergenceError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return rows
+
+
+def _parse(kind: object, text: str | None) -> object:
+    if text is None:
+        raise ValueError("short row")
+    if kind in (int, "int"):
+        return int(text)
+    if kind in (float, "float"):
+        return float(text)
+    return text
+
+
+def save_convergence_rows(path: str | os.PathLike, rows: Iterable[ConvergenceRow]) -> None:
+    """Write the runs as CSV with :data:`CONVERGENCE_COLUMNS` (``nan``: target not reached)."""
+    _write_rows(path, rows, CONVERGENCE_COLUMNS)
+
+
+def save_b_noise_rows(path: str | os.PathLike, rows: Iterable[NoiseScaleRow]) -> None:
+    """Write the per-workload noise scales as CSV."""
+    _write_rows(path, rows, [f.name for f in fields(NoiseScaleRow)])
+
+
+def read_convergence_rows(path: str | os.PathLike) -> list[ConvergenceRow]:
+    """The runs as written by :func:`save_convergence_rows` (raises :class:`ConvergenceError`)."""
+    return _read_rows(path, ConvergenceRow)
+
+
+def load_convergence(path: str | os.PathLike) -> dict[str, MeasuredCurve]:
+    """The measured table as one :class:`MeasuredCurve` per workload.
+
+    The median over seeds counts a run that never reached the target as infinitely many steps, so a batch
+    size where most seeds missed the target has a ``nan`` median (and ``inf`` maximum).
+
+    Raises:
+        ConvergenceError: unreadable file, missing columns, a bad value, or one workload with two targets.
+    """
+    rows = read_convergence_rows(path)
+    by_workload: dict[str, list[ConvergenceRow]] = {}
+    for row in rows:
+        by_workload.setdefault(row.workload, []).append(row)
+    curves = {}
+    for name, runs in by_workload.items():
+        targets = {(r.metric, r.target) for r in runs}
+        if len(targets) != 1:
+            raise ConvergenceError(f"{path}: workload {name!r} has several targets {sorted(targets)}; keep one "
+                                   f"target per workload")
+        (metric, target), = targets
+        sizes = sorted({r.batch_size for r in runs})
+        med, lo, hi = [], [], []
+        for b in sizes:
+            steps = np.array([r.steps if math.isfinite(r.steps) else math.inf for r in runs if r.batch_size == b])
+            m = float(np.median(steps))
+            med.append(m if math.isfinite(m) else math.nan)
+            lo.append(float(steps.min()))
+            hi.append(float(steps.max()))
+        curves[name] = MeasuredCurve(name, metric, target, tuple(sizes), tuple(med), tuple(lo), tuple(hi),
+                                     tuple(sorted({r.seed for r in runs})))
+    return curves
+
+
+def load_b_noise(path: str | os.PathLike) -> Mapping[str, NoiseScaleRow]:
+    """Workload -> its measured :class:`NoiseScaleRow` (raises :class:`ConvergenceError`)."""
+    return {row.workload: row for row in _read_rows(path, NoiseScaleRow)}

@@ -1,0 +1,310 @@
+"""Transfer between boards: an earlier study as prior knowledge for a new search (``--prior``).
+
+A search may start from a study of another board (a sibling module, Orin Nano -> Orin NX), of the same
+module in another power mode, or of the same workload at another budget. What it measured there is physics
+(step time and power of settings), not a verdict on the new budget, so it is used in three steps:
+
+1. :func:`load_prior` reads the earlier study: a storage URL (``sqlite:///...``, ``journal:<file>``, any
+   SQLAlchemy URL) with ``#<study name>`` when it holds several studies, or an output folder holding
+   ``study.db``. Its measured settings come back as :class:`~edgetune.search.records.Observation`.
+2. :func:`map_to_space` moves them into the new device's space: each knob value snapped to the nearest
+   allowed value (numbers by ratio; power modes by name, else by the watts in their names), a knob the new
+   space lacks dropped, a knob the prior lacks taken as the new device was found.
+3. The guided sampler fits the hardware model on the prior once (:class:`PriorModel`, one model per power
+   mode as in a cold search) and learns the *discrepancy* of the new board from its own measurements
+   (:class:`Transfer`): a log-space correction of time and power, a constant from the first measurement and a
+   Gaussian process over the setting from :data:`MIN_GP_ROWS` on, whose uncertainty (large before anything
+   is measured) adds to the prior model's. The prior shapes where to look; it never counts as a
+   measurement: only settings measured on the new board are candidates for the result, and only they
+   certify the budget.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgetune.log import get_logger
+from edgetune.power.base import KnobValue
+from edgetune.power.knobs import Candidate
+from edgetune.search.records import Observation, read_identity, read_observation
+from edgetune.search.space import SearchSpace
+from edgetune.search.storage import SearchError, open_storage, redact
+
+__all__ = ["MIN_GP_ROWS", "PriorError", "PriorModel", "PriorStudy", "Transfer", "load_prior", "map_to_space",
+           "snap"]
+
+_log = get_logger(__name__)
+
+STUDY_DB = "study.db"  # the search's SQLite file in an output folder (edgetune.config.STUDY_DB)
+NAME_SEP = "#"  # separates a storage URL from the study name: sqlite:///out/study.db#orin-nano-cnn-10W-time
+#: log-space std of the new board's correction before any of its measurements: a sibling module or another
+#: power mode differs by tens of percent in time and power (Orin Nano vs NX at equal clocks: ~40% in power)
+UNKNOWN_DISCREPANCY = 0.5
+#: log-space spread of the correction between settings, assumed until three measurements can estimate it:
+#: what per-setting differences a constant scale misses (different core counts, memory bandwidth), ~10%
+DISCREPANCY_SPREAD = 0.1
+MIN_SPREAD = 0.01  # floor of an estimated spread: two agreeing measurements do not make the prior exact (1%)
+#: new-board measurements before the correction varies over the setting (a GP); below: a constant
+MIN_GP_ROWS = 3
+_MIN_LOG_SPAN = math.log(2.0)  # a knob's feature scale spans at least a factor of two (no division by ~0)
+_MODE_WATTS = re.compile(r"(\d+(?:\.\d+)?)\s*W", re.IGNORECASE)  # "7W", "MODE_30W": a mode's budget
+_UNBOUNDED_MODE_W = 1e6  # a mode without a number in its name (MAXN): above every numbered mode, W
+_GP_SEED = 0  # the correction's GP optimiser: the same fit for the same rows
+
+
+class PriorError(ValueError):
+    """A ``--prior`` that cannot be read: one line naming the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class PriorStudy:
+    """An earlier study's measurements, as measured on its own device."""
+
+    source: str  # the storage URL, password redacted
+    study_name: str
+    identity: Mapping[str, Any]  # device, workload, budget, objective, space (records.write_identity)
+    observations: tuple[Observation, ...]  # measured settings that ran
+
+    @property
+    def device(self) -> str:
+        return str(self.identity.get("device", "?"))
+
+    def describe(self) -> str:
+        return (f"prior: {len(self.observations)} settings of study {self.study_name!r} "
+                f"({self.device}, {self.identity.get('workload', '?')}, budget {self.identity.get('budget_w')} W)")
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def _storage_url(spec: str) -> tuple[str, str | None]:
+    """(storage URL, study name or None) of a ``--prior`` value."""
+    url, _, name = spec.partition(NAME_SEP)
+    name = name.strip() or None
+    if "://" in url or url.startswith("journal:"):
+        if url.startswith("sqlite:///") and not url.endswith(":memory:"):
+            path = Path(url[len("sqlite:///"):])
+            if not path.is_file():  # SQLAlchemy would create an empty database
+                raise PriorError(f"--prior {spec}: no such file {path}; give the output folder of an earlier "
+                                 f"search or its {STUDY_DB}")
+        return url, name
+    path = Path(url)
+    if path.is_dir():
+        path = path / STUDY_DB
+    if not path.is_file():
+        raise PriorError(f"--prior {spec}: no {STUDY_DB} there; give the output folder of an earlier search, "
+                         f"or a storage URL (sqlite:///..., journal:FILE)")
+    return f"sqlite:///{path.resolve()}", name
+
+
+def load_prior(spec: str) -> PriorStudy:
+    """Read the earlier study ``spec`` names (module docs); its measured settings that ran.
+
+    Raises:
+        PriorError: no such folder or file, the storage cannot be opened, no study or several without a
+            name, or a study with nothing measured (one line).
+    """
+    import optuna
+
+    url, name = _storage_url(spec)
+    try:
+        storage = open_storage(url)
+    except SearchError as exc:
+        raise PriorError(f"--prior: {exc}") from None
+    names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False))
+    if name is None:
+        if len(names) != 1:
+            found = f"{len(names)} studies ({', '.join(names)})" if names else "no study"
+            raise PriorError(f"--prior {spec} holds {found}; name one: --prior '{url}{NAME_SEP}STUDY_NAME'")
+        name = names[0]
+    elif name not in names:
+        raise PriorError(f"--prior {spec}: no study {name!r} there; it holds {', '.join(names) or 'none'}")
+    study = optuna.load_study(study_name=name, storage=storage)
+    observations = tuple(o for t in study.get_trials(deepcopy=False)
+                         if (o := read_observation(t)) is not None and o.measured and o.ok)
+    if not observations:
+        raise PriorError(f"--prior {spec}: study {name!r} has no measured setting that ran; search it first")
+    return PriorStudy(redact(url), name, read_identity(study) or {}, observations)
+
+
+# ---------------------------------------------------------------------------------------------- mapping
+
+
+def _mode_watts(name: str) -> float:
+    m = _MODE_WATTS.search(name)
+    return float(m.group(1)) if m else _UNBOUNDED_MODE_W
+
+
+def snap(value: KnobValue, allowed: Sequence[KnobValue]) -> KnobValue:
+    """The allowed value nearest ``value``: itself when allowed; numbers by ratio (``log`` distance); names
+    (power modes) by the watts in their names (``7W`` -> ``10W``; a name without a number, MAXN, is the
+    highest)."""
+    if value in allowed:
+        return value
+    if isinstance(allowed[0], str) or isinstance(value, str):
+        w = _mode_watts(str(value))
+        return min(allowed, key=lambda a: abs(math.log(_mode_watts(str(a)) / w)))
+    v = float(value)
+    return min(allowed, key=lambda a: abs(math.log(max(float(a), 1e-12) / max(v, 1e-12))))
+
+
+def map_to_space(observations: Sequence[Observation], space: SearchSpace,
+                 found: Mapping[str, KnobValue] | None = None) -> tuple[Observation, ...]:
+    """``observations`` moved into ``space`` (module docs): values snapped, unknown knobs dropped, missing
+    knobs as ``found`` (the new device's settings; else the knob's highest value). The first of several
+    observations that land on one setting is kept."""
+    found = found or {}
+    out: dict[Candidate, Observation] = {}
+    for obs in observations:
+        knobs = obs.candidate.knobs
+        setting = []
+        for name, allowed in space.knobs:
+            value = knobs.get(name, found.get(name, allowed[-1]))
+            setting.append((name, snap(value, allowed)))
+        cand = Candidate(int(snap(obs.candidate.batch_size, space.batch_sizes)), tuple(setting))
+        if cand not in out:
+            out[cand] = Observation(cand, measured=True, ok=True, step_time_s=obs.step_time_s,
+                                    max_avg_power_w=obs.max_avg_power_w, power_se_w=obs.power_se_w,
+                                    peak_power_w=obs.peak_power_w, feasible=False)
+    return tuple(out.values())
+
+
+# ---------------------------------------------------------------------------------------------- models
+
+
+def _features(rows: Sequence[Mapping[str, float]], names: Sequence[str]) -> np.ndarray:
+    """Log values of ``names`` (batch size and knobs; power modes by rank) per row."""
+    return np.log(np.array([[max(float(r[n]), 1e-12) for n in names] for r in rows], dtype=float))
+
+
+class PriorModel:
+    """Hardware models of the prior device, one per power-mode group (as a cold search fits them), fitted
+    once; a group without prior rows of its own uses the group with the most.
+
+    Args:
+        rows: per prior setting, knob values (power modes left out) and ``batch_size``.
+        groups: per prior setting, its power-mode group in the new space.
+        step_time_s, power_w: what the prior device measured (power: as the budget is judged).
+    """
+
+    def __init__(self, rows: Sequence[Mapping[str, float]], groups: Sequence[int], step_time_s: Sequence[float],
+                 power_w: Sequence[float], *, min_rows: int = 4) -> None:
+        from edgetune.predictors.hardware_model import HardwareModel
+
+        groups = np.asarray(groups, dtype=np.int64)
+        self.models: dict[int, Any] = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for g in np.unique(groups):
+                sel = np.flatnonzero(groups == g)
+                if sel.size >= min_rows:
+                    self.models[int(g)] = HardwareModel(random_state=_GP_SEED).fit(
+                        [rows[i] for i in sel], [step_time_s[i] for i in sel], [power_w[i] for i in sel])
+        if not self.models:
+            raise PriorError(f"the prior has {len(rows)} usable settings; at least {min_rows} in one power mode "
+                             f"are needed")
+        counts = {g: int(np.sum(groups == g)) for g in self.models}
+        self.main_group = max(counts, key=lambda g: (counts[g], -g))
+
+    def predict(self, rows: Sequence[Mapping[str, float]], groups: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Time, power and their relative (log-space) std per row."""
+        n = len(rows)
+        t, p, st, sp = (np.full(n, np.nan) for _ in range(4))
+        for g in np.unique(groups):
+            sel = np.flatnonzero(groups == g)
+            model = self.models.get(int(g), self.models[self.main_group])
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                pred = model.predict([rows[i] for i in sel])
+            t[sel], p[sel] = pred.step_time_s, pred.power_w
+            st[sel] = pred.step_time_std / pred.step_time_s
+            sp[sel] = pred.power_std / pred.power_w
+        return t, p, st, sp
+
+
+@dataclass(frozen=True)
+class _Correction:
+    """A log-space correction of the prior: ``mean`` plus a GP over the setting (None: constant)."""
+
+    mean: float
+    mean_std: float
+    spread: float
+    gp: Any | None
+
+    @classmethod
+    def fit(cls, Z: np.ndarray, r: np.ndarray) -> _Correction:
+        k = r.size
+        if k == 0:
+            return cls(0.0, UNKNOWN_DISCREPANCY, 0.0, None)
+        mean = float(np.mean(r))
+        spread = max(float(np.std(r, ddof=1)), MIN_SPREAD) if k >= MIN_GP_ROWS else DISCREPANCY_SPREAD
+        if k < MIN_GP_ROWS:
+            return cls(mean, spread / math.sqrt(k), spread, None)
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+        kernel = ConstantKernel(spread ** 2, (MIN_SPREAD ** 2, 1.0)) * RBF(1.0, (0.2, 20.0)) + WhiteKernel(
+            MIN_SPREAD ** 2, (1e-6, DISCREPANCY_SPREAD ** 2))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gp = GaussianProcessRegressor(kernel, normalize_y=False, random_state=_GP_SEED).fit(Z, r - mean)
+        return cls(mean, spread / math.sqrt(k), spread, gp)
+
+    def predict(self, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = Z.shape[0]
+        if self.gp is None:
+            return np.full(n, self.mean), np.full(n, math.hypot(self.mean_std, self.spread))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mu, sd = self.gp.predict(Z, return_std=True)
+        return self.mean + mu, np.sqrt(sd ** 2 + self.mean_std ** 2)
+
+
+class Transfer:
+    """The prior model corrected by the new board's own measurements (module docs, step 3).
+
+    Args:
+        prior: the prior device's models.
+        names: feature names of the correction (batch size and every knob; power modes by rank).
+        scale: per feature, the span of its log values in the new space (the correction's length unit).
+        rows, features, groups: the new board's measured settings: model rows (no power modes), correction
+            rows (``names``), power-mode groups.
+        step_time_s, power_w: what the new board measured.
+    """
+
+    def __init__(self, prior: PriorModel, names: Sequence[str], scale: np.ndarray,
+                 rows: Sequence[Mapping[str, float]], features: Sequence[Mapping[str, float]], groups: np.ndarray,
+                 step_time_s: Sequence[float], power_w: Sequence[float]) -> None:
+        self.prior = prior
+        self.names = list(names)
+        self.scale = np.maximum(np.asarray(scale, dtype=float), _MIN_LOG_SPAN)
+        Z = self._z(features) if len(rows) else np.zeros((0, len(self.names)))
+        if len(rows):
+            t0, p0, _, _ = prior.predict(rows, groups)
+            rt = np.log(np.asarray(step_time_s, dtype=float) / t0)
+            rp = np.log(np.asarray(power_w, dtype=float) / p0)
+        else:
+            rt = rp = np.zeros(0)
+        self.time = _Correction.fit(Z, rt)
+        self.power = _Correction.fit(Z, rp)
+
+    def _z(self, features: Sequence[Mapping[str, float]]) -> np.ndarray:
+        return _features(features, self.names) / self.scale
+
+    def predict(self, rows: Sequence[Mapping[str, float]], features: Sequence[Mapping[str, float]],
+                groups: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Step time, power and their std (absolute) for the new board."""
+        t0, p0, st0, sp0 = self.prior.predict(rows, groups)
+        Z = self._z(features)
+        mt, dt = self.time.predict(Z)
+        mp, dp = self.power.predict(Z)
+        t, p = t0 * np.exp(mt), p0 * np.exp(mp)
+        return t, p, t * np.sqrt(st0 ** 2 + dt ** 2), p * np.sqrt(sp0 ** 2 + dp ** 2)

@@ -1,0 +1,604 @@
+"""The honest oracle benchmark's scorer, shared by ``oracle_gap.py`` and ``sampler_comparison.py``.
+
+The search runs on the simulated twin and measures as it would on a board; this module scores what it
+picks with what the search never sees:
+
+* **Steps to target** come from the measured convergence table (``experiments/data/convergence/steps.csv``,
+  :func:`edgetune.predictors.convergence.load_convergence`): the median steps over seeds at each measured
+  batch size, interpolated linearly in log steps against log batch size in between (:func:`steps_at`). A
+  batch size outside the measured range is not scored (no extrapolation): the benchmark's search space keeps
+  only the batch sizes of the search's default space that lie within the measured range and whose
+  measured median reached the target (:func:`benchmark_batch_sizes`).
+* **Step time and power** are the twin's noise-free ground truth (``Twin.expected``). Time to target =
+  steps x step time; energy to target = steps x step time x mean power.
+* **The budget** is judged on the true 1-s moving average at its highest (:func:`max_window_average_w`: the
+  step's forward and backward phases draw different power, so for steps not much shorter than the window
+  the highest 1-s average exceeds the mean).
+* **The honest oracle** is the best setting whose true 1-s average stays under the budget by the power
+  sensor's stated accuracy (:data:`INA3221_ACCURACY`): a search that certifies the budget from readings
+  can reach no setting closer to it. The plain oracle (true power under the budget) is shown beside it.
+
+Enumerating the grid: the twin's ground truth depends on the *effective* clocks only (a knob above the power
+mode's cap runs at the cap), so every knob setting of the space is mapped to its effective clocks
+(``Twin.effective_clocks``) once per device and each distinct one is evaluated once per batch size
+(AGX Orin: 61,248 knob settings, 18,464 distinct clocks).
+"""
+
+from __future__ import annotations
+
+import os
+
+# One BLAS / OpenMP thread: on a shared 2-core machine the GP fits' thread pools spin against each other
+# (a search costs 3x the CPU time with the default pools); set before numpy, scipy and torch load.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import itertools
+import math
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import optuna
+
+from edgetune.power import open_device
+from edgetune.power.sim.physics import FORWARD_SHARE
+from edgetune.power.sim.twin import Twin
+from edgetune.predictors.convergence import MeasuredCurve, load_convergence
+from edgetune.search.efficiency import TargetModel
+from edgetune.search.space import SearchSpace, build_space, default_batch_sizes
+from edgetune.search.study import Search
+from edgetune.search.trial import MeasurementProtocol
+
+__all__ = [
+    "CONVERGENCE_TABLE",
+    "DEVICES",
+    "INA3221_ACCURACY",
+    "OBJECTIVES",
+    "WORKLOADS",
+    "Bench",
+    "Case",
+    "GridTruth",
+    "Point",
+    "Row",
+    "SensorAccuracy",
+    "benchmark_batch_sizes",
+    "choose_budgets",
+    "hv_reference",
+    "hypervolume_2d",
+    "machine_state",
+    "make_cases",
+    "max_window_average_w",
+    "median",
+    "pareto_points",
+    "run_case",
+    "span",
+    "steps_at",
+]
+
+HERE = Path(__file__).resolve().parent
+#: The measured convergence table (experiments/convergence_truth.py writes it).
+CONVERGENCE_TABLE = HERE / "data" / "convergence" / "steps.csv"
+#: Every simulated module, in the order rows are printed.
+DEVICES = ("orin-agx", "orin-nx", "orin-nano", "xavier-nx")
+WORKLOADS = ("cnn", "mobilenet", "chartransformer")
+OBJECTIVES = ("time", "energy", "pareto")
+#: The window the budget is judged over (the search's and the runtime guard's default), seconds.
+BUDGET_WINDOW_S = 1.0
+#: Where the three budgets sit between the lowest feasible budget (0) and the power of the unconstrained
+#: optimum (1): one near the floor, one in the middle, one close under the optimum, so all three bind.
+BUDGET_FRACTIONS = (0.05, 0.4, 0.75)
+#: Budgets are rounded to this many watts where the rounded figure stays inside the binding range.
+BUDGET_STEP_W = 0.1
+#: The hypervolume's reference point: this factor times the exhaustive front's nadir (a common convention
+#: that lets the front's end points count) ...
+HV_NADIR_FACTOR = 1.1
+#: ... but at least this factor times its ideal point in each objective: a front of one setting (the
+#: fastest is also the most frugal) or a narrow one still spans an area, and a point this much worse than
+#: the ideal in either objective counts nothing.
+HV_IDEAL_FACTOR = 1.25
+#: The search's measurement protocol in the benchmark: the twin times every step (``compute=False``,
+#: ``real_steps=0``); one warm-up step; the default window otherwise (2 s, >= 5 steps).
+PROTOCOL = MeasurementProtocol(warmup_steps=1, real_steps=0)
+
+
+# ---------------------------------------------------------------------------------------------- sensor
+
+
+@dataclass(frozen=True)
+class SensorAccuracy:
+    """A power sensor's worst-case error: a fixed part per channel plus a part proportional to the power.
+
+    ``bound_w(p, channels)`` = ``channels x offset_w + relative x p``; ``channels`` is how many channels are
+    summed into the total (1 where the board has an input rail, 4 on the AGX Orin's derived total).
+    """
+
+    offset_w: float
+    relative: float
+    source: str
+
+    def bound_w(self, power_w: float | np.ndarray, channels: int = 1) -> float | np.ndarray:
+        return channels * self.offset_w + self.relative * power_w
+
+
+# TI INA3221 data sheet (SBOS576, "Electrical Characteristics", V_S = 3.3 V, T_A = 25 C), maximum figures.
+#: Shunt offset voltage, referred to input: +-80 uV max.
+INA3221_SHUNT_OFFSET_V = 80e-6
+#: Shunt-voltage gain error: +-0.25 % max.
+INA3221_SHUNT_GAIN_ERROR = 0.0025
+#: Bus-voltage gain error: +-0.25 % max.
+INA3221_BUS_GAIN_ERROR = 0.0025
+#: Bus offset voltage, referred to input: +-16 mV max.
+INA3221_BUS_OFFSET_V = 16e-3
+#: Shunt resistance and rail voltage the twin's sensor assumes (edgetune/power/profiles/SOURCES.md,
+#: "Sensor": one shunt LSB is 40 uV over a 5 mOhm shunt at 5 V).
+JETSON_SHUNT_OHM = 5e-3
+JETSON_RAIL_V = 5.0
+
+#: Power = bus voltage x shunt current: the shunt offset gives a fixed error per channel
+#: (80 uV / 5 mOhm x 5 V = 0.08 W); the two gain errors and the bus offset (16 mV of 5 V) add relatively
+#: (0.25 % + 0.25 % + 0.32 % = 0.82 %).
+INA3221_ACCURACY = SensorAccuracy(
+    offset_w=INA3221_SHUNT_OFFSET_V / JETSON_SHUNT_OHM * JETSON_RAIL_V,
+    relative=INA3221_SHUNT_GAIN_ERROR + INA3221_BUS_GAIN_ERROR + INA3221_BUS_OFFSET_V / JETSON_RAIL_V,
+    source="TI INA3221 data sheet SBOS576 (max: shunt offset 80 uV, shunt and bus gain error 0.25 % each, "
+           "bus offset 16 mV) at a 5 mOhm shunt and 5 V rail (profiles/SOURCES.md)",
+)
+
+
+def max_window_average_w(step_time_s: float | np.ndarray, mean_w: float | np.ndarray,
+                         peak_w: float | np.ndarray, window_s: float = BUDGET_WINDOW_S,
+                         forward_share: float = FORWARD_SHARE) -> float | np.ndarray:
+    """The highest moving average over ``window_s`` of steady training, steps back to back.
+
+    A step draws ``peak_w`` for its last ``1 - forward_share`` (backward) and less before it, so that its
+    mean is ``mean_w`` (the twin's ripple, ``physics.phase_gpu_scales``). A window of ``n`` whole steps
+    plus ``r`` seconds averages ``n`` step means plus the best ``r`` seconds: as much of the high phase as
+    fits, then the low phase.
+    """
+    t = np.asarray(step_time_s, dtype=float)
+    mean = np.asarray(mean_w, dtype=float)
+    peak = np.asarray(peak_w, dtype=float)
+    if np.any(t <= 0) or not window_s > 0 or not 0 < forward_share < 1:
+        raise ValueError("step times and the window must be positive and the forward share in (0, 1)")
+    high_s = (1.0 - forward_share) * t
+    low_w = (mean - (1.0 - forward_share) * peak) / forward_share
+    whole = np.floor(window_s / t)
+    rest = window_s - whole * t
+    partial = np.where(rest <= high_s, rest * peak, high_s * peak + (rest - high_s) * low_w)
+    out = (whole * t * mean + partial) / window_s
+    return float(out) if out.ndim == 0 else out
+
+
+# ---------------------------------------------------------------------------------------------- steps
+
+
+def steps_at(batch_sizes: Sequence[int], steps: Sequence[float], batch_size: float) -> float:
+    """Steps to target at ``batch_size`` from a measured curve: exact at a measured batch size, linear in
+    log steps against log batch size in between (a power law between neighbours); ``nan`` where a
+    neighbour never reached the target.
+
+    Raises:
+        ValueError: ``batch_size`` outside the measured range (no extrapolation), or a malformed curve.
+    """
+    b = np.asarray(batch_sizes, dtype=float)
+    s = np.asarray(steps, dtype=float)
+    if b.ndim != 1 or b.shape != s.shape or b.size == 0 or np.any(np.diff(b) <= 0) or np.any(b <= 0):
+        raise ValueError("batch sizes must be positive, strictly increasing and match the steps")
+    if not b[0] <= batch_size <= b[-1]:
+        raise ValueError(f"batch size {batch_size} is outside the measured range {b[0]:g}..{b[-1]:g}")
+    k = int(np.searchsorted(b, batch_size))
+    if b[k] == batch_size:
+        return float(s[k])
+    lo, hi = s[k - 1], s[k]
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return math.nan
+    x = (math.log(batch_size) - math.log(b[k - 1])) / (math.log(b[k]) - math.log(b[k - 1]))
+    return float(math.exp(math.log(lo) + x * (math.log(hi) - math.log(lo))))
+
+
+def benchmark_batch_sizes(default_batch_size: int, curve: MeasuredCurve) -> tuple[int, ...]:
+    """The search's default batch sizes that the measured curve can score (inside its range, target
+    reached); the default batch size is always among them or the benchmark refuses the workload."""
+    lo, hi = curve.batch_sizes[0], curve.batch_sizes[-1]
+    sizes = tuple(b for b in default_batch_sizes(default_batch_size)
+                  if lo <= b <= hi and math.isfinite(steps_at(curve.batch_sizes, curve.median_steps, b)))
+    if default_batch_size not in sizes:
+        raise ValueError(f"{curve.workload}: the default batch size {default_batch_size} has no measured steps "
+                         f"to target (measured {lo}..{hi}); rerun experiments/convergence_truth.py")
+    return sizes
+
+
+# ---------------------------------------------------------------------------------------------- budgets
+
+
+def choose_budgets(floor_w: float, optimum_w: float, fractions: Sequence[float] = BUDGET_FRACTIONS,
+                   step_w: float = BUDGET_STEP_W) -> tuple[float, ...]:
+    """Budgets that bind: inside ``[floor_w, optimum_w)`` at ``fractions`` of the way up.
+
+    ``floor_w``: the lowest budget under which some setting is certifiably feasible; ``optimum_w``: the
+    true power of the unconstrained optimum (any budget at or above it binds nothing). Each budget is the
+    nearest multiple of ``step_w`` when that stays in range, else the exact figure. Empty when
+    ``optimum_w <= floor_w`` (no budget binds and is feasible).
+    """
+    if not optimum_w > floor_w:
+        return ()
+    out = []
+    for f in fractions:
+        exact = floor_w + f * (optimum_w - floor_w)
+        rounded = round(round(exact / step_w) * step_w, 6)
+        out.append(rounded if floor_w <= rounded < optimum_w else exact)
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------- pareto
+
+
+def pareto_points(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The non-dominated (minimise both) points among ``points``, by the first coordinate."""
+    front: list[tuple[float, float]] = []
+    best_y = math.inf
+    for x, y in sorted(points):
+        if y < best_y:
+            front.append((x, y))
+            best_y = y
+    return front
+
+
+def hypervolume_2d(points: Sequence[tuple[float, float]], reference: tuple[float, float]) -> float:
+    """Area dominated by ``points`` (minimise both) and bounded by ``reference``; points not better than
+    the reference in both coordinates add nothing."""
+    rx, ry = reference
+    inside = [(x, y) for x, y in points if x < rx and y < ry]
+    area = 0.0
+    prev_y = ry
+    for x, y in pareto_points(inside):
+        area += (rx - x) * (prev_y - y)
+        prev_y = y
+    return area
+
+
+def hv_reference(front: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """The reference point of a front's hypervolume: per objective, the larger of
+    :data:`HV_NADIR_FACTOR` x the nadir and :data:`HV_IDEAL_FACTOR` x the ideal."""
+    if not front:
+        raise ValueError("an empty front has no reference point")
+    xs, ys = [x for x, _ in front], [y for _, y in front]
+    return (max(HV_NADIR_FACTOR * max(xs), HV_IDEAL_FACTOR * min(xs)),
+            max(HV_NADIR_FACTOR * max(ys), HV_IDEAL_FACTOR * min(ys)))
+
+
+# ---------------------------------------------------------------------------------------------- truth
+
+
+@dataclass(frozen=True)
+class Point:
+    """The truth of one setting: time and energy to target, the highest true 1-s average, the mean."""
+
+    time_s: float
+    energy_j: float
+    max_avg_w: float
+    mean_w: float
+    fits: bool
+
+    def value(self, objective: str) -> float:
+        return self.energy_j if objective == "energy" else self.time_s
+
+
+def _knob_classes(twin: Twin, space: SearchSpace) -> list[dict[str, Any]]:
+    """One representative setting per distinct effective clocks over the space's knob settings."""
+    names = space.knob_names
+    reps: dict[Any, dict[str, Any]] = {}
+    for combo in itertools.product(*(v for _, v in space.knobs)):
+        setting = dict(zip(names, combo))
+        reps.setdefault(twin.effective_clocks(setting), setting)
+    return list(reps.values())
+
+
+_CLASSES: dict[tuple[str, tuple], list[dict[str, Any]]] = {}
+
+
+@dataclass
+class GridTruth:
+    """The truth of every setting of one device's space for one workload (distinct effective clocks)."""
+
+    twin: Twin
+    cost: Any
+    curve: MeasuredCurve
+    channels: int
+    batch_size: np.ndarray
+    settings: list[dict[str, Any]]
+    step_time_s: np.ndarray
+    mean_w: np.ndarray
+    max_avg_w: np.ndarray
+    fits: np.ndarray
+    time_s: np.ndarray = field(init=False)
+    energy_j: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        per_batch = {int(b): steps_at(self.curve.batch_sizes, self.curve.median_steps, int(b))
+                     for b in np.unique(self.batch_size)}
+        self.time_s = np.array([per_batch[int(b)] for b in self.batch_size]) * self.step_time_s
+        self.energy_j = self.time_s * self.mean_w
+
+    @classmethod
+    def build(cls, profile: str, space: SearchSpace, cost: Any, curve: MeasuredCurve) -> GridTruth:
+        twin = Twin(profile, compute=False)
+        key = (profile, space.knobs)
+        if key not in _CLASSES:
+            _CLASSES[key] = _knob_classes(twin, space)
+        reps = _CLASSES[key]
+        rows = [(b, s, twin.expected(cost, b, s)) for b in space.batch_sizes for s in reps]
+        step = np.array([e.step_time_s for _, _, e in rows])
+        mean = np.array([e.power_w for _, _, e in rows])
+        peak = np.array([e.peak_power_w for _, _, e in rows])
+        rails = twin.profile.rails
+        return cls(twin=twin, cost=cost, curve=curve,
+                   channels=1 if rails.input_rail is not None else len(rails.channels),
+                   batch_size=np.array([b for b, _, _ in rows]), settings=[s for _, s, _ in rows],
+                   step_time_s=step, mean_w=mean, max_avg_w=max_window_average_w(step, mean, peak),
+                   fits=np.array([e.fits for _, _, e in rows]))
+
+    def point(self, batch_size: int, setting: Mapping[str, Any]) -> Point:
+        """The truth of any setting (the search's pick, the common-practice baseline)."""
+        e = self.twin.expected(self.cost, batch_size, dict(setting))
+        t = steps_at(self.curve.batch_sizes, self.curve.median_steps, batch_size) * e.step_time_s
+        return Point(t, t * e.power_w, float(max_window_average_w(e.step_time_s, e.power_w, e.peak_power_w)),
+                     e.power_w, bool(e.fits))
+
+    def _at(self, i: int) -> Point:
+        return Point(float(self.time_s[i]), float(self.energy_j[i]), float(self.max_avg_w[i]),
+                     float(self.mean_w[i]), bool(self.fits[i]))
+
+    def margin_w(self, power_w: float | np.ndarray) -> float | np.ndarray:
+        return INA3221_ACCURACY.bound_w(power_w, self.channels)
+
+    def feasible(self, budget_w: float, honest: bool) -> np.ndarray:
+        """Settings that fit and whose true 1-s average holds the budget (honest: by the sensor's accuracy)."""
+        power = self.max_avg_w + (self.margin_w(self.max_avg_w) if honest else 0.0)
+        return self.fits & np.isfinite(self.time_s) & (power <= budget_w)
+
+    def floor_w(self) -> float:
+        """The lowest budget with an honest oracle."""
+        ok = self.fits & np.isfinite(self.time_s)
+        return float(np.min((self.max_avg_w + self.margin_w(self.max_avg_w))[ok]))
+
+    def best(self, objective: str, mask: np.ndarray) -> Point | None:
+        values = self.energy_j if objective == "energy" else self.time_s
+        if not mask.any():
+            return None
+        return self._at(int(np.flatnonzero(mask)[np.argmin(values[mask])]))
+
+    def front(self, mask: np.ndarray) -> list[tuple[float, float]]:
+        return pareto_points(list(zip(self.time_s[mask].tolist(), self.energy_j[mask].tolist())))
+
+    def unconstrained_power_w(self, objective: str) -> float:
+        ok = self.fits & np.isfinite(self.time_s)
+        best = self.best("time" if objective == "pareto" else objective, ok)
+        assert best is not None
+        return best.max_avg_w
+
+
+# ---------------------------------------------------------------------------------------------- cases
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark row: device, workload, budget and the objective's truth."""
+
+    profile: str
+    workload: str
+    budget_w: float
+    objective: str
+    budget_rank: int  # 0: near the floor, 1: middle, 2: under the optimum
+
+
+def make_cases(truths: Mapping[tuple[str, str], GridTruth], objective: str) -> tuple[list[Case], list[str]]:
+    """Three binding budgets per (device, workload); the pairs where none binds are returned as notes."""
+    cases, notes = [], []
+    for (profile, name), truth in truths.items():
+        budgets = choose_budgets(truth.floor_w(), truth.unconstrained_power_w(objective))
+        if not budgets:
+            notes.append(f"{profile} {name}: no budget binds (the unconstrained {objective} optimum draws "
+                         f"{truth.unconstrained_power_w(objective):.2f} W, the floor is {truth.floor_w():.2f} W)")
+        cases += [Case(profile, name, b, objective, k) for k, b in enumerate(budgets)]
+    return cases, notes
+
+
+@dataclass
+class Row:
+    """A scored search."""
+
+    case: Case
+    floor_w: float
+    common: Point | None  # (i) default batch, mode as found, highest GPU clock that holds the budget
+    default_best: Point | None  # (ii) default batch, best of the other knobs
+    oracle: Point | None  # plain: true 1-s average <= budget
+    honest: Point | None  # true 1-s average + sensor accuracy <= budget
+    chosen: Point | None
+    chosen_batch: int | None
+    measured: int
+    stop: str
+    wall_s: float
+    cpu_s: float
+    hv_ratio: float = math.nan  # pareto only
+    front_violations: int = 0  # pareto only: points of the reported front over the budget
+
+    @property
+    def objective(self) -> str:
+        return self.case.objective
+
+    def _value(self, p: Point | None) -> float:
+        return p.value(self.objective) if p is not None else math.nan
+
+    @property
+    def gap_pct(self) -> float:
+        """Chosen against the honest oracle (inf: nothing chosen or the pick never reaches the target)."""
+        if self.chosen is None or self.honest is None or not math.isfinite(self._value(self.chosen)):
+            return math.inf
+        return (self._value(self.chosen) / self._value(self.honest) - 1.0) * 100.0
+
+    @property
+    def violation(self) -> bool:
+        if self.objective == "pareto":
+            return self.front_violations > 0
+        return self.chosen is not None and self.chosen.max_avg_w > self.case.budget_w
+
+    def ratio(self, reference: Point | None, of: Point | None = None) -> float:
+        """How many times less time (energy) ``of`` (default: the pick) takes than ``reference``."""
+        of = self.chosen if of is None else of
+        if reference is None or of is None:
+            return math.nan
+        return self._value(reference) / self._value(of)
+
+
+def _search(case: Case, space: SearchSpace, workload: Any, sampler: str, n_trials: int, seed: int):
+    device = open_device(f"sim:{case.profile}", seed=seed, compute=False)
+    try:
+        s = Search(device, workload, space, budget_w=case.budget_w, objective=case.objective,
+                   target=TargetModel(), protocol=PROTOCOL, sampler=sampler, n_trials=n_trials, seed=seed,
+                   study_name=f"{case.profile}-{case.workload}-{case.budget_w}",
+                   storage=optuna.storages.InMemoryStorage())
+        return s.run()
+    finally:
+        device.close()
+
+
+def common_practice(truth: GridTruth, start: Mapping[str, Any], default_batch: int, budget_w: float
+                    ) -> Point | None:
+    """The seed paper's common practice: the default batch size, the power mode as the board was found,
+    the highest GPU clock whose true 1-s average holds the budget."""
+    for f in sorted(truth.twin.knob_grid()["gpu_freq"], reverse=True):
+        p = truth.point(default_batch, {**start, "gpu_freq": f})
+        if p.fits and p.max_avg_w <= budget_w:
+            return p
+    return None
+
+
+def run_case(case: Case, truth: GridTruth, space: SearchSpace, workload: Any, start: Mapping[str, Any],
+             sampler: str = "auto", n_trials: int = 40, seed: int = 0) -> Row:
+    """Run one search and score it."""
+    budget = case.budget_w
+    default_b = workload.default_batch_size
+    plain = truth.feasible(budget, honest=False)
+    honest_mask = truth.feasible(budget, honest=True)
+    at_default = plain & (truth.batch_size == default_b)
+    objective = "time" if case.objective == "pareto" else case.objective
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = _search(case, space, workload, sampler, n_trials, seed)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    chosen = truth.point(res.best.candidate.batch_size, res.best.candidate.knobs) if res.best else None
+    row = Row(case=case, floor_w=truth.floor_w(),
+              common=common_practice(truth, start, default_b, budget),
+              default_best=truth.best(objective, at_default), oracle=truth.best(objective, plain),
+              honest=truth.best(objective, honest_mask), chosen=chosen,
+              chosen_batch=res.best.candidate.batch_size if res.best else None,
+              measured=len(res.measured), stop=res.stop_reason, wall_s=wall, cpu_s=cpu)
+    if case.objective == "pareto":
+        exhaustive = truth.front(honest_mask)
+        reference = hv_reference(exhaustive)
+        picked = [truth.point(r.candidate.batch_size, r.candidate.knobs) for r in res.pareto]
+        held = [(p.time_s, p.energy_j) for p in picked if p.max_avg_w <= budget and math.isfinite(p.time_s)]
+        row.front_violations = sum(p.max_avg_w > budget for p in picked)
+        row.hv_ratio = hypervolume_2d(held, reference) / hypervolume_2d(exhaustive, reference)
+    return row
+
+
+# ---------------------------------------------------------------------------------------------- setup
+
+
+@dataclass
+class Bench:
+    """Everything the cases of one run share: workloads, curves, spaces, truths, start settings."""
+
+    workloads: dict[str, Any]
+    curves: dict[str, MeasuredCurve]
+    spaces: dict[tuple[str, str], SearchSpace]
+    truths: dict[tuple[str, str], GridTruth]
+    starts: dict[str, dict[str, Any]]
+
+    @classmethod
+    def load(cls, devices: Sequence[str], workload_names: Sequence[str], table: Path, seed: int = 0) -> Bench:
+        from edgetune.workloads import load_workload
+
+        curves = load_convergence(table)
+        missing = [n for n in workload_names if n not in curves]
+        if missing:
+            raise ValueError(f"{table}: no measured steps for {', '.join(missing)}; rerun "
+                             f"experiments/convergence_truth.py")
+        workloads = {n: load_workload(n, seed=seed) for n in workload_names}
+        spaces, truths, starts = {}, {}, {}
+        for profile in devices:
+            device = open_device(f"sim:{profile}", seed=seed, compute=False)
+            starts[profile] = device.settings()
+            for name, wl in workloads.items():
+                sizes = benchmark_batch_sizes(wl.default_batch_size, curves[name])
+                space = build_space(device, wl.default_batch_size, batch_sizes=sizes)
+                spaces[profile, name] = space
+                truths[profile, name] = GridTruth.build(profile, space, wl.cost, curves[name])
+            device.close()
+        return cls(workloads, curves, spaces, truths, starts)
+
+    def run(self, case: Case, sampler: str, n_trials: int, seed: int) -> Row:
+        key = (case.profile, case.workload)
+        return run_case(case, self.truths[key], self.spaces[key], self.workloads[case.workload],
+                        self.starts[case.profile], sampler, n_trials, seed)
+
+    def run_all(self, cases: Sequence[Case], sampler: str, n_trials: int, seed: int, jobs: int = 1,
+                on_row: Any = None) -> list[Row]:
+        """Every case, in ``jobs`` forked processes (each search is seeded on its own: the rows are the same
+        whatever ``jobs``); ``on_row(row)`` as each finishes; rows in the order of ``cases``."""
+        if jobs <= 1:
+            rows = []
+            for case in cases:
+                rows.append(self.run(case, sampler, n_trials, seed))
+                if on_row is not None:
+                    on_row(rows[-1])
+            return rows
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        global _FORKED
+        _FORKED = self  # the children inherit the grids through fork instead of rebuilding them
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = {pool.submit(_run_forked, case, sampler, n_trials, seed): i for i, case in enumerate(cases)}
+            out: list[Row | None] = [None] * len(cases)
+            for future in as_completed(futures):
+                out[futures[future]] = row = future.result()
+                if on_row is not None:
+                    on_row(row)
+        return [r for r in out if r is not None]
+
+
+_FORKED: Bench | None = None
+
+
+def _run_forked(case: Case, sampler: str, n_trials: int, seed: int) -> Row:
+    assert _FORKED is not None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return _FORKED.run(case, sampler, n_trials, seed)
+
+
+def machine_state() -> str:
+    """Load average and cores, for the figures' context."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
+
+
+def span(values: Sequence[float]) -> str:
+    """``A-Bx`` over the finite values ('-' when none)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return f"{min(finite):.2f}-{max(finite):.2f}x" if finite else "-"
+
+
+def median(values: Sequence[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return statistics.median(finite) if finite else math.nan

@@ -1,0 +1,472 @@
+"""Real convergence truth: steps to a validation target per batch size, against S(b) predicted from a warm-up.
+
+Trains the built-in workloads (their real models, optimizers and losses, from ``load_workload``) on real
+data that ships with the installed packages, at six batch sizes and three seeds each, to a fixed validation
+target, with the learning rate rescaled from the workload's default batch size by the rule the runtime
+applies (``edgetune.tune``'s default ``lr_rule``), and records the optimizer steps to the target. Then it
+predicts the same curve from one warm-up at a single batch size, McCandlish et al.'s S(b) = S_min
+(1 + B_noise / b), and scores the prediction.
+
+Data (no download):
+
+* cnn, mobilenet: scikit-learn's bundled digits (``sklearn.datasets.load_digits``: 1797 8x8 images,
+  grey levels 0..16, 10 classes). Transform: /16, bilinear upsampling to 32x32 (``align_corners=False``),
+  the grey channel repeated to 3 channels (the workloads' 3x32x32 input), standardised by the training
+  split's mean and std (one scalar each). Split: a fixed permutation (numpy ``default_rng(0)``), the
+  first 300 images for validation, the other 1497 for training, drawn in reshuffled epochs per seed.
+  Metric: validation accuracy after recomputing the BatchNorm statistics over 100 fixed training images
+  ("precise BN", Wu & Johnson 2021): the running averages lag the weights by a number of *steps*, which
+  would make a run's evaluation depend on its step count rather than on what it has learned (MobileNetV2
+  scored 10% with a training loss of 0.3 without it). The training itself is untouched (the buffers are
+  restored after each evaluation).
+* chartransformer: the Python reference text that ships with CPython, ``pydoc_data.topics.topics`` (the
+  help() topics: 79 entries, ~465k characters in CPython 3.11), entries in sorted key order; every tenth
+  entry (index % 10 == 9) is validation text, the rest training text; curly quotes and dashes mapped to
+  ASCII, any other character outside the workload's 96-character vocabulary to ``?``; the training text
+  limited to its first 200k characters. Batches: random 64-character windows (the workload's context).
+  Metric: mean next-character loss (nats) over 32 windows evenly spaced through the validation text.
+
+Steps to target: the metric is evaluated on a geometric schedule (each evaluation 10% past the last) and
+the step interpolated linearly between the last evaluation short of the target and the first past it
+(``edgetune.predictors.convergence.crossing_step``). Batch sizes run from the largest down, and a run
+starts evaluating at half the steps its seed needed at twice the batch size (steps never rise as the
+batch shrinks, under the law and in every run here); a run that reaches the target at its first
+evaluation is run again from step 1 with evaluations from the start (training is deterministic per seed).
+
+Warm-up and prediction: one more run (seed 100, none of the measured seeds) at the workload's default batch
+size, each step split into 4 equal micro-batches whose gradients feed edgetune's estimator
+(``GradientNoiseScale(beta=0.9)`` via ``measure_noise_scale_step``) until the target is reached; B_noise is
+the estimate at that point. S_min comes from the median measured steps at the warm-up batch size,
+S_min = S(b_w) / (1 + B_noise / b_w), so the error at b_w is zero by construction and X is taken over the
+other five batch sizes. Y: the batch size with the least time to target, steps(b) x step time(b), where
+the step time is the twin's (``Twin("orin-nano", compute=False).expected``, power mode 15W, GPU clock at
+its maximum, other knobs at their defaults), picked from the predicted curve and from the measured one;
+Y is the measured time at the predicted pick over the measured best, minus one.
+
+Runs single-threaded (``torch.set_num_threads(1)``): the machine is shared, and two threads under load
+were several times slower than one.
+
+    python experiments/convergence_truth.py            # measure, write experiments/data/convergence/, print
+    python experiments/convergence_truth.py --quick    # one seed, three batch sizes, nothing kept
+    python experiments/convergence_truth.py --replay   # score the stored table, no training
+
+Ends with ``steps error: X% | choice loss: Y%`` (targets X <= 20, Y <= 5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import edgetune
+from edgetune.power.sim import Twin
+from edgetune.predictors import GradientNoiseScale, measure_noise_scale_step, scale_lr
+from edgetune.predictors.convergence import (
+    ConvergenceRow,
+    NoiseScaleRow,
+    choice_loss,
+    crossing_step,
+    geometric_schedule,
+    load_b_noise,
+    load_convergence,
+    predict_from_warmup,
+    read_convergence_rows,
+    save_b_noise_rows,
+    save_convergence_rows,
+    steps_error,
+)
+from edgetune.report import format_table
+from edgetune.workloads import load_workload
+
+HERE = Path(__file__).resolve().parent
+DATA_DIR = HERE / "data" / "convergence"
+
+#: The learning-rate rule the runtime applies when the batch size changes: ``edgetune.tune``'s default.
+LR_RULE: str = inspect.signature(edgetune.tune).parameters["lr_rule"].default
+
+SEEDS = (0, 1, 2)
+WARMUP_SEED = 100  # the warm-up's own seed: the prediction uses none of the measured runs but S(b_w)'s median
+WARMUP_MICRO_BATCHES = 4  # the estimator's small batch is b_w / 4, its big batch b_w
+GNS_BETA = 0.9  # the estimator's EMA decay: a window of ~10 steps, as search.efficiency.measure_b_noise uses
+FIRST_STEPS = 20  # the warm-up length search.efficiency.measure_b_noise uses: B_noise seen that early, for reference
+EVAL_RATIO = 1.1  # evaluations 10% apart: +-5% resolution before interpolation
+FLOOR_FRACTION = 0.5  # start evaluating at half the steps the seed took at twice the batch size
+
+VAL_DIGITS = 300  # validation images out of 1797
+CALIBRATION_IMAGES = 100  # training images that recompute the BatchNorm statistics before each evaluation
+TRAIN_CHARS = 200_000  # training text: enough that no run here sees a window twice on average
+VAL_WINDOWS = 32  # validation windows of 64 characters: 2048 predicted characters
+SEQ_LEN = 64  # the chartransformer's context
+VOCAB = "\n" + "".join(chr(c) for c in range(32, 127))  # the chartransformer's 96 characters
+_ASCII = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2026": "...",
+                        "\u2014": "--", "\u2013": "-", "\t": "    "})
+
+TWIN_PROFILE = "orin-nano"
+TWIN_POWER_MODE = "15W"  # the orin-nano profile's default mode
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One workload's measurement: the batch sizes, the target, and a cap on each run.
+
+    ``max_samples``: a run that has seen this many samples without reaching the target stops and counts as
+    not reached (``nan``).
+    """
+
+    workload: str
+    metric: str  # "accuracy" (higher is better) or "loss"
+    target: float
+    batch_sizes: tuple[int, ...]
+    max_samples: int
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.metric == "accuracy"
+
+
+# Targets and batch sizes, chosen for what a shared 2-core CPU can train in minutes (MobileNetV2 costs 5x the
+# CNN per sample here, the transformer 35x): six powers of two each, ending at twice the default batch size
+# for the CNN and at the default for MobileNetV2 and the transformer. Targets: the CNN 90% validation
+# accuracy on the digits, MobileNetV2 80%, the transformer 3.0 nats, 0.2 nats under the loss of the text's
+# plain character frequencies (3.20 nats on the validation text), so it has learnt some context.
+EXPERIMENTS: dict[str, Experiment] = {
+    "cnn": Experiment("cnn", "accuracy", 0.90, (8, 16, 32, 64, 128, 256), max_samples=60_000),
+    "mobilenet": Experiment("mobilenet", "accuracy", 0.80, (4, 8, 16, 32, 64, 128), max_samples=20_000),
+    "chartransformer": Experiment("chartransformer", "loss", 3.0, (2, 4, 8, 16, 32, 64), max_samples=6_000),
+}
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+@dataclass
+class Data:
+    """Training stream and evaluation for one workload."""
+
+    next_batch: Callable[[int, torch.Generator, dict], tuple[Tensor, Tensor]]
+    evaluate: Callable[[nn.Module], float]
+    description: str
+
+
+def digits_data() -> Data:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32)[:, None] / 16.0
+    x = F.interpolate(x, size=(32, 32), mode="bilinear", align_corners=False).repeat(1, 3, 1, 1)
+    y = torch.tensor(digits.target, dtype=torch.long)
+    order = torch.from_numpy(np.random.default_rng(0).permutation(len(y)))
+    val, train = order[:VAL_DIGITS], order[VAL_DIGITS:]
+    mean, std = x[train].mean(), x[train].std()
+    x = (x - mean) / std
+    x_train, y_train, x_val, y_val = x[train], y[train], x[val], y[val]
+    calibration = x_train[:CALIBRATION_IMAGES]
+
+    def next_batch(batch_size: int, generator: torch.Generator, state: dict) -> tuple[Tensor, Tensor]:
+        # reshuffled epochs, a batch may span two of them (no sample dropped, none repeated within an epoch)
+        queue: list[Tensor] = state.setdefault("queue", [])
+        have = sum(len(q) for q in queue)
+        while have < batch_size:
+            queue.append(torch.randperm(len(y_train), generator=generator))
+            have += len(queue[-1])
+        flat = torch.cat(queue)
+        idx, rest = flat[:batch_size], flat[batch_size:]
+        state["queue"] = [rest]
+        return x_train[idx], y_train[idx]
+
+    def evaluate(model: nn.Module) -> float:
+        with precise_bn(model, calibration):
+            model.eval()
+            with torch.no_grad():
+                accuracy = (model(x_val).argmax(dim=1) == y_val).float().mean().item()
+        model.train()
+        return accuracy
+
+    return Data(next_batch, evaluate,
+                f"sklearn digits {len(y_train)} train / {len(y_val)} validation images, 8x8 -> 3x32x32")
+
+
+@contextlib.contextmanager
+def precise_bn(model: nn.Module, images: Tensor) -> Iterator[None]:
+    """Recompute BatchNorm running statistics over ``images`` for an evaluation, then put them back."""
+    layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    saved = [(m.momentum, {k: v.clone() for k, v in m.state_dict().items()}) for m in layers]
+    try:
+        for m in layers:
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average over the calibration pass
+        model.train()
+        with torch.no_grad():
+            model(images)
+        yield
+    finally:
+        for m, (momentum, state) in zip(layers, saved):
+            m.momentum = momentum
+            m.load_state_dict(state)
+
+
+def python_text() -> tuple[str, str]:
+    """Training and validation text from ``pydoc_data.topics`` (see the module docs)."""
+    from pydoc_data.topics import topics
+
+    keys = sorted(topics)
+    train = "".join(topics[k] for i, k in enumerate(keys) if i % 10 != 9)
+    val = "".join(topics[k] for i, k in enumerate(keys) if i % 10 == 9)
+    return _to_vocab(train)[:TRAIN_CHARS], _to_vocab(val)
+
+
+def _to_vocab(text: str) -> str:
+    allowed = set(VOCAB)
+    return "".join(c if c in allowed else "?" for c in text.translate(_ASCII))
+
+
+def text_data() -> Data:
+    index = {c: i for i, c in enumerate(VOCAB)}
+    train_text, val_text = python_text()
+    train = torch.tensor([index[c] for c in train_text], dtype=torch.long)
+    val = torch.tensor([index[c] for c in val_text], dtype=torch.long)
+    starts = torch.linspace(0, len(val) - SEQ_LEN - 1, VAL_WINDOWS).long()
+    windows = torch.stack([val[s: s + SEQ_LEN + 1] for s in starts.tolist()])
+    x_val, y_val = windows[:, :-1], windows[:, 1:]
+
+    def next_batch(batch_size: int, generator: torch.Generator, state: dict) -> tuple[Tensor, Tensor]:
+        s = torch.randint(0, len(train) - SEQ_LEN - 1, (batch_size,), generator=generator)
+        w = torch.stack([train[i: i + SEQ_LEN + 1] for i in s.tolist()])
+        return w[:, :-1], w[:, 1:]
+
+    def evaluate(model: nn.Module) -> float:
+        model.eval()
+        with torch.no_grad():
+            logits = model(x_val)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_val.reshape(-1)).item()
+        model.train()
+        return loss
+
+    return Data(next_batch, evaluate, f"pydoc_data.topics {len(train)} train / {len(val)} validation characters, "
+                                      f"{VAL_WINDOWS} validation windows")
+
+
+def unigram_loss_nats(text: str) -> float:
+    """Entropy of the character frequencies: the loss of a model that ignores context."""
+    counts = np.bincount(np.frombuffer(text.encode("ascii"), dtype=np.uint8))
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+DATA: dict[str, Callable[[], Data]] = {"cnn": digits_data, "mobilenet": digits_data, "chartransformer": text_data}
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+
+@dataclass
+class Run:
+    steps: float
+    lr: float
+    evaluations: int
+    wall_s: float
+    first_eval: int
+    history: list[tuple[int, float]] = field(default_factory=list)
+    b_noise: float = math.nan
+    b_noise_first_steps: float = math.nan
+
+
+def train_to_target(exp: Experiment, data: Data, batch_size: int, seed: int, *, first_eval: int = 1,
+                    noise_scale: GradientNoiseScale | None = None) -> Run:
+    """Train a fresh seeded workload at ``batch_size`` until the validation metric reaches the target.
+
+    With ``noise_scale`` each step is split into :data:`WARMUP_MICRO_BATCHES` micro-batches that feed it
+    (the same mean gradient as one big batch).
+    """
+    t0 = time.perf_counter()
+    w = load_workload(exp.workload, seed=seed)
+    lr = scale_lr(w.lr, w.default_batch_size, batch_size, LR_RULE)
+    w.set_lr(lr)
+    model, optimizer = w.model, w.optimizer
+    generator = torch.Generator().manual_seed(seed)
+    state: dict = {}
+    schedule: Iterator[int] = geometric_schedule(first_eval, EVAL_RATIO)
+    due = next(schedule)
+    steps: list[int] = []
+    values: list[float] = []
+    b_first = math.nan
+    max_steps = max(1, exp.max_samples // batch_size)
+    model.train()
+    for step in range(1, max_steps + 1):
+        x, y = data.next_batch(batch_size, generator, state)
+        if noise_scale is None:
+            optimizer.zero_grad(set_to_none=True)
+            w.loss_fn(model(x), y).backward()
+        else:
+            measure_noise_scale_step(noise_scale, model, w.loss_fn, x, y, WARMUP_MICRO_BATCHES)
+            if step == FIRST_STEPS:
+                b_first = noise_scale.noise_scale
+        optimizer.step()
+        if step == due:
+            steps.append(step)
+            values.append(data.evaluate(model))
+            due = next(schedule)
+            reached = crossing_step(steps, values, exp.target, higher_is_better=exp.higher_is_better)
+            if math.isfinite(reached):
+                break
+    reached = crossing_step(steps, values, exp.target, higher_is_better=exp.higher_is_better)
+    return Run(reached, lr, len(steps), time.perf_counter() - t0, first_eval, list(zip(steps, values)),
+               noise_scale.noise_scale if noise_scale is not None else math.nan, b_first)
+
+
+def measure_workload(exp: Experiment, seeds: tuple[int, ...], log: Callable[[str], None]
+                     ) -> tuple[list[ConvergenceRow], NoiseScaleRow]:
+    data = DATA[exp.workload]()
+    log(f"{exp.workload}: {data.description}; target {exp.metric} {'>=' if exp.higher_is_better else '<='} "
+        f"{exp.target:g}")
+    rows = []
+    for seed in seeds:
+        previous: float = math.nan  # steps at twice the batch size, this seed
+        for b in sorted(exp.batch_sizes, reverse=True):
+            first = max(1, int(FLOOR_FRACTION * previous)) if math.isfinite(previous) else 1
+            run = train_to_target(exp, data, b, seed, first_eval=first)
+            if first > 1 and run.steps == first:  # reached at the first look: it may have been earlier
+                run = train_to_target(exp, data, b, seed, first_eval=1)
+            rows.append(ConvergenceRow(exp.workload, exp.metric, exp.target, b, seed, run.lr, run.steps,
+                                       run.evaluations, run.wall_s))
+            log(f"  b={b:4d} seed={seed} lr={run.lr:.3g}: {run.steps:7.1f} steps "
+                f"({run.evaluations} evaluations from step {run.first_eval}, {run.wall_s:.0f} s)")
+            previous = run.steps if math.isfinite(run.steps) else math.nan
+    b_w = load_workload(exp.workload).default_batch_size
+    gns = GradientNoiseScale(beta=GNS_BETA)
+    run = train_to_target(exp, data, b_w, WARMUP_SEED, noise_scale=gns)
+    log(f"  warm-up b={b_w} seed={WARMUP_SEED}: target after {run.steps:.1f} steps, B_noise {run.b_noise:.1f} "
+        f"(after {FIRST_STEPS} steps: {run.b_noise_first_steps:.1f}), {run.wall_s:.0f} s")
+    noise = NoiseScaleRow(exp.workload, run.b_noise, b_w, WARMUP_MICRO_BATCHES, GNS_BETA, WARMUP_SEED, run.steps,
+                          FIRST_STEPS, run.b_noise_first_steps)
+    return rows, noise
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+
+
+def twin_step_times(workload: str, batch_sizes: tuple[int, ...]) -> np.ndarray:
+    twin = Twin(TWIN_PROFILE, compute=False)
+    setting = {"power_mode": TWIN_POWER_MODE, "gpu_freq": max(twin.knob_grid()["gpu_freq"])}
+    cost = load_workload(workload).cost
+    return np.array([twin.expected(cost, b, setting).step_time_s for b in batch_sizes])
+
+
+@dataclass(frozen=True)
+class Score:
+    workload: str
+    steps_error: float
+    choice_loss: float
+    b_noise: float
+
+
+def score(steps_path: Path, b_noise_path: Path) -> list[Score]:
+    curves = load_convergence(steps_path)
+    noise = load_b_noise(b_noise_path)
+    scores = []
+    for name, curve in curves.items():
+        if name not in noise:
+            print(f"{name}: no B_noise measured; skipped")
+            continue
+        n = noise[name]
+        b = np.array(curve.batch_sizes)
+        measured = np.array(curve.median_steps)
+        anchor = curve.steps(n.warmup_batch)
+        predicted = predict_from_warmup(b, n.b_noise, n.warmup_batch, anchor)
+        step_s = twin_step_times(name, curve.batch_sizes)
+        held_out = b != n.warmup_batch
+        err = steps_error(predicted[held_out], measured[held_out])
+        choice = choice_loss(curve.batch_sizes, predicted, measured, step_s)
+        rows = []
+        for i, size in enumerate(curve.batch_sizes):
+            rel = predicted[i] / measured[i] - 1 if math.isfinite(measured[i]) else math.nan
+            rows.append([size, f"{measured[i]:.1f}", f"{curve.min_steps[i]:.1f}..{curve.max_steps[i]:.1f}",
+                         f"{predicted[i]:.1f}", "anchor" if size == n.warmup_batch else f"{100 * rel:+.1f}",
+                         f"{1000 * step_s[i]:.2f}", f"{measured[i] * step_s[i]:.3f}",
+                         f"{predicted[i] * step_s[i]:.3f}"])
+        s_min = anchor / (1 + n.b_noise / n.warmup_batch)
+        print(f"\n{name}: {curve.metric} target {curve.target:g}, seeds {','.join(map(str, curve.seeds))}; "
+              f"B_noise {n.b_noise:.1f} (warm-up b={n.warmup_batch}, {n.micro_batches} micro-batches, "
+              f"{n.warmup_steps:.1f} steps; after {n.first_steps} steps {n.b_noise_first_steps:.1f}); "
+              f"S_min {s_min:.1f}")
+        print(format_table(["batch", "steps (median)", "min..max", "predicted", "error %", "twin step ms",
+                            "time meas s", "time pred s"], rows))
+        print(f"fastest to target: measured b={choice.measured_choice}, predicted b={choice.predicted_choice}: "
+              f"{100 * choice.loss:.1f}% time lost; steps error {100 * err:.1f}% over the "
+              f"{int(held_out.sum())} batch sizes other than the warm-up's")
+        scores.append(Score(name, err, choice.loss, n.b_noise))
+    return scores
+
+
+def machine_state() -> str:
+    load = os.getloadavg()
+    return (f"{os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, torch threads "
+            f"{torch.get_num_threads()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="one seed, three batch sizes (the default's among them), nothing written")
+    ap.add_argument("--replay", action="store_true", help="score the stored table without training")
+    ap.add_argument("--workloads", nargs="+", choices=list(EXPERIMENTS), default=list(EXPERIMENTS))
+    ap.add_argument("--data-dir", type=Path, default=DATA_DIR, help="where the measured table is read/written")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"convergence truth: {platform.node() or 'this machine'}, {platform.processor() or platform.machine()}, "
+          f"python {platform.python_version()}, torch {torch.__version__}, lr rule {LR_RULE!r}")
+    print(f"machine at start: {machine_state()}")
+    started = time.perf_counter()
+    steps_path, noise_path = args.data_dir / "steps.csv", args.data_dir / "b_noise.csv"
+    if not args.replay:
+        rows: list[ConvergenceRow] = []
+        noise: list[NoiseScaleRow] = []
+        for name in args.workloads:
+            exp = EXPERIMENTS[name]
+            seeds = SEEDS
+            if args.quick:
+                sizes = exp.batch_sizes
+                quick = tuple(sorted({sizes[1], sizes[3], load_workload(name).default_batch_size}))
+                exp = Experiment(exp.workload, exp.metric, exp.target, quick, exp.max_samples)
+                seeds = SEEDS[:1]
+            r, n = measure_workload(exp, seeds, print)
+            rows += r
+            noise.append(n)
+        if args.quick:
+            import tempfile
+
+            args.data_dir = Path(tempfile.mkdtemp(prefix="convergence_quick_"))
+            steps_path, noise_path = args.data_dir / "steps.csv", args.data_dir / "b_noise.csv"
+        args.data_dir.mkdir(parents=True, exist_ok=True)
+        if steps_path.exists() and noise_path.exists():  # keep the other workloads' measurements
+            measured = {r.workload for r in rows}
+            rows = [r for r in read_convergence_rows(steps_path) if r.workload not in measured] + rows
+            noise = [n for n in load_b_noise(noise_path).values() if n.workload not in measured] + noise
+        save_convergence_rows(steps_path, rows)
+        save_b_noise_rows(noise_path, noise)
+        print(f"wrote {steps_path} and {noise_path}")
+    scores = score(steps_path, noise_path)
+    print(f"\nmachine at end: {machine_state()}; {time.perf_counter() - started:.0f} s")
+    x = 100 * float(np.mean([s.steps_error for s in scores]))
+    y = 100 * float(np.mean([s.choice_loss for s in scores]))
+    print(f"steps error: {x:.1f}% | choice loss: {y:.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

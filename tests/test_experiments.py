@@ -1,0 +1,199 @@
+"""The oracle benchmark's pure scoring functions (experiments/benchlib.py); the benchmark itself is run by
+experiments/oracle_gap.py, not here."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+
+from benchlib import (
+    INA3221_ACCURACY,
+    Case,
+    Point,
+    Row,
+    benchmark_batch_sizes,
+    choose_budgets,
+    hv_reference,
+    hypervolume_2d,
+    max_window_average_w,
+    pareto_points,
+    steps_at,
+)
+
+from edgetune.power.base import WorkloadCost
+from edgetune.power.sim import Twin
+from edgetune.power.sim.physics import FORWARD_SHARE
+from edgetune.predictors.convergence import MeasuredCurve
+
+# ---------------------------------------------------------------------------------------------- steps
+
+
+def test_steps_exact_at_measured_batch_sizes_and_power_law_between() -> None:
+    b, s = (8, 32), (1000.0, 250.0)  # steps halve per doubling of b: a power law with exponent -1
+    assert steps_at(b, s, 8) == 1000.0 and steps_at(b, s, 32) == 250.0
+    assert steps_at(b, s, 16) == pytest.approx(500.0)  # the geometric, not the arithmetic (625), midpoint
+
+
+def test_steps_outside_the_measured_range_are_refused() -> None:
+    with pytest.raises(ValueError, match="outside the measured range 8..32"):
+        steps_at((8, 32), (1000.0, 250.0), 64)
+    with pytest.raises(ValueError, match="outside"):
+        steps_at((8, 32), (1000.0, 250.0), 4)
+
+
+def test_steps_next_to_a_batch_size_that_never_reached_the_target_are_nan() -> None:
+    assert math.isnan(steps_at((8, 16, 32), (900.0, 500.0, math.nan), 24))
+    assert steps_at((8, 16, 32), (900.0, 500.0, math.nan), 16) == 500.0
+
+
+def test_steps_reject_a_malformed_curve() -> None:
+    with pytest.raises(ValueError, match="strictly increasing"):
+        steps_at((16, 8), (1.0, 2.0), 10)
+
+
+def _curve(sizes, steps) -> MeasuredCurve:
+    return MeasuredCurve("cnn", "accuracy", 0.9, tuple(sizes), tuple(steps), tuple(steps), tuple(steps), (0,))
+
+
+def test_benchmark_batch_sizes_are_the_default_space_inside_the_measured_range() -> None:
+    curve = _curve((8, 16, 32, 64, 128, 256), (900, 500, 300, 200, 150, math.nan))
+    # default space of 128 is 16..1024; 256 is measured but never reached the target
+    assert benchmark_batch_sizes(128, curve) == (16, 32, 64, 128)
+
+
+def test_benchmark_batch_sizes_need_the_default_batch_size() -> None:
+    with pytest.raises(ValueError, match="default batch size 512"):
+        benchmark_batch_sizes(512, _curve((8, 16, 32), (3.0, 2.0, 1.0)))
+
+
+# ---------------------------------------------------------------------------------------------- power
+
+
+def test_short_steps_average_to_their_mean_over_the_window() -> None:
+    # 100 whole steps in the window: the ripple averages out exactly
+    assert max_window_average_w(0.01, 10.0, 12.0) == pytest.approx(10.0)
+
+
+def test_a_step_as_long_as_the_window_peaks_at_its_backward_phase() -> None:
+    # the window is 1 s; a 1.5 s step's backward phase (2/3 of it) lasts 1 s: the window sees only it
+    assert max_window_average_w(1.5, 10.0, 12.0) == pytest.approx(12.0)
+
+
+def test_window_average_mixes_the_phases_for_a_partial_step() -> None:
+    # step 0.6 s: one whole step (0.6 s at the mean) plus the best 0.4 s = the backward phase (0.4 s)
+    assert max_window_average_w(0.6, 10.0, 12.0, forward_share=1 / 3) == pytest.approx(
+        (0.6 * 10.0 + 0.4 * 12.0) / 1.0)
+    # step 0.8 s: one whole step, then the best 0.2 s (backward, 12 W)
+    assert max_window_average_w(0.8, 10.0, 12.0, forward_share=1 / 3) == pytest.approx(0.8 * 10.0 + 0.2 * 12.0)
+    # step 1.2 s: no whole step; the 0.8 s backward phase, then 0.2 s of the forward one at
+    # (10 - 2/3 x 12) / (1/3) = 6 W
+    assert max_window_average_w(1.2, 10.0, 12.0, forward_share=1 / 3) == pytest.approx(0.8 * 12.0 + 0.2 * 6.0)
+
+
+def test_window_average_is_vectorised_and_bounded_by_mean_and_peak() -> None:
+    t = np.array([0.05, 0.3, 0.7, 2.0])
+    out = max_window_average_w(t, np.full(4, 8.0), np.full(4, 9.0))
+    assert out.shape == (4,) and np.all(out >= 8.0 - 1e-12) and np.all(out <= 9.0 + 1e-12)
+
+
+@pytest.mark.parametrize("step_s", [0.07, 0.37, 0.55, 0.8, 1.2, 2.5])
+def test_window_average_matches_a_brute_force_moving_average(step_s: float) -> None:
+    # a step shaped as the twin shapes it: its mean and peak from Twin.expected, the forward share low
+    twin = Twin("orin-nano", compute=False)
+    cost = WorkloadCost(flops_per_sample=2e9, param_bytes=4e7, activation_bytes_per_sample=8e6,
+                        input_bytes_per_sample=1024, optimizer_state_bytes=8e7)
+    e = twin.expected(cost, 64, {"power_mode": "7W"})
+    assert e.peak_power_w > e.power_w  # the step ripples
+    low = (e.power_w - (1 - FORWARD_SHARE) * e.peak_power_w) / FORWARD_SHARE
+    dt = 1e-4
+    t = np.arange(0.0, 5 * max(step_s, 1.0), dt)
+    signal = np.where((t % step_s) < FORWARD_SHARE * step_s, low, e.peak_power_w)
+    n = round(1.0 / dt)
+    moving = np.convolve(signal, np.ones(n) / n, mode="valid")
+    got = max_window_average_w(step_s, e.power_w, e.peak_power_w)
+    assert got == pytest.approx(moving.max(), abs=2e-3 * e.peak_power_w)
+
+
+# ---------------------------------------------------------------------------------------------- sensor
+
+
+def test_ina3221_accuracy_from_the_data_sheet_maxima() -> None:
+    # 80 uV / 5 mOhm x 5 V = 0.08 W per channel; 0.25 % + 0.25 % + 16 mV / 5 V = 0.82 %
+    assert INA3221_ACCURACY.offset_w == pytest.approx(0.08)
+    assert INA3221_ACCURACY.relative == pytest.approx(0.0082)
+    assert INA3221_ACCURACY.bound_w(10.0) == pytest.approx(0.162)
+    assert INA3221_ACCURACY.bound_w(30.0, channels=4) == pytest.approx(0.32 + 0.246)
+
+
+# ---------------------------------------------------------------------------------------------- budgets
+
+
+def test_budgets_bind_and_the_lowest_sits_near_the_floor() -> None:
+    budgets = choose_budgets(5.0, 15.0)
+    assert budgets == (5.5, 9.0, 12.5)
+    assert all(5.0 <= b < 15.0 for b in budgets)
+
+
+def test_budgets_keep_the_exact_figure_when_rounding_leaves_the_range() -> None:
+    budgets = choose_budgets(5.01, 5.05)  # rounding to 0.1 W would give 5.0 (below the floor) or 5.1
+    assert all(5.01 <= b < 5.05 for b in budgets)
+    assert budgets[0] == pytest.approx(5.01 + 0.05 * 0.04)
+
+
+def test_no_budget_binds_when_the_optimum_sits_at_the_floor() -> None:
+    assert choose_budgets(7.0, 7.0) == ()
+
+
+# ---------------------------------------------------------------------------------------------- pareto
+
+
+def test_pareto_points_drop_dominated_ones() -> None:
+    pts = [(1.0, 5.0), (2.0, 3.0), (2.5, 4.0), (3.0, 1.0), (3.0, 2.0)]
+    assert pareto_points(pts) == [(1.0, 5.0), (2.0, 3.0), (3.0, 1.0)]
+
+
+def test_hypervolume_of_a_staircase() -> None:
+    # reference (4, 6): (1,5) adds 3x1, (2,3) adds 2x2, (3,1) adds 1x2
+    assert hypervolume_2d([(1.0, 5.0), (2.0, 3.0), (3.0, 1.0)], (4.0, 6.0)) == pytest.approx(3 + 4 + 2)
+    assert hypervolume_2d([(5.0, 1.0)], (4.0, 6.0)) == 0.0  # beyond the reference: nothing
+    assert hypervolume_2d([], (4.0, 6.0)) == 0.0
+
+
+def test_hypervolume_reference_of_a_one_point_front_still_spans_an_area() -> None:
+    ref = hv_reference([(10.0, 100.0)])
+    assert ref == (pytest.approx(12.5), pytest.approx(125.0))
+    assert hypervolume_2d([(10.0, 100.0)], ref) > 0
+    wide = hv_reference([(10.0, 300.0), (40.0, 100.0)])
+    assert wide == (pytest.approx(44.0), pytest.approx(330.0))
+
+
+# ---------------------------------------------------------------------------------------------- rows
+
+
+def _row(chosen: Point | None, honest: Point | None, budget: float = 10.0, objective: str = "time") -> Row:
+    common = Point(20.0, 200.0, 9.0, 9.0, True)
+    return Row(case=Case("orin-nano", "cnn", budget, objective, 0), floor_w=5.0, common=common,
+               default_best=Point(12.0, 110.0, 9.5, 9.5, True), oracle=honest, honest=honest, chosen=chosen,
+               chosen_batch=64, measured=30, stop="", wall_s=1.0, cpu_s=1.0)
+
+
+def test_gap_speedups_and_violation_of_a_row() -> None:
+    honest = Point(10.0, 100.0, 9.8, 9.8, True)
+    r = _row(Point(10.5, 90.0, 10.2, 10.1, True), honest)
+    assert r.gap_pct == pytest.approx(5.0)
+    assert r.ratio(r.common) == pytest.approx(20.0 / 10.5) and r.ratio(r.default_best) == pytest.approx(12 / 10.5)
+    assert r.violation  # 10.2 W true 1-s average over a 10 W budget
+    e = _row(Point(10.5, 90.0, 9.0, 9.0, True), honest, objective="energy")
+    assert e.gap_pct == pytest.approx(-10.0) and not e.violation  # inside the sensor band: beats the honest
+    assert e.ratio(e.common) == pytest.approx(200 / 90)
+
+
+def test_a_missing_pick_is_a_miss_not_a_zero() -> None:
+    r = _row(None, Point(10.0, 100.0, 9.8, 9.8, True))
+    assert math.isinf(r.gap_pct) and not r.violation and math.isnan(r.ratio(r.common))
