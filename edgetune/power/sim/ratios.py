@@ -13,7 +13,7 @@ For each profile, in its top power mode at every clock's maximum, after minutes 
 
 The published ranges (:data:`PUBLISHED`) and the figures behind them are in ``profiles/SOURCES.md``. The
 workload costs come from the caller (``power`` does not import the workloads); tests/test_sim.py checks
-every row and ``experiments/twin_ratios.py`` prints the table.
+every row and prints the table (``pytest -s -k ratio_table tests/test_sim.py``).
 """
 
 from __future__ import annotations
