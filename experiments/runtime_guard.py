@@ -124,11 +124,12 @@ def scenarios(budget_file: Path) -> dict[str, tuple[float, list]]:
         "combined": (36.0, [(4.0, "+2 W load", offset(2.0)), (10.0, "GPU capped 408 MHz", throttle(408e6)),
                             (14.0, "set_budget(9)", api_budget(9.0)), (20.0, "cap lifted", throttle(None)),
                             (24.0, "load gone", offset(0.0)), (28.0, "set_budget(10)", api_budget(10.0))]),
-        # the lowest clocks draw 6.33 W at the plan's batch size 64 and 6.07 W at 32: the batch must halve
-        "budget under lowest clocks": (30.0, [(5.0, "set_budget(6.2)", api_budget(6.2)),
+        # the lowest clocks draw 6.06 W at the plan's batch size 128, 5.89 W at 64 and 5.68 W at 32 (twin v2,
+        # steady state): the batch must halve twice
+        "budget under lowest clocks": (30.0, [(5.0, "set_budget(5.8)", api_budget(5.8)),
                                               (17.0, "set_budget(10)", api_budget(10.0))]),
-        # with +1 W on a 7 W budget the lowest clocks fit only at batch size 16 (6.93 W)
-        "load at lowest clocks": (36.0, [(4.0, "set_budget(7)", api_budget(7.0)), (8.0, "+1 W load", offset(1.0)),
+        # with +1 W on a 6.6 W budget the lowest clocks fit only at batch size 16 (6.44 W; 32 draws 6.68 W)
+        "load at lowest clocks": (36.0, [(4.0, "set_budget(6.6)", api_budget(6.6)), (8.0, "+1 W load", offset(1.0)),
                                          (20.0, "load gone", offset(0.0)), (26.0, "set_budget(10)", api_budget(10.0))]),
     }
 
