@@ -75,7 +75,7 @@ def summary_table(result: SearchResult) -> str:
     for label, r in (("chosen", result.best), ("baseline", result.baseline)):
         if r is None:
             why = ("every setting failed" if all_failed else "none held the budget") if label == "chosen" else (
-                "none (see notes)")
+                _no_baseline_why(result))
             rows.append([label, "-", why, None, None, None, None, None])
             continue
         m = r.measurement or {}
@@ -103,6 +103,20 @@ def summary_table(result: SearchResult) -> str:
     if result.simulated:
         lines.append(f"SIMULATED device ({result.device_description}); protocol: {result.protocol}")
     return "\n".join(lines)
+
+
+def _no_baseline_why(result: SearchResult) -> str:
+    """Why a search has no baseline, in a few words for the summary's baseline row."""
+    from edgetune.search.records import Role
+
+    probes = [r for r in result.measured if r.role == Role.BASELINE]
+    if not probes:
+        return "none (not measured)"
+    if any(r.oom for r in probes):
+        return "none (default batch out of memory)"
+    if any(r.feasible for r in probes):
+        return "unfinished (more trials to bisect)"
+    return "none (no probe held the budget)"
 
 
 def _gain_line(objective: str, ratio: float) -> str:

@@ -356,7 +356,7 @@ def test_cli_search_with_real_cnn_steps_writes_results_and_resumes(tmp_path, cap
     out = tmp_path / "out"
 
     def argv(n_trials):
-        return ["search", "--device", "sim:orin-nano", "--workload", "cnn", "--budget", "9.5", "--batch-sizes",
+        return ["search", "--device", "sim:orin-nano", "--workload", "cnn", "--budget", "10", "--batch-sizes",
                 "8,16", "--knobs", "gpu_freq", "--n-trials", str(n_trials), "--sampler", "random", "--measure-s",
                 "1", "-o", str(out)]
 
@@ -365,8 +365,8 @@ def test_cli_search_with_real_cnn_steps_writes_results_and_resumes(tmp_path, cap
     assert "speedup over baseline" in text and "SIMULATED device" in text
     assert "real training step" in text  # the protocol says what ran for real
     best = json.loads((out / "best.json").read_text())
-    assert BEST_KEYS <= set(best) and best["simulated"] is True and best["budget_w"] == 9.5
-    assert best["measured"]["max_avg_power_w"] <= 9.5
+    assert BEST_KEYS <= set(best) and best["simulated"] is True and best["budget_w"] == 10
+    assert best["measured"]["max_avg_power_w"] <= 10
     for name in ("trials.csv", "time_vs_energy.png", "power.png", "study.db"):
         assert (out / name).stat().st_size > 0
     rows = list(csv.DictReader((out / "trials.csv").open()))

@@ -7,12 +7,14 @@ Lines go to standard error (standard output holds the results), flushed at once,
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from edgetune.search.efficiency import ZeusCost
     from edgetune.search.records import TrialRecord
 
 __all__ = ["RunProgress", "SearchProgress", "is_terminal", "trial_line"]
@@ -36,6 +38,8 @@ def _objective_text(rec: TrialRecord, objective: str) -> str:
         return f"{o.samples_per_s:.1f} samples/s"
     if objective == "energy":
         return f"{o.energy_to_target_j:.4g} J to target"
+    if objective == "cost":
+        return f"{o.time_to_target_s:.4g} s, {o.energy_to_target_j:.4g} J to target"
     return f"{o.time_to_target_s:.4g} s to target"
 
 
@@ -70,16 +74,17 @@ class SearchProgress:
         stream: where both go (standard error).
         measured_before: trials a resumed study holds already (the bar starts there).
         stored: a resumed study's records ("best so far" starts from its best).
+        cost: the weights of the ``cost`` objective (the study's ``Search.cost``).
     """
 
     def __init__(self, n_trials: int, units: dict[str, str], objective: str, *, quiet: bool = False,
                  stream: IO[str] | None = None, measured_before: int = 0,
-                 stored: Sequence[TrialRecord] = ()) -> None:
+                 stored: Sequence[TrialRecord] = (), cost: ZeusCost | None = None) -> None:
         from tqdm import tqdm
 
         from edgetune.search.efficiency import scalar_score
 
-        self._score = scalar_score
+        self._score = functools.partial(scalar_score, cost=cost)
         self.n_trials = n_trials
         self.units = units
         self.objective = objective

@@ -137,8 +137,7 @@ def search(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr)
         from edgetune.cli.progress import SearchProgress
 
-        with SearchProgress(cfg.search.n_trials, dict(space.unit_of), cfg.objective, quiet=args.quiet,
-                            measured_before=measured_before or 0, stored=stored or []) as progress:
+        try:
             s = Search(
                 device, workload, space, eta=cfg.search.eta, prior=prior, budget_w=budget, objective=cfg.objective,
                 target=target,
@@ -146,10 +145,16 @@ def search(args: argparse.Namespace) -> int:
                 study_name=study_name, sampler=cfg.search.sampler, n_trials=cfg.search.n_trials,
                 window_s=cfg.budget.window_s, tolerance=cfg.budget.tolerance, guard_sigma=cfg.budget.guard_sigma,
                 patience=cfg.search.patience, margin=cfg.search.margin, timeout_s=cfg.search.timeout_s,
-                seed=cfg.seed, on_trial=progress, storage=storage,
+                seed=cfg.seed, storage=storage,
                 baseline_batch_size=trace.baseline_batch_size if trace else None,
                 power_cv=trace.power_cv if trace else 0.0,
             )
+        except SearchError as exc:
+            raise UsageError(str(exc)) from None
+        # "best so far" ranks by the study's own objective, the cost objective with the study's weights
+        with SearchProgress(cfg.search.n_trials, dict(space.unit_of), cfg.objective, quiet=args.quiet,
+                            measured_before=measured_before or 0, stored=stored or [], cost=s.cost) as progress:
+            s.on_trial = progress
             try:
                 result = s.run()
             except SearchError as exc:
