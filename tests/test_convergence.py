@@ -198,7 +198,7 @@ def test_table_refuses_two_targets_for_one_workload(tmp_path):
 
 
 def test_b_noise_table_round_trips(tmp_path):
-    row = NoiseScaleRow("cnn", 42.5, 128, 4, 0.9, 100, 33.3, 20, 12.0)
+    row = NoiseScaleRow("cnn", 42.5, 0.99, 128, 4, 100, 33.3, 0.9, 60.0, 20, 12.0)
     path = tmp_path / "b_noise.csv"
     save_b_noise_rows(path, [row])
     assert load_b_noise(path) == {"cnn": row}

@@ -208,18 +208,22 @@ class NoiseScaleRow:
     """B_noise of one workload, measured with :class:`~edgetune.predictors.GradientNoiseScale`.
 
     Measured during a warm-up run at ``warmup_batch`` split into ``micro_batches`` equal micro-batches
-    (the estimator's two batch sizes), EMA decay ``beta``, until the validation target was reached after
-    ``warmup_steps`` steps; ``b_noise`` is the estimate at that point, ``b_noise_first_steps`` the estimate
-    after only the first ``first_steps`` steps (what a short search warm-up would see).
+    (the estimator's two batch sizes) until the validation target was reached after ``warmup_steps`` steps.
+    ``b_noise`` is the estimate at that point with EMA decay ``beta``; ``b_noise_fast`` the same with the
+    shorter memory ``fast_beta``, and ``b_noise_first_steps`` that fast estimate after only the first
+    ``first_steps`` steps (what ``search.efficiency.measure_b_noise``'s short warm-up sees). All three come
+    from the same gradients.
     """
 
     workload: str
     b_noise: float
+    beta: float
     warmup_batch: int
     micro_batches: int
-    beta: float
     warmup_seed: int
     warmup_steps: float
+    fast_beta: float
+    b_noise_fast: float
     first_steps: int
     b_noise_first_steps: float
 
