@@ -26,12 +26,13 @@ Data (no download):
   limited to its first 200k characters. Batches: random 64-character windows (the workload's context).
   Metric: mean next-character loss (nats) over 32 windows evenly spaced through the validation text.
 
-Steps to target: the metric is evaluated on a geometric schedule (each evaluation 10% past the last) and
-the step interpolated linearly between the last evaluation short of the target and the first past it
-(``edgetune.predictors.convergence.crossing_step``). Batch sizes run from the largest down, and a run
-starts evaluating at half the steps its seed needed at twice the batch size (under the law steps do not
-fall as the batch shrinks; real runs can, so a run that reaches the target at its first evaluation is run
-again with evaluations from step 1: training is deterministic per seed, evaluation leaves it untouched).
+Steps to target: every run is evaluated from step 1 on a geometric schedule (each evaluation 25% past the
+last, every step for the first four) and the step interpolated linearly between the last evaluation short of
+the target and the first past it (``edgetune.predictors.convergence.crossing_step``): the first crossing.
+(An earlier version started a run's evaluations at half the steps its seed needed at twice the batch size,
+assuming steps never fall as the batch shrinks. The validation metric is not monotone in the step - cnn
+b=64 seed 0 read 0.897, 0.913 at steps 33, 37, then 0.863, 0.797, 0.723 at 42, 47, 52 - so that floor
+skipped first crossings and recorded later ones: 57.8 steps where the crossing is at 33.8.)
 
 Warm-up and prediction: one more run (seed 100, none of the measured seeds) at the workload's default batch
 size, each step split into 4 equal micro-batches whose gradients feed edgetune's estimator
@@ -50,8 +51,8 @@ Y is the measured time at the predicted pick over the measured best, minus one.
 Runs single-threaded (``torch.set_num_threads(1)``): the machine is shared, and two threads under load
 were several times slower than one.
 
-    python experiments/convergence_truth.py            # measure, write experiments/data/convergence/, print
-    python experiments/convergence_truth.py --quick    # one seed, three batch sizes, nothing kept
+    python experiments/convergence_truth.py            # measure; write experiments/data/convergence/ and results/
+    python experiments/convergence_truth.py --quick    # one seed, three batch sizes, in a temporary folder
     python experiments/convergence_truth.py --replay   # score the stored table, no training
 
 Ends with ``steps error: X% | choice loss: Y%`` (targets X <= 20, Y <= 5).
@@ -102,6 +103,7 @@ from edgetune.workloads import load_workload
 
 HERE = Path(__file__).resolve().parent
 DATA_DIR = HERE / "data" / "convergence"
+RESULTS = HERE / "results" / "convergence_truth.txt"
 
 #: The learning-rate rule the runtime applies when the batch size changes: ``edgetune.tune``'s default.
 LR_RULE: str = inspect.signature(edgetune.tune).parameters["lr_rule"].default
@@ -112,8 +114,8 @@ WARMUP_MICRO_BATCHES = 4  # the estimator's small batch is b_w / 4, its big batc
 GNS_BETA = 0.99  # GradientNoiseScale's default decay: with bias correction, about the warm-up's mean
 FAST_BETA = 0.9  # search.efficiency.measure_b_noise's decay (a ~10-step window), reported for reference
 FIRST_STEPS = 20  # search.efficiency.measure_b_noise's warm-up length: its estimate that early, for reference
-EVAL_RATIO = 1.1  # evaluations 10% apart: +-5% resolution before interpolation
-FLOOR_FRACTION = 0.5  # start evaluating at half the steps the seed took at twice the batch size
+EVAL_RATIO = 1.25  # evaluations 25% apart (+-12% before interpolation): MobileNetV2's evaluation costs
+#                    3 s here, as much as 30 of its steps at b=8, and every run is evaluated from step 1
 
 VAL_DIGITS = 300  # validation images out of 1797
 CALIBRATION_IMAGES = 100  # training images that recompute the BatchNorm statistics before each evaluation
@@ -154,10 +156,10 @@ class Experiment:
 # plain character frequencies (3.20 nats in CPython 3.11.7's topics): the point where it has learnt what a
 # context-free model can. (3.0 nats, on the slow plateau after it, took 56 steps at b=64 for one seed,
 # ~3600 sequences: the transformer alone would have run for over half an hour.)
-EXPERIMENTS: dict[str, Experiment] = {
+EXPERIMENTS: dict[str, Experiment] = {  # measured in this order: the slowest last
     "cnn": Experiment("cnn", "accuracy", 0.90, (8, 16, 32, 64, 128, 256), max_samples=60_000),
-    "mobilenet": Experiment("mobilenet", "accuracy", 0.80, (4, 8, 16, 32, 64, 128), max_samples=20_000),
     "chartransformer": Experiment("chartransformer", "loss", 3.2, (2, 4, 8, 16, 32, 64), max_samples=6_000),
+    "mobilenet": Experiment("mobilenet", "accuracy", 0.80, (4, 8, 16, 32, 64, 128), max_samples=20_000),
 }
 
 
@@ -279,6 +281,13 @@ def unigram_loss_nats(text: str) -> float:
 
 
 DATA: dict[str, Callable[[], Data]] = {"cnn": digits_data, "mobilenet": digits_data, "chartransformer": text_data}
+_DIGITS = (f"scikit-learn's bundled digits (sklearn.datasets.load_digits), 8x8 upsampled to 3x32x32, "
+           f"{VAL_DIGITS} validation images (accuracy after precise BN over {CALIBRATION_IMAGES} training images)")
+DATASETS: dict[str, str] = {
+    "cnn": _DIGITS, "mobilenet": _DIGITS,
+    "chartransformer": f"CPython's pydoc_data.topics (every 10th topic for validation), {SEQ_LEN}-char windows, "
+                       f"loss in nats over {VAL_WINDOWS} validation windows",
+}
 
 
 # ---------------------------------------------------------------------------------------------- training
@@ -290,7 +299,6 @@ class Run:
     lr: float
     evaluations: int
     wall_s: float
-    first_eval: int
     history: list[tuple[int, float]] = field(default_factory=list)
     b_noise: float = math.nan
     b_noise_fast: float = math.nan
@@ -309,7 +317,7 @@ class _TwoRates(GradientNoiseScale):
         return super().update(small_grad_sq, big_grad_sq, b_small, b_big)
 
 
-def train_to_target(exp: Experiment, data: Data, batch_size: int, seed: int, *, first_eval: int = 1,
+def train_to_target(exp: Experiment, data: Data, batch_size: int, seed: int, *,
                     noise_scale: _TwoRates | None = None) -> Run:
     """Train a fresh seeded workload at ``batch_size`` until the validation metric reaches the target.
 
@@ -323,7 +331,7 @@ def train_to_target(exp: Experiment, data: Data, batch_size: int, seed: int, *, 
     model, optimizer = w.model, w.optimizer
     generator = torch.Generator().manual_seed(seed)
     state: dict = {}
-    schedule: Iterator[int] = geometric_schedule(first_eval, EVAL_RATIO)
+    schedule: Iterator[int] = geometric_schedule(1, EVAL_RATIO)
     due = next(schedule)
     steps: list[int] = []
     values: list[float] = []
@@ -348,31 +356,30 @@ def train_to_target(exp: Experiment, data: Data, batch_size: int, seed: int, *, 
             if math.isfinite(reached):
                 break
     reached = crossing_step(steps, values, exp.target, higher_is_better=exp.higher_is_better)
-    run = Run(reached, lr, len(steps), time.perf_counter() - t0, first_eval, list(zip(steps, values)))
+    run = Run(reached, lr, len(steps), time.perf_counter() - t0, list(zip(steps, values)))
     if noise_scale is not None:
         run.b_noise, run.b_noise_fast, run.b_noise_first_steps = (noise_scale.noise_scale,
                                                                    noise_scale.fast.noise_scale, b_first)
     return run
 
 
-def measure_workload(exp: Experiment, seeds: tuple[int, ...], log: Callable[[str], None]
+def measure_workload(exp: Experiment, seeds: tuple[int, ...], log: Callable[[str], None],
+                     keep: Callable[[list[ConvergenceRow]], None] = lambda rows: None
                      ) -> tuple[list[ConvergenceRow], NoiseScaleRow]:
+    """Steps to target at every batch size and seed (``keep`` gets the rows so far after each run), then the
+    warm-up that measures B_noise."""
     data = DATA[exp.workload]()
     log(f"{exp.workload}: {data.description}; target {exp.metric} {'>=' if exp.higher_is_better else '<='} "
         f"{exp.target:g}")
     rows = []
     for seed in seeds:
-        previous: float = math.nan  # steps at twice the batch size, this seed
         for b in sorted(exp.batch_sizes, reverse=True):
-            first = max(1, int(FLOOR_FRACTION * previous)) if math.isfinite(previous) else 1
-            run = train_to_target(exp, data, b, seed, first_eval=first)
-            if first > 1 and run.steps == first:  # reached at the first look: it may have been earlier
-                run = train_to_target(exp, data, b, seed, first_eval=1)
+            run = train_to_target(exp, data, b, seed)
             rows.append(ConvergenceRow(exp.workload, exp.metric, exp.target, b, seed, run.lr, run.steps,
                                        run.evaluations, run.wall_s))
             log(f"  b={b:4d} seed={seed} lr={run.lr:.3g}: {run.steps:7.1f} steps "
-                f"({run.evaluations} evaluations from step {run.first_eval}, {run.wall_s:.0f} s)")
-            previous = run.steps if math.isfinite(run.steps) else math.nan
+                f"({run.evaluations} evaluations, {run.wall_s:.0f} s)")
+            keep(rows)
     b_w = load_workload(exp.workload).default_batch_size
     run = train_to_target(exp, data, b_w, WARMUP_SEED, noise_scale=_TwoRates(GNS_BETA, FAST_BETA))
     log(f"  warm-up b={b_w} seed={WARMUP_SEED}: target after {run.steps:.1f} steps, B_noise {run.b_noise:.1f} "
@@ -466,22 +473,84 @@ def machine_state() -> str:
             f"{torch.get_num_threads()}")
 
 
+def commit() -> str:
+    """The checkout's commit, ``-dirty`` when tracked files differ from it (``unknown`` outside git)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("-dirty" if dirty else "")
+
+
+def provenance(workloads: list[str], noise: bool = False) -> list[str]:
+    """The header comment of the measured table: what was trained on what, to which target, at which commit."""
+    lines = [("B_noise per workload, measured with edgetune's GradientNoiseScale during a warm-up to the target"
+              if noise else "steps to a validation target per workload, batch size and seed (nan: not reached)"),
+             (f"written by experiments/convergence_truth.py at commit {commit()}, "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; torch {torch.__version__}, 1 thread"),
+             (f"lr rule: {LR_RULE!r} (edgetune.tune's default), lr = workload lr x rule(b / default batch size); "
+              f"evaluated from step 1 every {EVAL_RATIO:g}x steps, crossing interpolated")]
+    for name in workloads:
+        exp = EXPERIMENTS[name]
+        lines.append(f"{name}: data {DATASETS[name]}; target validation {exp.metric} "
+                     f"{'>=' if exp.higher_is_better else '<='} {exp.target:g}; at most {exp.max_samples} samples")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="one seed, three batch sizes (the default's among them), nothing kept")
+    ap.add_argument("--quick", action="store_true",
+                    help="one seed, three batch sizes (the default's among them), written to a temporary folder")
     ap.add_argument("--replay", action="store_true", help="score the stored table without training")
     ap.add_argument("--workloads", nargs="+", choices=list(EXPERIMENTS), default=list(EXPERIMENTS))
     ap.add_argument("--data-dir", type=Path, default=DATA_DIR, help="where the measured table is read/written")
+    ap.add_argument("--results", type=Path, default=None,
+                    help=f"also write the output to this file (default: {RESULTS} for a full measuring run)")
     args = ap.parse_args(argv)
+    results = args.results or (RESULTS if not (args.quick or args.replay) else None)
+    if results is None:
+        return run(args)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    with open(results, "w") as f, contextlib.redirect_stdout(_Tee(sys.stdout, f)):
+        return run(args)
+
+
+class _Tee:
+    """A text stream writing to several (the terminal and the results file)."""
+
+    def __init__(self, *streams) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+            stream.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+
+def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     print(f"convergence truth: {platform.node() or 'this machine'}, {platform.processor() or platform.machine()}, "
-          f"python {platform.python_version()}, torch {torch.__version__}, lr rule {LR_RULE!r}")
+          f"python {platform.python_version()}, torch {torch.__version__}, lr rule {LR_RULE!r}, commit {commit()}")
     print(f"machine at start: {machine_state()}")
     started, cpu_started = time.perf_counter(), time.process_time()
+    if args.quick and not args.replay:
+        import tempfile
+
+        args.data_dir = Path(tempfile.mkdtemp(prefix="convergence_quick_"))
     steps_path, noise_path = args.data_dir / "steps.csv", args.data_dir / "b_noise.csv"
     if not args.replay:
-        rows: list[ConvergenceRow] = []
-        noise: list[NoiseScaleRow] = []
+        args.data_dir.mkdir(parents=True, exist_ok=True)
         for name in args.workloads:
             exp = EXPERIMENTS[name]
             seeds = SEEDS
@@ -490,22 +559,19 @@ def main(argv: list[str] | None = None) -> int:
                 quick = tuple(sorted({sizes[1], sizes[3], load_workload(name).default_batch_size}))
                 exp = Experiment(exp.workload, exp.metric, exp.target, quick, exp.max_samples)
                 seeds = SEEDS[:1]
-            r, n = measure_workload(exp, seeds, print)
-            rows += r
-            noise.append(n)
-        if args.quick:
-            import tempfile
+            # the other workloads' measurements are kept; this one's rows are written after every run
+            others = [r for r in read_convergence_rows(steps_path) if r.workload != name] if steps_path.exists() else []
 
-            args.data_dir = Path(tempfile.mkdtemp(prefix="convergence_quick_"))
-            steps_path, noise_path = args.data_dir / "steps.csv", args.data_dir / "b_noise.csv"
-        args.data_dir.mkdir(parents=True, exist_ok=True)
-        if steps_path.exists() and noise_path.exists():  # keep the other workloads' measurements
-            measured = {r.workload for r in rows}
-            rows = [r for r in read_convergence_rows(steps_path) if r.workload not in measured] + rows
-            noise = [n for n in load_b_noise(noise_path).values() if n.workload not in measured] + noise
-        save_convergence_rows(steps_path, rows)
-        save_b_noise_rows(noise_path, noise)
-        print(f"wrote {steps_path} and {noise_path}")
+            def keep(rows: list[ConvergenceRow], others: list[ConvergenceRow] = others) -> None:
+                both = others + rows
+                save_convergence_rows(steps_path, both, provenance(list(dict.fromkeys(r.workload for r in both))))
+
+            _, noise = measure_workload(exp, seeds, print, keep)
+            noise_rows = [n for n in load_b_noise(noise_path).values() if n.workload != name] if noise_path.exists() else []
+            noise_rows.append(noise)
+            save_b_noise_rows(noise_path, noise_rows, provenance([n.workload for n in noise_rows], noise=True))
+            print(f"  wrote {steps_path} and {noise_path} ({time.perf_counter() - started:.0f} s so far; "
+                  f"{machine_state()})", flush=True)
     try:
         scores = score(steps_path, noise_path)
     except ConvergenceError as exc:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 __all__ = [
+    "COMMENT_PREFIX",
     "CONVERGENCE_COLUMNS",
     "ChoiceLoss",
     "ConvergenceError",
@@ -38,6 +39,7 @@ __all__ = [
     "load_b_noise",
     "load_convergence",
     "predict_from_warmup",
+    "read_comment",
     "read_convergence_rows",
     "save_b_noise_rows",
     "save_convergence_rows",
@@ -250,8 +252,15 @@ class MeasuredCurve:
                            f"measured: {', '.join(map(str, self.batch_sizes))}") from None
 
 
-def _write_rows(path: str | os.PathLike, rows: Iterable[object], columns: Sequence[str]) -> None:
+#: A line of a table file starting with this is a comment (provenance: data set, lr rule, target, commit).
+COMMENT_PREFIX = "#"
+
+
+def _write_rows(path: str | os.PathLike, rows: Iterable[object], columns: Sequence[str],
+                comment: Sequence[str] = ()) -> None:
     with open(path, "w", newline="") as f:
+        parts = (part for line in comment for part in str(line).splitlines() or [""])
+        f.writelines(f"{COMMENT_PREFIX} {part}".rstrip() + "\n" for part in parts)
         writer = csv.writer(f)
         writer.writerow(columns)
         for row in rows:
@@ -268,13 +277,15 @@ def _read_rows(path: str | os.PathLike, cls: type) -> list:
     types = {f.name: f.type for f in fields(cls)}
     try:
         with open(path, newline="") as f:
-            reader = csv.DictReader(f)
+            lines = [(n, text) for n, text in enumerate(f, start=1) if not text.startswith(COMMENT_PREFIX)]
+            reader = csv.DictReader(text for _, text in lines)
             missing = [c for c in types if c not in (reader.fieldnames or [])]
             if missing:
                 raise ConvergenceError(f"{path}: missing column(s) {', '.join(missing)}; write the table with "
                                        f"experiments/convergence_truth.py")
             rows = []
-            for line, record in enumerate(reader, start=2):
+            for record in reader:
+                line = lines[reader.line_num - 1][0]  # the file's line number, comments counted
                 try:
                     values = {k: _parse(types[k], record[k]) for k in types}
                 except ValueError as exc:
@@ -295,14 +306,28 @@ def _parse(kind: object, text: str | None) -> object:
     return text
 
 
-def save_convergence_rows(path: str | os.PathLike, rows: Iterable[ConvergenceRow]) -> None:
-    """Write the runs as CSV with :data:`CONVERGENCE_COLUMNS` (``nan``: target not reached)."""
-    _write_rows(path, rows, CONVERGENCE_COLUMNS)
+def save_convergence_rows(path: str | os.PathLike, rows: Iterable[ConvergenceRow],
+                          comment: Sequence[str] = ()) -> None:
+    """Write the runs as CSV with :data:`CONVERGENCE_COLUMNS` (``nan``: target not reached).
+
+    ``comment`` lines go first, each prefixed with ``#`` (the readers skip them): the provenance.
+    """
+    _write_rows(path, rows, CONVERGENCE_COLUMNS, comment)
 
 
-def save_b_noise_rows(path: str | os.PathLike, rows: Iterable[NoiseScaleRow]) -> None:
-    """Write the per-workload noise scales as CSV."""
-    _write_rows(path, rows, [f.name for f in fields(NoiseScaleRow)])
+def save_b_noise_rows(path: str | os.PathLike, rows: Iterable[NoiseScaleRow], comment: Sequence[str] = ()) -> None:
+    """Write the per-workload noise scales as CSV, after ``comment`` lines as :func:`save_convergence_rows`."""
+    _write_rows(path, rows, [f.name for f in fields(NoiseScaleRow)], comment)
+
+
+def read_comment(path: str | os.PathLike) -> list[str]:
+    """The ``#`` comment lines of a table file written here, without the prefix (raises :class:`ConvergenceError`)."""
+    try:
+        with open(path, newline="") as f:
+            return [text[len(COMMENT_PREFIX):].rstrip("\r\n").removeprefix(" ") for text in f
+                    if text.startswith(COMMENT_PREFIX)]
+    except OSError as exc:
+        raise ConvergenceError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def read_convergence_rows(path: str | os.PathLike) -> list[ConvergenceRow]:
