@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import inspect
 import math
 import os
@@ -473,8 +474,9 @@ def machine_state() -> str:
             f"{torch.get_num_threads()}")
 
 
+@functools.cache
 def commit() -> str:
-    """The checkout's commit, ``-dirty`` when tracked files differ from it (``unknown`` outside git)."""
+    """The checkout's commit when first asked (at start), ``-dirty`` when tracked files differed from it."""
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
