@@ -20,6 +20,7 @@ from edgetune.predictors.convergence import (
     load_b_noise,
     load_convergence,
     predict_from_warmup,
+    read_comment,
     read_convergence_rows,
     save_b_noise_rows,
     save_convergence_rows,
@@ -211,3 +212,20 @@ def test_rows_read_back_as_written(tmp_path):
     back = read_convergence_rows(path)
     assert [r.steps for r in back if math.isfinite(r.steps)] == [r.steps for r in rows if math.isfinite(r.steps)]
     assert back[:-1] == rows[:-1] and math.isnan(back[-1].steps)
+
+
+def test_provenance_comment_is_kept_apart_from_the_rows(tmp_path):
+    path = tmp_path / "steps.csv"
+    comment = ["data: sklearn digits", "lr rule: 'linear'\ntarget: accuracy >= 0.9", ""]
+    save_convergence_rows(path, _rows(), comment)
+    text = path.read_text().splitlines()
+    assert text[:4] == ["# data: sklearn digits", "# lr rule: 'linear'", "# target: accuracy >= 0.9", "#"]
+    assert read_comment(path) == ["data: sklearn digits", "lr rule: 'linear'", "target: accuracy >= 0.9", ""]
+    assert load_convergence(path)["cnn"].steps(8) == 110.0
+    row = NoiseScaleRow("cnn", 42.5, 0.99, 128, 4, 100, 33.3, 0.9, 60.0, 20, 12.0)
+    save_b_noise_rows(tmp_path / "b.csv", [row], ["estimator: GradientNoiseScale"])
+    assert load_b_noise(tmp_path / "b.csv") == {"cnn": row}
+    # a bad value is reported at its line in the file, the comment lines counted
+    path.write_text(path.read_text().replace(",8,0,", ",eight,0,", 1))
+    with pytest.raises(ConvergenceError, match="line 6"):
+        load_convergence(path)
