@@ -59,6 +59,8 @@ OBJECTIVES = ("time", "energy", "throughput", "pareto", "cost")
 SAMPLERS = ("auto", "guided", "tpe", "gp", "random")
 #: ``efficiency.b_noise = "measure"``: measure the gradient noise scale during the warm-up
 MEASURE = "measure"
+#: ``efficiency.b_noise = "workload"`` (the default): the workload's own measured B_noise
+WORKLOAD = "workload"
 #: the study's SQLite file in the output folder when no ``search.storage`` URL is given
 STUDY_DB = "study.db"
 
@@ -174,12 +176,12 @@ def _real_steps(v: Any) -> int | None:
 
 
 def _b_noise(v: Any) -> float | str:
-    if v == MEASURE:
-        return MEASURE
+    if v in (MEASURE, WORKLOAD):
+        return v
     try:
         return _number(0.0, lo_open=True)(v)  # type: ignore[return-value]
     except ValueError:
-        raise ValueError(f'must be a number of samples > 0 or "{MEASURE}", got {v!r}') from None
+        raise ValueError(f'must be a number of samples > 0, "{WORKLOAD}" or "{MEASURE}", got {v!r}') from None
 
 
 # ---------------------------------------------------------------------------------------------- flag text
@@ -223,7 +225,7 @@ def _flag_int_or_all(text: str) -> Any:
 
 
 def _flag_number_or_measure(text: str) -> Any:
-    return MEASURE if text == MEASURE else _flag_number(text)
+    return text if text in (MEASURE, WORKLOAD) else _flag_number(text)
 
 
 # ---------------------------------------------------------------------------------------------- schema
@@ -400,8 +402,9 @@ class EfficiencySection:
     s_min: float = _key(1000.0, _number(0.0, lo_open=True, unit="steps"),
                         "steps to target at a very large batch (S_min, McCandlish et al. 2018)",
                         flag=Flag("--s-min", _flag_number, group=MEASUREMENT))
-    b_noise: float | str = _key(256.0, _b_noise, f'gradient noise scale B_noise in samples, or "{MEASURE}" '
-                                "(from gradient norms during the warm-up)",
+    b_noise: float | str = _key(WORKLOAD, _b_noise, f'gradient noise scale B_noise in samples, "{WORKLOAD}" (the '
+                                "workload's measured value; 256 for one without) or "
+                                f'"{MEASURE}" (from gradient norms during the warm-up)',
                                 flag=Flag("--b-noise", _flag_number_or_measure, group=MEASUREMENT))
     known_convergence: bool = _key(False, _boolean, "on trace:<table.csv>: the table's epochs to target of every "
                                    "batch size are known from the start (a recurring job); otherwise the search "

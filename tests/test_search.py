@@ -22,7 +22,7 @@ from edgetune.search.results import best_json, write_trials_csv
 from edgetune.search.space import SpaceError, build_space, default_batch_sizes
 from edgetune.search.study import Search
 from edgetune.search.trial import MeasurementProtocol, measure_setting
-from edgetune.workloads import Workload
+from edgetune.workloads import Workload, load_workload
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -96,6 +96,32 @@ def test_b_noise_measured_from_gradient_norms_is_positive():
     wl = Workload.from_model("sign", model, make_batch, default_batch_size=32)
     value = measure_b_noise(wl, 32, steps=10)
     assert math.isfinite(value) and 0 < value < 1e4
+
+
+def test_target_takes_the_workloads_measured_b_noise_and_falls_back_without_one():
+    from edgetune.search.efficiency import FALLBACK_B_NOISE
+
+    model = torch.nn.Linear(4, 2)
+
+    def make_batch(b, g):
+        x = torch.randn(b, 4, generator=g)
+        return x, (x[:, 0] > 0).long()
+
+    measured = Workload.from_model("lin", model, make_batch, b_noise=40.0)
+    t = TargetModel.for_workload(measured, s_min=200)
+    assert (t.s_min, t.b_noise) == (200, 40.0) and "lin's measured B_noise" in t.b_noise_source
+    unknown = TargetModel.for_workload(Workload.from_model("lin", model, make_batch))
+    assert unknown.b_noise == FALLBACK_B_NOISE and unknown.b_noise_source.startswith("fallback")
+
+
+def test_cli_default_target_uses_the_workloads_measured_b_noise(tmp_path):
+    argv = ["search", "--device", "sim:orin-nano", "--workload", "cnn", "--budget", "100", "--batch-sizes", "8",
+            "--knobs", "gpu_freq", "--n-trials", "2", "--sampler", "random", "--measure-s", "0.5",
+            "--warmup-steps", "0", "--real-steps", "0", "-o", str(tmp_path / "o")]
+    assert main(argv) == 0
+    best = json.loads((tmp_path / "o" / "best.json").read_text())
+    assert best["target_model"]["b_noise"] == load_workload("cnn").b_noise
+    assert best["target_model"]["b_noise_source"] == "workload: cnn's measured B_noise"
 
 
 def test_steps_to_target_is_mccandlish():

@@ -207,7 +207,7 @@ def test_smaller_batch_at_higher_gpu_clock_trains_faster_under_a_tight_cap(cost,
     reaches the target sooner than the default batch at the highest frequency whose power fits."""
     twin = Twin("orin-nano", compute=False)
     default_b = cnn.default_batch_size
-    b_noise = default_b  # gradient noise scale of the order of the default batch
+    b_noise = cnn.b_noise  # the cnn's measured gradient noise scale (workloads.models, convergence_truth.py)
     cap_w = 10.0
     freqs = twin.knob_grid()["gpu_freq"]
 

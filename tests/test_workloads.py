@@ -252,7 +252,7 @@ def _linear_workload(**kwargs: object) -> Workload:
 
 
 def test_b_noise_is_optional_samples() -> None:
-    assert all(w.b_noise is None for w in (_linear_workload(), load_workload("cnn")))  # not measured yet
+    assert _linear_workload().b_noise is None  # nobody measured it
     assert _linear_workload(b_noise=256).b_noise == 256.0
     for bad in (0, -5.0, float("nan"), float("inf"), "256", True):
         with pytest.raises(WorkloadError, match="b_noise must be a positive number of samples or None") as info:
@@ -396,3 +396,14 @@ def test_bad_spec_is_one_line_workload_error(spec: str, message: str) -> None:
 
 def test_builtin_names_are_case_insensitive() -> None:
     assert load_workload("CNN").name == "cnn"
+
+
+def test_builtins_carry_the_b_noise_measured_by_convergence_truth() -> None:
+    # the value stored with each workload is the one experiments/convergence_truth.py measured and wrote
+    from edgetune.predictors.convergence import load_b_noise
+
+    measured = load_b_noise(REPO / "experiments" / "data" / "convergence" / "b_noise.csv")
+    for name in ("cnn", "mobilenet", "chartransformer"):
+        workload = load_workload(name)
+        assert workload.b_noise == pytest.approx(measured[name].b_noise, rel=0.01), name
+        assert measured[name].warmup_batch == workload.default_batch_size

@@ -250,10 +250,12 @@ B_NOISE_STEPS = 20
 
 
 def _target(section: EfficiencySection, workload) -> TargetModel:
-    """The steps-to-target model: B_noise from the config, or measured from gradient norms (warm-up)."""
-    from edgetune.config import MEASURE
+    """The steps-to-target model: B_noise the workload's, from the config, or measured in a warm-up."""
+    from edgetune.config import MEASURE, WORKLOAD
     from edgetune.search.efficiency import TargetModel, measure_b_noise
 
+    if section.b_noise == WORKLOAD:
+        return TargetModel.for_workload(workload, section.s_min)
     if section.b_noise != MEASURE:
         return TargetModel(section.s_min, section.b_noise, "config")
     how = f"measured from gradient norms over {B_NOISE_STEPS} warm-up steps"

@@ -18,9 +18,10 @@ with max power the device's maximum power (Zeus: the GPU's largest power limit),
 (:class:`ZeusCost`, objective ``cost``). Its optimum lies on the time-energy Pareto front.
 
 ``S_min`` scales every setting alike: it changes the absolute figures reported, never which setting wins.
-``B_noise`` does decide the winner. The default (``efficiency.b_noise = 256`` samples) is the order of the
-noise scale McCandlish et al. report for small image classifiers early in training; set it from your own
-run, or use ``"measure"`` to estimate it from gradient norms during the warm-up steps
+``B_noise`` does decide the winner. By default (``efficiency.b_noise = "workload"``) it is the workload's
+own, :attr:`edgetune.workloads.Workload.b_noise`: the built-in workloads carry one measured on real data by
+``experiments/convergence_truth.py``; a workload without one falls back to :data:`FALLBACK_B_NOISE`. Set a
+number from your own run, or use ``"measure"`` to estimate it from gradient norms during the warm-up steps
 (:class:`edgetune.predictors.GradientNoiseScale`).
 """
 
@@ -29,8 +30,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["DIRECTIONS", "Outcome", "TargetModel", "ZeusCost", "cost_max_power_w", "measure_b_noise",
-           "objective_values", "steps_to_target"]
+__all__ = ["DIRECTIONS", "FALLBACK_B_NOISE", "Outcome", "TargetModel", "ZeusCost", "cost_max_power_w",
+           "measure_b_noise", "objective_values", "steps_to_target"]
+
+#: B_noise (samples) for a workload that carries none: the order of the noise scale McCandlish et al. (2018)
+#: report for small image classifiers early in training.
+FALLBACK_B_NOISE = 256.0
 
 #: Optuna study directions per objective.
 DIRECTIONS: dict[str, list[str]] = {
@@ -57,8 +62,18 @@ class TargetModel:
     """The training target in steps: ``S_min`` and ``B_noise`` (see the module docs)."""
 
     s_min: float = 1000.0
-    b_noise: float = 256.0
+    b_noise: float = FALLBACK_B_NOISE
     b_noise_source: str = "config"
+
+    @classmethod
+    def for_workload(cls, workload: object, s_min: float = 1000.0) -> TargetModel:
+        """The target with ``workload``'s own measured B_noise (``Workload.b_noise``), or
+        :data:`FALLBACK_B_NOISE` for a workload that carries none."""
+        b_noise = getattr(workload, "b_noise", None)
+        name = getattr(workload, "name", "the workload")
+        if b_noise is None:
+            return cls(s_min, FALLBACK_B_NOISE, f"fallback: {name} carries no measured B_noise")
+        return cls(s_min, float(b_noise), f"workload: {name}'s measured B_noise")
 
     def steps(self, batch_size: float) -> float:
         return steps_to_target(batch_size, self.s_min, self.b_noise)

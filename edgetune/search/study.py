@@ -167,7 +167,7 @@ class Search:
         self.space = space
         self.budget_w = budget_w
         self.objective = objective
-        self.target = target or TargetModel()
+        self.target = target or TargetModel.for_workload(workload)
         self.protocol = protocol or MeasurementProtocol()
         self.storage_url = storage_url
         self.study_name = study_name

@@ -32,9 +32,26 @@ from edgetune.workloads.data import (
     text_batches,
 )
 
+# The built-in workloads' gradient noise scales B_noise, in samples (Workload.b_noise). Source: one run of
+# experiments/convergence_truth.py (commit a5d35627596e, 2026-12-01), table
+# experiments/data/convergence/b_noise.csv. Estimator: edgetune's GradientNoiseScale (EMA decay 0.99, its
+# default; each step split into 4 micro-batches, McCandlish et al. 2018 appendix A) over a warm-up from fresh
+# weights (seed 100) at the default batch size and learning rate, read when the validation target is reached.
+# Data: real data that ships with the installed packages, not the synthetic batches these workloads draw here.
+#: cnn: scikit-learn's bundled digits (8x8 upsampled to 3x32x32), target 90% validation accuracy (72 steps).
+#: The warm-up ran at lr 0.1, where this cnn is unstable on that data (experiments/results/convergence_truth.txt).
+CNN_B_NOISE = 12.2
+#: mobilenet: the same digits, target 80% validation accuracy (28 steps).
+MOBILENET_B_NOISE = 57.9
+#: chartransformer: CPython's pydoc_data.topics text, target 3.2 nats validation loss (38 steps).
+CHARTRANSFORMER_B_NOISE = 30.1
+
 __all__ = [
     "BUILTIN_WORKLOADS",
+    "CHARTRANSFORMER_B_NOISE",
     "CHAR_CONTEXT",
+    "CNN_B_NOISE",
+    "MOBILENET_B_NOISE",
     "MOBILENET_V2_CIFAR",
     "MOBILENET_WIDTH",
     "CausalSelfAttention",
@@ -89,6 +106,7 @@ def build_cnn(seed: int = 0) -> Workload:
         # 128 is the batch size of the standard CIFAR-10 training recipes (He et al. 2016 and most since).
         default_batch_size=128,
         seed=seed,
+        b_noise=CNN_B_NOISE,
     )
 
 
@@ -194,6 +212,7 @@ def build_mobilenet(seed: int = 0) -> Workload:
         # 128: the batch size of the common CIFAR MobileNetV2 training recipes.
         default_batch_size=128,
         seed=seed,
+        b_noise=MOBILENET_B_NOISE,
     )
 
 
@@ -301,6 +320,7 @@ def build_chartransformer(seed: int = 0) -> Workload:
         # 64 sequences per batch: nanoGPT's character-level configuration, the common recipe for this size.
         default_batch_size=64,
         seed=seed,
+        b_noise=CHARTRANSFORMER_B_NOISE,
     )
 
 
