@@ -464,7 +464,8 @@ def _search(case: Case, space: SearchSpace, workload: Any, sampler: str, n_trial
     device = open_device(f"sim:{case.profile}", seed=seed, compute=False)
     try:
         s = Search(device, workload, space, budget_w=case.budget_w, objective=case.objective,
-                   target=TargetModel(), protocol=PROTOCOL, sampler=sampler, n_trials=n_trials, seed=seed,
+                   target=TargetModel.for_workload(workload), protocol=PROTOCOL, sampler=sampler, n_trials=n_trials,
+                   seed=seed,
                    study_name=f"{case.profile}-{case.workload}-{case.budget_w}",
                    storage=optuna.storages.InMemoryStorage())
         return s.run()

@@ -157,8 +157,9 @@ def main(argv=None) -> int:
     # this process's CPU time, plus the searches' where they ran in child processes
     cpu = time.process_time() - c0 + (sum(r.cpu_s for r in rows) if args.jobs > 1 else 0.0)
     print(f"objective: {args.objective}; sampler: {args.sampler}; n_trials: {args.n_trials}; seed {args.seed}; "
-          f"the search's target model: S_min 1000, B_noise 256; scorer: measured steps ({args.table.name}) x "
-          f"the twin's true step time")
+          f"the search's target model: S_min (1 + B_noise / b) with each workload's B_noise (Workload.b_noise: "
+          f"{', '.join(sorted(f'{n} {wl.b_noise:g}' for n, wl in bench.workloads.items()))}); scorer: "
+          f"measured steps ({args.table.name}) x the twin's true step time")
     print(f"honest margin: {INA3221_ACCURACY.offset_w:.3f} W per summed channel + "
           f"{100 * INA3221_ACCURACY.relative:.2f} % ({INA3221_ACCURACY.source})")
     print(f"machine at start: {state0}")
