@@ -65,6 +65,8 @@ class SearchResult:
     #: plan applied to another model can be told apart
     workload_cost: dict[str, float] | None = None
     cost: ZeusCost | None = None  # the weights of the ``cost`` objective
+    #: the run-to-run spread of a window's power the search was told (a table's stated spread; 0 elsewhere)
+    power_cv: float = 0.0
 
     @property
     def measured(self) -> list[TrialRecord]:

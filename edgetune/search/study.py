@@ -480,5 +480,5 @@ class Search:
                 runs_step=bool(getattr(self.device.backend, "compute", True))),
             device_name=self.device.name, device_description=self.device.description,
             simulated=self.device.simulated, workload=getattr(self.workload, "name", str(self.workload)),
-            cost=self.cost,
+            cost=self.cost, guard_sigma=self.guard_sigma, power_cv=self.power_cv,
         )
