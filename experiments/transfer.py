@@ -3,9 +3,11 @@
 Each case searches a target (device, workload, budget, power mode) on the simulated twin (``compute=False``)
 twice: cold, and warm from the study of a *prior* search (another board, another budget, another power
 mode) that ran first and was saved to an SQLite file, read back with :func:`edgetune.search.prior.load_prior`
-as ``edgetune search --prior <folder>`` does. Both are scored with the twin's noise-free ground truth
-(``Twin.expected``) against the exhaustive oracle of the target space (least time to target among settings
-whose true power holds the budget):
+as ``edgetune search --prior <folder>`` does. The searches use each workload's measured B_noise, as a user's
+search does; both are scored as the oracle benchmark scores (experiments/benchlib.py): steps to target from
+the measured convergence table (never the search's own law) x the twin's noise-free step time
+(``Twin.expected``), against the exhaustive oracle of the target space (least time to target among settings
+whose true power holds the budget), over the batch sizes the table measured:
 
 * gap       - chosen / oracle - 1 (target: warm within 3% with at most 15 measured settings, against 40 cold);
 * measured  - settings measured on the *target* board (baseline probes included; the prior's are not counted).
@@ -29,11 +31,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import optuna
+from benchlib import CONVERGENCE_TABLE, benchmark_batch_sizes, steps_at
 
 from edgetune.power import open_device
+from edgetune.predictors.convergence import MeasuredCurve, load_convergence
 from edgetune.report import format_table
 from edgetune.search.efficiency import TargetModel
 from edgetune.search.prior import load_prior, map_to_space
@@ -79,27 +84,33 @@ CASES = [
 WORKLOADS = ("cnn", "mobilenet", "chartransformer")
 
 
-def space_of(device, workload, board: Board):
-    return build_space(device, workload.default_batch_size, None, None, dict(board.values))
+def space_of(device, workload, board: Board, curve: MeasuredCurve):
+    sizes = list(benchmark_batch_sizes(workload.default_batch_size, curve))
+    return build_space(device, workload.default_batch_size, sizes, None, dict(board.values))
 
 
-def oracle_time_s(twin, workload, space, target: TargetModel, budget_w: float) -> float:
+def true_steps(curve: MeasuredCurve, batch_size: int) -> float:
+    """The scorer's steps to target: the measured table's median, interpolated between measured sizes."""
+    return steps_at(curve.batch_sizes, curve.median_steps, batch_size)
+
+
+def oracle_time_s(twin, workload, space, curve: MeasuredCurve, budget_w: float) -> float:
     """The exhaustive best true time to target among settings whose true power holds the budget."""
     best = math.inf
     for c in space.grid():
         e = twin.expected(workload.cost, c.batch_size, c.knobs)
         if e.fits and e.power_w <= budget_w:
-            best = min(best, target.steps(c.batch_size) * e.step_time_s)
+            best = min(best, true_steps(curve, c.batch_size) * e.step_time_s)
     return best
 
 
-def search(board: Board, workload, seed: int, *, prior=(), storage_url: str | None = None,
+def search(board: Board, workload, curve: MeasuredCurve, seed: int, *, prior=(), storage_url: str | None = None,
            study_name: str = "transfer", n_trials: int = COLD_TRIALS) -> tuple[dict, object]:
     device = open_device(f"sim:{board.profile}", seed=seed, compute=False)
     try:
         twin = device.backend
-        space = space_of(device, workload, board)
-        target = TargetModel()
+        space = space_of(device, workload, board, curve)
+        target = TargetModel.for_workload(workload)
         mapped = map_to_space(prior, space, device.settings()) if prior else ()
         storage = None if storage_url else optuna.storages.InMemoryStorage()
         s = Search(device, workload, space, budget_w=board.budget_w, target=target, protocol=PROTOCOL,
@@ -108,11 +119,11 @@ def search(board: Board, workload, seed: int, *, prior=(), storage_url: str | No
         t0 = time.perf_counter()
         res = s.run()
         wall = time.perf_counter() - t0
-        oracle = oracle_time_s(twin, workload, space, target, board.budget_w)
+        oracle = oracle_time_s(twin, workload, space, curve, board.budget_w)
         chosen, power = math.nan, math.nan
         if res.best is not None:
             e = twin.expected(workload.cost, res.best.candidate.batch_size, res.best.candidate.knobs)
-            chosen, power = target.steps(res.best.candidate.batch_size) * e.step_time_s, e.power_w
+            chosen, power = true_steps(curve, res.best.candidate.batch_size) * e.step_time_s, e.power_w
     finally:
         device.close()
     gap = (chosen / oracle - 1.0) * 100 if math.isfinite(chosen) else math.inf
@@ -120,15 +131,15 @@ def search(board: Board, workload, seed: int, *, prior=(), storage_url: str | No
             "wall": wall, "stop": res.stop_reason, "prior": len(mapped)}, res
 
 
-def run_case(case: Case, workload, seed: int, tmp: Path) -> dict:
+def run_case(case: Case, workload, curve: MeasuredCurve, seed: int, tmp: Path) -> dict:
     folder = tmp / f"{case.prior.label().replace(' ', '_').replace('/', '-')}-{workload.name}"
     if not (folder / "study.db").exists():  # the prior's search, saved as `edgetune search -o folder` does
         folder.mkdir(parents=True, exist_ok=True)
-        search(case.prior, workload, seed, storage_url=f"sqlite:///{folder / 'study.db'}",
+        search(case.prior, workload, curve, seed, storage_url=f"sqlite:///{folder / 'study.db'}",
                study_name=f"prior-{workload.name}")
     prior = load_prior(str(folder))
-    cold, _ = search(case.target, workload, seed)
-    warm, _ = search(case.target, workload, seed, prior=prior.observations)
+    cold, _ = search(case.target, workload, curve, seed)
+    warm, _ = search(case.target, workload, curve, seed, prior=prior.observations)
     return {"kind": case.kind, "prior": case.prior.label(), "target": case.target.label(), "workload": workload.name,
             "cold": cold, "warm": warm, "prior_n": len(prior.observations)}
 
@@ -141,17 +152,19 @@ def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     names = ("cnn",) if args.quick else WORKLOADS
     rows = []
+    curves = load_convergence(CONVERGENCE_TABLE)
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             workload = load_workload(name, seed=args.seed)
             for case in CASES:
-                r = run_case(case, workload, args.seed, Path(tmp))
+                r = run_case(case, workload, curves[name], args.seed, Path(tmp))
                 rows.append(r)
                 print(f"  {r['target']} {name} <- {r['prior']}: warm {r['warm']['gap']:.2f}% / "
                       f"{r['warm']['measured']} ({r['warm']['stop'][:60]}); cold {r['cold']['gap']:.2f}% / "
                       f"{r['cold']['measured']}", file=sys.stderr)
-    print(f"seed {args.seed}; target S_min 1000, B_noise 256; cold and warm capped at {COLD_TRIALS} measured "
-          f"settings; gap against the exhaustive oracle of the target space (Twin.expected)")
+    print(f"seed {args.seed}; the searches' target: each workload's measured B_noise; cold and warm capped at "
+          f"{COLD_TRIALS} measured settings; gap against the exhaustive oracle of the target space, scored with the "
+          f"measured steps ({CONVERGENCE_TABLE.name}) x the twin's true step time (Twin.expected)")
     print(format_table(
         ["case", "prior (measured there)", "target", "workload", "warm gap %", "warm measured", "cold gap %",
          "cold measured", "warm true W"],
