@@ -429,6 +429,8 @@ class Row:
     stop: str
     wall_s: float
     cpu_s: float
+    #: device seconds the board's 1-s average spent over the budget while this search measured (safe profiling)
+    over_budget_s: float = 0.0
     hv_ratio: float = math.nan  # pareto only
     front_violations: int = 0  # pareto only: points of the reported front over the budget
 
@@ -502,7 +504,8 @@ def run_case(case: Case, truth: GridTruth, space: SearchSpace, workload: Any, st
               default_best=truth.best(objective, at_default), oracle=truth.best(objective, plain),
               honest=truth.best(objective, honest_mask), chosen=chosen,
               chosen_batch=res.best.candidate.batch_size if res.best else None,
-              measured=len(res.measured), stop=res.stop_reason, wall_s=wall, cpu_s=cpu)
+              measured=len(res.measured), stop=res.stop_reason, wall_s=wall, cpu_s=cpu,
+              over_budget_s=res.over_budget_s)
     if case.objective == "pareto":
         exhaustive = truth.front(honest_mask)
         reference = hv_reference(exhaustive)
