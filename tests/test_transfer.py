@@ -37,7 +37,10 @@ def cnn():
 
 
 def _search(profile, workload, budget_w, *, prior=(), storage_url=None, n_trials=30, **kw):
+    """A search with the fixed S(b) law (B_noise 256) that _true_time_s scores by: these tests check the
+    transfer mechanism against a law both sides share (experiments/transfer.py scores with measured steps)."""
     device = open_device(f"sim:{profile}", compute=False)
+    kw.setdefault("target", TargetModel())
     space = build_space(device, workload.default_batch_size, BATCHES, KNOBS)
     mapped = map_to_space(prior, space, device.settings()) if prior else ()
     s = Search(device, workload, space, budget_w=budget_w, protocol=PROTOCOL, n_trials=n_trials,
