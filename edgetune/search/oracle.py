@@ -42,6 +42,7 @@ import numpy as np
 from edgetune.power.base import Device
 from edgetune.search.efficiency import TargetModel
 from edgetune.search.space import SpaceError
+from edgetune.search.trial import judged_power_w
 from edgetune.tables import Table
 
 if TYPE_CHECKING:
@@ -264,11 +265,12 @@ def oracle_gap(result: SearchResult) -> dict[str, Any] | None:
     sizes searched, whose median power holds the budget. ``gap_pct`` is how much longer (or costlier) the
     chosen row is, in percent; None when nothing was chosen.
 
-    The certifiable oracle is the best row that a measurement at its median power would show to hold the
-    budget under the search's own rule (median x (1 + guard_sigma x the result's ``power_cv``) within the
-    limit): a row closer to the budget than the table's stated noise cannot be told from one just over it by
-    any number of single windows. ``certifiable_gap_pct`` is the gap to it (negative when the pick is a row the rule could
-    not certify but that holds the budget on its median).
+    The certifiable oracle is the best row that a window reading its median power would show to hold the
+    budget under the search's own rule (:func:`~edgetune.search.trial.judged_power_w`, the standard error
+    floored at the result's ``power_cv``, as :class:`~edgetune.search.study.Search` floors it on a trace): a
+    row closer to the budget than the table's stated noise cannot be told from one just over it by any
+    number of single windows. ``certifiable_gap_pct`` is the gap to it (negative when the pick is a row the
+    rule could not certify but that holds the budget on its median).
     """
     scored = _scored_table(result)
     if scored is None:
@@ -288,8 +290,8 @@ def oracle_gap(result: SearchResult) -> dict[str, Any] | None:
                 "time_to_target_s": float(ttt[i]), "energy_to_target_j": float(ett[i])}
 
     oracle = int(np.flatnonzero(ok)[np.argmin(cost[ok])]) if ok.any() else None
-    band = 1.0 + (result.guard_sigma or 0.0) * max(0.0, float(result.power_cv))
-    sure = ok & (table.power_w * band <= (math.inf if limit is None else limit))
+    judged = judged_power_w(table.power_w, max(0.0, result.power_cv) * table.power_w, result.guard_sigma or 0.0)
+    sure = ok & (judged <= (math.inf if limit is None else limit))
     certifiable = int(np.flatnonzero(sure)[np.argmin(cost[sure])]) if sure.any() else None
     chosen = None
     if result.best is not None:
