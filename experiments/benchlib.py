@@ -33,9 +33,11 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import functools
 import itertools
 import math
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -589,6 +591,20 @@ def _run_forked(case: Case, sampler: str, n_trials: int, seed: int) -> Row:
     assert _FORKED is not None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return _FORKED.run(case, sampler, n_trials, seed)
+
+
+@functools.cache
+def git_commit() -> str:
+    """The checkout's commit when first asked (at a run's start), ``-dirty`` when tracked files differed."""
+    root = HERE.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("-dirty" if dirty else "")
 
 
 def machine_state() -> str:

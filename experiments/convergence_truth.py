@@ -62,10 +62,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import inspect
 import math
-import os
 import platform
 import sys
 import time
@@ -73,11 +71,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from benchlib import git_commit
+from benchlib import machine_state as bench_machine_state
 from torch import Tensor, nn
 
 import edgetune
@@ -469,32 +470,14 @@ def score(steps_path: Path, b_noise_path: Path) -> list[Score]:
 
 
 def machine_state() -> str:
-    load = os.getloadavg()
-    return (f"{os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, torch threads "
-            f"{torch.get_num_threads()}")
-
-
-@functools.cache
-def commit() -> str:
-    """The checkout's commit when first asked (at start), ``-dirty`` when tracked files differed from it."""
-    import subprocess
-
-    root = Path(__file__).resolve().parents[1]
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return sha + ("-dirty" if dirty else "")
+    return f"{bench_machine_state()}, torch threads {torch.get_num_threads()}"
 
 
 def provenance(workloads: list[str], noise: bool = False) -> list[str]:
     """The header comment of the measured table: what was trained on what, to which target, at which commit."""
     lines = [("B_noise per workload, measured with edgetune's GradientNoiseScale during a warm-up to the target"
               if noise else "steps to a validation target per workload, batch size and seed (nan: not reached)"),
-             (f"written by experiments/convergence_truth.py at commit {commit()}, "
+             (f"written by experiments/convergence_truth.py at commit {git_commit()}, "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; torch {torch.__version__}, 1 thread"),
              (f"lr rule: {LR_RULE!r} (edgetune.tune's default), lr = workload lr x rule(b / default batch size); "
               f"evaluated from step 1 every {EVAL_RATIO:g}x steps, crossing interpolated")]
@@ -543,7 +526,7 @@ class _Tee:
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     print(f"convergence truth: {platform.node() or 'this machine'}, {platform.processor() or platform.machine()}, "
-          f"python {platform.python_version()}, torch {torch.__version__}, lr rule {LR_RULE!r}, commit {commit()}")
+          f"python {platform.python_version()}, torch {torch.__version__}, lr rule {LR_RULE!r}, commit {git_commit()}")
     print(f"machine at start: {machine_state()}")
     started, cpu_started = time.perf_counter(), time.process_time()
     if args.quick and not args.replay:

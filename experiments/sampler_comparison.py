@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,20 +27,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import optuna
-from benchlib import CONVERGENCE_TABLE, DEVICES, OBJECTIVES, WORKLOADS, Bench, machine_state, make_cases
+from benchlib import (
+    CONVERGENCE_TABLE,
+    DEVICES,
+    OBJECTIVES,
+    WORKLOADS,
+    Bench,
+    git_commit,
+    machine_state,
+    make_cases,
+)
 
 from edgetune.report import format_table
-
-
-def _commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=Path(__file__).resolve().parent)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True, cwd=Path(__file__).resolve().parent).stdout.strip()
-        return out.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv=None) -> int:
@@ -92,7 +89,7 @@ def main(argv=None) -> int:
                       statistics.median(measured), max(measured), sum(r.violation for r in rows),
                       round(statistics.mean(r.wall_s for r in rows), 1),
                       round(statistics.mean(r.cpu_s for r in rows), 1)])
-    print(f"commit {_commit()}; objective {args.objective}; n_trials {args.n_trials}; seed {args.seed}; "
+    print(f"commit {git_commit()}; objective {args.objective}; n_trials {args.n_trials}; seed {args.seed}; "
           f"{len(cases)} cases ({args.devices} x {args.workloads} x 3 binding budgets); "
           f"gap against the honest oracle (experiments/oracle_gap.py)")
     print(f"machine at start: {state0}")
