@@ -178,6 +178,10 @@ def test_a_setting_over_the_budget_stops_early_infeasible_and_counts_its_time_ov
     # right after the unlimited run the 1-s average still holds its power: the board is over the limit for a
     # moment (counted), but not by this setting's doing (not stopped)
     assert calm.ok and not calm.aborted_over_budget and calm.holds(limit_w) and 0.0 < calm.over_budget_s < 1.0
+    # the board idled before the calm setting was applied, until the average was back under the limit: the
+    # moment over it is that wait (at most one window), not the calm setting's window
+    assert 0.0 < calm.settle_s <= 1.0 and calm.over_budget_s <= calm.settle_s + 0.02
+    assert over.settle_s == 0.0  # the calm setting left the average under the limit: no wait
     assert over.ok and over.aborted_over_budget and not over.holds(limit_w, guard_sigma=2.0)
     assert over.max_avg_power_w > limit_w
     # stopped within a second of device time (a full window is >= 2 s); the guard band stops it as the average
@@ -223,7 +227,7 @@ def test_search_enqueues_the_baseline_first_and_holds_the_budget(workload, sampl
     assert device.settings() == start  # knobs restored
     first = min(result.records, key=lambda r: r.number)
     assert first.role == "baseline" and first.candidate.batch_size == 32
-    assert first.candidate.knobs["gpu_freq"] == device.knobs["gpu_freq"].max
+    assert first.candidate.knobs["gpu_freq"] == device.knobs["gpu_freq"].min  # safe: from the lowest clock up
     probes = [r for r in result.records if r.role == "baseline"]
     assert result.baseline is not None and result.baseline.feasible
     # the baseline is the highest GPU frequency that held the budget among the probes
@@ -484,7 +488,7 @@ def test_guided_sampler_works_under_plain_optimize_with_injected_observations(wo
     assert true_time(best.candidate) <= oracle * PLAIN_OPTIMIZE_GAP
 
 
-def test_baseline_bisects_the_gpu_clock_and_a_given_up_probe_does_not_hold():
+def test_baseline_probes_from_the_lowest_clock_up_and_a_given_up_probe_does_not_hold():
     from edgetune.power.knobs import Candidate
     from edgetune.search.baseline import Baseline
     from edgetune.search.records import Role, TrialRecord
@@ -492,21 +496,53 @@ def test_baseline_bisects_the_gpu_clock_and_a_given_up_probe_does_not_hold():
     device = open_device("sim:orin-nano", compute=False)
     space = small_space(device)
     gpu = space.knob_values["gpu_freq"]
-    baseline = Baseline(space, 32, device.settings())
+    baseline = Baseline(space, 32, device.settings())  # no limit given: bisection above the lowest
 
-    def probe(level: int, feasible: bool, given_up: bool = False) -> TrialRecord:
+    def probe(level: int, feasible: bool, given_up: bool = False, power_w: float | None = None) -> TrialRecord:
         cand = baseline.candidate(gpu[level])
-        m = None if given_up else {"ok": True, "oom": False}
+        m = None if given_up else {"ok": True, "oom": False, "max_avg_power_w": power_w}
         return TrialRecord(level, "FAIL" if given_up else "COMPLETE", cand, Role.BASELINE, not given_up, m, None,
                            feasible, given_up=given_up)
 
     first = baseline.state([]).next_probe
-    assert first == Candidate(32, (("gpu_freq", gpu[-1]), ("emc_freq", device.settings()["emc_freq"])))
+    assert first == Candidate(32, (("gpu_freq", gpu[0]), ("emc_freq", device.settings()["emc_freq"])))
     top = len(gpu) - 1
     assert top == 4
-    assert baseline.state([probe(top, False)]).next_probe.knobs["gpu_freq"] == gpu[1]  # (-1 + 4) // 2
+    # the lowest clock does not hold the budget: no higher one does, there is no baseline
+    none = baseline.state([probe(0, False)])
+    assert none.done and none.found is None
+    assert baseline.state([probe(0, True)]).next_probe.knobs["gpu_freq"] == gpu[2]  # (0 + 5) // 2
     # that probe's worker died on it every time: it counts as over the budget, bisection goes lower
-    state = baseline.state([probe(top, False), probe(1, False, given_up=True)])
-    assert state.next_probe.knobs["gpu_freq"] == gpu[0]
-    done = baseline.state([probe(top, False), probe(1, True), probe(2, False)])
+    state = baseline.state([probe(0, True), probe(2, False, given_up=True)])
+    assert state.next_probe.knobs["gpu_freq"] == gpu[1]
+    done = baseline.state([probe(0, True), probe(1, True), probe(2, False)])
+    assert done.done and done.found.candidate.knobs["gpu_freq"] == gpu[1]
+
+
+def test_baseline_interpolates_power_in_the_clock_towards_the_limit():
+    from edgetune.search.baseline import Baseline
+    from edgetune.search.records import Role, TrialRecord
+
+    device = open_device("sim:orin-nano", compute=False)
+    space = small_space(device)
+    gpu = [float(v) for v in space.knob_values["gpu_freq"]]  # 306, 408, 510, 612, 624.75 MHz
+    baseline = Baseline(space, 32, device.settings(), limit_w=8.0)
+
+    def probe(level: int, power_w: float) -> TrialRecord:
+        return TrialRecord(level, "COMPLETE", baseline.candidate(space.knob_values["gpu_freq"][level]),
+                           Role.BASELINE, True, {"ok": True, "oom": False, "max_avg_power_w": power_w}, None,
+                           power_w <= 8.0)
+
+    # one probe held at 6 W: nothing to interpolate with yet, bisect
+    assert baseline.state([probe(0, 6.0)]).next_probe.knobs["gpu_freq"] == gpu[2]
+    # 6 W at 306 MHz, 9 W at 612 MHz: the chord reaches 8 W at 510 MHz, probed next (the bisection would
+    # take 408 MHz); 6 W at 306 and 9 W at 510: the chord's 8 W lies at 442 MHz, so 408 MHz
+    assert baseline.state([probe(0, 6.0), probe(3, 9.0)]).next_probe.knobs["gpu_freq"] == gpu[2]
+    assert baseline.state([probe(0, 6.0), probe(2, 9.0)]).next_probe.knobs["gpu_freq"] == gpu[1]
+    # 6 W at 306, 7 W at 408, none over yet: the line through them reaches 8 W at 510 MHz, probed next
+    # (not the top, which the line puts at 9.2 W)
+    assert baseline.state([probe(0, 6.0), probe(1, 7.0)]).next_probe.knobs["gpu_freq"] == gpu[2]
+    # a flat line (no slope) goes to the top
+    assert baseline.state([probe(0, 6.0), probe(1, 6.0)]).next_probe.knobs["gpu_freq"] == gpu[4]
+    done = baseline.state([probe(0, 6.0), probe(1, 7.0), probe(2, 8.5)])
     assert done.done and done.found.candidate.knobs["gpu_freq"] == gpu[1]

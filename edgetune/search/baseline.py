@@ -2,10 +2,14 @@
 
 Common practice trains at the workload's default batch size and, under a power budget, lowers the GPU clock
 until the power fits (on a GPU with a power limit instead of a clock knob: lowers the limit), leaving the
-other knobs as the device was found. :class:`Baseline` finds that setting with as few measurements as it
-can: the highest value of the lowered knob first (it often fits), then bisection between the highest value
-that held the budget and the lowest that did not. Its probes are measured by the search like any other
-trial (role :attr:`~edgetune.search.records.Role.BASELINE`), so they also teach the sampler.
+other knobs as the device was found. :class:`Baseline` finds that setting with few measurements, and safely
+(the budget protects the board: a probe far over it draws that power for a whole trial): the *lowest* value
+of the lowered knob first (if that does not hold the budget, nothing does), then upwards. Once two probes
+are measured, the next is the highest value whose power, interpolated linearly in the knob's value between
+the probes that bracket the budget (extrapolated from the two highest that held it, before one did not),
+holds it: power is convex in the clock, so the chord overestimates it and these probes mostly hold. With
+one probe, or without the budget, it bisects. Its probes are measured by the search like any other trial
+(role :attr:`~edgetune.search.records.Role.BASELINE`), so they also teach the sampler.
 
 In a rows space (a table replay) the probes are rows: the lowered knob takes the values it has in rows at
 the baseline's batch size, and each probe is the row with that value whose other knobs are nearest the
@@ -49,6 +53,12 @@ class BaselineState:
         return self.next_probe is None
 
 
+def _power_w(record: TrialRecord) -> float:
+    """A probe's measured moving-average maximum (nan where none was measured)."""
+    value = (record.measurement or {}).get("max_avg_power_w")
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
 class Baseline:
     """The baseline's probes and its result, read from the search's trial records.
 
@@ -57,12 +67,15 @@ class Baseline:
         batch_size: the baseline's batch size (the space's nearest to the workload's default,
             :func:`nearest_batch_size`).
         found_settings: the knob values as the device was found (the knobs common practice leaves alone).
+        limit_w: the budget with its tolerance, W, for the interpolated probes (None: bisection only).
     """
 
-    def __init__(self, space: SearchSpace, batch_size: int, found_settings: Mapping[str, KnobValue]) -> None:
+    def __init__(self, space: SearchSpace, batch_size: int, found_settings: Mapping[str, KnobValue],
+                 limit_w: float | None = None) -> None:
         self.space = space
         self.batch_size = batch_size
         self.found_settings = dict(found_settings)
+        self.limit_w = limit_w
         self.knob = next((k for role in LOWERED_ROLES if (k := knob_of_role(space.knob_names, role)) is not None),
                          None)
 
@@ -130,7 +143,31 @@ class Baseline:
         lo = max(held, default=-1)
         hi = min([i for i in over if i > lo], default=len(values))
         found = next((r for r in probes if r.feasible and level(r) == lo), None) if lo >= 0 else None
-        if hi - lo <= 1:
+        if not probes:
+            return BaselineState(self.candidate(values[0]), None)
+        if hi - lo <= 1 or lo < 0:  # bracketed, or the lowest value does not hold: done
             return BaselineState(None, found)
-        nxt = len(values) - 1 if not probes else (lo + hi) // 2
+        nxt = self._interpolated(values, probes, level, lo, hi)
         return BaselineState(self.candidate(values[nxt]), None)
+
+    def _interpolated(self, values: list[KnobValue], probes: Sequence[TrialRecord], level, lo: int,
+                      hi: int) -> int:
+        """The next probe's level, strictly between ``lo`` (held) and ``hi`` (did not, or one past the top):
+        the highest whose linearly interpolated power holds the limit (class docs), else the bisection."""
+        bisect = (lo + hi) // 2
+        power = {level(r): _power_w(r) for r in probes}
+        below = sorted(i for i in power if i <= lo and math.isfinite(power[i]))
+        if self.limit_w is None or not below:
+            return bisect
+        if hi < len(values) and math.isfinite(power.get(hi, math.nan)):
+            (i0, p0), (i1, p1) = (lo, power[lo]), (hi, power[hi])
+        elif len(below) >= 2:
+            (i0, p0), (i1, p1) = (below[-2], power[below[-2]]), (lo, power[lo])
+        else:
+            return bisect
+        x0, x1 = float(values[i0]), float(values[i1])
+        if not (p1 > p0 and x1 > x0):  # no slope to go by
+            return bisect if hi < len(values) else hi - 1
+        x_star = x0 + (self.limit_w - p0) * (x1 - x0) / (p1 - p0)
+        fitting = [i for i in range(lo + 1, hi) if float(values[i]) <= x_star]
+        return max(fitting) if fitting else lo + 1

@@ -189,10 +189,10 @@ class Search:
         # the baseline: the space's batch size nearest the workload's default, the other knobs as found (not
         # as the last trial left them)
         self.baseline_batch_size = nearest_batch_size(space.batch_sizes, default_b)
-        self.baseline = Baseline(space, self.baseline_batch_size, device.settings())
         # a budget above what the device can draw binds nothing: run unconstrained, say so
         max_w = device.max_power_w
         self.constrained = budget_w is not None and not (max_w is not None and budget_w >= max_w)
+        self.baseline = Baseline(space, self.baseline_batch_size, device.settings(), limit_w=self._limit_w())
         self._storage = storage
         self.study: optuna.Study | None = None
         self._monitor: PowerMonitor | None = None
@@ -376,9 +376,13 @@ class Search:
         if self.on_trial is not None:
             self.on_trial(rec, self._measured_count(study))
 
+    def _limit_w(self) -> float | None:
+        """The budget with its tolerance (None: unconstrained)."""
+        return self.budget_w * (1.0 + self.tolerance) if self.constrained and self.budget_w is not None else None
+
     def _measure(self, study: optuna.Study, trial: optuna.Trial, cand: Candidate, role: Role) -> TrialRecord:
         assert self._monitor is not None
-        limit_w = self.budget_w * (1.0 + self.tolerance) if self.constrained and self.budget_w is not None else None
+        limit_w = self._limit_w()
         m = measure_setting(self.device, self.workload, cand.batch_size, cand.knobs, self.protocol,
                             self._monitor, on_step=self.on_step, limit_w=limit_w, guard_sigma=self.guard_sigma)
         if m.ok and self.power_cv > 0 and m.power_se_w < self.power_cv * m.max_avg_power_w:

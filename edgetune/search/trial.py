@@ -30,9 +30,12 @@ window's average *and* the average since this setting was applied (the previous 
 this one's fault), each plus the guard band, are above the limit: such a setting would be judged over the
 budget anyway (the judged power is the window's moving-average maximum plus the guard band). The
 measurement is then flagged :attr:`Measurement.aborted_over_budget`, its figures cover the steps run since the
-knobs were set, and it never holds the budget. Every measurement records :attr:`Measurement.over_budget_s`:
-the device seconds, from the knobs being set to the trial's end, during which the moving average of board
-power was above the limit.
+knobs were set, and it never holds the budget. Before the knobs are set, the board idles while the budget
+window's average is still over the limit (a stopped trial's power stays in the 1-s window for a second; the
+next setting would otherwise start over the budget and carry the previous one's excess): at most one window,
+:attr:`Measurement.settle_s`. Every measurement records :attr:`Measurement.over_budget_s`: the device
+seconds, from the start of that idle wait to the trial's end, during which the moving average of board power
+was above the limit.
 """
 
 from __future__ import annotations
@@ -48,11 +51,14 @@ import numpy as np
 from edgetune.power.base import Device, KnobValue, is_out_of_memory
 from edgetune.power.monitor import PowerMonitor, cumulative_energy_j, window_stats
 
-__all__ = ["Measurement", "MeasurementProtocol", "judged_power_w", "measure_setting", "over_limit_s"]
+__all__ = ["Measurement", "MeasurementProtocol", "judged_power_w", "measure_setting", "over_limit_s", "settle"]
 
 #: shortest span (s, device clock) of this setting's own power before a trial may be stopped over budget: a
 #: few sensor updates (INA3221: 6.6 ms) and more than one 100-Hz monitor sample, so one noisy reading cannot
 _MIN_ABORT_SPAN_S = 0.05
+#: step (s, device clock) of the idle wait before a setting is applied while the budget window's average is
+#: still over the limit (the previous setting's power): two 100-Hz samples, short against the 1-s window
+_SETTLE_STEP_S = 0.02
 
 
 def judged_power_w(max_avg_power_w: float, power_se_w: float, guard_sigma: float = 0.0) -> float:
@@ -142,8 +148,10 @@ class Measurement:
         loss: the last real step's loss (NaN where none ran).
         aborted_over_budget: the trial was stopped early because the live moving average crossed the budget
             (safe profiling, module docs); the figures then cover the steps since the knobs were set.
-        over_budget_s: device seconds, from the knobs being set to the trial's end, during which the moving
-            average of board power was above the budget (0 when no budget was given).
+        over_budget_s: device seconds, from the idle wait before the knobs were set to the trial's end, during
+            which the moving average of board power was above the budget (0 when no budget was given).
+        settle_s: device seconds the board idled before the knobs were set, waiting for the budget window's
+            average to fall under the limit (module docs, safe profiling).
         wall_s: wall-clock seconds the measurement took (warm-up included).
         trace_t, trace_w: the window's power record (times relative to the window start), for plots.
     """
@@ -170,6 +178,7 @@ class Measurement:
     loss: float = math.nan
     aborted_over_budget: bool = False
     over_budget_s: float = 0.0
+    settle_s: float = 0.0
     wall_s: float = 0.0
     trace_t: list[float] = field(default_factory=list, repr=False)
     trace_w: list[float] = field(default_factory=list, repr=False)
@@ -278,9 +287,13 @@ def measure_setting(
         ``KeyboardInterrupt`` and knob errors (:class:`~edgetune.power.DeviceError` from ``apply``) propagate.
     """
     wall0 = time.perf_counter()
+    clock = device.clock
+    whole = f"setting-{wall0!r}-{id(setting)}"  # from the idle wait: the early stop's and over-budget's record
+    monitor.begin_window(whole)
+    t_settle = clock.now()
+    settle_s = settle(monitor, clock, limit_w)
     device.apply(setting)
     applied = {name: device.knobs[name].read() for name in setting}
-    clock = device.clock
     virtual = bool(getattr(clock, "virtual", False))
     cost = getattr(workload, "cost", None)
     real_limit = protocol.real_steps if (virtual and protocol.real_steps is not None) else None
@@ -296,10 +309,8 @@ def measure_setting(
         return None
 
     result = Measurement(batch_size=int(batch_size), setting=dict(applied), ok=False,
-                         avg_window_s=monitor.avg_window_s)
+                         avg_window_s=monitor.avg_window_s, settle_s=settle_s)
     window = f"measure-{id(result)}"
-    whole = f"setting-{id(result)}"  # from the knobs being set: the early stop's and over-budget's record
-    monitor.begin_window(whole)
     t_set = clock.now()
     window_open = False
     steps = real = warm = 0
@@ -354,7 +365,7 @@ def measure_setting(
             monitor.end_window(window)
         result.oom = is_out_of_memory(exc)
         result.error = (f"out of memory at batch size {batch_size}" if result.oom else _one_line(exc))
-        result.over_budget_s = _finish(monitor, whole, t_set, limit_w)
+        result.over_budget_s = _finish(monitor, whole, t_settle, limit_w)
         result.wall_s = time.perf_counter() - wall0
         return result
     except BaseException:
@@ -364,7 +375,7 @@ def measure_setting(
         raise
 
     times, watts = monitor.records()
-    result.over_budget_s = _finish(monitor, whole, t_set, limit_w)
+    result.over_budget_s = _finish(monitor, whole, t_settle, limit_w)
     result.aborted_over_budget = math.isfinite(trigger_w)
     if result.aborted_over_budget:
         # the figures of the steps run since the knobs were set (warm-up included): all there is
@@ -396,8 +407,29 @@ def measure_setting(
     return result
 
 
+def settle(monitor: PowerMonitor, clock: Any, limit_w: float | None) -> float:
+    """Idle while the monitor's budget-window average is above ``limit_w``, for at most one window; returns
+    the device seconds waited (0 without a limit or when the average is under it already).
+
+    Idle power is under any budget worth searching, so one window of it brings the average under the limit
+    (a budget under idle power stops the wait after one window all the same).
+    """
+    if limit_w is None:
+        return 0.0
+    waited = 0.0
+    while waited < monitor.avg_window_s:
+        average = monitor.moving_average()
+        if not (math.isfinite(average) and average > limit_w):
+            break
+        clock.sleep(_SETTLE_STEP_S)
+        monitor.sample()
+        waited += _SETTLE_STEP_S
+    return waited
+
+
 def _finish(monitor: PowerMonitor, whole: str, t_set: float, limit_w: float | None) -> float:
-    """Close the setting's window; the seconds its moving average spent above ``limit_w`` (0 without one)."""
+    """Close the setting's window; the seconds its moving average spent above ``limit_w`` from ``t_set`` on
+    (0 without one)."""
     monitor.end_window(whole)
     if limit_w is None:
         return 0.0
