@@ -324,6 +324,27 @@ def test_guided_sampler_never_proposes_a_confidently_infeasible_setting(workload
     assert result.best is not None and result.best.feasible
 
 
+def test_guided_sampler_never_measures_a_setting_above_one_that_was_over_the_budget(workload):
+    """Board power does not fall when the batch or a clock rises: in the same power mode, a setting at or
+    above a measured over-budget one in every numeric knob is over too, and is never measured."""
+    device = open_device("sim:orin-nano", compute=False, seed=5)
+    space = mode_space(device)
+    s = search(device, workload, space, 6.5, sampler="guided", n_trials=24, seed=5,
+               protocol=MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=1.0))
+    result = s.run()
+    measured = sorted((r for r in result.measured if r.ok), key=lambda r: r.number)
+    over = [r for r in measured if not r.feasible]
+    assert over, "the budget should put some measured settings over it"
+
+    def above(a, b) -> bool:
+        return (a.candidate.knobs["power_mode"] == b.candidate.knobs["power_mode"]
+                and a.candidate.batch_size >= b.candidate.batch_size
+                and a.candidate.knobs["gpu_freq"] >= b.candidate.knobs["gpu_freq"])
+
+    for r in measured:
+        assert not any(o.number < r.number and above(r, o) for o in over), r.candidate
+
+
 def test_each_power_mode_is_probed_before_the_model_may_stop(workload):
     device = open_device("sim:orin-nano", compute=False, seed=4)
     space = mode_space(device)

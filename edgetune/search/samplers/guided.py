@@ -322,6 +322,8 @@ class GuidedSampler(BaseSampler):
         taken = self._taken(study)
         every = self._all_candidates()
         pool = self._rng.choice(every, min(every.size, _STARTUP_POOL), replace=False)
+        safe = pool[~(self._dominates_over(pool, self._measured(study)))]  # never one certain to be over
+        pool = safe if safe.size else pool
         free = np.array([i for i in pool if int(i) not in taken], dtype=np.int64)
         if free.size == 0:
             free = pool
@@ -496,6 +498,7 @@ class GuidedSampler(BaseSampler):
         p_feas = np.nan_to_num(p_feas, nan=0.0)
         if oom:  # memory grows with the batch, whatever the clocks: larger batches fail too
             p_feas = np.where(lv[:, 0] >= min(oom), 0.0, p_feas)
+        p_feas = np.where(self._dominates_over(cand, m), 0.0, p_feas)
         best = self._incumbent(idx, times, powers, objective)
         free = np.array([int(i) not in taken for i in cand])
         ref, proposable = best, free
@@ -515,6 +518,28 @@ class GuidedSampler(BaseSampler):
         acq = np.where(proposable & plausible & np.isfinite(log_score), ei * p_feas, -np.inf)
         return {"idx": cand, "acquisition": acq, "log_score": log_score, "s_log": s_log, "p_feas": p_feas,
                 "free": free, "best": best}
+
+    def _over_levels(self, measured: _Measured) -> np.ndarray:
+        """Grid indices of the measured settings that did not hold the budget."""
+        if self.budget_w is None:
+            return np.array([], dtype=np.int64)
+        limit = self.budget_w * (1.0 + self.tolerance)
+        return np.array([i for i, p in zip(measured.idx, measured.powers) if p > limit], dtype=np.int64)
+
+    def _dominates_over(self, cand: np.ndarray, measured: _Measured) -> np.ndarray:
+        """Candidates certain to be over the budget without a model: at or above a measured setting that was
+        over it in batch size and every numeric knob, in the same power mode (board power does not fall when
+        a clock, the core count or the batch rises; across modes the caps and cores differ, so no order)."""
+        over = self._over_levels(measured)
+        out = np.zeros(cand.size, dtype=bool)
+        if over.size == 0 or cand.size == 0:
+            return out
+        numeric = [0] + [j + 1 for j in range(len(self.space.knobs)) if j not in self._named]
+        lv, lo = self._levels(cand), self._levels(over)
+        g, go = self._group(cand), self._group(over)
+        for k in range(over.shape[0]):
+            out |= (g == go[k]) & np.all(lv[:, numeric] >= lo[k, numeric], axis=1)
+        return out
 
     def _incumbent(self, idx, times, powers, objective: str) -> float:
         """Log objective of the best measured setting that held the budget."""
