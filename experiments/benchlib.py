@@ -55,7 +55,7 @@ from edgetune.power import open_device
 from edgetune.power.sim.physics import FORWARD_SHARE
 from edgetune.power.sim.twin import Twin
 from edgetune.predictors.convergence import MeasuredCurve, load_convergence
-from edgetune.search.efficiency import TargetModel
+from edgetune.search.efficiency import TargetModel, scalar_score
 from edgetune.search.space import SearchSpace, build_space, default_batch_sizes
 from edgetune.search.study import Search
 from edgetune.search.trial import MeasurementProtocol
@@ -379,6 +379,16 @@ class GridTruth:
             return None
         return self._at(int(np.flatnonzero(mask)[np.argmin(values[mask])]))
 
+    def law_best(self, objective: str, mask: np.ndarray, target: TargetModel) -> Point | None:
+        """The setting of ``mask`` that ``target``'s law of steps (the search's own S(b)) ranks best on the
+        twin's true step time and power, with its truth: what a search that knew the hardware exactly but
+        not the measured steps would pick (the part of a gap that is the law's, not the measurements')."""
+        if not mask.any():
+            return None
+        law_time = np.array([target.steps(int(b)) for b in self.batch_size]) * self.step_time_s
+        values = law_time * self.mean_w if objective == "energy" else law_time
+        return self._at(int(np.flatnonzero(mask)[np.argmin(values[mask])]))
+
     def front(self, mask: np.ndarray) -> list[tuple[float, float]]:
         return pareto_points(list(zip(self.time_s[mask].tolist(), self.energy_j[mask].tolist())))
 
@@ -427,6 +437,7 @@ class Row:
     honest: Point | None  # true 1-s average + sensor accuracy <= budget
     chosen: Point | None
     chosen_batch: int | None
+    law: Point | None  # the honest setting the search's own S(b) law ranks best (GridTruth.law_best)
     measured: int
     stop: str
     wall_s: float
@@ -435,6 +446,16 @@ class Row:
     over_budget_s: float = 0.0
     hv_ratio: float = math.nan  # pareto only
     front_violations: int = 0  # pareto only: points of the reported front over the budget
+    #: after each measured setting, in order: the search's own score of its incumbent (what it measured) and
+    #: that incumbent's truth (the objective's value; inf before one held the budget): how soon the search
+    #: had its pick, and what a shorter search would have scored
+    trajectory: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def pick_at(self) -> int:
+        """Measured settings until the search's incumbent reached its final truth (0: never held)."""
+        final = self.trajectory[-1][1] if self.trajectory else math.inf
+        return next((k + 1 for k, (_, v) in enumerate(self.trajectory) if v == final), 0) if math.isfinite(final) else 0
 
     @property
     def objective(self) -> str:
@@ -449,6 +470,13 @@ class Row:
         if self.chosen is None or self.honest is None or not math.isfinite(self._value(self.chosen)):
             return math.inf
         return (self._value(self.chosen) / self._value(self.honest) - 1.0) * 100.0
+
+    @property
+    def law_gap_pct(self) -> float:
+        """The law's pick against the honest oracle: the gap no measurement of the hardware removes."""
+        if self.law is None or self.honest is None:
+            return math.nan
+        return (self._value(self.law) / self._value(self.honest) - 1.0) * 100.0
 
     @property
     def violation(self) -> bool:
@@ -488,6 +516,19 @@ def common_practice(truth: GridTruth, start: Mapping[str, Any], default_batch: i
     return None
 
 
+def trajectory(truth: GridTruth, result: Any, objective: str) -> list[tuple[float, float]]:
+    """:attr:`Row.trajectory` of a search result."""
+    out, own, value = [], math.inf, math.inf
+    for r in sorted(result.measured, key=lambda r: r.number):
+        if r.feasible and r.outcome is not None:
+            score = scalar_score(r.outcome, objective, result.cost)
+            if score < own:
+                own = score
+                value = truth.point(r.candidate.batch_size, r.candidate.knobs).value(objective)
+        out.append((own, value))
+    return out
+
+
 def run_case(case: Case, truth: GridTruth, space: SearchSpace, workload: Any, start: Mapping[str, Any],
              sampler: str = "auto", n_trials: int = 40, seed: int = 0) -> Row:
     """Run one search and score it."""
@@ -506,10 +547,13 @@ def run_case(case: Case, truth: GridTruth, space: SearchSpace, workload: Any, st
               default_best=truth.best(objective, at_default), oracle=truth.best(objective, plain),
               honest=truth.best(objective, honest_mask), chosen=chosen,
               chosen_batch=res.best.candidate.batch_size if res.best else None,
+              law=truth.law_best(objective, honest_mask, TargetModel.for_workload(workload)),
               measured=len(res.measured), stop=res.stop_reason, wall_s=wall, cpu_s=cpu,
-              over_budget_s=res.over_budget_s)
+              over_budget_s=res.over_budget_s, trajectory=trajectory(truth, res, objective))
     if case.objective == "pareto":
-        exhaustive = truth.front(honest_mask)
+        # one mask for both fronts: the reported points that truly hold the budget against every setting that
+        # truly holds it (the plain front dominates the honest one, so the ratio is at most 1)
+        exhaustive = truth.front(plain)
         reference = hv_reference(exhaustive)
         picked = [truth.point(r.candidate.batch_size, r.candidate.knobs) for r in res.pareto]
         held = [(p.time_s, p.energy_j) for p in picked if p.max_avg_w <= budget and math.isfinite(p.time_s)]

@@ -180,7 +180,7 @@ def _row(chosen: Point | None, honest: Point | None, budget: float = 10.0, objec
     common = Point(20.0, 200.0, 9.0, 9.0, True)
     return Row(case=Case("orin-nano", "cnn", budget, objective, 0), floor_w=5.0, common=common,
                default_best=Point(12.0, 110.0, 9.5, 9.5, True), oracle=honest, honest=honest, chosen=chosen,
-               chosen_batch=64, measured=30, stop="", wall_s=1.0, cpu_s=1.0)
+               chosen_batch=64, law=honest, measured=30, stop="", wall_s=1.0, cpu_s=1.0)
 
 
 def test_gap_speedups_and_violation_of_a_row() -> None:
@@ -192,6 +192,19 @@ def test_gap_speedups_and_violation_of_a_row() -> None:
     e = _row(Point(10.5, 90.0, 9.0, 9.0, True), honest, objective="energy")
     assert e.gap_pct == pytest.approx(-10.0) and not e.violation  # inside the sensor band: beats the honest
     assert e.ratio(e.common) == pytest.approx(200 / 90)
+
+
+def test_law_gap_and_when_the_pick_was_found() -> None:
+    honest = Point(10.0, 100.0, 9.8, 9.8, True)
+    r = _row(Point(10.5, 90.0, 9.0, 9.0, True), honest)
+    assert r.law_gap_pct == 0.0
+    r.law = Point(11.0, 100.0, 9.0, 9.0, True)  # the search's S(b) law ranks a 10% slower setting first
+    assert r.law_gap_pct == pytest.approx(10.0)
+    # the incumbent's truth after each measured setting: inf until one held, then 12, then 10.5 from the 3rd on
+    r.trajectory = [(math.inf, math.inf), (5.0, 12.0), (4.0, 10.5), (4.0, 10.5)]
+    assert r.pick_at == 3
+    r.trajectory = [(math.inf, math.inf)]
+    assert r.pick_at == 0
 
 
 def test_a_missing_pick_is_a_miss_not_a_zero() -> None:
