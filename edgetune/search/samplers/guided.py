@@ -76,6 +76,9 @@ _REFINE_TOP = 32  # candidates of a sampled first pass whose neighbourhoods the 
 _BATCH_STEPS = (-2, -1, 1, 2)  # neighbour levels in batch size: the optimum moves by octaves, two either way
 _KNOB_STEPS = (-1, 1)  # neighbour levels in a knob
 _MIN_ROWS = 2  # the hardware model's fit needs at least two measured rows
+#: the stopping rule's threshold as a share of the search's margin (GuidedSampler.stop_gain): an expected gain
+#: under half the improvement the search counts is not worth a measurement
+_STOP_GAIN_SHARE = 0.5
 #: measured settings before the stopping rule may end a search that has no prior (see min_trials_to_stop)
 MIN_TRIALS_TO_STOP = 16
 #: ... and one with a prior: the prior model has seen the space, so a few measurements of this board that
@@ -136,9 +139,9 @@ class GuidedSampler(BaseSampler):
         seed: seed of the space-filling start, the candidate samples and ties.
         n_startup: measured settings (baseline probes included) before the model is used.
         min_group: measured settings a power mode needs before it gets a model of its own.
-        stop_kappa: standard deviations of optimism in the stopping rule: the search stops when no unmeasured
-            setting has a chance (probability of improving the best by the margin times probability of
-            holding the budget) of at least ``stop_probability`` = Phi(-stop_kappa) (2.5: 0.6%).
+        stop_gain: the stopping rule's threshold (:meth:`should_stop`): the search stops when no unmeasured
+            setting's expected relative improvement times its probability of holding the budget reaches it;
+            None: half the search's margin (0.5% at the default 1%).
         stop_confirmations: successive fits that must agree there is nothing left before stopping.
         min_feasible_p: settings less likely than this to hold the budget are not worth a measurement.
         max_candidates: grids up to this size are scored whole; larger ones by sampling (module docs).
@@ -154,7 +157,7 @@ class GuidedSampler(BaseSampler):
 
     def __init__(self, space: SearchSpace, *, objective: str = "time", budget_w: float | None = None,
                  tolerance: float = 0.0, target: TargetModel | None = None, seed: int | None = None,
-                 n_startup: int = 6, min_group: int = 4, stop_kappa: float = 2.5, stop_confirmations: int = 3,
+                 n_startup: int = 6, min_group: int = 4, stop_gain: float | None = None, stop_confirmations: int = 2,
                  min_feasible_p: float = 0.05, max_candidates: int = 30_000, guard_sigma: float = 0.0,
                  min_trials_to_stop: int | None = None, observations_func: ObservationsFunc | None = None,
                  cost: ZeusCost | None = None, prior: Sequence[Observation] = ()) -> None:
@@ -167,8 +170,7 @@ class GuidedSampler(BaseSampler):
         self.target = target or TargetModel()
         self.n_startup = n_startup
         self.min_group = min_group
-        self.stop_kappa = stop_kappa
-        self.stop_probability = float(_norm_cdf(np.array(-stop_kappa)))
+        self.stop_gain = stop_gain
         self.stop_confirmations = stop_confirmations
         self.min_feasible_p = min_feasible_p
         self.max_candidates = max_candidates
@@ -587,27 +589,29 @@ class GuidedSampler(BaseSampler):
         return scores
 
     def should_stop(self, study: Study, margin: float) -> str | None:
-        """A reason to stop when no unmeasured setting has a meaningful chance to beat the best by ``margin``.
+        """A reason to stop when no unmeasured setting is expected to improve the best by a meaningful share.
 
-        The chance of a setting is the model's probability that it improves the best by the margin times
-        its probability of holding the budget (a setting near the budget counts by how likely it holds);
-        the search goes on while any unmeasured setting's chance is at least ``stop_probability``. Before
-        that, each power mode (a knob that caps the others) must have ``min_group`` measurements of its own,
-        unless none of its settings is plausibly within the budget. The condition must hold after
-        ``stop_confirmations`` successive measurements, so one over-confident fit does not end the search.
+        The expected gain of a setting is the model's expected improvement of the log objective over the best
+        measured setting that held the budget (a relative gain: 0.005 is half a percent), times its
+        probability of holding the budget: a setting whose feasibility is uncertain near the budget counts by
+        how likely it holds, and one far from the incumbent in the model's eyes counts by its uncertainty
+        only as much as it could pay. The search goes on while any unmeasured, plausible setting's expected
+        gain is at least ``stop_gain`` (None: half of ``margin``). Before that, each power mode (a knob that
+        caps the others) must have ``min_group`` measurements of its own, unless none of its settings is
+        plausibly within the budget. The condition must hold for ``stop_confirmations`` successive fits, so
+        one over-confident fit does not end the search.
         """
         if len(self._measured(study).idx) < self.min_trials_to_stop:
             return None
+        threshold = margin * _STOP_GAIN_SHARE if self.stop_gain is None else self.stop_gain
         objectives = ["time", "energy"] if self.objective == "pareto" else [self.objective]
         for k, _ in enumerate(objectives):
             s = self._score(study, k)  # k's parity picks the pareto objective
             if s is None or not math.isfinite(s["best"]) or self._lacking_groups(study, s):
                 self._stop_streak = []
                 return None
-            with np.errstate(all="ignore"):
-                p_improve = _norm_cdf((s["best"] + math.log(1.0 - margin) - s["log_score"]) / s["s_log"])
-            chance = np.where(s["free"] & np.isfinite(s["log_score"]), np.nan_to_num(p_improve * s["p_feas"]), 0.0)
-            if chance.size and float(np.max(chance)) >= self.stop_probability:
+            gain = s["acquisition"][np.isfinite(s["acquisition"])]
+            if gain.size and float(np.max(gain)) >= threshold:
                 self._stop_streak = []
                 return None
         key = self._cache.get("key")
@@ -615,8 +619,8 @@ class GuidedSampler(BaseSampler):
             self._stop_streak.append(key)
         if len(self._stop_streak) < self.stop_confirmations:
             return None
-        return (f"no unmeasured setting has a {self.stop_probability:.2%} chance to beat the best by {margin:.0%} "
-                f"within the budget (hardware model; {self.stop_confirmations} fits in a row)")
+        return (f"no unmeasured setting is expected to improve the best by {threshold:.2%} within the budget "
+                f"(hardware model; {self.stop_confirmations} fits in a row)")
 
     def __repr__(self) -> str:
         return f"GuidedSampler(grid={self._n}, objective={self.objective!r})"
