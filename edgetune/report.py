@@ -100,6 +100,18 @@ def summary_table(result: SearchResult) -> str:
         lines.append(_gain_line(result.objective, sp))
     lines.append(f"measured {n} of {result.space.size} settings ({over} over budget, {failed} failed); "
                  f"budget {budget}; stopped: {result.stop_reason}")
+    if result.constrained:
+        lines.append(f"over budget during search: {result.over_budget_s:.1f} s (device seconds the board's "
+                     f"{window_s:g}-s average spent above the budget while settings were measured)")
+    edge = result.knife_edge
+    if edge is not None:
+        safer = ("no measured setting has a wider margin" if edge.safer is None else
+                 f"the next safer: trial {edge.safer.number}, batch {edge.safer.candidate.batch_size}, "
+                 f"{_setting_text(edge.safer, units)}, margin {edge.safer_margin_w:.3f} W, "
+                 f"{edge.safer_cost_pct:+.1f}% {'throughput' if result.objective == 'throughput' else result.objective}")
+        lines.append(f"knife edge: the chosen setting's measured power is {edge.margin_w:.3f} W under the budget, "
+                     f"within the sensor's accuracy ({edge.accuracy_w:.3f} W): its true power may be over; "
+                     f"{safer} (best.json: knife_edge)")
     if result.simulated:
         lines.append(f"SIMULATED device ({result.device_description}); protocol: {result.protocol}")
     return "\n".join(lines)

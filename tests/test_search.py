@@ -383,6 +383,13 @@ def test_knife_edge_names_the_margin_and_the_next_safer_setting(workload):
     doc = best_json(result)["knife_edge"]
     assert doc["margin_w"] == pytest.approx(0.01) and doc["setting"] == result.best.candidate.knobs
     assert (doc["next_safer"] is None) == (edge.safer is None)
+    # the summary says so too, with the margin and the next safer setting (or that there is none)
+    from edgetune.report import summary_table
+
+    text = summary_table(result)
+    assert "knife edge: the chosen setting's measured power is 0.010 W under the budget" in text
+    assert ("the next safer: trial" in text) == (edge.safer is not None)
+    assert f"over budget during search: {result.over_budget_s:.1f} s" in text
 
 
 def test_knobs_restored_and_no_running_trial_after_ctrl_c(workload):
