@@ -574,3 +574,20 @@ def test_baseline_interpolates_power_in_the_clock_towards_the_limit():
     assert baseline.state([probe(0, 6.0), probe(1, 6.0)]).next_probe.knobs["gpu_freq"] == gpu[4]
     done = baseline.state([probe(0, 6.0), probe(1, 7.0), probe(2, 8.5)])
     assert done.done and done.found.candidate.knobs["gpu_freq"] == gpu[1]
+
+def test_trailing_average_max_bounds_the_next_window():
+    from edgetune.search.trial import trailing_average_max_w
+
+    t = np.arange(0.0, 3.0 + 1e-9, 0.01)  # 1 W for 2 s, 11 W for 0.3 s, then 1 W idle for 0.7 s
+    p = np.where((t >= 2.0) & (t < 2.3), 11.0, 1.0)
+    # the last window averages 4 W as a whole, and so does its worst trailing stretch, the one from 2.0 s on
+    # (0.3 x 11 + 0.7 x 1 over 1 s); a shorter one from 2.2 s averages (0.1 x 11 + 0.7) / 0.8 = 2.25 W
+    worst = trailing_average_max_w(t, p, 1.0)
+    assert worst == pytest.approx((0.3 * 11 + 0.7 * 1) / 1.0, rel=0.03)
+    assert trailing_average_max_w(t[:200], p[:200], 1.0) == pytest.approx(1.0)  # nothing high in the window
+    # brute force: continue the record at the bound for a window; the moving average never exceeds it
+    future_t = np.arange(3.01, 4.0 + 1e-9, 0.01)
+    tt, pp = np.concatenate([t, future_t]), np.concatenate([p, np.full(future_t.size, worst)])
+    from edgetune.search.trial import over_limit_s
+
+    assert over_limit_s(tt, pp, 3.0, 4.0, 1.0, worst + 0.05) == 0.0

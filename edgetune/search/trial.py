@@ -30,9 +30,9 @@ window's average *and* the average since this setting was applied (the previous 
 this one's fault), each plus the guard band, are above the limit: such a setting would be judged over the
 budget anyway (the judged power is the window's moving-average maximum plus the guard band). The
 measurement is then flagged :attr:`Measurement.aborted_over_budget`, its figures cover the steps run since the
-knobs were set, and it never holds the budget. Before the knobs are set, the board idles while the budget
-window's average is still over the limit (a stopped trial's power stays in the 1-s window for a second; the
-next setting would otherwise start over the budget and carry the previous one's excess): at most one window,
+knobs were set, and it never holds the budget. Before the knobs are set, the board idles while the recent past could
+still take the budget window's average over the limit (a stopped trial's power stays in the 1-s window for a
+second; the next setting would otherwise carry the previous one's excess, :func:`settle`): at most one window,
 :attr:`Measurement.settle_s`. Every measurement records :attr:`Measurement.over_budget_s`: the device
 seconds, from the start of that idle wait to the trial's end, during which the moving average of board power
 was above the limit.
@@ -51,7 +51,7 @@ import numpy as np
 from edgetune.power.base import Device, KnobValue, is_out_of_memory
 from edgetune.power.monitor import PowerMonitor, cumulative_energy_j, window_stats
 
-__all__ = ["Measurement", "MeasurementProtocol", "judged_power_w", "measure_setting", "over_limit_s", "settle"]
+__all__ = ["Measurement", "MeasurementProtocol", "judged_power_w", "measure_setting", "over_limit_s", "settle", "trailing_average_max_w"]
 
 #: shortest span (s, device clock) of this setting's own power before a trial may be stopped over budget: a
 #: few sensor updates (INA3221: 6.6 ms) and more than one 100-Hz monitor sample, so one noisy reading cannot
@@ -407,19 +407,46 @@ def measure_setting(
     return result
 
 
-def settle(monitor: PowerMonitor, clock: Any, limit_w: float | None) -> float:
-    """Idle while the monitor's budget-window average is above ``limit_w``, for at most one window; returns
-    the device seconds waited (0 without a limit or when the average is under it already).
+def trailing_average_max_w(t: np.ndarray, p: np.ndarray, window_s: float) -> float:
+    """The highest average power over ``[u, t_end]`` for any ``u`` within the last ``window_s`` of the record
+    (pure function): if the power from ``t_end`` on stays at or under ``x``, the ``window_s`` moving average
+    stays at or under ``max(x, this)`` for the next window, because each of its values averages such a
+    trailing stretch of the past with the future."""
+    t = np.asarray(t, dtype=float)
+    p = np.asarray(p, dtype=float)
+    if t.size < 2:
+        return float(p[-1]) if p.size else math.nan
+    e = cumulative_energy_j(t, p)
+    end = t[-1]
+    start = max(t[0], end - window_s)
+    k = int(np.searchsorted(t, start))
+    u = np.concatenate([[start], t[k:-1]])
+    span = end - u
+    eu = np.interp(u, t, e)
+    keep = span > 0
+    if not keep.any():
+        return float(p[-1])
+    return float(np.max((e[-1] - eu[keep]) / span[keep]))
 
-    Idle power is under any budget worth searching, so one window of it brings the average under the limit
-    (a budget under idle power stops the wait after one window all the same).
+
+def settle(monitor: PowerMonitor, clock: Any, limit_w: float | None) -> float:
+    """Idle until a next setting drawing at most ``limit_w`` cannot take the budget window's average over
+    it, for at most one window; returns the device seconds waited (0 without a limit or when none is needed).
+
+    The moving average over the next window mixes the recent past with the next setting's power, so the wait
+    ends when every trailing stretch of the last window (:func:`trailing_average_max_w`) averages at most
+    ``limit_w``, not merely the window as a whole: a stopped trial's high stretch would otherwise push the
+    average back over the limit once the idle stretch after it is all that is left beside it. Idle power is
+    under any budget worth searching, so one window of it always suffices (a budget under idle power ends
+    the wait after one window all the same).
     """
     if limit_w is None:
         return 0.0
     waited = 0.0
     while waited < monitor.avg_window_s:
-        average = monitor.moving_average()
-        if not (math.isfinite(average) and average > limit_w):
+        t, p = monitor.records()
+        worst = trailing_average_max_w(t, p, monitor.avg_window_s)
+        if not (math.isfinite(worst) and worst > limit_w):
             break
         clock.sleep(_SETTLE_STEP_S)
         monitor.sample()
