@@ -30,12 +30,12 @@ window's average *and* the average since this setting was applied (the previous 
 this one's fault), each plus the guard band, are above the limit: such a setting would be judged over the
 budget anyway (the judged power is the window's moving-average maximum plus the guard band). The
 measurement is then flagged :attr:`Measurement.aborted_over_budget`, its figures cover the steps run since the
-knobs were set, and it never holds the budget. Before the knobs are set, the board idles while the recent past could
-still take the budget window's average over the limit (a stopped trial's power stays in the 1-s window for a
-second; the next setting would otherwise carry the previous one's excess, :func:`settle`): at most one window,
-:attr:`Measurement.settle_s`. Every measurement records :attr:`Measurement.over_budget_s`: the device
-seconds, from the start of that idle wait to the trial's end, during which the moving average of board power
-was above the limit.
+knobs were set, and it never holds the budget. Once the knobs are set and before the first step, the board
+idles while the recent past could still take the budget window's average over the limit (a stopped trial's
+power stays in the 1-s window for a second; the next setting would otherwise carry the previous one's excess,
+:func:`settle`): at most one window, :attr:`Measurement.settle_s`. Every measurement records
+:attr:`Measurement.over_budget_s`: the device seconds, from the knobs being set to the trial's end, during
+which the moving average of board power was above the limit.
 """
 
 from __future__ import annotations
@@ -148,10 +148,10 @@ class Measurement:
         loss: the last real step's loss (NaN where none ran).
         aborted_over_budget: the trial was stopped early because the live moving average crossed the budget
             (safe profiling, module docs); the figures then cover the steps since the knobs were set.
-        over_budget_s: device seconds, from the idle wait before the knobs were set to the trial's end, during
-            which the moving average of board power was above the budget (0 when no budget was given).
-        settle_s: device seconds the board idled before the knobs were set, waiting for the budget window's
-            average to fall under the limit (module docs, safe profiling).
+        over_budget_s: device seconds, from the knobs being set to the trial's end (the idle wait included),
+            during which the moving average of board power was above the budget (0 when no budget was given).
+        settle_s: device seconds the board idled at the new knobs before the first step, until the recent past
+            could no longer take the budget window's average over the limit (module docs, safe profiling).
         wall_s: wall-clock seconds the measurement took (warm-up included).
         trace_t, trace_w: the window's power record (times relative to the window start), for plots.
     """
@@ -291,8 +291,8 @@ def measure_setting(
     whole = f"setting-{wall0!r}-{id(setting)}"  # from the idle wait: the early stop's and over-budget's record
     monitor.begin_window(whole)
     t_settle = clock.now()
+    device.apply(setting)  # first: the wait idles at this setting's clocks, mostly lower than a stopped one's
     settle_s = settle(monitor, clock, limit_w)
-    device.apply(setting)
     applied = {name: device.knobs[name].read() for name in setting}
     virtual = bool(getattr(clock, "virtual", False))
     cost = getattr(workload, "cost", None)
