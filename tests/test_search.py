@@ -345,6 +345,35 @@ def test_guided_sampler_never_measures_a_setting_above_one_that_was_over_the_bud
         assert not any(o.number < r.number and above(r, o) for o in over), r.candidate
 
 
+@pytest.mark.parametrize("allowance_s", [0.002, math.inf])
+def test_guided_sampler_keeps_the_expected_seconds_over_the_budget_within_the_allowance(workload, monkeypatch,
+                                                                                    allowance_s):
+    from edgetune.search.samplers import GuidedSampler
+
+    expected = []
+    original = GuidedSampler.sample_relative
+
+    def watched(self, study, trial, search_space):
+        params = original(self, study, trial, search_space)
+        scores = self._score(study, trial.number)
+        if scores is not None and np.any(np.isfinite(scores["acquisition"])):
+            k = int(np.flatnonzero(scores["idx"] == self._index(params))[0])
+            expected.append(float(scores["expected_over_s"][k]))
+        return params
+
+    monkeypatch.setattr(GuidedSampler, "sample_relative", watched)
+    device = open_device("sim:orin-nano", compute=False, seed=2)
+    s = search(device, workload, mode_space(device), 7.0, sampler="guided", n_trials=16, seed=2,
+               protocol=MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=1.0),
+               guided_options={"over_budget_allowance_s": allowance_s})
+    s.run()
+    assert len(expected) >= 5
+    if math.isfinite(allowance_s):
+        assert max(expected) <= allowance_s
+    else:  # without the allowance the model does propose settings it expects to run clearly over
+        assert max(expected) > 0.002
+
+
 def test_each_power_mode_is_probed_before_the_model_may_stop(workload):
     device = open_device("sim:orin-nano", compute=False, seed=4)
     space = mode_space(device)

@@ -20,7 +20,9 @@ stays below Phi(-2.5) = 0.6% everywhere, and every power mode (a knob whose role
 hold the budget has measurements of its own.
 
 Safe profiling: once the model is fitted, a setting predicted over the budget with confidence (less than
-``min_feasible_p`` probability of holding it) is never proposed.
+``min_feasible_p`` probability of holding it) is never proposed, nor one whose expected device seconds
+clearly over the budget (its probability of drawing 2% more than the budget times its predicted step time:
+such a trial runs about a step before it is stopped) exceed ``over_budget_allowance_s`` (0.1 s).
 
 It is an ordinary Optuna sampler: trials, storage, resume and fleets work as with any other; a fleet's
 workers see each other's trials and avoid settings another worker is measuring or has queued.
@@ -79,6 +81,12 @@ _MIN_ROWS = 2  # the hardware model's fit needs at least two measured rows
 #: the stopping rule's threshold as a share of the search's margin (GuidedSampler.stop_gain): an expected gain
 #: under half the improvement the search counts is not worth a measurement
 _STOP_GAIN_SHARE = 0.5
+#: "clearly over" the budget: this fraction above it (a setting just over it is stopped as its average nears
+#: the limit, within a few hundredths of a second above it; one clearly over draws its power for a step)
+_CLEARLY_OVER = 0.02
+#: expected device seconds clearly over the budget one proposal may cost (GuidedSampler's
+#: over_budget_allowance_s): 40 measurements at this much stay within a few seconds in all
+OVER_BUDGET_ALLOWANCE_S = 0.1
 #: measured settings before the stopping rule may end a search that has no prior (see min_trials_to_stop)
 MIN_TRIALS_TO_STOP = 16
 #: ... and one with a prior: the prior model has seen the space, so a few measurements of this board that
@@ -144,6 +152,9 @@ class GuidedSampler(BaseSampler):
             None: half the search's margin (0.5% at the default 1%).
         stop_confirmations: successive fits that must agree there is nothing left before stopping.
         min_feasible_p: settings less likely than this to hold the budget are not worth a measurement.
+        over_budget_allowance_s: nor are settings whose probability of being clearly (2%) over the budget
+            times their predicted step time exceeds this many seconds (safe profiling: such a setting runs
+            about one step before it is stopped); default :data:`OVER_BUDGET_ALLOWANCE_S`.
         max_candidates: grids up to this size are scored whole; larger ones by sampling (module docs).
         guard_sigma: standard errors added to measured power before it is compared with the budget.
         min_trials_to_stop: measured settings before the stopping rule may end the search (a model fitted on
@@ -158,7 +169,8 @@ class GuidedSampler(BaseSampler):
     def __init__(self, space: SearchSpace, *, objective: str = "time", budget_w: float | None = None,
                  tolerance: float = 0.0, target: TargetModel | None = None, seed: int | None = None,
                  n_startup: int = 6, min_group: int = 4, stop_gain: float | None = None, stop_confirmations: int = 2,
-                 min_feasible_p: float = 0.05, max_candidates: int = 30_000, guard_sigma: float = 0.0,
+                 min_feasible_p: float = 0.05, over_budget_allowance_s: float = OVER_BUDGET_ALLOWANCE_S,
+                 max_candidates: int = 30_000, guard_sigma: float = 0.0,
                  min_trials_to_stop: int | None = None, observations_func: ObservationsFunc | None = None,
                  cost: ZeusCost | None = None, prior: Sequence[Observation] = ()) -> None:
         if objective == "cost" and cost is None:
@@ -173,6 +185,7 @@ class GuidedSampler(BaseSampler):
         self.stop_gain = stop_gain
         self.stop_confirmations = stop_confirmations
         self.min_feasible_p = min_feasible_p
+        self.over_budget_allowance_s = over_budget_allowance_s
         self.max_candidates = max_candidates
         self.guard_sigma = guard_sigma
         self.prior = tuple(o for o in prior if o.ok and space.contains(o.candidate))
@@ -290,8 +303,8 @@ class GuidedSampler(BaseSampler):
         with a prior: its model covers every mode).
 
         With ``scores``, a group none of whose scored unmeasured settings is plausibly within the budget
-        (probability at least ``min_feasible_p``) lacks nothing: probing it would only run the board over
-        the budget.
+        (probability at least ``min_feasible_p``, and within the over-budget allowance) lacks nothing: probing
+        it would only run the board over the budget.
         """
         if not self._named or self.prior:
             return []
@@ -301,7 +314,7 @@ class GuidedSampler(BaseSampler):
         counts = {g: int(np.sum(groups == g)) for g in range(n_groups)}
         lacking = [g for g, c in counts.items() if c < self.min_group]
         if scores is not None and lacking:
-            open_ = scores["free"] & (scores["p_feas"] >= self.min_feasible_p)
+            open_ = scores["free"] & scores["plausible"]
             plausible = set(np.unique(self._group(scores["idx"][open_])).tolist())
             lacking = [g for g in lacking if g in plausible]
         return sorted(lacking, key=lambda g: (counts[g], g))
@@ -516,10 +529,21 @@ class GuidedSampler(BaseSampler):
             else:  # nothing feasible yet: look for feasibility first
                 ei = np.ones_like(log_score)
         # safe profiling: a setting the model is confident is over the budget is not measured at all
-        plausible = p_feas >= self.min_feasible_p if self.budget_w is not None else np.ones_like(free)
+        if self.budget_w is not None:
+            # ... nor one whose expected device seconds clearly over the budget exceed the allowance: a
+            # setting clearly over it runs about one step before it is stopped, so a long step that is as
+            # likely over as not costs the board far more than a short one (safe profiling)
+            with np.errstate(all="ignore"):
+                clear = self.budget_w * (1.0 + self.tolerance) * (1.0 + _CLEARLY_OVER)
+                p_clear_over = np.nan_to_num(1.0 - _norm_cdf((clear - p) / sp), nan=1.0)
+            expected_over_s = p_clear_over * t
+            plausible = (p_feas >= self.min_feasible_p) & (expected_over_s <= self.over_budget_allowance_s)
+        else:
+            expected_over_s = np.zeros_like(t)
+            plausible = np.ones_like(free)
         acq = np.where(proposable & plausible & np.isfinite(log_score), ei * p_feas, -np.inf)
         return {"idx": cand, "acquisition": acq, "log_score": log_score, "s_log": s_log, "p_feas": p_feas,
-                "free": free, "best": best}
+                "free": free, "best": best, "plausible": plausible, "expected_over_s": expected_over_s}
 
     def _over_levels(self, measured: _Measured) -> np.ndarray:
         """Grid indices of the measured settings that did not hold the budget."""
