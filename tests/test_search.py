@@ -300,21 +300,28 @@ def mode_space(device):
     return build_space(device, 32, (16, 32, 64, 128), ["power_mode", "gpu_freq"])
 
 
-def test_guided_sampler_never_proposes_a_confidently_infeasible_setting(workload, monkeypatch):
+def watch_proposals(monkeypatch, key: str) -> list[float]:
+    """The guided sampler's ``key`` score (``p_feas``, ``expected_over_s``) of each setting its model proposed,
+    read from the fit the proposal was made from (cached), as the search runs."""
     from edgetune.search.samplers import GuidedSampler
 
-    proposals = []
+    seen: list[float] = []
     original = GuidedSampler.sample_relative
 
     def watched(self, study, trial, search_space):
         params = original(self, study, trial, search_space)
-        scores = self._score(study, trial.number)  # the fit the proposal was made from (cached)
-        if scores is not None:
+        scores = self._score(study, trial.number)
+        if scores is not None and np.any(np.isfinite(scores["acquisition"])):
             k = int(np.flatnonzero(scores["idx"] == self._index(params))[0])
-            proposals.append(float(scores["p_feas"][k]))
+            seen.append(float(scores[key][k]))
         return params
 
     monkeypatch.setattr(GuidedSampler, "sample_relative", watched)
+    return seen
+
+
+def test_guided_sampler_never_proposes_a_confidently_infeasible_setting(workload, monkeypatch):
+    proposals = watch_proposals(monkeypatch, "p_feas")
     device = open_device("sim:orin-nano", compute=False, seed=2)
     s = search(device, workload, mode_space(device), 8.0, sampler="guided", n_trials=16, seed=2,
                protocol=MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=1.0))
@@ -348,20 +355,7 @@ def test_guided_sampler_never_measures_a_setting_above_one_that_was_over_the_bud
 @pytest.mark.parametrize("allowance_s", [0.002, math.inf])
 def test_guided_sampler_keeps_the_expected_seconds_over_the_budget_within_the_allowance(workload, monkeypatch,
                                                                                     allowance_s):
-    from edgetune.search.samplers import GuidedSampler
-
-    expected = []
-    original = GuidedSampler.sample_relative
-
-    def watched(self, study, trial, search_space):
-        params = original(self, study, trial, search_space)
-        scores = self._score(study, trial.number)
-        if scores is not None and np.any(np.isfinite(scores["acquisition"])):
-            k = int(np.flatnonzero(scores["idx"] == self._index(params))[0])
-            expected.append(float(scores["expected_over_s"][k]))
-        return params
-
-    monkeypatch.setattr(GuidedSampler, "sample_relative", watched)
+    expected = watch_proposals(monkeypatch, "expected_over_s")
     device = open_device("sim:orin-nano", compute=False, seed=2)
     s = search(device, workload, mode_space(device), 7.0, sampler="guided", n_trials=16, seed=2,
                protocol=MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=1.0),
