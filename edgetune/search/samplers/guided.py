@@ -215,6 +215,7 @@ class GuidedSampler(BaseSampler):
         self._allowed = (None if space.rows is None else
                          np.unique(np.ravel_multi_index(tuple(space.row_levels.T), self._sizes)))
         self._cache: dict[str, Any] = {}
+        self._models: dict[Any, Any] = {}  # the last fit's hardware models by their training rows
         self._stop_streak: list[Any] = []
 
     @property
@@ -391,10 +392,19 @@ class GuidedSampler(BaseSampler):
             return self._cache["value"]
         from edgetune.predictors.hardware_model import HardwareModel
 
+        previous, kept = self._models, {}
+
         def fit(members: list[int], names: list[str]):
+            # a power mode whose measurements did not change keeps its model: the fit is deterministic, so
+            # refitting it on the same rows (most modes, each time one new setting is measured) gives the same
+            data = (tuple(names), tuple((idx[k], times[k], powers[k], peaks[k]) for k in members))
+            if data in previous:
+                kept[data] = previous[data]
+                return kept[data]
             rows = self._rows(np.array([idx[k] for k in members]), names)
-            return HardwareModel(random_state=_MODEL_SEED).fit(rows, [times[k] for k in members],
-                                                     [powers[k] for k in members], [peaks[k] for k in members])
+            kept[data] = HardwareModel(random_state=_MODEL_SEED).fit(
+                rows, [times[k] for k in members], [powers[k] for k in members], [peaks[k] for k in members])
+            return kept[data]
 
         groups = self._group(np.array(idx))
         n_groups = int(np.prod([self._sizes[j + 1] for j in self._named])) if self._named else 1
@@ -415,6 +425,7 @@ class GuidedSampler(BaseSampler):
                 return None
         value = _Fitted(measured, per_group, pooled)
         self._cache = {"key": key, "value": value}
+        self._models = kept
         return value
 
     def _prior_idx(self) -> np.ndarray:
