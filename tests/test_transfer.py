@@ -36,18 +36,21 @@ def cnn():
     return load_workload("cnn")
 
 
-def _search(profile, workload, budget_w, *, prior=(), storage_url=None, n_trials=30, **kw):
+def _search(profile, workload, budget_w, *, prior=(), storage_url=None, n_trials=30, knobs=KNOBS,
+            return_search=False, **kw):
     """A search with the fixed S(b) law (B_noise 256) that _true_time_s scores by: these tests check the
-    transfer mechanism against a law both sides share (experiments/transfer.py scores with measured steps)."""
+    transfer mechanism against a law both sides share (experiments/transfer.py scores with measured steps).
+    Returns the device, the space and the result (or the finished Search, with ``return_search``)."""
     device = open_device(f"sim:{profile}", compute=False)
     kw.setdefault("target", TargetModel())
-    space = build_space(device, workload.default_batch_size, BATCHES, KNOBS)
+    space = build_space(device, workload.default_batch_size, BATCHES, knobs)
     mapped = map_to_space(prior, space, device.settings()) if prior else ()
     s = Search(device, workload, space, budget_w=budget_w, protocol=PROTOCOL, n_trials=n_trials,
                storage_url=storage_url or "sqlite:///:memory:",
                storage=None if storage_url else optuna.storages.InMemoryStorage(), study_name="t", prior=mapped,
                **kw)
-    return device, space, s.run()
+    result = s.run()
+    return device, space, (s if return_search else result)
 
 
 def _true_time_s(device, workload, cand: Candidate) -> tuple[float, float]:
@@ -127,6 +130,27 @@ def test_warm_search_from_a_sibling_board_stays_near_the_oracle_and_counts_only_
     # the prior is no measurement: the pick is a trial measured on this board, whose measurement held
     assert warm.best in warm.measured and warm.best.feasible
     assert all(r.role in ("baseline", "search") for r in warm.records)
+
+
+def test_warm_search_probes_the_modes_the_prior_never_saw_and_hands_off_to_this_boards_model(tmp_path, cnn):
+    """Orin Nano's study knows its 7W and 15W modes (mapped by watts to Orin NX's 10W and 15W); Orin NX's 25W
+    and MAXN get measurements of their own, and after PRIOR_HANDOFF of them the board's own model proposes."""
+    from edgetune.search.samplers.guided import PRIOR_HANDOFF
+
+    knobs = ["gpu_freq", "power_mode"]
+    _search("orin-nano", cnn, 10.0, storage_url=f"sqlite:///{tmp_path / 'study.db'}", n_trials=16, knobs=knobs)
+    prior = load_prior(str(tmp_path))
+    device, space, warm = _search("orin-nx", cnn, 14.0, prior=prior.observations, n_trials=30, knobs=knobs,
+                                  return_search=True)
+    mapped_modes = {o.candidate.knobs["power_mode"] for o in map_to_space(prior.observations, space, device.settings())}
+    unseen = set(space.knob_values["power_mode"]) - mapped_modes
+    assert unseen == {"25W", "MAXN"}
+    own = [r for r in warm.result().measured if r.ok]
+    for mode in unseen:
+        assert sum(r.candidate.knobs["power_mode"] == mode for r in own) >= 4, mode  # min_group
+    assert len(own) >= PRIOR_HANDOFF
+    fitted = warm.study.sampler._fit(warm.study)
+    assert fitted is not None and fitted.transfer is None  # this board's own model, not the prior's
 
 
 # ---------------------------------------------------------------------------------------------- cost

@@ -34,9 +34,10 @@ given an ``observations_func`` that knows the objective's measurements.
 
 With ``prior`` observations (an earlier study of another board, mapped to this space by
 :mod:`edgetune.search.prior`) the model is the prior's hardware model corrected by this board's own
-measurements (:class:`~edgetune.search.prior.Transfer`): it is used from the first proposal, a power mode
-needs no measurements of its own, and the stopping rule may end the search after
-:data:`PRIOR_MIN_TRIALS_TO_STOP` measurements. The prior is never a measurement: the incumbent and the
+measurements (:class:`~edgetune.search.prior.Transfer`): it is used from the first proposal until this board
+has :data:`PRIOR_HANDOFF` measurements of its own, when this board's own model takes over; a power mode the
+prior measured needs no measurements of its own (one it never saw does); and the stopping rule may end the
+search after :data:`PRIOR_MIN_TRIALS_TO_STOP` measurements. The prior is never a measurement: the incumbent and the
 budget are this board's measurements alone (before one holds the budget, expected improvement is taken
 over the best setting the model predicts to hold it).
 """
@@ -92,6 +93,12 @@ MIN_TRIALS_TO_STOP = 16
 #: ... and one with a prior: the prior model has seen the space, so a few measurements of this board that
 #: agree with it (baseline probes included) are enough to trust its corrected predictions
 PRIOR_MIN_TRIALS_TO_STOP = 6
+#: with a prior, this board's measurements after which its own hardware model takes over from the prior's
+#: corrected one (GuidedSampler.prior_handoff): a sibling module's or another mode's model is wrong in places a
+#: dozen corrections cannot mend (orin-nano 10W -> orin-nx 10W, cnn: warm 6.2% behind the oracle with 40
+#: settings without the handoff, 1.8% with 25 with it; experiments/transfer.py), while the settings the prior
+#: steered to are what a cold model needs to be trusted
+PRIOR_HANDOFF = 12
 #: with a prior and no measured setting holding the budget yet, proposals are limited to settings at least
 #: this likely to hold it (the first feasible measurement comes at once; improving on it is EI's job)
 _PREDICTED_FEASIBLE_P = 0.8
@@ -162,6 +169,8 @@ class GuidedSampler(BaseSampler):
             :data:`MIN_TRIALS_TO_STOP`, with a prior :data:`PRIOR_MIN_TRIALS_TO_STOP`.
         cost: the weights of the ``cost`` objective.
         prior: observations of an earlier study mapped to this space (module docs).
+        prior_handoff: with a prior, this board's measured settings after which its own model replaces the
+            prior's corrected one (:data:`PRIOR_HANDOFF`).
         observations_func: what each trial measured (:data:`ObservationsFunc`); default
             :func:`~edgetune.search.records.read_observation`, the search's records.
     """
@@ -170,6 +179,7 @@ class GuidedSampler(BaseSampler):
                  tolerance: float = 0.0, target: TargetModel | None = None, seed: int | None = None,
                  n_startup: int = 6, min_group: int = 4, stop_gain: float | None = None, stop_confirmations: int = 2,
                  min_feasible_p: float = 0.05, over_budget_allowance_s: float = OVER_BUDGET_ALLOWANCE_S,
+                 prior_handoff: int = PRIOR_HANDOFF,
                  max_candidates: int = 30_000, guard_sigma: float = 0.0,
                  min_trials_to_stop: int | None = None, observations_func: ObservationsFunc | None = None,
                  cost: ZeusCost | None = None, prior: Sequence[Observation] = ()) -> None:
@@ -186,6 +196,7 @@ class GuidedSampler(BaseSampler):
         self.stop_confirmations = stop_confirmations
         self.min_feasible_p = min_feasible_p
         self.over_budget_allowance_s = over_budget_allowance_s
+        self.prior_handoff = prior_handoff
         self.max_candidates = max_candidates
         self.guard_sigma = guard_sigma
         self.prior = tuple(o for o in prior if o.ok and space.contains(o.candidate))
@@ -300,16 +311,17 @@ class GuidedSampler(BaseSampler):
         return self._params(int(scores["idx"][k]))
 
     def _lacking_groups(self, study: Study, scores: dict[str, np.ndarray] | None = None) -> list[int]:
-        """Named-knob groups (power modes) with fewer than ``min_group`` measurements, fewest first (none
-        with a prior: its model covers every mode).
+        """Named-knob groups (power modes) with fewer than ``min_group`` measurements, fewest first. With a
+        prior, its observations count too: a mode the earlier study measured is covered by its model, a mode
+        it never saw (a sibling module's extra power modes) needs measurements of this board's own.
 
         With ``scores``, a group none of whose scored unmeasured settings is plausibly within the budget
         (probability at least ``min_feasible_p``, and within the over-budget allowance) lacks nothing: probing
         it would only run the board over the budget.
         """
-        if not self._named or self.prior:
+        if not self._named:
             return []
-        idx = self._measured(study).idx
+        idx = list(self._measured(study).idx) + (self._prior_idx().tolist() if self.prior else [])
         groups = self._group(np.array(idx, dtype=np.int64)) if idx else np.array([], dtype=np.int64)
         n_groups = int(np.prod([self._sizes[j + 1] for j in self._named]))
         counts = {g: int(np.sum(groups == g)) for g in range(n_groups)}
@@ -383,7 +395,7 @@ class GuidedSampler(BaseSampler):
         measured = self._measured(study)
         idx, times, powers, peaks, oom = (measured.idx, measured.times, measured.powers, measured.peaks,
                                           measured.oom_batches)
-        if self.prior:
+        if self.prior and len(idx) < self.prior_handoff:
             return self._fit_transfer(measured)
         if len(idx) < self.n_startup:
             return None
