@@ -570,7 +570,7 @@ def test_baseline_probes_from_the_lowest_clock_up_and_a_given_up_probe_does_not_
     assert done.done and done.found.candidate.knobs["gpu_freq"] == gpu[1]
 
 
-def test_a_power_limit_baseline_starts_at_the_highest_limit_within_the_budget():
+def test_a_power_limit_baseline_starts_at_the_highest_limit():
     from edgetune.search.baseline import Baseline
     from edgetune.search.records import Role, TrialRecord
     from edgetune.search.space import SearchSpace
@@ -583,12 +583,13 @@ def test_a_power_limit_baseline_starts_at_the_highest_limit_within_the_budget():
         return TrialRecord(0, "COMPLETE", baseline.candidate(limit), Role.BASELINE, True,
                            {"ok": True, "oom": False, "max_avg_power_w": power_w}, None, power_w <= 160.0)
 
-    assert baseline.state([]).next_probe.knobs["power_limit"] == 150.0  # the device enforces it: it holds
-    # it held at its cap; a higher limit may hold too where the workload draws less on its own: bisect upwards
-    assert baseline.state([probe(150.0, 149.0)]).next_probe.knobs["power_limit"] == 175.0
-    # a first probe that did not hold (a limit the device overshoots): the lowest next
-    assert baseline.state([probe(150.0, 161.0)]).next_probe.knobs["power_limit"] == 100.0
-    assert Baseline(space, 32, {}, limit_w=90.0).state([]).next_probe.knobs["power_limit"] == 100.0
+    # the device enforces a limit: the highest first, as common practice does
+    assert baseline.state([]).next_probe.knobs["power_limit"] == 200.0
+    # it did not hold: bisection
+    assert baseline.state([probe(200.0, 199.0)]).next_probe.knobs["power_limit"] == 125.0  # (-1 + 4) // 2
+    assert baseline.state([probe(200.0, 199.0), probe(125.0, 124.0)]).next_probe.knobs["power_limit"] == 150.0
+    done = baseline.state([probe(200.0, 150.0)])
+    assert done.done and done.found.candidate.knobs["power_limit"] == 200.0
 
 
 def test_baseline_interpolates_power_in_the_clock_towards_the_limit():
