@@ -243,7 +243,8 @@ def test_best_json_labels_every_knob_value_and_the_runtime_reads_old_and_new_pla
     from edgetune.runtime import load_plan
 
     out = tmp_path / "o"
-    assert main(["search", *FAST, "--budget", "12", "--n-trials", "1", "--knobs", "gpu_freq,cpu_freq",
+    # 4 trials: the baseline probes the GPU clock from the lowest up and needs them all to be found
+    assert main(["search", *FAST, "--budget", "12", "--n-trials", "4", "--knobs", "gpu_freq,cpu_freq",
                  "-o", str(out)]) == 0
     best = json.loads((out / "best.json").read_text())
     gpu, cpu = best["setting"]["gpu_freq"], best["setting"]["cpu_freq"]
