@@ -108,7 +108,7 @@ def summary_table(result: SearchResult) -> str:
         safer = ("no measured setting has a wider margin" if edge.safer is None else
                  f"the next safer: trial {edge.safer.number}, batch {edge.safer.candidate.batch_size}, "
                  f"{_setting_text(edge.safer, units)}, margin {edge.safer_margin_w:.3f} W, "
-                 f"{edge.safer_cost_pct:+.1f}% {'throughput' if result.objective == 'throughput' else result.objective}")
+                 f"{edge.safer_cost_pct:+.1f}% {result.objective}")
         lines.append(f"knife edge: the chosen setting's measured power is {edge.margin_w:.3f} W under the budget, "
                      f"within the sensor's accuracy ({edge.accuracy_w:.3f} W): its true power may be over; "
                      f"{safer} (best.json: knife_edge)")

@@ -3,16 +3,21 @@
 Common practice trains at the workload's default batch size and, under a power budget, lowers the GPU clock
 until the power fits (on a GPU with a power limit instead of a clock knob: lowers the limit), leaving the
 other knobs as the device was found. :class:`Baseline` finds that setting with few measurements, and safely
-(the budget protects the board: a probe far over it draws that power for a whole trial): the *lowest* value
-of the lowered knob first (if that does not hold the budget, nothing does), then upwards. A power limit is
-probed as common practice lowers it, the highest first, then bisection: the device enforces the limit, so a
-limit over the budget is over it only until the trial is stopped, and the top probe shows the workload's own
-draw (on the 10-trial trace benchmark, power limits probed from the bottom left 2 more of 36 searches over 3%). Once two probes
-are measured, the next is the highest value whose power, interpolated linearly in the knob's value between
-the probes that bracket the budget (extrapolated from the two highest that held it, before one did not),
-holds it: power is convex in the clock, so the chord overestimates it and these probes mostly hold. With
-one probe, or without the budget, it bisects. Its probes are measured by the search like any other trial
-(role :attr:`~edgetune.search.records.Role.BASELINE`), so they also teach the sampler.
+(the budget protects the board: a probe far over it draws that power for a whole trial).
+
+A clock is probed from its *lowest* value up (if that does not hold the budget, nothing does). Once two
+probes are measured, the next is the highest value whose power, interpolated linearly in the knob's value
+between the probes that bracket the budget (extrapolated from the two highest that held it, before one did
+not), holds it: power is convex in the clock, so the chord overestimates it and these probes mostly hold.
+With one probe, or without the budget, it bisects.
+
+A power limit is probed as common practice lowers it, the highest first, then bisection: the device enforces
+the limit, so a limit over the budget is over it only until the trial is stopped, and the top probe shows the
+workload's own draw (on the 10-trial trace benchmark, power limits probed from the bottom left 2 more of 36
+searches over 3%).
+
+The probes are measured by the search like any other trial (role
+:attr:`~edgetune.search.records.Role.BASELINE`), so they also teach the sampler.
 
 In a rows space (a table replay) the probes are rows: the lowered knob takes the values it has in rows at
 the baseline's batch size, and each probe is the row with that value whose other knobs are nearest the

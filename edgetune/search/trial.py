@@ -51,7 +51,8 @@ import numpy as np
 from edgetune.power.base import Device, KnobValue, is_out_of_memory
 from edgetune.power.monitor import PowerMonitor, cumulative_energy_j, window_stats
 
-__all__ = ["Measurement", "MeasurementProtocol", "judged_power_w", "measure_setting", "over_limit_s", "settle", "trailing_average_max_w"]
+__all__ = ["Measurement", "MeasurementProtocol", "judged_power_w", "measure_setting", "over_limit_s", "settle",
+           "trailing_average_max_w"]
 
 #: shortest span (s, device clock) of this setting's own power before a trial may be stopped over budget: a
 #: few sensor updates (INA3221: 6.6 ms) and more than one 100-Hz monitor sample, so one noisy reading cannot

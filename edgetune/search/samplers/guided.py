@@ -182,7 +182,8 @@ class GuidedSampler(BaseSampler):
 
     def __init__(self, space: SearchSpace, *, objective: str = "time", budget_w: float | None = None,
                  tolerance: float = 0.0, target: TargetModel | None = None, seed: int | None = None,
-                 n_startup: int = 6, min_group: int = 4, stop_gain: float | None = None, stop_confirmations: int = 2,
+                 n_startup: int = 6, min_group: int = 4, stop_gain: float | None = None,
+                 stop_confirmations: int = 2,
                  min_feasible_p: float = 0.05, over_budget_allowance_s: float = OVER_BUDGET_ALLOWANCE_S,
                  prior_handoff: int = PRIOR_HANDOFF,
                  max_candidates: int = 30_000, guard_sigma: float = 0.0,
