@@ -373,21 +373,21 @@ class GridTruth:
         ok = self.fits & np.isfinite(self.time_s)
         return float(np.min((self.max_avg_w + self.margin_w(self.max_avg_w))[ok]))
 
-    def best(self, objective: str, mask: np.ndarray) -> Point | None:
-        values = self.energy_j if objective == "energy" else self.time_s
+    def _least(self, values: np.ndarray, mask: np.ndarray) -> Point | None:
+        """The truth of the setting of ``mask`` with the least ``values`` (None: empty mask)."""
         if not mask.any():
             return None
         return self._at(int(np.flatnonzero(mask)[np.argmin(values[mask])]))
+
+    def best(self, objective: str, mask: np.ndarray) -> Point | None:
+        return self._least(self.energy_j if objective == "energy" else self.time_s, mask)
 
     def law_best(self, objective: str, mask: np.ndarray, target: TargetModel) -> Point | None:
         """The setting of ``mask`` that ``target``'s law of steps (the search's own S(b)) ranks best on the
         twin's true step time and power, with its truth: what a search that knew the hardware exactly but
         not the measured steps would pick (the part of a gap that is the law's, not the measurements')."""
-        if not mask.any():
-            return None
         law_time = np.array([target.steps(int(b)) for b in self.batch_size]) * self.step_time_s
-        values = law_time * self.mean_w if objective == "energy" else law_time
-        return self._at(int(np.flatnonzero(mask)[np.argmin(values[mask])]))
+        return self._least(law_time * self.mean_w if objective == "energy" else law_time, mask)
 
     def front(self, mask: np.ndarray) -> list[tuple[float, float]]:
         return pareto_points(list(zip(self.time_s[mask].tolist(), self.energy_j[mask].tolist())))
@@ -455,7 +455,9 @@ class Row:
     def pick_at(self) -> int:
         """Measured settings until the search's incumbent reached its final truth (0: never held)."""
         final = self.trajectory[-1][1] if self.trajectory else math.inf
-        return next((k + 1 for k, (_, v) in enumerate(self.trajectory) if v == final), 0) if math.isfinite(final) else 0
+        if not math.isfinite(final):
+            return 0
+        return next(k + 1 for k, (_, v) in enumerate(self.trajectory) if v == final)
 
     @property
     def objective(self) -> str:

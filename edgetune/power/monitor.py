@@ -17,6 +17,7 @@ through the samples. A sensor that updates slowly (the jtop service: once a seco
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from dataclasses import dataclass, field
@@ -419,7 +420,9 @@ class PowerMonitor:
             hardware_energy_j=hw,
         )
 
-    def records(self) -> tuple[np.ndarray, np.ndarray]:
-        """A copy of the kept samples: times and board power."""
+    def records(self, since: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """A copy of the kept samples: times and board power (from the last sample at or before ``since``
+        on, where given: a recent stretch without copying the whole record)."""
         with self._lock:
-            return np.asarray(self._t), np.asarray(self._p)
+            i = 0 if since is None else max(0, bisect.bisect_right(self._t, since) - 1)
+            return np.asarray(self._t[i:]), np.asarray(self._p[i:])

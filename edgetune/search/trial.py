@@ -289,7 +289,7 @@ def measure_setting(
     """
     wall0 = time.perf_counter()
     clock = device.clock
-    whole = f"setting-{wall0!r}-{id(setting)}"  # from the idle wait: the early stop's and over-budget's record
+    whole = f"setting-{wall0!r}"  # from the knobs being set: the early stop's and over-budget's record
     monitor.begin_window(whole)
     t_settle = clock.now()
     device.apply(setting)  # first: the wait idles at this setting's clocks, mostly lower than a stopped one's
@@ -445,7 +445,7 @@ def settle(monitor: PowerMonitor, clock: Any, limit_w: float | None) -> float:
         return 0.0
     waited = 0.0
     while waited < monitor.avg_window_s:
-        t, p = monitor.records()
+        t, p = monitor.records(since=clock.now() - monitor.avg_window_s)
         worst = trailing_average_max_w(t, p, monitor.avg_window_s)
         if not (math.isfinite(worst) and worst > limit_w):
             break

@@ -42,8 +42,8 @@ With ``prior`` observations (an earlier study of another board, mapped to this s
 measurements (:class:`~edgetune.search.prior.Transfer`): it is used from the first proposal until this board
 has :data:`PRIOR_HANDOFF` measurements of its own, when this board's own model takes over; a power mode the
 prior measured needs no measurements of its own (one it never saw does); and the stopping rule may end the
-search after :data:`PRIOR_MIN_TRIALS_TO_STOP` measurements. The prior is never a measurement: the incumbent and the
-budget are this board's measurements alone (before one holds the budget, expected improvement is taken
+search after :data:`PRIOR_MIN_TRIALS_TO_STOP` measurements. The prior is never a measurement: the incumbent
+and the budget are this board's measurements alone (before one holds the budget, expected improvement is taken
 over the best setting the model predicts to hold it).
 """
 
@@ -228,6 +228,8 @@ class GuidedSampler(BaseSampler):
                        if isinstance(v[0], str) or (name in KNOBS and KNOBS[name].role.caps_others)]
         self._pooled_names = knob_names
         self._numeric_names = [n for j, n in enumerate(knob_names) if j not in self._named]
+        # the level dimensions (batch size first) in which board power does not fall as the level rises
+        self._numeric_dims = [0] + [j + 1 for j in range(len(space.knobs)) if j not in self._named]
         # a rows space (a table replay): only its rows are candidates, by flat grid index
         self._allowed = (None if space.rows is None else
                          np.unique(np.ravel_multi_index(tuple(space.row_levels.T), self._sizes)))
@@ -414,7 +416,8 @@ class GuidedSampler(BaseSampler):
 
         def fit(members: list[int], names: list[str]):
             # a power mode whose measurements did not change keeps its model: the fit is deterministic, so
-            # refitting it on the same rows (most modes, each time one new setting is measured) gives the same
+            # refitting it on the same rows (most modes, each time one new setting is measured) would give
+            # the same model
             data = (tuple(names), tuple((idx[k], times[k], powers[k], peaks[k]) for k in members))
             if data in previous:
                 kept[data] = previous[data]
@@ -536,7 +539,7 @@ class GuidedSampler(BaseSampler):
             else:  # throughput: time per sample
                 log_score, s_log = np.log(t / batch), st
             if self.budget_w is not None:
-                p_feas = _norm_cdf((self.budget_w * (1.0 + self.tolerance) - p) / sp)
+                p_feas = _norm_cdf((self._limit_w - p) / sp)
             else:
                 p_feas = np.ones_like(p)
         p_feas = np.nan_to_num(p_feas, nan=0.0)
@@ -563,7 +566,7 @@ class GuidedSampler(BaseSampler):
             # setting clearly over it runs about one step before it is stopped, so a long step that is as
             # likely over as not costs the board far more than a short one (safe profiling)
             with np.errstate(all="ignore"):
-                clear = self.budget_w * (1.0 + self.tolerance) * (1.0 + _CLEARLY_OVER)
+                clear = self._limit_w * (1.0 + _CLEARLY_OVER)
                 p_clear_over = np.nan_to_num(1.0 - _norm_cdf((clear - p) / sp), nan=1.0)
             expected_over_s = p_clear_over * t
             plausible = (p_feas >= self.min_feasible_p) & (expected_over_s <= self.over_budget_allowance_s)
@@ -574,12 +577,17 @@ class GuidedSampler(BaseSampler):
         return {"idx": cand, "acquisition": acq, "log_score": log_score, "s_log": s_log, "p_feas": p_feas,
                 "free": free, "best": best, "plausible": plausible, "expected_over_s": expected_over_s}
 
+    @property
+    def _limit_w(self) -> float:
+        """The budget with its tolerance (only asked where there is a budget)."""
+        assert self.budget_w is not None
+        return self.budget_w * (1.0 + self.tolerance)
+
     def _over_levels(self, measured: _Measured) -> np.ndarray:
         """Grid indices of the measured settings that did not hold the budget."""
         if self.budget_w is None:
             return np.array([], dtype=np.int64)
-        limit = self.budget_w * (1.0 + self.tolerance)
-        return np.array([i for i, p in zip(measured.idx, measured.powers) if p > limit], dtype=np.int64)
+        return np.array([i for i, p in zip(measured.idx, measured.powers) if p > self._limit_w], dtype=np.int64)
 
     def _dominates_over(self, cand: np.ndarray, measured: _Measured) -> np.ndarray:
         """Candidates certain to be over the budget without a model: at or above a measured setting that was
@@ -589,7 +597,7 @@ class GuidedSampler(BaseSampler):
         out = np.zeros(cand.size, dtype=bool)
         if over.size == 0 or cand.size == 0:
             return out
-        numeric = [0] + [j + 1 for j in range(len(self.space.knobs)) if j not in self._named]
+        numeric = self._numeric_dims
         lv, lo = self._levels(cand), self._levels(over)
         g, go = self._group(cand), self._group(over)
         for k in range(over.shape[0]):
@@ -600,7 +608,7 @@ class GuidedSampler(BaseSampler):
         """Log objective of the best measured setting that held the budget."""
         best = math.inf
         for i, tt, pp in zip(idx, times, powers):
-            if self.budget_w is None or pp <= self.budget_w * (1.0 + self.tolerance):
+            if self.budget_w is None or pp <= self._limit_w:
                 b = int(self._levels(np.array([i]))[0, 0])
                 steps, batch = self._steps_table[b], self._tables[0][b]
                 val = {"time": steps * tt, "energy": steps * tt * pp}.get(objective, tt / batch)
