@@ -149,6 +149,18 @@ def test_nested_windows_and_live_average():
         monitor.end_window("inner")
 
 
+def test_records_since_a_time_start_at_the_last_sample_before_it():
+    clock = VirtualClock()
+    sensor = AnalyticSensor(clock, lambda t: 4.0)
+    with PowerMonitor(sensor, clock, rate_hz=50) as monitor:
+        clock.advance(2.0)
+        t_all, p_all = monitor.records()
+        t, p = monitor.records(since=1.01)
+    assert t[0] <= 1.01 < t[1] and t[-1] == t_all[-1] and t.size == p.size < t_all.size
+    assert np.array_equal(t, t_all[t_all >= t[0]])
+    assert monitor.records(since=-1.0)[0].size == t_all.size  # before the record: all of it
+
+
 def test_stale_sensor_detected():
     clock = VirtualClock()
     sensor = AnalyticSensor(clock, lambda t: 5.0 + (0.1 * t if t < 1 else 0.1))
