@@ -75,6 +75,42 @@ def test_knob_tables_and_units(tmp_path, board):
     device.close()
 
 
+def test_power_mode_caps_are_read_from_nvpmodel_conf(tmp_path):
+    """Each mode's POWER_MODEL block gives the largest value each knob runs at (on the knob's own table),
+    the gated TPCs; the PARAM section's MAX_FREQ paths are not taken for caps."""
+    device = _open(build_jetson(tmp_path / "root", "orin-nano"))
+    knobs = device.knobs
+    caps = knobs["power_mode"].caps
+    assert set(caps) == {"15W", "7W"}
+    seven, fifteen = caps["7W"], caps["15W"]
+    assert seven.cap("cpu_cores") == 4 and fifteen.cap("cpu_cores") == 6
+    assert seven.cap("gpu_freq") == max(v for v in knobs["gpu_freq"].values if v <= 408_000_000)
+    assert fifteen.cap("gpu_freq") == knobs["gpu_freq"].max  # MAX_FREQ -1: not capped below the table's top
+    assert seven.cap("cpu_freq") == max(v for v in knobs["cpu_freq"].values if v <= 960_000)
+    assert seven.cap("emc_freq") == max(v for v in knobs["emc_freq"].values if v <= 2_133_000_000)
+    assert dict(seven.fixed)["TPC_PG_MASK"] == "252" and dict(fifteen.fixed)["TPC_PG_MASK"] == "240"
+    assert not seven.within(fifteen, list(knobs))  # other TPCs gated: never the same settings
+    device.close()
+
+
+def test_mode_caps_parse_real_blocks_only():
+    from edgetune.power.base import Knob
+    from edgetune.power.jetson.knobs import mode_caps
+
+    gpu = Knob("gpu_freq", "Hz", [306_000_000, 612_000_000, 918_000_000], read=lambda: 918_000_000)
+    conf = ("< PARAM TYPE=CLOCK NAME=GPU >\nMAX_FREQ /sys/devices/gpu.0/devfreq/max_freq\n\n"
+            "< POWER_MODEL ID=0 NAME=LOW >\nGPU MAX_FREQ 700000000\nGPU MIN_FREQ 0\nTPC_POWER_GATING TPC_PG_MASK 0\n"
+            "< POWER_MODEL ID=1 NAME=HIGH >\nGPU MAX_FREQ -1\nTPC_POWER_GATING TPC_PG_MASK 0\n"
+            "< POWER_MODEL ID=2 NAME=PINNED >\nGPU MIN_FREQ 612000000\nGPU MAX_FREQ 612000000\n"
+            "TPC_POWER_GATING TPC_PG_MASK 0\n< PM_CONFIG DEFAULT=1 >\n")
+    caps = mode_caps(conf, {"gpu_freq": gpu})
+    assert caps["LOW"].cap("gpu_freq") == 612_000_000 and caps["HIGH"].cap("gpu_freq") == 918_000_000
+    assert caps["LOW"].within(caps["HIGH"], ["gpu_freq"]) and not caps["HIGH"].within(caps["LOW"], ["gpu_freq"])
+    assert not caps["LOW"].within(caps["HIGH"], [])  # gpu_freq untuned: it runs at each mode's own cap
+    assert not caps["PINNED"].within(caps["HIGH"], ["gpu_freq"])  # a raised MIN_FREQ is a state of its own
+    assert "cpu_freq" not in dict(caps["HIGH"].max_values)  # a knob the board lacks is not capped
+
+
 def test_combined_rail_is_labelled(tmp_path):
     device = _open(build_jetson(tmp_path / "root", "orin-nano"))
     assert any("VDD_CPU_GPU_CV" in n and "not the GPU alone" in n for n in device.notes)

@@ -354,6 +354,23 @@ def test_power_mode_applies_its_caps_like_nvpmodel(cost):
     assert back.step_time_s < capped.step_time_s / 2
 
 
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_power_mode_knob_states_the_caps_it_applies(profile, cost):
+    """The power-mode knob's ModeCaps are what the mode does: each knob set at or above its cap runs at it,
+    and a mode whose caps another's cover runs its every setting the same there."""
+    twin = Twin(profile, compute=False)
+    caps = twin.device().knobs["power_mode"].caps
+    assert set(caps) == {m.name for m in twin.profile.modes}
+    tuned = list(twin.knobs)
+    for mode, c in caps.items():
+        top = {k: twin.knobs[k].max for k in ("gpu_freq", "emc_freq", "cpu_freq", "cpu_cores")}
+        at_top, at_cap = dict(top, power_mode=mode), dict(dict(c.max_values), power_mode=mode)
+        assert twin.expected(cost, 32, at_top) == twin.expected(cost, 32, at_cap)
+        for other, oc in caps.items():
+            if other != mode and c.within(oc, tuned):
+                assert twin.expected(cost, 32, at_cap) == twin.expected(cost, 32, dict(at_cap, power_mode=other))
+
+
 def test_knob_values_are_validated_and_restored(cost):
     device = sim.open("orin-nano", compute=False)
     with pytest.raises(KnobValueError, match=r"gpu_freq: 500 MHz is not an allowed value; "

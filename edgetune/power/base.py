@@ -43,6 +43,7 @@ __all__ = [
     "KnobValue",
     "KnobValueError",
     "KnobWriteError",
+    "ModeCaps",
     "PowerReading",
     "PowerSensor",
     "RealClock",
@@ -124,6 +125,46 @@ def _parse_number_with_unit(text: str, unit: str) -> float | None:
 # ---------------------------------------------------------------------------------------------- knobs
 
 
+@dataclass(frozen=True)
+class ModeCaps:
+    """What one value of a knob that caps the others (a Jetson power mode, ``nvpmodel -m``) does to them.
+
+    Attributes:
+        max_values: per capped knob, the largest of that knob's values that runs under this mode: the knob
+            set at or above it runs at it (devfreq clamps to nvpmodel's ``MAX_FREQ``; the online cores to
+            the mode's). A knob not named is not capped.
+        fixed: what the mode sets that no knob controls, as ``(name, value)`` pairs (the power-gated GPU
+            TPCs): modes whose ``fixed`` differ never run the same.
+    """
+
+    max_values: tuple[tuple[str, KnobValue], ...]
+    fixed: tuple[tuple[str, Any], ...] = ()
+
+    def cap(self, knob: str) -> KnobValue | None:
+        """The largest value ``knob`` runs at under this mode (None: not capped)."""
+        return dict(self.max_values).get(knob)
+
+    def within(self, other: ModeCaps, tuned: Sequence[str]) -> bool:
+        """True when every setting under this mode runs exactly as the same knob values under ``other``.
+
+        The same fixed state; each knob in ``tuned`` capped no lower there (uncapped counts as highest);
+        each capped knob not tuned capped the same (it runs at the mode's maximum, whatever the mode).
+        """
+        if dict(self.fixed) != dict(other.fixed):
+            return False
+        for name in {n for n, _ in self.max_values} | {n for n, _ in other.max_values}:
+            mine, theirs = self.cap(name), other.cap(name)
+            if name not in tuned:
+                if mine != theirs:
+                    return False
+            elif mine is None:
+                if theirs is not None:
+                    return False
+            elif theirs is not None and float(theirs) < float(mine):
+                return False
+        return True
+
+
 class Knob:
     """One discrete DVFS knob.
 
@@ -143,6 +184,8 @@ class Knob:
         on_first_change: called with ``(knob, original)`` just before the first write, so a state file can
             record the original before anything changes (see ``edgetune.power.state``).
         why_read_only: one line saying why the knob is read-only and how to fix it.
+        caps: for a knob that caps the others (a power mode), what each of its values does to them, where
+            the platform knows it (:class:`ModeCaps`); empty otherwise.
     """
 
     def __init__(
@@ -157,6 +200,7 @@ class Knob:
         on_first_change: Callable[[Knob, KnobValue], None] | None = None,
         why_read_only: str = "",
         description: str = "",
+        caps: Mapping[KnobValue, ModeCaps] | None = None,
     ) -> None:
         if not values:
             raise ValueError(f"knob {name} has no allowed values")
@@ -167,6 +211,7 @@ class Knob:
         self.unit = unit
         self.values: tuple[KnobValue, ...] = tuple(vals)
         self.description = description
+        self.caps: dict[KnobValue, ModeCaps] = {v: c for v, c in (caps or {}).items() if v in self.values}
         self._read = read
         self._write = write
         self.writable = bool(writable and write is not None)

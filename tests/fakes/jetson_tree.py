@@ -14,6 +14,7 @@ simulated twin.
 
 from __future__ import annotations
 
+import csv
 import os
 import sys
 from dataclasses import dataclass, field
@@ -301,12 +302,51 @@ def build_jetson(root: Path, board: str, *, nvpmodel: bool = True) -> FakeJetson
 
     if nvpmodel:
         modes, default = MODES[board]
-        conf = "\n".join(f"< POWER_MODEL ID={i} NAME={name} >\nCPU_ONLINE CORE_0 1\n" for i, name in modes)
-        _w(root / "etc/nvpmodel.conf", f"< PARAM TYPE=FILE NAME=CPU_ONLINE >\n{conf}\n"
-                                       f"< PM_CONFIG DEFAULT={default} >\n")
+        conf = "\n".join(_mode_block(board, spec, i, name) for i, name in modes)
+        _w(root / "etc/nvpmodel.conf", f"{_CONF_PREAMBLE}\n{conf}\n< PM_CONFIG DEFAULT={default} >\n")
         _w(root / "var/lib/nvpmodel/status", f"pmode:{default:04d} fmode:normal\n")
         _w(root / "usr/sbin/nvpmodel", _NVPMODEL.replace("PYTHON", sys.executable), 0o755)
     return fake
+
+
+# nvpmodel.conf's definitions section: it uses the mode blocks' keywords (a bare MAX_FREQ line), so a parser
+# that reads fields outside a POWER_MODEL block would take it for a mode's cap.
+_CONF_PREAMBLE = """# nvpmodel configuration
+< PARAM TYPE=FILE NAME=CPU_ONLINE >
+CORE_0 /sys/devices/system/cpu/cpu0/online
+
+< PARAM TYPE=CLOCK NAME=GPU >
+FREQ_TABLE /sys/devices/gpu.0/devfreq/17000000.gpu/available_frequencies
+MAX_FREQ /sys/devices/gpu.0/devfreq/17000000.gpu/max_freq
+MIN_FREQ /sys/devices/gpu.0/devfreq/17000000.gpu/min_freq
+
+< PARAM TYPE=FILE NAME=EMC >
+MAX_FREQ /sys/kernel/nvpmodel_emc_cap/emc_iso_cap
+"""
+#: the twin profile whose nvpmodel table (edgetune/power/profiles/power_modes.csv, from L4T's nvpmodel.conf)
+#: a fake board's mode blocks are written from
+_MODE_TABLE = {"agx-orin-jp5": "orin-agx", "agx-orin-jp6": "orin-agx", "orin-nano": "orin-nano",
+               "xavier-nx": "xavier-nx"}
+_CLUSTER = {"tegra194": "CPU_DENVER", "tegra234": "CPU_A78", "tegra210": "CPU_A57"}
+
+
+def _mode_block(board: str, spec: BoardSpec, mode_id: int, name: str) -> str:
+    """One ``< POWER_MODEL >`` block as L4T writes it: online cores, TPC gating, clock limits per cluster."""
+    lines = [f"< POWER_MODEL ID={mode_id} NAME={name} >"]
+    table = Path(__file__).resolve().parents[2] / "edgetune/power/profiles/power_modes.csv"
+    row = next((r for r in csv.DictReader(table.open()) if r["profile"] == _MODE_TABLE.get(board)
+                and r["mode_name"] == name), None)
+    if row is None:  # a board without a table (Nano): every core online, nothing capped
+        return "\n".join(lines + [f"CPU_ONLINE CORE_{k} 1" for k in range(spec.cpus)]) + "\n"
+    lines += [f"CPU_ONLINE CORE_{k} {int(k < int(row['cores_online']))}" for k in range(spec.cpus)]
+    lines += [f"TPC_POWER_GATING TPC_PG_MASK {row['tpc_pg_mask']}", "GPU_POWER_CONTROL_ENABLE GPU_PWR_CNTL_EN on"]
+    cluster = _CLUSTER[spec.compatible[-1].split(",")[-1]]
+    for c in range(len(spec.clusters)):
+        lines += [f"{cluster}_{c} MIN_FREQ {row['cpu_min_khz']}", f"{cluster}_{c} MAX_FREQ {row['cpu_max_khz']}"]
+    lines += [f"GPU MIN_FREQ {row['gpu_min_hz']}", f"GPU MAX_FREQ {row['gpu_max_hz']}",
+              "GPU_POWER_CONTROL_DISABLE GPU_PWR_CNTL_DIS auto", f"EMC MAX_FREQ {row['emc_max_hz']}",
+              "DLA0_CORE MAX_FREQ -1", "PVA0_VPS MAX_FREQ -1"]
+    return "\n".join(lines) + "\n"
 
 
 # A stand-in for L4T's nvpmodel: the same arguments, output and status file, acting on the fake tree.

@@ -151,7 +151,7 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, detect_period_
     elif board.family in ("orin", "xavier"):
         notes.append("emc_freq not tunable: BPMP debugfs not found; mount it with "
                      "`sudo mount -t debugfs none /sys/kernel/debug`")
-    mode = power_mode_knob(base, tracker)
+    mode = power_mode_knob(base, tracker, knobs)
     if mode is not None:
         knobs["power_mode"] = mode
 

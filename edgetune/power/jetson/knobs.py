@@ -10,9 +10,10 @@ import os
 import re
 import subprocess
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
-from edgetune.power.base import KnobWriteError
+from edgetune.power.base import Knob, KnobValue, KnobWriteError, ModeCaps
 from edgetune.power.jetson.board import BoardInfo
 from edgetune.power.knobs import knob_unit
 from edgetune.power.state import RestorableKnob, StateTracker
@@ -28,7 +29,7 @@ from edgetune.power.sysfs import (
     write_checked,
 )
 
-__all__ = ["EMC_STEPS_HZ", "GPU_OF_NODES", "cpu_cores_knob", "emc_knob", "find_gpu_devfreq", "power_mode_knob",
+__all__ = ["EMC_STEPS_HZ", "GPU_OF_NODES", "cpu_cores_knob", "emc_knob", "find_gpu_devfreq", "mode_caps", "power_mode_knob",
            "range_knob"]
 
 #: devfreq ``of_node`` names of Jetson GPUs (Maxwell/Pascal/Volta/Ampere/Blackwell) and Thor's generic one.
@@ -182,7 +183,73 @@ _MODE_LINE = re.compile(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=([^\s>]+)")
 _DEFAULT_MODE_LINE = re.compile(r"<\s*PM_CONFIG\s+DEFAULT=(\d+)")
 
 
-def power_mode_knob(root: Path, tracker: StateTracker) -> RestorableKnob | None:
+#: a POWER_MODEL block's frequency keys and the knob each caps (CPU clusters: CPU_A78_0, CPU_DENVER_1 ...)
+_CAPPED = {"GPU": "gpu_freq", "EMC": "emc_freq", "CPU": "cpu_freq"}
+
+
+def _largest_at_most(knob: Knob, limit: float) -> KnobValue:
+    below = [v for v in knob.values if float(v) <= limit]
+    return below[-1] if below else knob.values[0]
+
+
+def mode_caps(conf_text: str, knobs: Mapping[str, Knob]) -> dict[str, ModeCaps]:
+    """What each nvpmodel mode does to the other knobs, read from ``nvpmodel.conf``'s POWER_MODEL blocks.
+
+    Per mode: each clock's ``MAX_FREQ`` (Hz for GPU and EMC, kHz for CPU clusters; -1, or 0 for EMC, is no
+    cap) and the count of ``CPU_ONLINE CORE_i 1`` lines, each as the largest value of that knob's table at
+    or below it; the power-gating masks (``TPC_PG_MASK`` ...), a ``MIN_FREQ`` above a knob's lowest value and
+    per-cluster CPU caps that differ go into :attr:`ModeCaps.fixed`, so that such modes are never taken for
+    another. Lines outside a POWER_MODEL block (the PARAM definitions, with their own ``MAX_FREQ`` paths)
+    are not read; a knob the board lacks is not capped.
+    """
+    blocks: dict[str, list[list[str]]] = {}
+    current: list[list[str]] | None = None
+    for raw in conf_text.splitlines():
+        line = raw.strip()
+        if line.startswith("<"):
+            header = _MODE_LINE.match(line)
+            current = blocks.setdefault(header.group(2), []) if header else None
+        elif current is not None and line and not line.startswith("#"):
+            current.append(line.split())
+    caps: dict[str, ModeCaps] = {}
+    for name, lines in blocks.items():
+        highest: dict[str, list[float]] = {}
+        fixed: dict[str, Any] = {}
+        online = None
+        for words in lines:
+            if len(words) != 3:
+                continue
+            unit, key, value = words
+            try:
+                number = float(value)
+            except ValueError:
+                continue
+            if unit == "CPU_ONLINE":
+                online = (online or 0) + (number == 1)
+            elif key.endswith("_PG_MASK"):
+                fixed[key] = value
+            elif key in ("MAX_FREQ", "MIN_FREQ") and unit.split("_")[0] in _CAPPED:
+                knob = _CAPPED[unit.split("_")[0]]
+                if knob not in knobs:
+                    continue
+                if key == "MAX_FREQ":
+                    highest.setdefault(knob, []).append(number if number > 0 else float(knobs[knob].max))
+                elif number > float(knobs[knob].min):
+                    fixed[f"{unit}_MIN_FREQ"] = value
+        max_values: dict[str, KnobValue] = {}
+        for knob, limits in highest.items():
+            if len(set(limits)) > 1:
+                fixed[f"{knob}_caps"] = tuple(limits)
+            max_values[knob] = _largest_at_most(knobs[knob], max(limits))
+        if online is not None and "cpu_cores" in knobs:
+            max_values["cpu_cores"] = _largest_at_most(knobs["cpu_cores"], online)
+        caps[name] = ModeCaps(tuple(sorted(max_values.items())), tuple(sorted(fixed.items())))
+    return caps
+
+
+def power_mode_knob(root: Path, tracker: StateTracker, others: Mapping[str, Knob] | None = None
+                    ) -> RestorableKnob | None:
+    """The nvpmodel mode; with the board's other knobs, what each mode caps of them (:func:`mode_caps`)."""
     conf = first_existing(root / p for p in ("etc/nvpmodel.conf", "etc/nvpmodel/nvpmodel.conf"))
     binary = first_existing(root / p for p in ("usr/sbin/nvpmodel", "usr/bin/nvpmodel"))
     if conf is None or binary is None:
@@ -240,5 +307,6 @@ def power_mode_knob(root: Path, tracker: StateTracker) -> RestorableKnob | None:
     return RestorableKnob("power_mode", knob_unit("power_mode"), [modes[i] for i in sorted(modes)], read=read, write=write,
                           writable=ok, why_read_only=why, snapshot=snapshot, restore_snapshot=restore,
                           tracker=tracker, description="nvpmodel power mode (sets clock caps and cores)",
-                          default_snapshot=None if default_id is None else lambda: {"mode_id": default_id})
+                          default_snapshot=None if default_id is None else lambda: {"mode_id": default_id},
+                          caps=mode_caps(conf.read_text(errors="replace"), others or {}))
 

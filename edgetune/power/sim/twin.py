@@ -22,6 +22,7 @@ from edgetune.power.base import (
     DeviceOutOfMemoryError,
     Knob,
     KnobValue,
+    ModeCaps,
     VirtualClock,
     WorkloadCost,
     format_value,
@@ -157,9 +158,17 @@ class Twin:
         return {
             name: Knob(name, knob_unit(name), values,
                        read=lambda name=name: self._setting[name], write=self._write(name),
-                       description=_KNOB_DESCRIPTIONS[name])
+                       description=_KNOB_DESCRIPTIONS[name],
+                       caps=self.mode_caps() if name == "power_mode" else None)
             for name, values in self.knob_grid().items()
         }
+
+    def mode_caps(self) -> dict[str, ModeCaps]:
+        """What each power mode does to the other knobs: the values ``nvpmodel -m`` leaves are the largest
+        each knob runs at (:meth:`_mode_setting`), and the gated TPCs no knob controls."""
+        return {m.name: ModeCaps(tuple((k, v) for k, v in self._mode_setting(m).items() if k != "power_mode"),
+                                 (("tpcs", m.tpcs),))
+                for m in self.profile.modes}
 
     def settings(self) -> dict[str, KnobValue]:
         """Every knob's current value."""
