@@ -190,6 +190,26 @@ def test_a_setting_over_the_budget_stops_early_infeasible_and_counts_its_time_ov
     assert 0.0 <= over.over_budget_s <= over.step_time_s + 0.01
 
 
+def test_a_setting_clearly_over_stops_before_the_budget_window_crosses(workload):
+    """Clearly over (its own average three standard errors above the limit): stopped after its first checks,
+    while the 1-s average is still mostly the idle power before it, so no time over the budget at all. Just
+    over (within its own noise): left to the budget window's average, as any setting near the budget."""
+    device = open_device("sim:orin-nano", compute=False)
+    protocol = MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=2.0)
+    top = {"gpu_freq": 624_750_000, "emc_freq": 2_133_000_000}
+    low = {"gpu_freq": 306_000_000, "emc_freq": 204_000_000}
+    with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+        free = measure_setting(device, workload, 128, top, protocol, monitor)
+        measure_setting(device, workload, 128, low, protocol, monitor)
+        clear = measure_setting(device, workload, 128, top, protocol, monitor, limit_w=free.mean_power_w - 1.0)
+        measure_setting(device, workload, 128, low, protocol, monitor)
+        near = measure_setting(device, workload, 128, top, protocol, monitor, limit_w=free.mean_power_w - 0.01)
+    assert clear.aborted_over_budget and clear.over_budget_s == 0.0
+    assert clear.duration_s < 0.25  # a few sensor updates are enough to tell
+    assert clear.max_avg_power_w > free.mean_power_w - 1.0
+    assert near.duration_s > 0.5  # not stopped on its first readings: they cannot tell it from the limit
+
+
 def test_over_limit_s_counts_the_time_the_moving_average_is_above():
     from edgetune.search.trial import over_limit_s
 
@@ -320,6 +340,33 @@ def watch_proposals(monkeypatch, key: str) -> list[float]:
     return seen
 
 
+def test_guided_sampler_keeps_predicted_power_within_what_the_measurements_imply():
+    """Power does not fall as the batch or a clock rises (in one power mode): a prediction is raised to the
+    power of a measured setting below the candidate and lowered to that of a measured one above it that held
+    the budget; one stopped over the budget bounds only from below."""
+    from edgetune.search.samplers.guided import GuidedSampler, _Measured
+
+    device = open_device("sim:orin-nano", compute=False)
+    space = build_space(device, 32, (16, 32, 64), ["power_mode", "gpu_freq"], {"gpu_freq": ["306MHz", "510MHz", "max"]})
+    sampler = GuidedSampler(space, budget_w=6.0)
+
+    def at(b, mode, gpu):
+        return sampler._index(space.params(space.candidate({"batch_size_level": space.batch_sizes.index(b),
+                                                            "power_mode_level": space.knob_values["power_mode"].index(mode),
+                                                            "gpu_freq_level": gpu})))
+
+    measured = _Measured(idx=[at(32, "15W", 1), at(16, "15W", 2)], times=[0.1, 0.1], powers=[5.5, 6.4],
+                         peaks=[6.0, 7.0], oom_batches=[])
+    cand = np.array([at(16, "15W", 0), at(64, "15W", 2), at(16, "15W", 1), at(64, "15W", 0), at(16, "7W", 0)])
+    predicted = np.array([5.9, 6.0, 5.0, 5.0, 9.0])
+    bounded = sampler._monotone_power(cand, measured, predicted)
+    assert bounded[0] == 5.5  # below the 5.5-W setting that held the budget: at most 5.5
+    assert bounded[1] == 6.4  # above the 6.4-W one (over the budget): at least 6.4
+    assert bounded[2] == 5.0  # below the feasible one, above neither: the model's 5.0 stands
+    assert bounded[3] == 5.0  # 64 at the lowest clock: above no measured setting in every dimension
+    assert bounded[4] == 9.0  # another power mode: no order across modes
+
+
 def test_guided_sampler_never_proposes_a_confidently_infeasible_setting(workload, monkeypatch):
     proposals = watch_proposals(monkeypatch, "p_feas")
     device = open_device("sim:orin-nano", compute=False, seed=2)
@@ -329,6 +376,45 @@ def test_guided_sampler_never_proposes_a_confidently_infeasible_setting(workload
     assert len(proposals) >= 5  # the model proposed most of the settings
     assert min(proposals) >= 0.05  # GuidedSampler's min_feasible_p
     assert result.best is not None and result.best.feasible
+
+
+def test_guided_sampler_candidates_are_settings_as_they_run():
+    """With the power modes' caps known, a clock above its mode's cap is its cap, and a mode whose every
+    setting another mode runs too (Orin NX 10W inside 15W, once the clocks and cores it caps are tuned) has
+    no candidates of its own; a capped knob left untuned runs at each mode's maximum, so no mode is merged."""
+    from edgetune.search.samplers import GuidedSampler
+
+    device = open_device("sim:orin-nx", compute=False)
+    caps = device.knobs["power_mode"].caps
+    every = build_space(device, 32, (16, 32))
+    assert dict(every.mode_caps) == caps
+    sampler = GuidedSampler(every)
+    cand = [every.candidate(sampler._params(int(i))) for i in sampler._all_candidates()]
+    modes = {c.knobs["power_mode"] for c in cand}
+    assert "10W" not in modes and "15W" in modes  # 10W: 4 cores, lower CPU and EMC caps, the same GPU
+    assert all(c.knobs[k] <= caps[c.knobs["power_mode"]].cap(k) for c in cand for k in ("gpu_freq", "cpu_cores"))
+    assert len(cand) < every.size
+    # every merged or clamped setting runs as its candidate does (the twin's noise-free truth)
+    some = np.random.default_rng(0).choice(sampler._n, 50, replace=False)
+    for i in some:
+        raw, run = every.candidate(sampler._params(int(i))), every.candidate(sampler._params(int(sampler._canonical(np.array([i]))[0])))
+        assert device.backend.effective_clocks(dict(raw.setting)) == device.backend.effective_clocks(dict(run.setting))
+        assert raw.batch_size == run.batch_size
+    gpu_only = build_space(device, 32, (16, 32), ["power_mode", "gpu_freq"])
+    sampler = GuidedSampler(gpu_only)
+    cand = [gpu_only.candidate(sampler._params(int(i))) for i in sampler._all_candidates()]
+    assert {c.knobs["power_mode"] for c in cand} == set(gpu_only.knob_values["power_mode"])
+    assert all(c.knobs["gpu_freq"] <= caps[c.knobs["power_mode"]].cap("gpu_freq") for c in cand)
+
+
+def test_guided_search_ends_once_every_setting_that_could_hold_the_budget_is_measured(workload):
+    device = open_device("sim:orin-nano", compute=False, seed=5)
+    space = build_space(device, 32, (16, 32), ["power_mode", "gpu_freq"])
+    s = search(device, workload, space, 6.5, sampler="guided", n_trials=40, seed=5,
+               protocol=MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=1.0))
+    result = s.run()
+    assert result.stop_reason == "every setting that could hold the budget has been measured"
+    assert len(result.measured) < 40
 
 
 def test_guided_sampler_never_measures_a_setting_above_one_that_was_over_the_budget(workload):

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from edgetune.power.base import Capability, Device, KnobValue, KnobValueError, format_value
-from edgetune.power.knobs import Candidate
+from edgetune.power.base import Capability, Device, KnobValue, KnobValueError, ModeCaps, format_value
+from edgetune.power.knobs import KNOBS, Candidate
 
 __all__ = ["Candidate", "SearchSpace", "SpaceError", "build_space", "default_batch_sizes"]
 
@@ -40,12 +40,19 @@ class SpaceError(ValueError):
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """Batch sizes and tuned knobs with their allowed values (ordered), plus knob units for display."""
+    """Batch sizes and tuned knobs with their allowed values (ordered), plus knob units for display.
+
+    ``mode_caps`` is what each value of the tuned power mode does to the other knobs, where the device knows
+    it (:class:`~edgetune.power.base.ModeCaps`, from ``nvpmodel.conf`` or the twin's profile): a sampler may
+    then treat settings that run the same (a clock set above its mode's cap; a mode whose every setting
+    another mode runs too) as one. Empty: nothing is known, every setting counts as its own.
+    """
 
     batch_sizes: tuple[int, ...]
     knobs: tuple[tuple[str, tuple[KnobValue, ...]], ...]
     units: tuple[tuple[str, str], ...] = ()
     rows: tuple[Candidate, ...] | None = None  # None: the whole grid; else the only candidates there are
+    mode_caps: tuple[tuple[KnobValue, ModeCaps], ...] = ()
 
     @classmethod
     def from_rows(cls, rows: Sequence[Candidate], units: Mapping[str, str] | None = None) -> SearchSpace:
@@ -232,7 +239,17 @@ def build_space(
     units = tuple((name, device.knobs[name].unit) for name in names)
     if device.has(Capability.TABLE_REPLAY):
         return _rows_space(device, bs, dims, dict(units))
-    return SearchSpace(batch_sizes=bs, knobs=tuple(dims), units=units)
+    return SearchSpace(batch_sizes=bs, knobs=tuple(dims), units=units, mode_caps=_mode_caps(device, dims))
+
+
+def _mode_caps(device: Device, dims: list[tuple[str, tuple[KnobValue, ...]]]) -> tuple[tuple[KnobValue, ModeCaps], ...]:
+    """The tuned power mode's caps per value, where the device knows them for every tuned value."""
+    for name, values in dims:
+        if name in KNOBS and KNOBS[name].role.caps_others:
+            caps = device.knobs[name].caps
+            if all(v in caps for v in values):
+                return tuple((v, caps[v]) for v in values)
+    return ()
 
 
 def _rows_space(device: Device, batch_sizes: tuple[int, ...], dims: list[tuple[str, tuple[KnobValue, ...]]],

@@ -28,8 +28,11 @@ learn that it is over. Given ``limit_w`` (the budget with its tolerance), :func:
 monitor's live moving average after every step, warm-up included, and stops the trial as soon as the budget
 window's average *and* the average since this setting was applied (the previous setting's power is not
 this one's fault), each plus the guard band, are above the limit: such a setting would be judged over the
-budget anyway (the judged power is the window's moving-average maximum plus the guard band). The
-measurement is then flagged :attr:`Measurement.aborted_over_budget`, its figures cover the steps run since the
+budget anyway (the judged power is the window's moving-average maximum plus the guard band). A setting
+*clearly* over (its own average, after at least 0.05 s of it, less three standard errors of that average, is
+above the limit) is stopped at once, without waiting for the budget window's average to cross: that average
+is still mostly the power before the setting, and would stay over the limit for a second after the stop.
+The measurement is then flagged :attr:`Measurement.aborted_over_budget`, its figures cover the steps run since the
 knobs were set, and it never holds the budget. Once the knobs are set and before the first step, the board
 idles while the recent past could still take the budget window's average over the limit (a stopped trial's
 power stays in the 1-s window for a second; the next setting would otherwise carry the previous one's excess,
@@ -57,6 +60,9 @@ __all__ = ["Measurement", "MeasurementProtocol", "judged_power_w", "measure_sett
 #: shortest span (s, device clock) of this setting's own power before a trial may be stopped over budget: a
 #: few sensor updates (INA3221: 6.6 ms) and more than one 100-Hz monitor sample, so one noisy reading cannot
 _MIN_ABORT_SPAN_S = 0.05
+#: standard errors of a setting's own average by which it must exceed the limit to be clearly over: such a
+#: setting is stopped at once, before the budget window's average (still mostly the power before it) crosses
+_CLEAR_OVER_SIGMA = 3.0
 #: step (s, device clock) of the idle wait before a setting is applied while the budget window's average is
 #: still over the limit (the previous setting's power): two 100-Hz samples, short against the 1-s window
 _SETTLE_STEP_S = 0.02
@@ -327,10 +333,18 @@ def measure_setting(
             return False
         times, watts = monitor.records()
         own = watts[times >= t_set - 1e-9]
+        span_s = min(own_s, monitor.avg_window_s)
+        own_avg = monitor.moving_average(span_s)
+        if own.size >= 2:
+            # clearly over: the setting's own average less _CLEAR_OVER_SIGMA standard errors of it (the
+            # readings' spread over the sensor updates it holds) is above the limit; its 1-s average will be
+            updates = max(1.0, span_s / max(sensor_period_s, 1.0 / monitor.rate_hz))
+            if own_avg - _CLEAR_OVER_SIGMA * float(np.std(own, ddof=1)) / math.sqrt(updates) > limit_w:
+                trigger_w = own_avg
+                return True
         guard = guard_sigma * _se_w(own, sensor_period_s, monitor)
         if monitor.moving_average() + guard <= limit_w:
             return False
-        own_avg = monitor.moving_average(min(own_s, monitor.avg_window_s))
         if own_avg + guard <= limit_w:
             return False
         trigger_w = own_avg

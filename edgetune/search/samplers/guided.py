@@ -8,6 +8,16 @@ objective (in log space, where the model's errors are relative) times the probab
 holds the budget. So measurements go where the prediction could beat the incumbent, or where feasibility
 is uncertain (power near the budget) and the prize is large.
 
+The start is space-filling: ``n_startup`` settings (baseline probes included) spread over the grid, then
+``n_spread`` more spread over the settings the first fit finds plausibly within the budget. Predicted power
+is kept within what the measurements imply (board power does not fall as the batch or a numeric knob rises
+in one power mode), whatever the fit says.
+
+Where the space knows what each power mode caps (:attr:`SearchSpace.mode_caps`), the sampler searches the
+settings as they run: a clock set at or above its mode's cap is that cap, and a mode all of whose settings
+another mode runs too (Orin NX 10W inside 15W; Xavier NX's nine modes hold three of their own) has no
+candidates and needs no probes.
+
 On a rows space (a table replay: :attr:`SearchSpace.rows`) the candidates are its rows only. The
 candidates are the whole grid when it has at most ``max_candidates`` settings (Orin Nano with every
 knob: 24k). Larger grids (AGX Orin: 429k) are searched the way discrete Bayesian optimisation usually is:
@@ -93,8 +103,14 @@ _CLEARLY_OVER = 0.02
 #: expected device seconds clearly over the budget one proposal may cost (GuidedSampler's
 #: over_budget_allowance_s): 40 measurements at this much stay within a few seconds in all
 OVER_BUDGET_ALLOWANCE_S = 0.1
-#: measured settings before the stopping rule may end a search that has no prior (see min_trials_to_stop)
-MIN_TRIALS_TO_STOP = 16
+#: measured settings before the stopping rule may end a search that has no prior (see min_trials_to_stop):
+#: with the power modes' caps known, few modes are left to seed (Orin NX: 2), and a model fitted on 16
+#: settings of a 5-D space stopped searches 10-22% from the oracle (experiments/results/oracle_gap.txt)
+MIN_TRIALS_TO_STOP = 20
+#: measured settings after the space-filling start that are still placed space-filling, among the settings
+#: the first fit finds plausibly within the budget (GuidedSampler.n_spread): the start alone left whole
+#: regions unseen, and blind guesses there would run the board over the budget
+N_SPREAD = 4
 #: ... and one with a prior: the prior model has seen the space, so a few measurements of this board that
 #: agree with it (baseline probes included) are enough to trust its corrected predictions
 PRIOR_MIN_TRIALS_TO_STOP = 6
@@ -158,6 +174,8 @@ class GuidedSampler(BaseSampler):
         target: steps to target per batch size.
         seed: seed of the space-filling start, the candidate samples and ties.
         n_startup: measured settings (baseline probes included) before the model is used.
+        n_spread: measured settings after those still placed space-filling, among the settings the model
+            finds plausibly within the budget (safe exploration; not with a prior).
         min_group: measured settings a power mode needs before it gets a model of its own.
         stop_gain: the stopping rule's threshold (:meth:`should_stop`): the search stops when no unmeasured
             setting's expected relative improvement times its probability of holding the budget reaches it;
@@ -182,7 +200,7 @@ class GuidedSampler(BaseSampler):
 
     def __init__(self, space: SearchSpace, *, objective: str = "time", budget_w: float | None = None,
                  tolerance: float = 0.0, target: TargetModel | None = None, seed: int | None = None,
-                 n_startup: int = 6, min_group: int = 4, stop_gain: float | None = None,
+                 n_startup: int = 6, n_spread: int = N_SPREAD, min_group: int = 4, stop_gain: float | None = None,
                  stop_confirmations: int = 2,
                  min_feasible_p: float = 0.05, over_budget_allowance_s: float = OVER_BUDGET_ALLOWANCE_S,
                  prior_handoff: int = PRIOR_HANDOFF,
@@ -197,6 +215,7 @@ class GuidedSampler(BaseSampler):
         self.tolerance = tolerance
         self.target = target or TargetModel()
         self.n_startup = n_startup
+        self.n_spread = n_spread
         self.min_group = min_group
         self.stop_gain = stop_gain
         self.stop_confirmations = stop_confirmations
@@ -233,6 +252,9 @@ class GuidedSampler(BaseSampler):
         # a rows space (a table replay): only its rows are candidates, by flat grid index
         self._allowed = (None if space.rows is None else
                          np.unique(np.ravel_multi_index(tuple(space.row_levels.T), self._sizes)))
+        self._mode_dim, self._mode_rep, self._clamps = self._caps_maps()
+        self._candidates: np.ndarray | None = None
+        self._groups: np.ndarray | None = None
         self._cache: dict[str, Any] = {}
         self._models: dict[Any, Any] = {}  # the last fit's hardware models by their training rows
         self._stop_streak: list[Any] = []
@@ -244,8 +266,75 @@ class GuidedSampler(BaseSampler):
         return np.array([float(self.target.steps(b)) for b in self.space.batch_sizes])
 
     def _all_candidates(self) -> np.ndarray:
-        """Flat indices of every candidate: the grid, or a rows space's rows."""
-        return np.arange(self._n) if self._allowed is None else self._allowed
+        """Flat indices of every candidate: the grid, or a rows space's rows; with the power modes' caps
+        known, only settings as they run (:meth:`_canonical`)."""
+        if self._candidates is None:
+            every = np.arange(self._n) if self._allowed is None else self._allowed
+            self._candidates = every[self._canonical(every) == every] if self._mode_dim is not None else every
+        return self._candidates
+
+    def _caps_maps(self) -> tuple[int | None, np.ndarray, dict[int, np.ndarray]]:
+        """What the space's power-mode caps make equal (:attr:`SearchSpace.mode_caps`).
+
+        Returns the power mode's level dimension (None: no caps known), per mode level the mode that runs
+        its every setting too (the mode itself where no other does: :meth:`ModeCaps.within`, with the
+        mode's caps at levels of the space so its settings are the space's own), and per capped level
+        dimension a (modes, levels) table of the level each level runs at: a knob set at or above its
+        mode's cap runs at the cap, so every level from the cap up is its lowest such level.
+        """
+        caps = dict(self.space.mode_caps)
+        j_mode = next((j for j, (name, values) in enumerate(self.space.knobs)
+                       if name in KNOBS and KNOBS[name].role.caps_others and all(v in caps for v in values)), None)
+        if j_mode is None:
+            return None, np.zeros(0, dtype=np.int64), {}
+        modes = [caps[v] for v in self.space.knobs[j_mode][1]]
+        tuned = self.space.knob_names
+        clamps: dict[int, np.ndarray] = {}
+        exact = [True] * len(modes)
+        for j, (name, values) in enumerate(self.space.knobs):
+            if j == j_mode or isinstance(values[0], str):
+                continue
+            table = np.tile(np.arange(len(values)), (len(modes), 1))
+            for m, mode in enumerate(modes):
+                cap = mode.cap(name)
+                if cap is None:
+                    continue
+                at_or_above = [k for k, v in enumerate(values) if float(v) >= float(cap)]
+                if at_or_above:
+                    table[m, at_or_above] = at_or_above[0]
+                    exact[m] &= float(values[at_or_above[0]]) == float(cap)
+            if np.any(table != np.arange(len(values))):
+                clamps[j + 1] = table
+        rep = np.arange(len(modes))
+        for a in range(len(modes)):
+            r = a
+            while exact[a]:
+                up = [b for b in range(len(modes)) if b != r and modes[r].within(modes[b], tuned)
+                      and (b > r or not modes[b].within(modes[r], tuned))]
+                if not up:
+                    break
+                r = up[-1]
+            rep[a] = r
+        return j_mode + 1, rep, clamps
+
+    def _canonical(self, idx: np.ndarray) -> np.ndarray:
+        """Flat indices of the settings as they run: each capped level at its mode's cap at most, and a
+        mode whose every setting another mode runs too replaced by that mode (:meth:`_caps_maps`)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        if self._mode_dim is None or idx.size == 0:
+            return idx
+        lv = self._levels(idx)
+        mode = lv[:, self._mode_dim].copy()
+        for d, table in self._clamps.items():
+            lv[:, d] = table[mode, lv[:, d]]
+        lv[:, self._mode_dim] = self._mode_rep[mode]
+        return self._flat(lv)
+
+    def _live_groups(self) -> np.ndarray:
+        """The named-knob groups (power modes) that have candidates of their own."""
+        if self._groups is None:
+            self._groups = np.unique(self._group(self._all_candidates()))
+        return self._groups
 
     # -- the grid, by flat index ----------------------------------------------------------------------
     def _levels(self, idx: np.ndarray) -> np.ndarray:
@@ -256,7 +345,8 @@ class GuidedSampler(BaseSampler):
         return np.ravel_multi_index(tuple(np.asarray(levels).T), self._sizes)
 
     def _index(self, params: dict[str, Any]) -> int:
-        return int(self._flat(np.array([[int(params[n]) for n in self._names]]))[0])
+        """Flat index of Optuna params, as the setting runs (:meth:`_canonical`)."""
+        return int(self._canonical(self._flat(np.array([[int(params[n]) for n in self._names]])))[0])
 
     def _candidate_index(self, obs: Observation) -> int:
         return self._index(self.space.params(obs.candidate))
@@ -299,6 +389,12 @@ class GuidedSampler(BaseSampler):
         scores = self._score(study, trial.number)
         if scores is None:  # the space-filling start
             return self._startup(study)
+        if not self.prior and len(self._measured(study).idx) < self.n_startup + self.n_spread:
+            # the safe spread: space-filling still, among the settings the first fit finds plausibly
+            # within the budget (no blind guess that could be anywhere over it)
+            safe = scores["idx"][scores["plausible"] & scores["possible"]]
+            if safe.size:
+                return self._startup(study, safe)
         acq = scores["acquisition"]
         lacking = self._lacking_groups(study, scores)
         if lacking and trial.number % 2 == 1:
@@ -311,7 +407,8 @@ class GuidedSampler(BaseSampler):
         if not np.any(np.isfinite(acq)):
             # nothing left that is both unmeasured and plausibly within the budget: the free setting most
             # likely to hold it (never a space-filling guess, which could be anywhere over the budget)
-            safest = np.where(scores["free"], scores["p_feas"], -np.inf)
+            safest = np.where(scores["possible"] if scores["possible"].any() else scores["free"],
+                              scores["p_feas"], -np.inf)
             if not np.any(np.isfinite(safest)):
                 return self._startup(study)
             return self._params(int(scores["idx"][int(np.argmax(safest))]))
@@ -331,8 +428,7 @@ class GuidedSampler(BaseSampler):
             return []
         idx = list(self._measured(study).idx) + (self._prior_idx().tolist() if self.prior else [])
         groups = self._group(np.array(idx, dtype=np.int64)) if idx else np.array([], dtype=np.int64)
-        n_groups = int(np.prod([self._sizes[j + 1] for j in self._named]))
-        counts = {g: int(np.sum(groups == g)) for g in range(n_groups)}
+        counts = {int(g): int(np.sum(groups == g)) for g in self._live_groups()}
         lacking = [g for g, c in counts.items() if c < self.min_group]
         if scores is not None and lacking:
             open_ = scores["free"] & scores["plausible"]
@@ -353,10 +449,11 @@ class GuidedSampler(BaseSampler):
                     taken.add(self._candidate_index(obs))
         return taken
 
-    def _startup(self, study: Study) -> dict[str, Any]:
-        """A space-filling point: the sampled free setting farthest (in normalised levels) from all taken."""
+    def _startup(self, study: Study, among: np.ndarray | None = None) -> dict[str, Any]:
+        """A space-filling point: the sampled free setting (of ``among``, default every candidate) farthest
+        (in normalised levels) from all taken."""
         taken = self._taken(study)
-        every = self._all_candidates()
+        every = self._all_candidates() if among is None else among
         pool = self._rng.choice(every, min(every.size, _STARTUP_POOL), replace=False)
         safe = pool[~(self._dominates_over(pool, self._measured(study)))]  # never one certain to be over
         pool = safe if safe.size else pool
@@ -428,7 +525,7 @@ class GuidedSampler(BaseSampler):
             return kept[data]
 
         groups = self._group(np.array(idx))
-        n_groups = int(np.prod([self._sizes[j + 1] for j in self._named])) if self._named else 1
+        n_groups = self._live_groups().size if self._named else 1
         per_group: dict[int, Any] = {}
         pooled = None
         with warnings.catch_warnings():
@@ -507,6 +604,8 @@ class GuidedSampler(BaseSampler):
                 if ok.any():
                     out.append(self._flat(moved[ok]))
         near = np.unique(np.concatenate(out))
+        if self._mode_dim is not None:
+            near = near[self._canonical(near) == near]
         return near if self._allowed is None else near[np.isin(near, self._allowed)]
 
     # -- scoring ------------------------------------------------------------------------------------
@@ -519,6 +618,7 @@ class GuidedSampler(BaseSampler):
         m = fitted.measured
         idx, times, powers, oom = m.idx, m.times, m.powers, m.oom_batches
         t, p, t_std, p_std = self._predict(fitted, cand)
+        p = self._monotone_power(cand, m, p)
         t = np.maximum(np.nan_to_num(t, nan=np.inf), _MIN_STEP_TIME_S)
         st = np.maximum(np.nan_to_num(t_std / t, nan=_UNKNOWN_RELATIVE_STD), _MIN_RELATIVE_STD)  # relative (log-space) std of time
         sp = np.maximum(np.nan_to_num(p_std, nan=np.inf), _MIN_RELATIVE_STD * np.abs(p))
@@ -543,9 +643,12 @@ class GuidedSampler(BaseSampler):
             else:
                 p_feas = np.ones_like(p)
         p_feas = np.nan_to_num(p_feas, nan=0.0)
-        if oom:  # memory grows with the batch, whatever the clocks: larger batches fail too
-            p_feas = np.where(lv[:, 0] >= min(oom), 0.0, p_feas)
-        p_feas = np.where(self._dominates_over(cand, m), 0.0, p_feas)
+        # settings certain to fail without a model: out of memory (memory grows with the batch, whatever the
+        # clocks, so larger batches fail too) or at or above a measured over-budget one
+        certain = self._dominates_over(cand, m)
+        if oom:
+            certain |= lv[:, 0] >= min(oom)
+        p_feas = np.where(certain, 0.0, p_feas)
         best = self._incumbent(idx, times, powers, objective)
         free = np.array([int(i) not in taken for i in cand])
         ref, proposable = best, free
@@ -575,7 +678,8 @@ class GuidedSampler(BaseSampler):
             plausible = np.ones_like(free)
         acq = np.where(proposable & plausible & np.isfinite(log_score), ei * p_feas, -np.inf)
         return {"idx": cand, "acquisition": acq, "log_score": log_score, "s_log": s_log, "p_feas": p_feas,
-                "free": free, "best": best, "plausible": plausible, "expected_over_s": expected_over_s}
+                "free": free, "best": best, "plausible": plausible, "expected_over_s": expected_over_s,
+                "possible": free & ~certain}
 
     @property
     def _limit_w(self) -> float:
@@ -603,6 +707,27 @@ class GuidedSampler(BaseSampler):
         for k in range(over.shape[0]):
             out |= (g == go[k]) & np.all(lv[:, numeric] >= lo[k, numeric], axis=1)
         return out
+
+    def _monotone_power(self, cand: np.ndarray, measured: _Measured, power_w: np.ndarray) -> np.ndarray:
+        """Predicted power kept within what the measurements imply (board power does not fall as the batch
+        or a numeric knob rises, in one power mode): at least the power of any measured setting at or below
+        the candidate in every such dimension, at most that of any measured setting at or above it that held
+        the budget (a setting stopped over the budget was stopped as its average crossed: its full figure is
+        unknown, so it bounds from below only). A fitted model need not be monotone; the hardware is."""
+        if not measured.idx or cand.size == 0:
+            return power_w
+        numeric = self._numeric_dims
+        lv, g = self._levels(cand)[:, numeric], self._group(cand)
+        idx = np.array(measured.idx, dtype=np.int64)
+        mv, mg = self._levels(idx)[:, numeric], self._group(idx)
+        lo = np.full(cand.size, -np.inf)
+        hi = np.full(cand.size, np.inf)
+        for k, pk in enumerate(measured.powers):
+            same = g == mg[k]
+            lo = np.where(same & np.all(lv >= mv[k], axis=1), np.maximum(lo, pk), lo)
+            if self.budget_w is None or pk <= self._limit_w:
+                hi = np.where(same & np.all(lv <= mv[k], axis=1), np.minimum(hi, pk), hi)
+        return np.minimum(np.maximum(power_w, lo), np.maximum(hi, lo))
 
     def _incumbent(self, idx, times, powers, objective: str) -> float:
         """Log objective of the best measured setting that held the budget."""
@@ -662,6 +787,9 @@ class GuidedSampler(BaseSampler):
         plausibly within the budget. The condition must hold for ``stop_confirmations`` successive fits, so
         one over-confident fit does not end the search.
         """
+        s = self._score(study, 0)
+        if s is not None and s["idx"].size == self._all_candidates().size and not s["possible"].any():
+            return "every setting that could hold the budget has been measured"
         if len(self._measured(study).idx) < self.min_trials_to_stop:
             return None
         threshold = margin * _STOP_GAIN_SHARE if self.stop_gain is None else self.stop_gain
