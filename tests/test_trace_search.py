@@ -185,3 +185,22 @@ def test_the_certifiable_oracle_leaves_out_rows_within_the_noise_of_the_budget(t
     chosen = report["chosen"]["time_to_target_s"]
     assert report["certifiable_gap_pct"] == pytest.approx(100 * (chosen / sure["time_to_target_s"] - 1))
     assert "certifiable oracle (under the budget by the guard band at its median)" in text
+
+
+def test_a_power_cap_search_with_a_safe_spread_measures_past_its_design(small_table):
+    """The power-cap design is the start's spread; a spread asked for on top of it runs like the guided one."""
+    import optuna
+
+    from edgetune.search.space import build_space
+    from edgetune.search.study import Search
+    from edgetune.workloads import load_workload
+
+    dev = open_device(f"trace:{small_table}", seed=0)
+    plan = prepare_trace(dev, None, 32)
+    space = build_space(dev, 32, plan.batch_sizes)
+    search = Search(dev, load_workload("cnn", seed=0), space, budget_w=150.0, target=plan.target, n_trials=10,
+                    sampler="guided", seed=0, storage=optuna.storages.InMemoryStorage(),
+                    guided_options={"n_spread": 3}, baseline_batch_size=plan.baseline_batch_size,
+                    power_cv=plan.power_cv)
+    result = search.run()
+    assert len(result.measured) > 6 and result.best is not None and result.best.feasible

@@ -47,13 +47,14 @@ class PowerCapSampler(GuidedSampler):
     Args:
         design_points: batch sizes measured at the cap nearest at or below the budget before the model.
         polish: measure the best setting's unmeasured neighbours before agreeing to stop.
-        **kwargs: as :class:`GuidedSampler`.
+        **kwargs: as :class:`GuidedSampler` (``n_spread`` defaults to 0: the design is the spread).
     """
 
     def __init__(self, space: SearchSpace, *, design_points: int = 3, polish: bool = True, **kwargs: Any) -> None:
         if not is_power_cap_space(space):
             raise ValueError(f"PowerCapSampler needs a space whose only knob is a power limit (power_limit); got "
                              f"{', '.join(space.knob_names) or 'none'}")
+        kwargs.setdefault("n_spread", 0)  # the design spreads the start over the batch sizes already
         super().__init__(space, **kwargs)
         self.cap = space.knob_names[0]
         self.design_points = design_points
@@ -72,12 +73,12 @@ class PowerCapSampler(GuidedSampler):
         cap = self.space.knob_values[self.cap][cap_level]
         return [self.space.params(Candidate(self.space.batch_sizes[b], ((self.cap, cap),))) for b in levels]
 
-    def _startup(self, study: Study) -> dict[str, Any]:
+    def _startup(self, study: Study, among: np.ndarray | None = None) -> dict[str, Any]:
         taken = self._taken(study)
         for params in self.design():
             if self._index(params) not in taken:
                 return params
-        return super()._startup(study)
+        return super()._startup(study, among)
 
     # -- 3. polish --------------------------------------------------------------------------------------
     def _polish_candidates(self, study: Study) -> list[int]:
