@@ -109,6 +109,16 @@ def test_mode_caps_parse_real_blocks_only():
     assert not caps["LOW"].within(caps["HIGH"], [])  # gpu_freq untuned: it runs at each mode's own cap
     assert not caps["PINNED"].within(caps["HIGH"], ["gpu_freq"])  # a raised MIN_FREQ is a state of its own
     assert "cpu_freq" not in dict(caps["HIGH"].max_values)  # a knob the board lacks is not capped
+    cores = Knob("cpu_cores", "cores", [1, 2, 3, 4], read=lambda: 4)
+    silent = conf + "< POWER_MODEL ID=3 NAME=SILENT >\nCPU_ONLINE CORE_0 1\n"
+    caps = mode_caps(silent, {"gpu_freq": gpu, "cpu_cores": cores})
+    assert "SILENT" not in caps and "HIGH" not in caps  # no GPU limit, or no online cores, stated: unknown
+
+
+def test_a_board_whose_nvpmodel_conf_states_no_limits_has_no_mode_caps(tmp_path):
+    device = _open(build_jetson(tmp_path / "root", "nano"))  # the fake Nano's blocks list online cores only
+    assert device.knobs["power_mode"].caps == {}
+    device.close()
 
 
 def test_combined_rail_is_labelled(tmp_path):

@@ -200,7 +200,9 @@ def mode_caps(conf_text: str, knobs: Mapping[str, Knob]) -> dict[str, ModeCaps]:
     or below it; the power-gating masks (``TPC_PG_MASK`` ...), a ``MIN_FREQ`` above a knob's lowest value and
     per-cluster CPU caps that differ go into :attr:`ModeCaps.fixed`, so that such modes are never taken for
     another. Lines outside a POWER_MODEL block (the PARAM definitions, with their own ``MAX_FREQ`` paths)
-    are not read; a knob the board lacks is not capped.
+    are not read; a knob the board lacks is not capped. A mode whose block states no limit for a knob the
+    board has (no ``MAX_FREQ`` line, no ``CPU_ONLINE`` lines) is left out: what it caps is unknown, and a
+    search then treats its settings as its own.
     """
     blocks: dict[str, list[list[str]]] = {}
     current: list[list[str]] | None = None
@@ -243,6 +245,8 @@ def mode_caps(conf_text: str, knobs: Mapping[str, Knob]) -> dict[str, ModeCaps]:
             max_values[knob] = _largest_at_most(knobs[knob], max(limits))
         if online is not None and "cpu_cores" in knobs:
             max_values["cpu_cores"] = _largest_at_most(knobs["cpu_cores"], online)
+        if any(k in knobs and k not in max_values for k in (*_CAPPED.values(), "cpu_cores")):
+            continue  # a block silent on a knob the board has: its cap is unknown, not absent
         caps[name] = ModeCaps(tuple(sorted(max_values.items())), tuple(sorted(fixed.items())))
     return caps
 
