@@ -111,6 +111,13 @@ MIN_TRIALS_TO_STOP = 20
 #: the first fit finds plausibly within the budget (GuidedSampler.n_spread): the start alone left whole
 #: regions unseen, and blind guesses there would run the board over the budget
 N_SPREAD = 4
+#: the hardware model's power uncertainty is widened by this factor before feasibility is judged: the fit is
+#: confident far from its measurements and wrong there (the 35% needle of experiments/results/oracle_gap.txt:
+#: its optimum predicted at 5.8-6.1 +- 0.05-0.08 W, true 5.44 W, so judged over the budget with certainty and
+#: never measured). 2 moved the time benchmark's worst gap from 34.89% to 12.29% (the law's row) with the same
+#: rows within 3% and median settings; chosen on that benchmark. Calibrating it online from the z-scores of the
+#: model's own forecasts widened it more (up to 5x) and took the median to 26.5 settings
+_POWER_STD_SCALE = 2.0
 #: ... and one with a prior: the prior model has seen the space, so a few measurements of this board that
 #: agree with it (baseline probes included) are enough to trust its corrected predictions
 PRIOR_MIN_TRIALS_TO_STOP = 6
@@ -621,7 +628,7 @@ class GuidedSampler(BaseSampler):
         p = self._monotone_power(cand, m, p)
         t = np.maximum(np.nan_to_num(t, nan=np.inf), _MIN_STEP_TIME_S)
         st = np.maximum(np.nan_to_num(t_std / t, nan=_UNKNOWN_RELATIVE_STD), _MIN_RELATIVE_STD)  # relative (log-space) std of time
-        sp = np.maximum(np.nan_to_num(p_std, nan=np.inf), _MIN_RELATIVE_STD * np.abs(p))
+        sp = _POWER_STD_SCALE * np.maximum(np.nan_to_num(p_std, nan=np.inf), _MIN_RELATIVE_STD * np.abs(p))
         lv = self._levels(cand)
         steps = self._steps_table[lv[:, 0]]
         batch = self._tables[0][lv[:, 0]]
