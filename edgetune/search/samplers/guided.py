@@ -11,7 +11,8 @@ is uncertain (power near the budget) and the prize is large.
 The start is space-filling: ``n_startup`` settings (baseline probes included) spread over the grid, then
 ``n_spread`` more spread over the settings the first fit finds plausibly within the budget. Predicted power
 is kept within what the measurements imply (board power does not fall as the batch or a numeric knob rises
-in one power mode), whatever the fit says.
+in one power mode), whatever the fit says, and its uncertainty is doubled: the fit is confident far from its
+measurements, where it can be wrong by several of its standard errors.
 
 Where the space knows what each power mode caps (:attr:`SearchSpace.mode_caps`), the sampler searches the
 settings as they run: a clock set at or above its mode's cap is that cap, and a mode all of whose settings
