@@ -50,6 +50,7 @@ __all__ = [
     "VirtualClock",
     "WorkloadCost",
     "format_value",
+    "largest_at_most",
 ]
 
 
@@ -87,6 +88,16 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 _SCALED_UNITS = {"Hz": (("GHz", 1e9), ("MHz", 1e6), ("kHz", 1e3)), "kHz": (("GHz", 1e6), ("MHz", 1e3)),
                  "W": (("W", 1.0),), "mW": (("W", 1e3),)}
+
+
+def largest_at_most(values: Sequence[Any], limit: float) -> Any:
+    """The largest of ascending ``values`` at or below ``limit`` (the smallest where none is): the value a
+    clock set to ``limit`` runs at, on a table of the clocks the hardware has."""
+    best = values[0]
+    for v in values:
+        if v <= limit:
+            best = v
+    return best
 
 
 def format_value(value: KnobValue, unit: str) -> str:

@@ -253,12 +253,13 @@ def over_limit_s(t: np.ndarray, p: np.ndarray, t_from: float, t_to: float, windo
     return float(np.sum(np.where(avg > limit_w, hi - lo, 0.0)))
 
 
-def _se_w(watts: np.ndarray, sensor_period_s: float, monitor: PowerMonitor) -> float:
-    """Standard error of one ``avg_window_s`` average from the readings ``watts`` (see :class:`Measurement`)."""
+def _se_w(watts: np.ndarray, sensor_period_s: float, monitor: PowerMonitor, span_s: float | None = None) -> float:
+    """Standard error of one average over ``span_s`` (default ``avg_window_s``) from the readings ``watts``
+    (see :class:`Measurement`)."""
     if watts.size < 2:
         return 0.0
     period = max(sensor_period_s, 1.0 / monitor.rate_hz)
-    updates_per_average = max(1.0, monitor.avg_window_s / period)
+    updates_per_average = max(1.0, (monitor.avg_window_s if span_s is None else span_s) / period)
     return float(np.std(watts, ddof=1) / math.sqrt(updates_per_average))
 
 
@@ -331,17 +332,15 @@ def measure_setting(
         own_s = clock.now() - t_set
         if own_s < _MIN_ABORT_SPAN_S:
             return False
-        times, watts = monitor.records()
+        times, watts = monitor.records(since=t_set - 1e-9)
         own = watts[times >= t_set - 1e-9]
         span_s = min(own_s, monitor.avg_window_s)
         own_avg = monitor.moving_average(span_s)
-        if own.size >= 2:
-            # clearly over: the setting's own average less _CLEAR_OVER_SIGMA standard errors of it (the
-            # readings' spread over the sensor updates it holds) is above the limit; its 1-s average will be
-            updates = max(1.0, span_s / max(sensor_period_s, 1.0 / monitor.rate_hz))
-            if own_avg - _CLEAR_OVER_SIGMA * float(np.std(own, ddof=1)) / math.sqrt(updates) > limit_w:
-                trigger_w = own_avg
-                return True
+        # clearly over: the setting's own average less _CLEAR_OVER_SIGMA standard errors of it (the readings'
+        # spread over the sensor updates it holds) is above the limit; its 1-s average will be
+        if own.size >= 2 and own_avg - _CLEAR_OVER_SIGMA * _se_w(own, sensor_period_s, monitor, span_s) > limit_w:
+            trigger_w = own_avg
+            return True
         guard = guard_sigma * _se_w(own, sensor_period_s, monitor)
         if monitor.moving_average() + guard <= limit_w:
             return False

@@ -13,7 +13,7 @@ from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
 
-from edgetune.power.base import Knob, KnobValue, KnobWriteError, ModeCaps
+from edgetune.power.base import Knob, KnobValue, KnobWriteError, ModeCaps, largest_at_most
 from edgetune.power.jetson.board import BoardInfo
 from edgetune.power.knobs import knob_unit
 from edgetune.power.state import RestorableKnob, StateTracker
@@ -187,11 +187,6 @@ _DEFAULT_MODE_LINE = re.compile(r"<\s*PM_CONFIG\s+DEFAULT=(\d+)")
 _CAPPED = {"GPU": "gpu_freq", "EMC": "emc_freq", "CPU": "cpu_freq"}
 
 
-def _largest_at_most(knob: Knob, limit: float) -> KnobValue:
-    below = [v for v in knob.values if float(v) <= limit]
-    return below[-1] if below else knob.values[0]
-
-
 def mode_caps(conf_text: str, knobs: Mapping[str, Knob]) -> dict[str, ModeCaps]:
     """What each nvpmodel mode does to the other knobs, read from ``nvpmodel.conf``'s POWER_MODEL blocks.
 
@@ -242,9 +237,9 @@ def mode_caps(conf_text: str, knobs: Mapping[str, Knob]) -> dict[str, ModeCaps]:
         for knob, limits in highest.items():
             if len(set(limits)) > 1:
                 fixed[f"{knob}_caps"] = tuple(limits)
-            max_values[knob] = _largest_at_most(knobs[knob], max(limits))
+            max_values[knob] = largest_at_most(knobs[knob].values, max(limits))
         if online is not None and "cpu_cores" in knobs:
-            max_values["cpu_cores"] = _largest_at_most(knobs["cpu_cores"], online)
+            max_values["cpu_cores"] = largest_at_most(knobs["cpu_cores"].values, online)
         if any(k in knobs and k not in max_values for k in (*_CAPPED.values(), "cpu_cores")):
             continue  # a block silent on a knob the board has: its cap is unknown, not absent
         caps[name] = ModeCaps(tuple(sorted(max_values.items())), tuple(sorted(fixed.items())))

@@ -35,7 +35,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from edgetune.power.base import DeviceError, KnobValue, WorkloadCost
+from edgetune.power.base import DeviceError, KnobValue, WorkloadCost, largest_at_most
 from edgetune.power.sim.profiles import TRANSFERS_PER_CLOCK, Profile, RailLayout
 
 __all__ = [
@@ -169,15 +169,6 @@ class StepPower:
 
 
 # ---------------------------------------------------------------------------------------------- clocks
-
-
-def largest_at_most(table: tuple[int, ...], limit: float) -> int:
-    """The largest table value <= limit (the table's smallest where none is)."""
-    best = table[0]
-    for v in table:
-        if v <= limit:
-            best = v
-    return best
 
 
 def effective_clocks(profile: Profile, setting: Mapping[str, KnobValue],

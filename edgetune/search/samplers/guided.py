@@ -133,6 +133,11 @@ PRIOR_HANDOFF = 12
 _PREDICTED_FEASIBLE_P = 0.8
 
 
+def _within(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``x`` clipped to ``[lo, hi]``; where the bounds cross (noisy measurements), the lower one."""
+    return np.minimum(np.maximum(x, lo), np.maximum(hi, lo))
+
+
 def _norm_cdf(z: np.ndarray) -> np.ndarray:
     """Standard normal CDF as 0.5 (1 + erf(z / sqrt 2)).
 
@@ -626,7 +631,8 @@ class GuidedSampler(BaseSampler):
         m = fitted.measured
         idx, times, powers, oom = m.idx, m.times, m.powers, m.oom_batches
         t, p, t_std, p_std = self._predict(fitted, cand)
-        p = self._monotone_power(cand, m, p)
+        p_lo, p_hi = self._power_bounds(cand, m)
+        p = _within(p, p_lo, p_hi)
         t = np.maximum(np.nan_to_num(t, nan=np.inf), _MIN_STEP_TIME_S)
         st = np.maximum(np.nan_to_num(t_std / t, nan=_UNKNOWN_RELATIVE_STD), _MIN_RELATIVE_STD)  # relative (log-space) std of time
         sp = _POWER_STD_SCALE * np.maximum(np.nan_to_num(p_std, nan=np.inf), _MIN_RELATIVE_STD * np.abs(p))
@@ -653,7 +659,7 @@ class GuidedSampler(BaseSampler):
         p_feas = np.nan_to_num(p_feas, nan=0.0)
         # settings certain to fail without a model: out of memory (memory grows with the batch, whatever the
         # clocks, so larger batches fail too) or at or above a measured over-budget one
-        certain = self._dominates_over(cand, m)
+        certain = (p_lo > self._limit_w) if self.budget_w is not None else np.zeros(cand.size, dtype=bool)
         if oom:
             certain |= lv[:, 0] >= min(oom)
         p_feas = np.where(certain, 0.0, p_feas)
@@ -695,47 +701,39 @@ class GuidedSampler(BaseSampler):
         assert self.budget_w is not None
         return self.budget_w * (1.0 + self.tolerance)
 
-    def _over_levels(self, measured: _Measured) -> np.ndarray:
-        """Grid indices of the measured settings that did not hold the budget."""
-        if self.budget_w is None:
-            return np.array([], dtype=np.int64)
-        return np.array([i for i, p in zip(measured.idx, measured.powers) if p > self._limit_w], dtype=np.int64)
-
-    def _dominates_over(self, cand: np.ndarray, measured: _Measured) -> np.ndarray:
-        """Candidates certain to be over the budget without a model: at or above a measured setting that was
-        over it in batch size and every numeric knob, in the same power mode (board power does not fall when
-        a clock, the core count or the batch rises; across modes the caps and cores differ, so no order)."""
-        over = self._over_levels(measured)
-        out = np.zeros(cand.size, dtype=bool)
-        if over.size == 0 or cand.size == 0:
-            return out
-        numeric = self._numeric_dims
-        lv, lo = self._levels(cand), self._levels(over)
-        g, go = self._group(cand), self._group(over)
-        for k in range(over.shape[0]):
-            out |= (g == go[k]) & np.all(lv[:, numeric] >= lo[k, numeric], axis=1)
-        return out
-
-    def _monotone_power(self, cand: np.ndarray, measured: _Measured, power_w: np.ndarray) -> np.ndarray:
-        """Predicted power kept within what the measurements imply (board power does not fall as the batch
-        or a numeric knob rises, in one power mode): at least the power of any measured setting at or below
-        the candidate in every such dimension, at most that of any measured setting at or above it that held
-        the budget (a setting stopped over the budget was stopped as its average crossed: its full figure is
-        unknown, so it bounds from below only). A fitted model need not be monotone; the hardware is."""
+    def _power_bounds(self, cand: np.ndarray, measured: _Measured) -> tuple[np.ndarray, np.ndarray]:
+        """What the measurements imply of the candidates' power (board power does not fall as the batch or a
+        numeric knob rises, in one power mode; across modes the caps and cores differ, so no order): at least
+        the power of any measured setting at or below the candidate in every such dimension, at most that of
+        any measured setting at or above it that held the budget (a setting stopped over the budget was
+        stopped as its average crossed: its full figure is unknown, so it bounds from below only). Returns
+        the lower and upper bounds, W (-inf and inf where nothing bounds)."""
+        lo = np.full(cand.size, -np.inf)
+        hi = np.full(cand.size, np.inf)
         if not measured.idx or cand.size == 0:
-            return power_w
+            return lo, hi
         numeric = self._numeric_dims
         lv, g = self._levels(cand)[:, numeric], self._group(cand)
         idx = np.array(measured.idx, dtype=np.int64)
         mv, mg = self._levels(idx)[:, numeric], self._group(idx)
-        lo = np.full(cand.size, -np.inf)
-        hi = np.full(cand.size, np.inf)
         for k, pk in enumerate(measured.powers):
             same = g == mg[k]
             lo = np.where(same & np.all(lv >= mv[k], axis=1), np.maximum(lo, pk), lo)
             if self.budget_w is None or pk <= self._limit_w:
                 hi = np.where(same & np.all(lv <= mv[k], axis=1), np.minimum(hi, pk), hi)
-        return np.minimum(np.maximum(power_w, lo), np.maximum(hi, lo))
+        return lo, hi
+
+    def _dominates_over(self, cand: np.ndarray, measured: _Measured) -> np.ndarray:
+        """Candidates certain to be over the budget without a model: at or above a measured setting that was
+        over it in batch size and every numeric knob, in the same power mode (:meth:`_power_bounds`)."""
+        if self.budget_w is None:
+            return np.zeros(cand.size, dtype=bool)
+        return self._power_bounds(cand, measured)[0] > self._limit_w
+
+    def _monotone_power(self, cand: np.ndarray, measured: _Measured, power_w: np.ndarray) -> np.ndarray:
+        """Predicted power kept within :meth:`_power_bounds`: a fitted model need not be monotone; the
+        hardware is."""
+        return _within(power_w, *self._power_bounds(cand, measured))
 
     def _incumbent(self, idx, times, powers, objective: str) -> float:
         """Log objective of the best measured setting that held the budget."""
