@@ -88,9 +88,11 @@ def summary_table(result: SearchResult) -> str:
                      for w in [(r.measurement or {}).get("avg_window_s")] if w), 1.0)
     table = format_table(["", "batch", "setting", "step s", f"max {window_s:g}s-avg W", "J/sample",
                           "time to target s", "energy to target J"], rows)
-    n = len(result.measured)
-    failed = sum(1 for r in result.measured if r.outcome is None)
-    over = sum(1 for r in result.measured if r.outcome is not None and not r.feasible)
+    settings = result.settings
+    n = len(settings)
+    failed = sum(1 for r in settings if r.outcome is None)
+    over = sum(1 for r in settings if r.outcome is not None and not r.feasible)
+    again = len(result.measured) - n
     budget = ("unconstrained" if result.budget_w is None else
               f"{result.budget_w:g} W" + ("" if result.constrained else " (above the device maximum: "
                                                                           "no constraint binds)"))
@@ -98,7 +100,8 @@ def summary_table(result: SearchResult) -> str:
     sp = result.speedup
     if sp is not None:
         lines.append(_gain_line(result.objective, sp))
-    lines.append(f"measured {n} of {result.space.size} settings ({over} over budget, {failed} failed); "
+    confirmed = f"; {again} measured again before the pick" if again else ""
+    lines.append(f"measured {n} of {result.space.size} settings ({over} over budget, {failed} failed{confirmed}); "
                  f"budget {budget}; stopped: {result.stop_reason}")
     if result.constrained:
         lines.append(f"over budget during search: {result.over_budget_s:.1f} s (device seconds the board's "
@@ -227,7 +230,7 @@ def plot_time_energy(result: SearchResult, path: str | Path) -> Path:
     """Time vs energy to target: feasible, over budget (x), the Pareto front on top, chosen and baseline;
     outliers drawn at the edge of the view as triangles (so one slow trial does not squeeze the rest)."""
     fig = _figure(TIME_ENERGY_SIZE_IN)
-    ok = [r for r in result.measured if r.outcome is not None and r.outcome.time_to_target_s > 0
+    ok = [r for r in result.settings if r.outcome is not None and r.outcome.time_to_target_s > 0
           and r.outcome.energy_to_target_j > 0 and math.isfinite(r.outcome.time_to_target_s)
           and math.isfinite(r.outcome.energy_to_target_j)]
     title = f"Time vs energy to target: {_context(result)}"

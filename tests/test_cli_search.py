@@ -84,8 +84,8 @@ def test_each_study_writes_to_its_own_folder_and_a_resume_says_so(tmp_path, monk
     capsys.readouterr()
     # the first command again, one trial more: it resumes its own study and says so
     assert main(["search", *FAST, "--budget", "10", "--n-trials", "3"]) == 0
-    assert "resuming study 'sim:orin-nano-cnn-10W-time': 2 trials measured" in capsys.readouterr().err
-    assert len(_rows(first / "trials.csv")) == 3
+    assert "resuming study 'sim:orin-nano-cnn-10W-time': 2 settings measured" in capsys.readouterr().err
+    assert sum(row["role"] != "confirm" for row in _rows(first / "trials.csv")) == 3
 
 
 def test_output_flag_is_the_folder_itself(tmp_path, capsys):
@@ -187,7 +187,9 @@ def test_a_trial_killed_with_kill_9_is_failed_and_queued_again_on_resume(helper,
 def test_progress_is_one_line_per_trial_without_a_terminal(tmp_path, capsys):
     assert main(["search", *FAST, "--budget", "10", "--n-trials", "2", "-o", str(tmp_path / "o")]) == 0
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("edgetune: trial ")]
-    assert [ln.split(":")[1].split()[1] for ln in lines] == ["1/2", "2/2"]
+    first = [ln for ln in lines if "(measured again before the pick)" not in ln]
+    assert [ln.split(":")[1].split()[1] for ln in first] == ["1/2", "2/2"]
+    assert all(ln.split(":")[1].split()[1] == "2/2" for ln in lines[2:])  # contenders again: no new setting
     for ln in lines:
         assert "batch 8, gpu_freq " in ln and " ms, " in ln and " W max 1-s avg" in ln
         assert ("within budget" in ln or "over budget" in ln) and ("best so far #" in ln or "none within" in ln)

@@ -90,7 +90,9 @@ def test_search_on_fake_orin_nano_driven_by_the_twin(tmp_path, monkeypatch, caps
     with open(out / "trials.csv", newline="") as f:
         trials = list(csv.DictReader(f))
     assert best["device"] == "jetson" and best["simulated"] is False
-    assert len(trials) == 6 and all(t["ok"] == "True" for t in trials)
+    # 6 settings, and the pick's contenders measured again (a row per window)
+    assert sum(t["role"] != "confirm" for t in trials) == 6 and all(t["ok"] == "True" for t in trials)
+    assert best["study"]["settings_measured"] == 6 and best["study"]["trials_measured"] == len(trials)
     assert {t["role"] for t in trials} >= {"baseline", "search"}  # the sampler chose settings too
 
     # The board's log splits into trials: warm-up plus measured steps each, and no other step ran.

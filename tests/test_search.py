@@ -18,6 +18,7 @@ import torch
 from edgetune.cli import main
 from edgetune.power import PowerMonitor, open_device
 from edgetune.search.efficiency import TargetModel, steps_to_target
+from edgetune.search.records import Role
 from edgetune.search.results import best_json, write_trials_csv
 from edgetune.search.space import SpaceError, build_space, default_batch_sizes
 from edgetune.search.study import Search
@@ -253,7 +254,7 @@ def test_search_enqueues_the_baseline_first_and_holds_the_budget(workload, sampl
     # the baseline is the highest GPU frequency that held the budget among the probes
     held = [r.candidate.knobs["gpu_freq"] for r in probes if r.feasible]
     assert result.baseline.candidate.knobs["gpu_freq"] == max(held)
-    assert len(result.measured) <= 10
+    assert len(result.settings) <= 10
     assert result.best is not None and result.best.feasible
     assert result.best.measurement["max_avg_power_w"] <= 9.0
     assert result.speedup is not None and result.speedup >= 1.0
@@ -274,7 +275,7 @@ def test_pareto_objective_keeps_the_front_of_time_and_energy(workload, sampler):
                seed=2)
     result = s.run()
     assert s.study.directions == [optuna.study.StudyDirection.MINIMIZE] * 2
-    feasible = [r for r in result.measured if r.feasible and r.outcome]
+    feasible = [r for r in result.settings if r.feasible and r.outcome]
     front = result.pareto
     assert front and result.best in front
     for r in front:  # nothing feasible dominates a point of the front
@@ -290,11 +291,16 @@ def test_a_setting_is_never_measured_twice(workload, tmp_path):
     s = search(device, workload, space, None, sampler="random", n_trials=10, patience=0)
     result = s.run()
     assert result.stop_reason == "every setting of the space measured"
-    assert len(result.measured) == space.size == 4
-    assert len({r.candidate for r in result.measured}) == 4
+    # the sampler's proposals: each setting once; only the pick's contenders are measured again
+    first = [r for r in result.measured if r.role != Role.CONFIRM]
+    assert len(first) == len(result.settings) == space.size == 4
+    assert len({r.candidate for r in first}) == 4
+    again = [r for r in result.measured if r.role == Role.CONFIRM]
+    assert 1 <= len(again) <= 6 and result.best.measurement["windows"] >= 2
     path = write_trials_csv(result, tmp_path / "trials.csv")
     rows = list(csv.DictReader(path.open()))
-    assert len(rows) == 4 and {"batch_size", "gpu_freq", "step_time_s", "max_avg_power_w"} <= set(rows[0])
+    assert len(rows) == len(result.measured) and {"batch_size", "gpu_freq", "step_time_s", "max_avg_power_w"} <= set(rows[0])
+    assert sum(row["role"] == "confirm" for row in rows) == len(again)
 
 
 def test_guided_search_finds_the_oracle_of_a_small_space(workload):
@@ -539,16 +545,16 @@ def test_cli_search_with_real_cnn_steps_writes_results_and_resumes(tmp_path, cap
     rows = list(csv.DictReader((out / "trials.csv").open()))
     # a trial stopped over the budget counts its real warm-up step too (its figures cover the steps since the
     # knobs were set)
-    assert len(rows) == 3 and all(int(r["real_steps"]) == 1 for r in rows
+    assert sum(r["role"] != "confirm" for r in rows) == 3 and all(int(r["real_steps"]) == 1 for r in rows
                                   if r["ok"] == "True" and r["aborted_over_budget"] == "False")
     assert all(float(r["over_budget_s"]) >= 0 for r in rows)
     assert best["study"]["over_budget_s"] == pytest.approx(sum(float(r["over_budget_s"]) for r in rows))
     # the same command again: nothing new to measure; more trials: only the new ones are measured
     assert main(argv(3)) == 0
-    assert len(list(csv.DictReader((out / "trials.csv").open()))) == 3
+    assert list(csv.DictReader((out / "trials.csv").open())) == rows
     assert main(argv(4)) == 0
     rows2 = list(csv.DictReader((out / "trials.csv").open()))
-    assert len(rows2) == 4 and rows2[:3] == rows
+    assert sum(r["role"] != "confirm" for r in rows2) == 4 and rows2[:len(rows)] == rows
 
 
 @pytest.mark.parametrize(("extra", "message"), [

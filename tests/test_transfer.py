@@ -128,8 +128,8 @@ def test_warm_search_from_a_sibling_board_stays_near_the_oracle_and_counts_only_
     assert gap <= 0.03
     # (measured settings, warm vs cold, are recorded by experiments/transfer.py: here 19 warm vs 18 cold)
     # the prior is no measurement: the pick is a trial measured on this board, whose measurement held
-    assert warm.best in warm.measured and warm.best.feasible
-    assert all(r.role in ("baseline", "search") for r in warm.records)
+    assert warm.best in warm.settings and warm.best.feasible
+    assert all(r.role in ("baseline", "search", "confirm") for r in warm.records)
 
 
 def test_warm_search_probes_the_modes_the_prior_never_saw_and_hands_off_to_this_boards_model(tmp_path, cnn):
@@ -168,8 +168,8 @@ def test_zeus_cost_weights_energy_against_max_power_times_time():
 def test_cost_search_picks_the_measured_setting_of_least_cost_and_best_json_reports_it(cnn):
     _, _, res = _search("orin-nano", cnn, 12.0, objective="cost", eta=0.5, n_trials=12)
     cost = ZeusCost(0.5, 15.0)
-    feasible = [r for r in res.measured if r.feasible and r.outcome]
-    assert res.best is min(feasible, key=lambda r: cost.of_outcome(r.outcome))
+    feasible = [r for r in res.settings if r.feasible and r.outcome]
+    assert res.best == min(feasible, key=lambda r: cost.of_outcome(r.outcome))
     doc = best_json(res)
     assert doc["objective"] == "cost"
     assert doc["cost"]["eta"] == 0.5 and doc["cost"]["max_power_w"] == 15.0

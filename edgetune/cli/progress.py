@@ -48,7 +48,8 @@ def trial_line(rec: TrialRecord, n: int, n_trials: int, units: dict[str, str], o
     """``trial 3/40 #2: batch 32, gpu_freq 510 MHz: step 41.2 ms, 8.71 W max 1-s avg, within budget;
     best so far #2 (120 s to target)``: what one trial measured, for a log."""
     m = rec.measurement or {}
-    head = f"trial {n}/{n_trials} #{rec.number}: {rec.candidate.describe(units)}: "
+    again = " (measured again before the pick)" if str(rec.role) == "confirm" else ""
+    head = f"trial {n}/{n_trials} #{rec.number}: {rec.candidate.describe(units)}{again}: "
     if rec.outcome is None:
         body = "out of memory" if rec.oom else f"failed ({(rec.error or m.get('error') or 'no error text')})"
     else:

@@ -75,6 +75,7 @@ def search(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # edgetune prints its own progress and summary
     from edgetune.power import open_device
     from edgetune.search.oracle import prepare_trace
+    from edgetune.search.records import Role
     from edgetune.search.space import SpaceError, build_space
     from edgetune.search.study import Search, SearchError, open_storage
     from edgetune.workloads import WorkloadError, load_workload
@@ -126,12 +127,13 @@ def search(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         print(f"edgetune search: {workload.name} on {device.name} ({device.description}), budget {budget:g} W, "
               f"objective {cfg.objective}", file=sys.stderr)
-        measured_before = None if stored is None else sum(1 for r in stored if r.measured)
+        measured_before = None if stored is None else sum(1 for r in stored if r.measured and r.role != Role.CONFIRM)
         if stored is None:
             print(f"new study {study_name!r}; results in {out}/", file=sys.stderr)
         else:
-            print(f"resuming study {study_name!r}: {measured_before} trials measured; results in {out}/",
-                  file=sys.stderr)
+            again = sum(1 for r in stored if r.measured and r.role == Role.CONFIRM)
+            print(f"resuming study {study_name!r}: {measured_before} settings measured"
+                  f"{f' ({again} measured again)' if again else ''}; results in {out}/", file=sys.stderr)
         print(f"space: {space.describe()}", file=sys.stderr)
         for line in notes + list(device.notes or []):
             print(line, file=sys.stderr)
@@ -147,7 +149,7 @@ def search(args: argparse.Namespace) -> int:
                 patience=cfg.search.patience, margin=cfg.search.margin, timeout_s=cfg.search.timeout_s,
                 seed=cfg.seed, storage=storage,
                 baseline_batch_size=trace.baseline_batch_size if trace else None,
-                power_cv=trace.power_cv if trace else 0.0,
+                power_cv=trace.power_cv if trace else 0.0, confirm_settings=cfg.search.confirm,
             )
         except SearchError as exc:
             raise UsageError(str(exc)) from None

@@ -317,7 +317,8 @@ def oracle_gap(result: SearchResult) -> dict[str, Any] | None:
         "convergence": (target.describe()["convergence"] if isinstance(target, TableTarget) else
                         "the table has none: steps to target from the noise-scale model (the same for every "
                         "row of a batch size)"),
-        "measured_settings": len(result.measured),
+        "measured_settings": len(result.settings),
+        "measured_windows": len(result.measured),  # contenders measured again before the pick included
         "table_rows": int(searched.sum()),
     }
 

@@ -88,6 +88,7 @@ class Role(str, enum.Enum):
 
     BASELINE = "baseline"  # a probe of the baseline of common practice
     SEARCH = "search"  # proposed by the sampler (or queued by the search itself)
+    CONFIRM = "confirm"  # a measured setting measured again before the pick (edgetune.search.confirm)
 
     def __str__(self) -> str:
         return self.value
@@ -253,6 +254,11 @@ def worker_of(trial: FrozenTrial) -> str:
 def is_measured(trial: FrozenTrial) -> bool:
     """The trial ran its measurement to the end (ok or not)."""
     return bool(trial.user_attrs.get(_MEASURED)) and trial.state in _FINISHED
+
+
+def is_repeat(trial: FrozenTrial) -> bool:
+    """The trial measures a setting again (:attr:`Role.CONFIRM`): a window, not a new setting."""
+    return trial.user_attrs.get(_ROLE) == Role.CONFIRM.value
 
 
 def is_duplicate(trial: FrozenTrial) -> bool:

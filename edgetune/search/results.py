@@ -20,6 +20,7 @@ from typing import Any
 
 from edgetune.power.base import format_value
 from edgetune.power.knobs import knob_unit
+from edgetune.search.confirm import pool_windows
 from edgetune.search.efficiency import TargetModel, ZeusCost, scalar_score
 from edgetune.search.oracle import oracle_fields
 from edgetune.search.records import TrialRecord
@@ -70,7 +71,15 @@ class SearchResult:
 
     @property
     def measured(self) -> list[TrialRecord]:
+        """Every measured trial (window), a setting measured again included."""
         return [r for r in self.records if r.measured]
+
+    @property
+    def settings(self) -> list[TrialRecord]:
+        """One record per measured setting, its windows pooled (:func:`~edgetune.search.confirm.pool_windows`):
+        what the pick, the Pareto front and the knife edge are judged on."""
+        limit_w = self.budget_w * (1.0 + self.tolerance) if self.constrained and self.budget_w is not None else None
+        return pool_windows(self.measured, limit_w=limit_w, guard_sigma=self.guard_sigma or 0.0)
 
     @property
     def over_budget_s(self) -> float:
@@ -145,7 +154,7 @@ def knife_edge(result: SearchResult) -> KnifeEdge | None:
     margin_w = _margin_w(best, limit_w)
     if not margin_w < accuracy_w:
         return None
-    safe = [r for r in result.measured if r.feasible and r.outcome is not None and _margin_w(r, limit_w) >= accuracy_w]
+    safe = [r for r in result.settings if r.feasible and r.outcome is not None and _margin_w(r, limit_w) >= accuracy_w]
     objective = "time" if result.objective == "pareto" else result.objective
     safer = min(safe, key=lambda r: scalar_score(r.outcome, objective), default=None)
     return KnifeEdge(best, margin_w, accuracy_w, safer, _margin_w(safer, limit_w) if safer else None,
@@ -220,6 +229,7 @@ def _plan(r: TrialRecord | None, units: dict[str, str]) -> dict[str, Any] | None
             "steps_to_target": _finite(r.outcome.steps_to_target) if r.outcome else None,
         },
         "budget_held": r.feasible,
+        "windows": int(m.get("windows", 1)),  # measurements pooled into these figures
     }
 
 
@@ -246,7 +256,8 @@ def best_json(result: SearchResult) -> dict[str, Any]:
                          "b_noise_source": result.target.b_noise_source,
                          "formula": "steps(b) = s_min * (1 + b_noise / b)  (McCandlish et al. 2018)"},
         "study": {"name": result.study_name, "storage": result.storage_url,
-                  "trials_measured": len(result.measured), "space_size": result.space.size,
+                  "trials_measured": len(result.measured), "settings_measured": len(result.settings),
+                  "space_size": result.space.size,
                   "stop_reason": result.stop_reason,
                   # safe profiling: device seconds the moving average spent above the budget while measuring
                   "over_budget_s": result.over_budget_s, "aborted_over_budget": result.aborted_over_budget},

@@ -14,8 +14,11 @@ Each turn of :meth:`Search.run`:
 3. Queue the next probe of the baseline of common practice (:mod:`edgetune.search.baseline`), so every result
    states its speedup over it; once the baseline is found, stop when the sampler (or, for samplers without a
    rule of their own, the patience rule) says no further trial can improve the best by the margin.
-4. Ask a setting and measure it. A setting already measured is never measured again: the trial is told the
+4. Ask a setting and measure it. A setting already measured is not measured again: the trial is told the
    recorded values.
+5. Before stopping (for any reason but the time limit), measure the contenders for the pick again
+   (:mod:`edgetune.search.confirm`): a window's run-to-run noise can exceed the gaps between the best few
+   settings. These windows add no settings; the pick is made on each setting's pooled windows.
 
 The budget constraint is ``judged power - budget * (1 + tolerance)`` through ``trial.set_constraint`` (Optuna
 >= 5; <= 0 means held). An out-of-memory or failed step is a FAIL trial with the reason recorded; the study
@@ -40,6 +43,13 @@ from edgetune.power.base import Device
 from edgetune.power.monitor import PowerMonitor
 from edgetune.search import records
 from edgetune.search.baseline import Baseline, nearest_batch_size
+from edgetune.search.confirm import (
+    CONFIRM_REPEATS,
+    CONFIRM_SETTINGS,
+    next_confirmation,
+    pick_score,
+    pool_windows,
+)
 from edgetune.search.efficiency import (
     DEFAULT_ETA,
     DIRECTIONS,
@@ -104,7 +114,7 @@ class Search:
         storage_url, study_name: where the study lives; the same pair resumes it.
         sampler: ``auto``, ``guided``, ``tpe``, ``gp`` or ``random``.
         n_trials: settings to measure in the study in all (baseline probes included; a resume or a fleet
-            counts the trials already measured).
+            counts the settings already measured; windows measuring a setting again do not count).
         patience, margin: stop after ``patience`` measured trials without an improvement larger than
             ``margin`` (a fraction of the best); 0 disables.
         timeout_s: stop starting trials after this much wall time (0: none).
@@ -114,6 +124,8 @@ class Search:
             replay draws one power per window, so its readings are constant): the standard error of a
             measured average is at least this fraction of it, and the guard band covers that spread.
         guided_options: keyword arguments of the guided sampler.
+        confirm_settings, confirm_repeats: before the pick, up to ``confirm_settings`` contenders are
+            measured up to ``confirm_repeats`` more times each (:mod:`edgetune.search.confirm`); 0 disables.
         on_trial: called after each trial with ``(record, measured_so_far)`` (progress display).
         on_step: passed to :func:`measure_setting` (progress within a trial).
         storage: an open Optuna storage (default: :func:`open_storage` of ``storage_url``).
@@ -148,6 +160,8 @@ class Search:
         storage: optuna.storages.BaseStorage | None = None,
         eta: float = DEFAULT_ETA,
         prior: Sequence[Observation] = (),
+        confirm_settings: int = CONFIRM_SETTINGS,
+        confirm_repeats: int = CONFIRM_REPEATS,
     ) -> None:
         if objective not in DIRECTIONS:
             raise SearchError(f"unknown objective {objective!r}; use {', '.join(DIRECTIONS)}")
@@ -182,6 +196,8 @@ class Search:
         self.seed = seed
         self.guided_options = guided_options
         self.power_cv = float(power_cv)
+        self.confirm_settings = int(confirm_settings)
+        self.confirm_repeats = int(confirm_repeats)
         self.on_trial = on_trial
         self.on_step = on_step
         self.worker = worker_id()
@@ -253,7 +269,8 @@ class Search:
         return records.read_records(study.get_trials(deepcopy=False), self.space)
 
     def _measured_count(self, study: optuna.Study) -> int:
-        return sum(1 for t in study.get_trials(deepcopy=False) if records.is_measured(t))
+        """Settings measured so far (a window measuring a setting again is not a new one)."""
+        return sum(1 for t in study.get_trials(deepcopy=False) if records.is_measured(t) and not records.is_repeat(t))
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self) -> SearchResult:
@@ -272,6 +289,19 @@ class Search:
         """One turn of the loop (module docs): a reason to stop, or None after one trial."""
         assert self._storage is not None and self._retry is not None
         recover_dead_workers(study, self._storage, self._retry)
+        reason = self._next(study)
+        if reason is not None:
+            if self._timed_out():
+                return reason
+            again = self._confirmation(study)
+            if again is None:
+                return reason
+            records.enqueue(study, self.space, again, Role.CONFIRM)
+        self._trial(study)
+        return None
+
+    def _next(self, study: optuna.Study) -> str | None:
+        """Queue what the next trial needs (a baseline probe, a setting after a stall), or say why to stop."""
         reason = self._limit_reached(study)
         if reason is not None:
             return reason
@@ -285,16 +315,26 @@ class Search:
             if reason is not None:
                 return reason
         if self._duplicate_streak >= DUPLICATE_STALL:
-            reason = self._unstall(study, recs)
-            if reason is not None:
-                return reason
-        self._trial(study)
+            return self._unstall(study, recs)
         return None
+
+    def _timed_out(self) -> bool:
+        return bool(self.timeout_s) and time.monotonic() - self._started_s > self.timeout_s
+
+    def _confirmation(self, study: optuna.Study) -> Candidate | None:
+        """The contender to measure again before the pick (:func:`~edgetune.search.confirm.next_confirmation`),
+        or None; never one already queued or being measured (another worker of a fleet may be at it)."""
+        measured = [r for r in self.records(study) if r.measured]
+        cand = next_confirmation(measured, self.objective, limit_w=self._limit_w(), guard_sigma=self.guard_sigma,
+                                 cost=self.cost, settings=self.confirm_settings, repeats=self.confirm_repeats)
+        if cand is None or self._queued_or_running(study, cand):
+            return None
+        return cand
 
     def _limit_reached(self, study: optuna.Study) -> str | None:
         if self._measured_count(study) >= self.n_trials:
             return f"{self.n_trials} settings measured"
-        if self.timeout_s and time.monotonic() - self._started_s > self.timeout_s:
+        if self._timed_out():
             return f"time limit of {self.timeout_s:g} s reached"
         return None
 
@@ -357,7 +397,7 @@ class Search:
         role = records.role_of(trial)
         cand = self.space.candidate(trial.params)
         records.write_start(trial, cand, role, self.worker)
-        source = self._find_same(study, trial)
+        source = None if role == Role.CONFIRM else self._find_same(study, trial)
         if source is not None:
             self._tell_duplicate(study, trial, source)
             self._duplicate_streak += 1
@@ -464,17 +504,18 @@ class Search:
         study = self.study
         assert study is not None
         recs = self.records(study)
-        measured = [r for r in recs if r.measured]
-        feasible = [r for r in measured if r.feasible and r.outcome is not None]
+        settings = pool_windows([r for r in recs if r.measured], limit_w=self._limit_w(),
+                                guard_sigma=self.guard_sigma)
+        feasible = [r for r in settings if r.feasible and r.outcome is not None]
         baseline = self.baseline.state(recs).found
+        if baseline is not None:  # its pooled windows, where it was measured again
+            baseline = next((r for r in settings if r.candidate == baseline.candidate), baseline)
         pareto = pareto_front(feasible)
         best: TrialRecord | None = None
         if feasible:
-            if self.objective == "pareto":
-                # one pick for best.json: the front's point with the lowest energy-delay product
-                best = min(pareto, key=lambda r: r.outcome.time_to_target_s * r.outcome.energy_to_target_j)
-            else:
-                best = min(feasible, key=lambda r: scalar_score(r.outcome, self.objective, self.cost))
+            # pareto: one pick for best.json, the front's point with the lowest energy-delay product
+            best = min(pareto if self.objective == "pareto" else feasible,
+                       key=lambda r: pick_score(r.outcome, self.objective, self.cost))
         return SearchResult(
             study_name=self.study_name, storage_url=redact(self.storage_url), objective=self.objective,
             budget_w=self.budget_w, constrained=self.constrained, tolerance=self.tolerance, space=self.space,

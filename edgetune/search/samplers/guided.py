@@ -155,14 +155,16 @@ def _norm_pdf(z: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _Measured:
-    """The measured settings a fit uses: grid indices with step time, judged and peak power; and the batch
-    levels that ran out of memory."""
+    """The measured settings a fit uses: grid indices with step time, judged and peak power (a setting
+    measured more than once: the means of its windows, the highest peak); and the batch levels that ran out
+    of memory."""
 
     idx: list[int]
     times: list[float]
     powers: list[float]  # judged power (moving-average maximum plus the guard band), W
     peaks: list[float]
     oom_batches: list[int]
+    windows: tuple[int, ...] = ()  # windows pooled per setting (empty: one each)
 
 
 @dataclass(frozen=True)
@@ -485,7 +487,8 @@ class GuidedSampler(BaseSampler):
         return self._params(i)
 
     def _measured(self, study: Study) -> _Measured:
-        idx, times, powers, peaks, oom_batches = [], [], [], [], []
+        oom_batches: list[int] = []
+        windows: dict[int, list[tuple[float, float, float]]] = {}  # by grid index, in order of measurement
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
             obs = self.observations_func(t)
             if obs is None or not obs.measured:
@@ -495,11 +498,14 @@ class GuidedSampler(BaseSampler):
                 continue
             if not obs.ok:
                 continue
-            idx.append(self._candidate_index(obs))
-            times.append(obs.step_time_s)
-            powers.append(obs.judged_power_w(self.guard_sigma))  # the power the budget is judged by
-            peaks.append(obs.peak_power_w)
-        return _Measured(idx, times, powers, peaks, oom_batches)
+            # the power the budget is judged by
+            windows.setdefault(self._candidate_index(obs), []).append(
+                (obs.step_time_s, obs.judged_power_w(self.guard_sigma), obs.peak_power_w))
+        idx = list(windows)
+        times = [float(np.mean([w[0] for w in windows[i]])) for i in idx]
+        powers = [float(np.mean([w[1] for w in windows[i]])) for i in idx]
+        peaks = [max(w[2] for w in windows[i]) for i in idx]
+        return _Measured(idx, times, powers, peaks, oom_batches, tuple(len(windows[i]) for i in idx))
 
     # -- the model ----------------------------------------------------------------------------------
     def _fit(self, study: Study) -> _Fitted | None:
@@ -517,7 +523,7 @@ class GuidedSampler(BaseSampler):
             return self._fit_transfer(measured)
         if len(idx) < self.n_startup:
             return None
-        key = (tuple(idx), tuple(oom))
+        key = (tuple(idx), measured.windows, tuple(oom))
         if self._cache.get("key") == key:
             return self._cache["value"]
         from edgetune.predictors.hardware_model import HardwareModel
@@ -566,7 +572,7 @@ class GuidedSampler(BaseSampler):
         """The prior model (fitted once) corrected by the measured settings; cached per measured set."""
         from edgetune.search.prior import PriorModel, Transfer
 
-        key = ("transfer", tuple(measured.idx), tuple(measured.oom_batches))
+        key = ("transfer", tuple(measured.idx), measured.windows, tuple(measured.oom_batches))
         if self._cache.get("key") == key:
             return self._cache["value"]
         if "prior_model" not in self._cache:

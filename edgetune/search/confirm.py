@@ -1,0 +1,161 @@
+"""Repeated windows: pooling them per setting, and which contender to measure again before the pick.
+
+A window's figures carry run-to-run noise that no single window shows: on the Zeus traces, step time and
+power differ by 3-5% between runs of one setting, more than the 1-3% separating the best few settings of a
+table. Picking the setting whose one window measured best then picks noise as often as speed (the winner's
+curse: on Zeus's cost, a pick 5.7% from the optimum although the optimum was measured). So before the
+search ends, its contenders are measured again (:attr:`~edgetune.search.records.Role.CONFIRM` trials):
+
+1. the best setting once more (whenever the best has one window only: after its first repeat another
+   setting's single lucky window may lead), which gives an estimate of the run-to-run spread;
+2. then every setting among the ``settings`` best whose mean cannot be told from the best's: its log
+   objective within ``z`` standard errors of the best's, the spread pooled over every setting measured more
+   than once; the one with the fewest windows first, up to ``1 + repeats`` windows each;
+3. never more than ``settings x repeats`` windows again in all for step 2 (the ranking can shift as windows
+   come in, and a new contender would otherwise reopen the confirmation).
+
+The pick is made on the pooled windows (:func:`pool_windows`): the mean of each figure, a setting held the
+budget when the mean of its windows' judged powers did and no window was stopped over it. Confirmations
+add windows, not settings: ``n_trials`` and the "measured settings" of every report count settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from edgetune.search.efficiency import Outcome, ZeusCost, scalar_score
+from edgetune.search.records import TrialRecord
+from edgetune.search.space import Candidate
+from edgetune.search.trial import judged_power_w
+
+__all__ = ["CONFIRM_REPEATS", "CONFIRM_SETTINGS", "CONFIRM_Z", "log_score", "next_confirmation", "pick_score",
+           "pool_windows"]
+
+#: contenders (the best included) that may be measured again before the pick
+CONFIRM_SETTINGS = 3
+#: windows added per contender at most
+CONFIRM_REPEATS = 2
+#: standard errors within which a contender's mean cannot be told from the best's
+CONFIRM_Z = 2.0
+
+_MEAN_KEYS = ("step_time_s", "mean_power_w", "max_avg_power_w", "power_se_w", "energy_per_sample_j", "settle_s",
+              "wall_s")
+_SUM_KEYS = ("steps", "real_steps", "duration_s", "energy_j", "samples", "dropped", "over_budget_s")
+
+
+def _pool_outcome(outcomes: Sequence[Outcome]) -> Outcome:
+    n = len(outcomes)
+    t = sum(o.time_to_target_s for o in outcomes) / n
+    e = sum(o.energy_to_target_j for o in outcomes) / n
+    steps = outcomes[0].steps_to_target
+    samples_per_s = outcomes[0].samples_per_s * outcomes[0].time_to_target_s / t if t > 0 else math.nan
+    return Outcome(time_to_target_s=t, energy_to_target_j=e, samples_per_s=samples_per_s, steps_to_target=steps)
+
+
+def _pool_measurement(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    pooled = dict(windows[0])
+    for k in _MEAN_KEYS:
+        vals = [float(w[k]) for w in windows if w.get(k) is not None]
+        if vals:
+            pooled[k] = sum(vals) / len(vals)
+    for k in _SUM_KEYS:
+        vals = [w[k] for w in windows if w.get(k) is not None]
+        if vals:
+            pooled[k] = sum(vals)
+    peaks = [float(w["peak_power_w"]) for w in windows if w.get("peak_power_w") is not None]
+    if peaks:
+        pooled["peak_power_w"] = max(peaks)
+    if pooled.get("batch_size") and pooled.get("step_time_s", 0) > 0:
+        pooled["samples_per_s"] = pooled["batch_size"] / pooled["step_time_s"]
+    pooled["aborted_over_budget"] = any(bool(w.get("aborted_over_budget")) for w in windows)
+    pooled["windows"] = len(windows)
+    return pooled
+
+
+def pool_windows(measured: Sequence[TrialRecord], *, limit_w: float | None, guard_sigma: float = 0.0
+                 ) -> list[TrialRecord]:
+    """One record per measured setting, its windows pooled (module docs), in order of first measurement.
+
+    A setting measured once keeps its record as it is. Of several windows, the pooled record keeps the first
+    one's number, role, worker and power trace; its outcome and figures are the windows' means (peak power:
+    the highest; steps, energy and time over the budget: the sums); ``measurement["windows"]`` counts them.
+    It held the budget when every window ran, none was stopped over the budget, and the mean of their judged
+    powers (each with its guard band) is within ``limit_w`` (None: unconstrained).
+    """
+    by_setting: dict[Candidate, list[TrialRecord]] = {}
+    for r in sorted(measured, key=lambda r: r.number):
+        by_setting.setdefault(r.candidate, []).append(r)
+    out = []
+    for windows in by_setting.values():
+        first = windows[0]
+        if len(windows) == 1:
+            out.append(first)
+            continue
+        if any(w.outcome is None or not w.measurement for w in windows):  # a window did not run: unreliable
+            out.append(dataclasses.replace(first, feasible=False))
+            continue
+        m = _pool_measurement([w.measurement for w in windows])
+        judged = judged_power_w(m["max_avg_power_w"], m["power_se_w"], guard_sigma)
+        feasible = not m["aborted_over_budget"] and (limit_w is None or judged <= limit_w)
+        out.append(dataclasses.replace(first, measurement=m, outcome=_pool_outcome([w.outcome for w in windows]),
+                                       feasible=feasible))
+    return out
+
+
+def pick_score(outcome: Outcome, objective: str, cost: ZeusCost | None = None) -> float:
+    """What the pick minimises: the objective's score; for ``pareto`` the energy-delay product (best.json's
+    one pick of the front)."""
+    if objective == "pareto":
+        return outcome.time_to_target_s * outcome.energy_to_target_j
+    return scalar_score(outcome, objective, cost)
+
+
+def log_score(outcome: Outcome, objective: str, cost: ZeusCost | None = None) -> float:
+    """The log of :func:`pick_score` as a positive quantity (throughput: time per sample)."""
+    if objective == "throughput":
+        return -math.log(outcome.samples_per_s) if outcome.samples_per_s > 0 else math.inf
+    s = pick_score(outcome, objective, cost)
+    return math.log(s) if s > 0 and math.isfinite(s) else math.inf
+
+
+def next_confirmation(measured: Sequence[TrialRecord], objective: str, *, limit_w: float | None,
+                      guard_sigma: float = 0.0, cost: ZeusCost | None = None, settings: int = CONFIRM_SETTINGS,
+                      repeats: int = CONFIRM_REPEATS, z: float = CONFIRM_Z) -> Candidate | None:
+    """The setting to measure once more before the pick (module docs), or None when the pick stands.
+
+    ``measured``: every measured window so far (feasibility is judged on the pooled windows, as the pick).
+    """
+    if settings < 1 or repeats < 1:
+        return None
+    windows: dict[Candidate, list[float]] = {}
+    for r in measured:
+        if r.outcome is not None:
+            windows.setdefault(r.candidate, []).append(log_score(r.outcome, objective, cost))
+    pooled = [r for r in pool_windows(measured, limit_w=limit_w, guard_sigma=guard_sigma)
+              if r.feasible and r.outcome is not None and math.isfinite(log_score(r.outcome, objective, cost))]
+    if not pooled:
+        return None
+    means = {r.candidate: float(np.mean(windows[r.candidate])) for r in pooled}
+    ranked = sorted(means, key=means.get)[:settings]
+    best = ranked[0]
+    n = {c: len(windows[c]) for c in ranked}
+    if n[best] == 1:
+        return best  # the pick is never one window where it can be two
+    repeated = [v for v in windows.values() if len(v) > 1]
+    if sum(len(v) - 1 for v in repeated) >= settings * repeats:
+        return None
+    dof = sum(len(v) - 1 for v in repeated)
+    sigma = math.sqrt(sum(float(np.sum((np.array(v) - np.mean(v)) ** 2)) for v in repeated) / dof)
+    contenders = [c for c in ranked
+                  if c == best or means[c] - means[best] <= z * sigma * math.sqrt(1 / n[c] + 1 / n[best])]
+    if len(contenders) == 1:
+        return None  # the best stands clear of every other setting
+    open_ = [c for c in contenders if n[c] < 1 + repeats]
+    if not open_:
+        return None
+    return min(open_, key=lambda c: (n[c], means[c]))

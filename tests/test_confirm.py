@@ -1,0 +1,129 @@
+"""Contenders measured again before the pick, and the pick on pooled windows (edgetune.search.confirm)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+
+from edgetune.power import open_device
+from edgetune.search.confirm import next_confirmation, pool_windows
+from edgetune.search.efficiency import Outcome, TargetModel
+from edgetune.search.oracle import prepare_trace
+from edgetune.search.records import Role, TrialRecord
+from edgetune.search.space import Candidate, build_space
+from edgetune.search.study import Search
+from edgetune.workloads import load_workload
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+TARGET = TargetModel(s_min=1000.0, b_noise=0.0)  # 1000 steps at every batch size
+LIMIT_W = 10.0
+
+
+def window(number: int, clock_hz: float, step_s: float, power_w: float, *, se_w: float = 0.05,
+           aborted: bool = False, role: Role = Role.SEARCH, batch: int = 32) -> TrialRecord:
+    """One measured window of ``batch`` at ``gpu_freq=clock_hz``."""
+    cand = Candidate(batch, (("gpu_freq", clock_hz),))
+    energy_per_sample_j = step_s * power_w / batch
+    m = {"batch_size": batch, "ok": True, "oom": False, "step_time_s": step_s, "samples_per_s": batch / step_s,
+         "mean_power_w": power_w, "peak_power_w": power_w * 1.1, "max_avg_power_w": power_w, "power_se_w": se_w,
+         "energy_j": energy_per_sample_j * batch * 10, "energy_per_sample_j": energy_per_sample_j, "steps": 10,
+         "duration_s": 10 * step_s, "aborted_over_budget": aborted, "over_budget_s": 0.5 if aborted else 0.0}
+    outcome = Outcome.of(batch, step_s, energy_per_sample_j, TARGET)
+    feasible = not aborted and power_w + 2.0 * se_w <= LIMIT_W  # as the search judged it (guard_sigma 2)
+    return TrialRecord(number, "COMPLETE", cand, role, True, m, outcome, feasible)
+
+
+def test_one_window_is_kept_as_it_is_and_repeats_are_pooled():
+    a1, b1 = window(0, 1e9, 0.10, 8.0), window(1, 8e8, 0.12, 7.0)
+    a2 = window(2, 1e9, 0.12, 9.0, se_w=0.15, role=Role.CONFIRM)
+    pooled = pool_windows([a1, b1, a2], limit_w=10.0, guard_sigma=2.0)
+    assert [r.number for r in pooled] == [0, 1]  # one per setting, in order of first measurement
+    assert pooled[1] is b1
+    a = pooled[0]
+    m = a.measurement
+    assert m["windows"] == 2 and m["steps"] == 20
+    assert m["step_time_s"] == pytest.approx(0.11) and m["max_avg_power_w"] == pytest.approx(8.5)
+    assert m["peak_power_w"] == pytest.approx(9.9) and m["samples_per_s"] == pytest.approx(32 / 0.11)
+    assert a.outcome.time_to_target_s == pytest.approx(1000 * 0.11)
+    assert a.outcome.energy_to_target_j == pytest.approx(1000 * (0.10 * 8.0 + 0.12 * 9.0) / 2)
+    assert a.role == Role.SEARCH and a.feasible
+    # judged power: mean 8.5 W + 2 x mean se 0.1 W = 8.7 W
+    assert pool_windows([a1, a2], limit_w=8.69, guard_sigma=2.0)[0].feasible is False
+    assert pool_windows([a1, a2], limit_w=8.71, guard_sigma=2.0)[0].feasible is True
+
+
+def test_a_window_stopped_over_the_budget_makes_the_setting_infeasible():
+    pooled = pool_windows([window(0, 1e9, 0.1, 8.0), window(1, 1e9, 0.1, 11.0, aborted=True)], limit_w=10.0)
+    assert not pooled[0].feasible
+    assert pooled[0].measurement["over_budget_s"] == pytest.approx(0.5)
+
+
+def test_the_best_is_measured_again_first():
+    recs = [window(0, 1e9, 0.10, 8.0), window(1, 8e8, 0.12, 7.0), window(2, 6e8, 0.15, 6.0)]
+    assert next_confirmation(recs, "time", limit_w=10.0).knobs == {"gpu_freq": 1e9}
+
+
+def test_a_rival_within_the_noise_is_measured_again_and_a_clear_best_stands():
+    best = [window(0, 1e9, 0.100, 8.0), window(3, 1e9, 0.104, 8.0, role=Role.CONFIRM)]  # ~2.8% spread
+    rival = window(1, 8e8, 0.103, 7.0)  # within the noise of the best
+    far = window(2, 6e8, 0.150, 6.0)  # 45% slower: clear
+    nxt = next_confirmation([*best, rival, far], "time", limit_w=10.0)
+    assert nxt == rival.candidate
+    # the same spread, the rival 20% slower: the best stands
+    slow = window(1, 8e8, 0.125, 7.0)
+    assert next_confirmation([*best, slow, far], "time", limit_w=10.0) is None
+
+
+def test_confirmation_respects_its_limits_and_the_budget():
+    best = [window(0, 1e9, 0.100, 8.0), window(3, 1e9, 0.104, 8.0, role=Role.CONFIRM)]
+    rival = window(1, 8e8, 0.103, 7.0)
+    assert next_confirmation([*best, rival], "time", limit_w=10.0, repeats=1) == rival.candidate
+    # every contender has its 1 + repeats windows: done
+    rival2 = window(4, 8e8, 0.101, 7.0, role=Role.CONFIRM)
+    assert next_confirmation([*best, rival, rival2], "time", limit_w=10.0, repeats=1) is None
+    # no more than settings x repeats windows again in all
+    assert next_confirmation([*best, rival], "time", limit_w=10.0, settings=1, repeats=1) is None
+    assert next_confirmation([*best, rival], "time", limit_w=10.0, settings=0) is None
+    # nothing held the budget: nothing to confirm
+    assert next_confirmation([window(0, 1e9, 0.1, 12.0)], "time", limit_w=10.0) is None
+    # energy ranks by energy: the low-power rival is the best there
+    recs = [window(0, 1e9, 0.100, 8.0), window(1, 8e8, 0.103, 6.0)]
+    assert next_confirmation(recs, "energy", limit_w=10.0) == recs[1].candidate
+
+
+#: a Zeus trace: its windows differ by 3-5% between runs of one setting, more than its best few settings do
+NOISY_TABLE = Path(__file__).resolve().parents[1] / "experiments/data/zeus-nsdi23/tables/v100_sentiment140_bert_base_uncased.csv"
+
+
+def test_a_search_measures_its_contenders_again_and_picks_on_pooled_windows():
+    workload = load_workload("cnn", seed=0)
+
+    def run(**kw):
+        device = open_device(f"trace:{NOISY_TABLE}")
+        try:
+            plan = prepare_trace(device)
+            space = build_space(device, workload.default_batch_size, plan.batch_sizes)
+            s = Search(device, workload, space, budget_w=None, objective="cost", target=plan.target, n_trials=12,
+                       seed=0, study_name="c", storage=optuna.storages.InMemoryStorage(), **kw)
+            return s.run()
+        finally:
+            device.close()
+
+    result = run()
+    again = [r for r in result.measured if r.role == Role.CONFIRM]
+    assert 1 <= len(again) <= 6
+    assert len(result.settings) == 12  # n_trials counts settings, not windows
+    assert len(result.measured) == 12 + len(again)
+    assert {r.candidate for r in again} <= {r.candidate for r in result.settings}
+    # the pick is on pooled windows: the best was measured again, and its figures are the windows' means
+    assert result.best.measurement["windows"] >= 2
+    windows = [r for r in result.measured if r.candidate == result.best.candidate]
+    mean_t = sum(r.outcome.time_to_target_s for r in windows) / len(windows)
+    assert result.best.outcome.time_to_target_s == pytest.approx(mean_t)
+    assert not math.isnan(result.best.outcome.energy_to_target_j)
+    off = run(confirm_settings=0)
+    assert all(r.role != Role.CONFIRM for r in off.measured) and len(off.measured) == 12
