@@ -438,12 +438,14 @@ class Row:
     chosen: Point | None
     chosen_batch: int | None
     law: Point | None  # the honest setting the search's own S(b) law ranks best (GridTruth.law_best)
-    measured: int
+    measured: int  # settings measured
     stop: str
     wall_s: float
     cpu_s: float
     #: device seconds the board's 1-s average spent over the budget while this search measured (safe profiling)
     over_budget_s: float = 0.0
+    #: windows measured (settings measured again before the pick included)
+    windows: int = 0
     hv_ratio: float = math.nan  # pareto only
     front_violations: int = 0  # pareto only: points of the reported front over the budget
     #: after each measured setting, in order: the search's own score of its incumbent (what it measured) and
@@ -550,7 +552,7 @@ def run_case(case: Case, truth: GridTruth, space: SearchSpace, workload: Any, st
               honest=truth.best(objective, honest_mask), chosen=chosen,
               chosen_batch=res.best.candidate.batch_size if res.best else None,
               law=truth.law_best(objective, honest_mask, TargetModel.for_workload(workload)),
-              measured=len(res.measured), stop=res.stop_reason, wall_s=wall, cpu_s=cpu,
+              measured=len(res.settings), windows=len(res.measured), stop=res.stop_reason, wall_s=wall, cpu_s=cpu,
               over_budget_s=res.over_budget_s, trajectory=trajectory(truth, res, objective))
     if case.objective == "pareto":
         # one mask for both fronts: the reported points that truly hold the budget against every setting that

@@ -80,7 +80,7 @@ def table(rows: list[Row], objective: str) -> str:
     unit = "J" if objective == "energy" else "s"
     head = ["device", "workload", "budget W", "floor W", f"common {unit}", f"def-b {unit}", f"oracle {unit}",
             f"honest {unit}", "honest W", f"chosen {unit}", "b", "true W", "gap %", "law gap %", "trials",
-            "pick at", "over s",
+            "windows", "pick at", "over s",
             "x common", "x def-b", "oracle x common", "oracle x def-b"]
     if objective == "pareto":
         head += ["HV ratio", "front over"]
@@ -93,7 +93,7 @@ def table(rows: list[Row], objective: str) -> str:
                 (f"{r.chosen.max_avg_w:.2f}" + (" OVER" if r.chosen.max_avg_w > r.case.budget_w else ""))
                 if r.chosen else "-",
                 f"{r.gap_pct:.2f}" if math.isfinite(r.gap_pct) else "MISS",
-                f"{r.law_gap_pct:.2f}" if math.isfinite(r.law_gap_pct) else "-", r.measured, r.pick_at,
+                f"{r.law_gap_pct:.2f}" if math.isfinite(r.law_gap_pct) else "-", r.measured, r.windows, r.pick_at,
                 f"{r.over_budget_s:.1f}",
                 _x(r.ratio(r.common)), _x(r.ratio(r.default_best)),
                 _x(r.ratio(r.common, r.oracle)), _x(r.ratio(r.default_best, r.oracle))]
@@ -111,7 +111,9 @@ def summary(rows: list[Row], objective: str) -> list[str]:
     common = [r.ratio(r.common, r.oracle) for r in rows]
     default_b = [r.ratio(r.default_best, r.oracle) for r in rows]
     law = [r.law_gap_pct for r in rows if math.isfinite(r.law_gap_pct)]
-    lines = [(f"measured settings per search: median {statistics.median(measured):g}, max {trials}; "
+    windows = [r.windows for r in rows]
+    lines = [(f"measured settings per search: median {statistics.median(measured):g}, max {trials} (windows, "
+              f"contenders measured again included: median {statistics.median(windows):g}, max {max(windows)}); "
               f"until the pick: median {statistics.median([r.pick_at for r in rows]):g}; "
               f"rows without a common-practice setting that holds the budget: "
               f"{sum(r.common is None for r in rows)} of {len(rows)}"),

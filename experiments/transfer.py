@@ -127,7 +127,7 @@ def search(board: Board, workload, curve: MeasuredCurve, seed: int, *, prior=(),
     finally:
         device.close()
     gap = (chosen / oracle - 1.0) * 100 if math.isfinite(chosen) else math.inf
-    return {"gap": gap, "measured": len(res.measured), "power": power, "over": power > board.budget_w,
+    return {"gap": gap, "measured": len(res.settings), "windows": len(res.measured), "power": power, "over": power > board.budget_w,
             "wall": wall, "stop": res.stop_reason, "prior": len(mapped)}, res
 
 

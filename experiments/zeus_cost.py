@@ -9,7 +9,8 @@ budget (Zeus's setting), and scores its pick by the table's own cost:
 * max power - the largest power limit of the table (:func:`edgetune.search.efficiency.cost_max_power_w`;
   V100 and A40 in the traces);
 * optimum   - the least cost over the table's rows that reach the target;
-* gap       - chosen cost / optimum - 1; measured: settings the search measured.
+* gap       - chosen cost / optimum - 1; measured: settings the search measured; windows: its measurements,
+  the contenders measured again before the pick included (:mod:`edgetune.search.confirm`).
 
     python experiments/zeus_cost.py [--eta 0.5] [--n-trials 20] [--seed 0]
 
@@ -66,7 +67,7 @@ def cost_case(path: str, eta: float, workload, n_trials: int, seed: int) -> dict
     finally:
         device.close()
     return {"table": Path(path).stem, "max_power_w": cost.max_power_w, "optimum": optimum, "chosen": chosen,
-            "gap": (chosen / optimum - 1.0) * 100, "measured": len(result.measured)}
+            "gap": (chosen / optimum - 1.0) * 100, "measured": len(result.settings), "windows": len(result.measured)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,14 +81,15 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows = [r for p in sorted(glob.glob(str(TABLES / "*.csv")))
             if (r := cost_case(p, args.eta, workload, args.n_trials, args.seed)) is not None]
-    print(format_table(["table", "max power W", "optimum cost J", "chosen cost J", "gap %", "measured"],
+    print(format_table(["table", "max power W", "optimum cost J", "chosen cost J", "gap %", "measured", "windows"],
                        [[r["table"], r["max_power_w"], r["optimum"], r["chosen"], round(r["gap"], 3),
-                         r["measured"]] for r in rows]))
+                         r["measured"], r["windows"]] for r in rows]))
     print(f"\n{len(rows)} searches in {time.perf_counter() - t0:.0f} s; eta {args.eta:g}, n_trials {args.n_trials}, "
           f"seed {args.seed}; Zeus's optimiser: 0.80% mean, 10.6% worst after ~100 recurring runs")
     gaps = [r["gap"] for r in rows]
     print(f"cost: mean gap {sum(gaps) / len(gaps):.2f}% | worst gap {max(gaps):.2f}% | mean measured "
-          f"{sum(r['measured'] for r in rows) / len(rows):.1f}")
+          f"{sum(r['measured'] for r in rows) / len(rows):.1f} | mean windows "
+          f"{sum(r['windows'] for r in rows) / len(rows):.1f}")
     return 0
 
 
