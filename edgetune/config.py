@@ -378,7 +378,7 @@ class SearchSection:
     eta: float = _key(0.5, _number(0.0, 1.0), "weight of energy in the cost objective (Zeus's eta; 1: energy "
                       "only, 0: time only)", flag=Flag("--eta", _flag_number, group=SEARCH))
     confirm: int = _key(3, _integer(0), "before the pick, up to this many contenders whose measured figures are "
-                        "within the run-to-run noise of the best are measured again (2 more windows each at most; "
+                        "within the run-to-run noise of the best are measured again (3 more windows each at most; "
                         "0: none); they add windows, not settings", flag=Flag("--confirm", _flag_int, "N", SEARCH))
 
 

@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 from edgetune.power import open_device
-from edgetune.search.confirm import next_confirmation, pool_windows
+from edgetune.search.confirm import CONFIRM_REPEATS, next_confirmation, pool_windows
 from edgetune.search.efficiency import Outcome, TargetModel
 from edgetune.search.oracle import prepare_trace
 from edgetune.search.records import Role, TrialRecord
@@ -115,7 +115,7 @@ def test_a_search_measures_its_contenders_again_and_picks_on_pooled_windows():
 
     result = run()
     again = [r for r in result.measured if r.role == Role.CONFIRM]
-    assert 1 <= len(again) <= 6
+    assert again and all(sum(r.candidate == c.candidate for r in again) <= CONFIRM_REPEATS for c in again)
     assert len(result.settings) == 12  # n_trials counts settings, not windows
     assert len(result.measured) == 12 + len(again)
     assert {r.candidate for r in again} <= {r.candidate for r in result.settings}

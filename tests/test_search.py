@@ -296,7 +296,7 @@ def test_a_setting_is_never_measured_twice(workload, tmp_path):
     assert len(first) == len(result.settings) == space.size == 4
     assert len({r.candidate for r in first}) == 4
     again = [r for r in result.measured if r.role == Role.CONFIRM]
-    assert 1 <= len(again) <= 6 and result.best.measurement["windows"] >= 2
+    assert again and result.best.measurement["windows"] >= 2
     path = write_trials_csv(result, tmp_path / "trials.csv")
     rows = list(csv.DictReader(path.open()))
     assert len(rows) == len(result.measured) and {"batch_size", "gpu_freq", "step_time_s", "max_avg_power_w"} <= set(rows[0])
