@@ -127,3 +127,20 @@ def test_a_search_measures_its_contenders_again_and_picks_on_pooled_windows():
     assert not math.isnan(result.best.outcome.energy_to_target_j)
     off = run(confirm_settings=0)
     assert all(r.role != Role.CONFIRM for r in off.measured) and len(off.measured) == 12
+
+
+def test_a_prior_study_gives_one_observation_per_setting():
+    from edgetune.search.prior import per_setting
+    from edgetune.search.records import Observation
+
+    a = Candidate(32, (("gpu_freq", 1e9),))
+    b = Candidate(64, (("gpu_freq", 1e9),))
+    obs = [Observation(a, True, True, step_time_s=0.10, max_avg_power_w=8.0, power_se_w=0.1, peak_power_w=9.0,
+                       feasible=True),
+           Observation(b, True, True, step_time_s=0.20, max_avg_power_w=9.0, feasible=True),
+           Observation(a, True, True, step_time_s=0.12, max_avg_power_w=8.4, power_se_w=0.3, peak_power_w=9.5,
+                       feasible=False)]
+    out = per_setting(obs)
+    assert [o.candidate for o in out] == [a, b] and out[1] is obs[1]
+    assert out[0].step_time_s == pytest.approx(0.11) and out[0].max_avg_power_w == pytest.approx(8.2)
+    assert out[0].power_se_w == pytest.approx(0.2) and out[0].peak_power_w == 9.5 and not out[0].feasible

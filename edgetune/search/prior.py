@@ -21,10 +21,11 @@ module in another power mode, or of the same workload at another budget. What it
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from edgetune.search.space import SearchSpace
 from edgetune.search.storage import SearchError, open_storage, redact
 
 __all__ = ["MIN_GP_ROWS", "PriorError", "PriorModel", "PriorStudy", "Transfer", "load_prior", "map_to_space",
-           "snap"]
+           "per_setting", "snap"]
 
 _log = get_logger(__name__)
 
@@ -85,6 +86,26 @@ class PriorStudy:
 # ---------------------------------------------------------------------------------------------- loading
 
 
+def per_setting(observations: Iterable[Observation]) -> tuple[Observation, ...]:
+    """One observation per setting, in order of first measurement: a setting measured again (the pick's
+    contenders, :mod:`edgetune.search.confirm`) by the means of its windows (peak: the highest; it held the
+    budget when every window did)."""
+    by_setting: dict[Candidate, list[Observation]] = {}
+    for o in observations:
+        by_setting.setdefault(o.candidate, []).append(o)
+    out = []
+    for windows in by_setting.values():
+        if len(windows) == 1:
+            out.append(windows[0])
+            continue
+        out.append(dataclasses.replace(
+            windows[0], step_time_s=float(np.mean([o.step_time_s for o in windows])),
+            max_avg_power_w=float(np.mean([o.max_avg_power_w for o in windows])),
+            power_se_w=float(np.mean([o.power_se_w for o in windows])),
+            peak_power_w=max(o.peak_power_w for o in windows), feasible=all(o.feasible for o in windows)))
+    return tuple(out)
+
+
 def _storage_url(spec: str) -> tuple[str, str | None]:
     """(storage URL, study name or None) of a ``--prior`` value."""
     url, _, name = spec.partition(NAME_SEP)
@@ -128,8 +149,8 @@ def load_prior(spec: str) -> PriorStudy:
     elif name not in names:
         raise PriorError(f"--prior {spec}: no study {name!r} there; it holds {', '.join(names) or 'none'}")
     study = optuna.load_study(study_name=name, storage=storage)
-    observations = tuple(o for t in study.get_trials(deepcopy=False)
-                         if (o := read_observation(t)) is not None and o.measured and o.ok)
+    observations = per_setting(o for t in study.get_trials(deepcopy=False)
+                               if (o := read_observation(t)) is not None and o.measured and o.ok)
     if not observations:
         raise PriorError(f"--prior {spec}: study {name!r} has no measured setting that ran; search it first")
     return PriorStudy(redact(url), name, read_identity(study) or {}, observations)
