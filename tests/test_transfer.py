@@ -95,7 +95,7 @@ def test_load_prior_from_a_folder_a_url_and_by_name(tmp_path, cnn):
     _, _, res = _search("orin-nano", cnn, 10.0, storage_url=url, n_trials=8)
     prior = load_prior(str(tmp_path))
     assert prior.study_name == "t" and prior.device == "sim:orin-nano"
-    assert len(prior.observations) == sum(1 for r in res.measured if r.ok)
+    assert len(prior.observations) == sum(1 for r in res.settings if r.ok)  # one per setting
     assert load_prior(url).observations == prior.observations
     optuna.create_study(storage=url, study_name="other")
     with pytest.raises(PriorError, match=r"2 studies \(other, t\); name one: --prior '.*#STUDY_NAME'"):
