@@ -44,9 +44,9 @@ CONFIRM_REPEATS = 3
 #: standard errors within which a contender's mean cannot be told from the best's
 CONFIRM_Z = 2.0
 
-_MEAN_KEYS = ("step_time_s", "mean_power_w", "max_avg_power_w", "power_se_w", "energy_per_sample_j", "settle_s",
-              "wall_s")
-_SUM_KEYS = ("steps", "real_steps", "duration_s", "energy_j", "samples", "dropped", "over_budget_s")
+_MEAN_KEYS = ("step_time_s", "mean_power_w", "max_avg_power_w", "power_se_w", "energy_per_sample_j")
+_SUM_KEYS = ("steps", "real_steps", "duration_s", "energy_j", "samples", "dropped", "over_budget_s", "settle_s",
+             "wall_s")
 
 
 def _pool_outcome(outcomes: Sequence[Outcome]) -> Outcome:
@@ -84,7 +84,7 @@ def pool_windows(measured: Sequence[TrialRecord], *, limit_w: float | None, guar
 
     A setting measured once keeps its record as it is. Of several windows, the pooled record keeps the first
     one's number, role, worker and power trace; its outcome and figures are the windows' means (peak power:
-    the highest; steps, energy and time over the budget: the sums); ``measurement["windows"]`` counts them.
+    the highest; steps, energy, idle and wall seconds, and time over the budget: the sums); ``measurement["windows"]`` counts them.
     It held the budget when every window ran, none was stopped over the budget, and the mean of their judged
     powers (each with its guard band) is within ``limit_w`` (None: unconstrained).
     """
