@@ -84,9 +84,10 @@ def pool_windows(measured: Sequence[TrialRecord], *, limit_w: float | None, guar
 
     A setting measured once keeps its record as it is. Of several windows, the pooled record keeps the first
     one's number, role, worker and power trace; its outcome and figures are the windows' means (peak power:
-    the highest; steps, energy, idle and wall seconds, and time over the budget: the sums); ``measurement["windows"]`` counts them.
-    It held the budget when every window ran, none was stopped over the budget, and the mean of their judged
-    powers (each with its guard band) is within ``limit_w`` (None: unconstrained).
+    the highest; steps, energy, idle and wall seconds, and time over the budget: the sums);
+    ``measurement["windows"]`` counts them. It held the budget when every window ran, none was stopped over
+    the budget, and the mean of their judged powers (each with its guard band) is within ``limit_w`` (None:
+    unconstrained).
     """
     by_setting: dict[Candidate, list[TrialRecord]] = {}
     for r in sorted(measured, key=lambda r: r.number):
