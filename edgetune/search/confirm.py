@@ -15,7 +15,9 @@ search ends, its contenders are measured again (:attr:`~edgetune.search.records.
    come in, and a new contender would otherwise reopen the confirmation).
 
 The pick is made on the pooled windows (:func:`pool_windows`): the mean of each figure, a setting held the
-budget when the mean of its windows' judged powers did and no window was stopped over it. Confirmations
+budget when the mean of its windows' judged powers did (a window stopped over the budget counts with what it
+measured until it was stopped: at a setting whose true power sits within the guard band of the budget, one
+window in two may be stopped, and one such window says no more than one that held). Confirmations
 add windows, not settings: ``n_trials`` and the "measured settings" of every report count settings.
 """
 
@@ -85,9 +87,9 @@ def pool_windows(measured: Sequence[TrialRecord], *, limit_w: float | None, guar
     A setting measured once keeps its record as it is. Of several windows, the pooled record keeps the first
     one's number, role, worker and power trace; its outcome and figures are the windows' means (peak power:
     the highest; steps, energy, idle and wall seconds, and time over the budget: the sums);
-    ``measurement["windows"]`` counts them. It held the budget when every window ran, none was stopped over
-    the budget, and the mean of their judged powers (each with its guard band) is within ``limit_w`` (None:
-    unconstrained).
+    ``measurement["windows"]`` counts them. It held the budget when every window ran and the mean of their
+    judged powers (each with its guard band; a window stopped over the budget with what it measured until
+    then) is within ``limit_w`` (None: unconstrained); ``aborted_over_budget`` says whether any was stopped.
     """
     by_setting: dict[Candidate, list[TrialRecord]] = {}
     for r in sorted(measured, key=lambda r: r.number):
@@ -103,7 +105,7 @@ def pool_windows(measured: Sequence[TrialRecord], *, limit_w: float | None, guar
             continue
         m = _pool_measurement([w.measurement for w in windows])
         judged = judged_power_w(m["max_avg_power_w"], m["power_se_w"], guard_sigma)
-        feasible = not m["aborted_over_budget"] and (limit_w is None or judged <= limit_w)
+        feasible = limit_w is None or judged <= limit_w
         out.append(dataclasses.replace(first, measurement=m, outcome=_pool_outcome([w.outcome for w in windows]),
                                        feasible=feasible))
     return out
