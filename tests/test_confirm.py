@@ -80,6 +80,12 @@ def test_a_rival_within_the_noise_is_measured_again_and_a_clear_best_stands():
     # the same spread, the rival 20% slower: the best stands
     slow = window(1, 8e8, 0.125, 7.0)
     assert next_confirmation([*best, slow, far], "time", limit_w=10.0) is None
+    # windows that differ by 0.1% (the twin): a rival 0.1% behind is within the noise, but so far within the
+    # search's resolution (half its margin) that it is not worth a window
+    steady = [window(0, 1e9, 0.1000, 8.0), window(3, 1e9, 0.1001, 8.0, role=Role.CONFIRM)]
+    close = window(1, 8e8, 0.1001, 7.0)
+    assert next_confirmation([*steady, close], "time", limit_w=10.0) is None
+    assert next_confirmation([*steady, close], "time", limit_w=10.0, resolution=0.0) == close.candidate
 
 
 def test_confirmation_respects_its_limits_and_the_budget():

@@ -10,7 +10,10 @@ search ends, its contenders are measured again (:attr:`~edgetune.search.records.
    setting's single lucky window may lead), which gives an estimate of the run-to-run spread;
 2. then every setting among the ``settings`` best whose mean cannot be told from the best's: its log
    objective within ``z`` standard errors of the best's, the spread pooled over every setting measured more
-   than once; the one with the fewest windows first, up to ``1 + repeats`` windows each;
+   than once; the one with the fewest windows first, up to ``1 + repeats`` windows each. Where those ``z``
+   standard errors are below ``resolution`` (the search's own resolution, half its margin) no rival counts:
+   a difference the noise could hide is one the search would not pursue anyway (the twin's windows differ
+   by 0.1-0.2%, so there the best's one repeat ends it);
 3. never more than ``settings x repeats`` windows again in all for step 2 (the ranking can shift as windows
    come in, and a new contender would otherwise reopen the confirmation).
 
@@ -35,8 +38,8 @@ from edgetune.search.records import TrialRecord
 from edgetune.search.space import Candidate
 from edgetune.search.trial import judged_power_w
 
-__all__ = ["CONFIRM_REPEATS", "CONFIRM_SETTINGS", "CONFIRM_Z", "log_score", "next_confirmation", "pick_score",
-           "pool_windows"]
+__all__ = ["CONFIRM_REPEATS", "CONFIRM_RESOLUTION", "CONFIRM_SETTINGS", "CONFIRM_Z", "log_score",
+           "next_confirmation", "pick_score", "pool_windows"]
 
 #: contenders (the best included) that may be measured again before the pick
 CONFIRM_SETTINGS = 3
@@ -45,6 +48,8 @@ CONFIRM_SETTINGS = 3
 CONFIRM_REPEATS = 3
 #: standard errors within which a contender's mean cannot be told from the best's
 CONFIRM_Z = 2.0
+#: relative differences (log) too small to be worth a window: half the search's default 1% margin
+CONFIRM_RESOLUTION = 0.005
 
 _MEAN_KEYS = ("step_time_s", "mean_power_w", "max_avg_power_w", "power_se_w", "energy_per_sample_j")
 _SUM_KEYS = ("steps", "real_steps", "duration_s", "energy_j", "samples", "dropped", "over_budget_s", "settle_s",
@@ -129,7 +134,8 @@ def log_score(outcome: Outcome, objective: str, cost: ZeusCost | None = None) ->
 
 def next_confirmation(measured: Sequence[TrialRecord], objective: str, *, limit_w: float | None,
                       guard_sigma: float = 0.0, cost: ZeusCost | None = None, settings: int = CONFIRM_SETTINGS,
-                      repeats: int = CONFIRM_REPEATS, z: float = CONFIRM_Z) -> Candidate | None:
+                      repeats: int = CONFIRM_REPEATS, z: float = CONFIRM_Z,
+                      resolution: float = CONFIRM_RESOLUTION) -> Candidate | None:
     """The setting to measure once more before the pick (module docs), or None when the pick stands.
 
     ``measured``: every measured window so far (feasibility is judged on the pooled windows, as the pick).
@@ -155,8 +161,12 @@ def next_confirmation(measured: Sequence[TrialRecord], objective: str, *, limit_
         return None
     dof = sum(len(v) - 1 for v in repeated)
     sigma = math.sqrt(sum(float(np.sum((np.array(v) - np.mean(v)) ** 2)) for v in repeated) / dof)
-    contenders = [c for c in ranked
-                  if c == best or means[c] - means[best] <= z * sigma * math.sqrt(1 / n[c] + 1 / n[best])]
+
+
+    def band(c: Candidate) -> float:  # how far the noise could hide c's mean from the best's (log)
+        return z * sigma * math.sqrt(1 / n[c] + 1 / n[best])
+
+    contenders = [c for c in ranked if c == best or resolution < band(c) and means[c] - means[best] <= band(c)]
     if len(contenders) == 1:
         return None  # the best stands clear of every other setting
     open_ = [c for c in contenders if n[c] < 1 + repeats]

@@ -326,7 +326,8 @@ class Search:
         or None; never one already queued or being measured (another worker of a fleet may be at it)."""
         measured = [r for r in self.records(study) if r.measured]
         cand = next_confirmation(measured, self.objective, limit_w=self._limit_w(), guard_sigma=self.guard_sigma,
-                                 cost=self.cost, settings=self.confirm_settings, repeats=self.confirm_repeats)
+                                 cost=self.cost, settings=self.confirm_settings, repeats=self.confirm_repeats,
+                                 resolution=self.margin / 2)
         if cand is None or self._queued_or_running(study, cand):
             return None
         return cand
