@@ -51,9 +51,10 @@ def test_one_window_is_kept_as_it_is_and_repeats_are_pooled():
     assert a.outcome.time_to_target_s == pytest.approx(1000 * 0.11)
     assert a.outcome.energy_to_target_j == pytest.approx(1000 * (0.10 * 8.0 + 0.12 * 9.0) / 2)
     assert a.role == Role.SEARCH and a.feasible
-    # judged power: mean 8.5 W + 2 x mean se 0.1 W = 8.7 W
-    assert pool_windows([a1, a2], limit_w=8.69, guard_sigma=2.0)[0].feasible is False
-    assert pool_windows([a1, a2], limit_w=8.71, guard_sigma=2.0)[0].feasible is True
+    # judged power: mean 8.5 W + 2 x the mean's se, sqrt(0.05^2 + 0.15^2) / 2 = 0.079 W: 8.658 W
+    assert m["power_se_w"] == pytest.approx(math.sqrt(0.05 ** 2 + 0.15 ** 2) / 2)
+    assert pool_windows([a1, a2], limit_w=8.65, guard_sigma=2.0)[0].feasible is False
+    assert pool_windows([a1, a2], limit_w=8.67, guard_sigma=2.0)[0].feasible is True
 
 
 def test_a_window_stopped_over_the_budget_counts_with_what_it_measured():

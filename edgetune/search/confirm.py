@@ -51,7 +51,7 @@ CONFIRM_Z = 2.0
 #: relative differences (log) too small to be worth a window: half the search's default 1% margin
 CONFIRM_RESOLUTION = 0.005
 
-_MEAN_KEYS = ("step_time_s", "mean_power_w", "max_avg_power_w", "power_se_w", "energy_per_sample_j")
+_MEAN_KEYS = ("step_time_s", "mean_power_w", "max_avg_power_w", "energy_per_sample_j")
 _SUM_KEYS = ("steps", "real_steps", "duration_s", "energy_j", "samples", "dropped", "over_budget_s", "settle_s",
              "wall_s")
 
@@ -75,6 +75,10 @@ def _pool_measurement(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         vals = [w[k] for w in windows if w.get(k) is not None]
         if vals:
             pooled[k] = sum(vals)
+    # the standard error of the mean of independent windows (each one's: the sensor's noise, and on a trace the
+    # stated run-to-run spread)
+    se = [float(w.get("power_se_w") or 0.0) for w in windows]
+    pooled["power_se_w"] = math.sqrt(sum(s * s for s in se)) / len(se)
     peaks = [float(w["peak_power_w"]) for w in windows if w.get("peak_power_w") is not None]
     if peaks:
         pooled["peak_power_w"] = max(peaks)
@@ -91,7 +95,8 @@ def pool_windows(measured: Sequence[TrialRecord], *, limit_w: float | None, guar
 
     A setting measured once keeps its record as it is. Of several windows, the pooled record keeps the first
     one's number, role, worker and power trace; its outcome and figures are the windows' means (peak power:
-    the highest; steps, energy, idle and wall seconds, and time over the budget: the sums);
+    the highest; steps, energy, idle and wall seconds, and time over the budget: the sums; the power's
+    standard error: that of the mean, ``sqrt(sum se^2) / n``);
     ``measurement["windows"]`` counts them. It held the budget when every window ran and the mean of their
     judged powers (each with its guard band; a window stopped over the budget with what it measured until
     then) is within ``limit_w`` (None: unconstrained); ``aborted_over_budget`` says whether any was stopped.
