@@ -350,7 +350,7 @@ def test_guided_sampler_keeps_predicted_power_within_what_the_measurements_imply
     """Power does not fall as the batch or a clock rises (in one power mode): a prediction is raised to the
     power of a measured setting below the candidate and lowered to that of a measured one above it that held
     the budget; one stopped over the budget bounds only from below."""
-    from edgetune.search.samplers.guided import GuidedSampler, _Measured
+    from edgetune.search.samplers.guided import GuidedSampler, _Measured, _within
 
     device = open_device("sim:orin-nano", compute=False)
     space = build_space(device, 32, (16, 32, 64), ["power_mode", "gpu_freq"], {"gpu_freq": ["306MHz", "510MHz", "max"]})
@@ -365,7 +365,7 @@ def test_guided_sampler_keeps_predicted_power_within_what_the_measurements_imply
                          peaks=[6.0, 7.0], oom_batches=[])
     cand = np.array([at(16, "15W", 0), at(64, "15W", 2), at(16, "15W", 1), at(64, "15W", 0), at(16, "7W", 0)])
     predicted = np.array([5.9, 6.0, 5.0, 5.0, 9.0])
-    bounded = sampler._monotone_power(cand, measured, predicted)
+    bounded = _within(predicted, *sampler._power_bounds(cand, measured))  # as the sampler's scoring does
     assert bounded[0] == 5.5  # below the 5.5-W setting that held the budget: at most 5.5
     assert bounded[1] == 6.4  # above the 6.4-W one (over the budget): at least 6.4
     assert bounded[2] == 5.0  # below the feasible one, above neither: the model's 5.0 stands

@@ -48,7 +48,6 @@ from edgetune.search.confirm import (
     CONFIRM_SETTINGS,
     next_confirmation,
     pick_score,
-    pool_windows,
 )
 from edgetune.search.efficiency import (
     DEFAULT_ETA,
@@ -505,22 +504,10 @@ class Search:
         study = self.study
         assert study is not None
         recs = self.records(study)
-        settings = pool_windows([r for r in recs if r.measured], limit_w=self._limit_w(),
-                                guard_sigma=self.guard_sigma)
-        feasible = [r for r in settings if r.feasible and r.outcome is not None]
-        baseline = self.baseline.state(recs).found
-        if baseline is not None:  # its pooled windows, where it was measured again
-            baseline = next((r for r in settings if r.candidate == baseline.candidate), baseline)
-        pareto = pareto_front(feasible)
-        best: TrialRecord | None = None
-        if feasible:
-            # pareto: one pick for best.json, the front's point with the lowest energy-delay product
-            best = min(pareto if self.objective == "pareto" else feasible,
-                       key=lambda r: pick_score(r.outcome, self.objective, self.cost))
-        return SearchResult(
+        result = SearchResult(
             study_name=self.study_name, storage_url=redact(self.storage_url), objective=self.objective,
             budget_w=self.budget_w, constrained=self.constrained, tolerance=self.tolerance, space=self.space,
-            target=self.target, records=recs, best=best, baseline=baseline, pareto=pareto,
+            target=self.target, records=recs, best=None, baseline=None, pareto=[],
             stop_reason=stop_reason, protocol=self.protocol.describe(
                 bool(getattr(self.device.clock, "virtual", False)),
                 runs_step=bool(getattr(self.device.backend, "compute", True))),
@@ -528,3 +515,14 @@ class Search:
             simulated=self.device.simulated, workload=getattr(self.workload, "name", str(self.workload)),
             cost=self.cost, guard_sigma=self.guard_sigma, power_cv=self.power_cv,
         )
+        settings = result.settings  # one record per setting, its windows pooled
+        feasible = [r for r in settings if r.feasible and r.outcome is not None]
+        found = self.baseline.state(recs).found
+        if found is not None:  # its pooled windows, where it was measured again
+            result.baseline = next((r for r in settings if r.candidate == found.candidate), found)
+        result.pareto = pareto_front(feasible)
+        if feasible:
+            # pareto: one pick for best.json, the front's point with the lowest energy-delay product
+            result.best = min(result.pareto if self.objective == "pareto" else feasible,
+                              key=lambda r: pick_score(r.outcome, self.objective, self.cost))
+        return result

@@ -736,11 +736,6 @@ class GuidedSampler(BaseSampler):
             return np.zeros(cand.size, dtype=bool)
         return self._power_bounds(cand, measured)[0] > self._limit_w
 
-    def _monotone_power(self, cand: np.ndarray, measured: _Measured, power_w: np.ndarray) -> np.ndarray:
-        """Predicted power kept within :meth:`_power_bounds`: a fitted model need not be monotone; the
-        hardware is."""
-        return _within(power_w, *self._power_bounds(cand, measured))
-
     def _incumbent(self, idx, times, powers, objective: str) -> float:
         """Log objective of the best measured setting that held the budget."""
         best = math.inf
