@@ -211,6 +211,35 @@ def test_a_setting_clearly_over_stops_before_the_budget_window_crosses(workload)
     assert near.duration_s > 0.5  # not stopped on its first readings: they cannot tell it from the limit
 
 
+def test_a_stopped_trial_drops_its_clocks_and_cores_at_once(workload):
+    """Stopped over the budget, the board goes to the least power its quick knobs allow (lowest clocks, one
+    core; the power mode stays: a switch is slow), so the 1-s average falls as fast as it can: the wait before
+    the next setting idles there, not at that setting's clocks."""
+    from edgetune.search.trial import rest_setting
+
+    device = open_device("sim:orin-nano", compute=False)
+    knobs = device.knobs
+    protocol = MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=2.0)
+    top = {"gpu_freq": 624_750_000, "emc_freq": 2_133_000_000, "cpu_cores": 6, "power_mode": "15W"}
+    with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+        device.apply(top)
+        busy_idle_w = device.idle_power_w
+        rest = rest_setting(device, [*top, "cpu_freq"])
+        assert rest == {"gpu_freq": knobs["gpu_freq"].min, "emc_freq": knobs["emc_freq"].min, "cpu_cores": 1,
+                        "cpu_freq": knobs["cpu_freq"].min}  # clocks and cores; never the power mode
+        free = measure_setting(device, workload, 128, top, protocol, monitor)
+        over = measure_setting(device, workload, 128, top, protocol, monitor, limit_w=free.mean_power_w - 1.0)
+        assert over.aborted_over_budget and over.setting == top  # the record says what was measured
+        now = device.settings()
+        assert {k: now[k] for k in ("gpu_freq", "emc_freq", "cpu_cores")} == {
+            "gpu_freq": knobs["gpu_freq"].min, "emc_freq": knobs["emc_freq"].min, "cpu_cores": 1}
+        assert now["power_mode"] == "15W" and device.idle_power_w < busy_idle_w - 0.3
+        assert rest_setting(device, top) == {}  # already at rest: nothing to write
+        low = {"gpu_freq": 306_000_000, "emc_freq": 204_000_000, "cpu_cores": 6}
+        calm = measure_setting(device, workload, 128, low, protocol, monitor, limit_w=free.mean_power_w - 1.0)
+    assert calm.ok and not calm.aborted_over_budget and calm.setting == low  # applied after the wait
+
+
 def test_over_limit_s_counts_the_time_the_moving_average_is_above():
     from edgetune.search.trial import over_limit_s
 

@@ -33,10 +33,15 @@ budget anyway (the judged power is the window's moving-average maximum plus the 
 above the limit) is stopped at once, without waiting for the budget window's average to cross: that average
 is still mostly the power before the setting, and would stay over the limit for a second after the stop.
 The measurement is then flagged :attr:`Measurement.aborted_over_budget`, its figures cover the steps run since the
-knobs were set, and it never holds the budget. Once the knobs are set and before the first step, the board
-idles while the recent past could still take the budget window's average over the limit (a stopped trial's
-power stays in the 1-s window for a second; the next setting would otherwise carry the previous one's excess,
-:func:`settle`): at most one window, :attr:`Measurement.settle_s`. Every measurement records
+knobs were set, and it never holds the budget. A stopped trial drops the board to rest at once
+(:func:`rest_setting`: its clocks at their lowest, one online core; the power mode stays, a switch is slow),
+so the 1-s average falls as fast as the board allows, and nothing idles at the stopped setting's clocks while
+the search decides what to measure next. Before the next setting is applied, the board idles at rest while
+the recent past could still take the budget window's average over the limit (a stopped trial's power stays
+in the 1-s window for a second; the next setting would otherwise carry the previous one's excess,
+:func:`settle`): at most one window, :attr:`Measurement.settle_s`. (Idling at rest instead of at the next
+setting's clocks: 50.8 -> 41.6 device-seconds over the budget in all over the oracle benchmark's 36 time
+searches; ``experiments/results/oracle_gap.txt``.) Every measurement records
 :attr:`Measurement.over_budget_s`: the device seconds, from the knobs being set to the trial's end, during
 which the moving average of board power was above the limit.
 """
@@ -45,13 +50,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from edgetune.power.base import Device, KnobValue, is_out_of_memory
+from edgetune.power.knobs import KNOBS, KnobRole
 from edgetune.power.monitor import PowerMonitor, cumulative_energy_j, window_stats
 
 __all__ = ["Measurement", "MeasurementProtocol", "judged_power_w", "measure_setting", "over_limit_s", "settle",
@@ -299,8 +305,10 @@ def measure_setting(
     whole = f"setting-{wall0!r}"  # from the knobs being set: the early stop's and over-budget's record
     monitor.begin_window(whole)
     t_settle = clock.now()
-    device.apply(setting)  # first: the wait idles at this setting's clocks, mostly lower than a stopped one's
+    if settle_needed(monitor, clock, limit_w):
+        _rest(device, setting)  # the wait idles at the least power the clocks allow (a stopped trial's rest)
     settle_s = settle(monitor, clock, limit_w)
+    device.apply(setting)
     applied = {name: device.knobs[name].read() for name in setting}
     virtual = bool(getattr(clock, "virtual", False))
     cost = getattr(workload, "cost", None)
@@ -388,6 +396,8 @@ def measure_setting(
         monitor.end_window(whole)
         raise
 
+    if math.isfinite(trigger_w):
+        _rest(device, setting)  # stopped over the budget: the clocks drop at once, not at the next setting
     times, watts = monitor.records()
     result.over_budget_s = _finish(monitor, whole, t_settle, limit_w)
     result.aborted_over_budget = math.isfinite(trigger_w)
@@ -443,6 +453,40 @@ def trailing_average_max_w(t: np.ndarray, p: np.ndarray, window_s: float) -> flo
     return float(np.max((e[-1] - eu[keep]) / span[keep]))
 
 
+#: the knobs a stopped trial lowers at once, and the settle wait idles with at their least: clocks and online
+#: cores, each a quick write (a power mode switch is slow and a power limit does not lower idle power)
+_REST_ROLES = (KnobRole.GPU_CLOCK, KnobRole.MEMORY_CLOCK, KnobRole.CPU_CLOCK, KnobRole.CPU_CORES)
+
+
+def rest_setting(device: Device, names: Iterable[str]) -> dict[str, KnobValue]:
+    """The least-power values of the knobs among ``names`` that are quick to set (:data:`_REST_ROLES`):
+    each writable clock at its lowest value, the fewest online cores; only those not there already."""
+    out: dict[str, KnobValue] = {}
+    for name in names:
+        knob, spec = device.knobs.get(name), KNOBS.get(name)
+        if knob is None or spec is None or spec.role not in _REST_ROLES or not (knob.writable and knob.numeric):
+            continue
+        if knob.read() != knob.min:
+            out[name] = knob.min
+    return out
+
+
+def _rest(device: Device, setting: Mapping[str, KnobValue]) -> None:
+    rest = rest_setting(device, setting)
+    if rest:
+        device.apply(rest)
+
+
+def settle_needed(monitor: PowerMonitor, clock: Any, limit_w: float | None) -> bool:
+    """Whether the recent past could still take the budget window's average over ``limit_w``
+    (:func:`settle` would wait)."""
+    if limit_w is None:
+        return False
+    t, p = monitor.records(since=clock.now() - monitor.avg_window_s)
+    worst = trailing_average_max_w(t, p, monitor.avg_window_s)
+    return bool(math.isfinite(worst) and worst > limit_w)
+
+
 def settle(monitor: PowerMonitor, clock: Any, limit_w: float | None) -> float:
     """Idle until a next setting drawing at most ``limit_w`` cannot take the budget window's average over
     it, for at most one window; returns the device seconds waited (0 without a limit or when none is needed).
@@ -458,9 +502,7 @@ def settle(monitor: PowerMonitor, clock: Any, limit_w: float | None) -> float:
         return 0.0
     waited = 0.0
     while waited < monitor.avg_window_s:
-        t, p = monitor.records(since=clock.now() - monitor.avg_window_s)
-        worst = trailing_average_max_w(t, p, monitor.avg_window_s)
-        if not (math.isfinite(worst) and worst > limit_w):
+        if not settle_needed(monitor, clock, limit_w):
             break
         clock.sleep(_SETTLE_STEP_S)
         monitor.sample()
