@@ -211,6 +211,26 @@ def test_a_setting_clearly_over_stops_before_the_budget_window_crosses(workload)
     assert near.duration_s > 0.5  # not stopped on its first readings: they cannot tell it from the limit
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_a_setting_whose_window_holds_the_budget_is_not_stopped_on_its_first_readings(workload, seed):
+    """The early stop weighs a short average's own noise: a setting the whole window judges 0.04 W under the
+    limit (guard band included) runs its window, whatever its first readings say (seed 0 was stopped when the
+    stop took the short average at face value)."""
+    from edgetune.search.trial import judged_power_w
+
+    device = open_device("sim:orin-nano", compute=False, seed=seed)
+    protocol = MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=2.0)
+    top = {"gpu_freq": 510_000_000, "emc_freq": 2_133_000_000}
+    low = {"gpu_freq": 306_000_000, "emc_freq": 204_000_000}
+    with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+        free = measure_setting(device, workload, 128, top, protocol, monitor)
+        limit_w = judged_power_w(free.max_avg_power_w, free.power_se_w, 2.0) + 0.04
+        measure_setting(device, workload, 128, low, protocol, monitor)
+        again = measure_setting(device, workload, 128, top, protocol, monitor, limit_w=limit_w, guard_sigma=2.0)
+    assert not again.aborted_over_budget and again.duration_s >= protocol.measure_s
+    assert again.holds(limit_w, guard_sigma=2.0)
+
+
 def test_a_stopped_trial_drops_its_clocks_and_cores_at_once(workload):
     """Stopped over the budget, the board goes to the least power its quick knobs allow (lowest clocks, one
     core; the power mode stays: a switch is slow), so the 1-s average falls as fast as it can: the wait before

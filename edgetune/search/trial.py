@@ -28,7 +28,11 @@ learn that it is over. Given ``limit_w`` (the budget with its tolerance), :func:
 monitor's live moving average after every step, warm-up included, and stops the trial as soon as the budget
 window's average *and* the average since this setting was applied (the previous setting's power is not
 this one's fault), each plus the guard band, are above the limit: such a setting would be judged over the
-budget anyway (the judged power is the window's moving-average maximum plus the guard band). A setting
+budget anyway (the judged power is the window's moving-average maximum plus the guard band). The setting's
+own average must exceed it by one standard error of that average (:data:`_STOP_SIGMA`): an average of a
+fraction of a second, checked after every step, is noisier than the window's, and taken at face value it
+stopped settings whose whole window holds the budget (on the twin, 13 of 16 repeats of a setting judged
+0.01 W under the limit, against 2). A setting
 *clearly* over (its own average, after at least 0.05 s of it, less three standard errors of that average, is
 above the limit) is stopped at once, without waiting for the budget window's average to cross: that average
 is still mostly the power before the setting, and would stay over the limit for a second after the stop.
@@ -69,6 +73,10 @@ _MIN_ABORT_SPAN_S = 0.05
 #: standard errors of a setting's own average by which it must exceed the limit to be clearly over: such a
 #: setting is stopped at once, before the budget window's average (still mostly the power before it) crosses
 _CLEAR_OVER_SIGMA = 3.0
+#: standard errors of a setting's own average by which its judged power (that average plus the guard band)
+#: must exceed the limit before the trial is stopped: the average of the readings so far, checked after every
+#: step, would otherwise stop settings whose whole window holds the budget on its noise alone
+_STOP_SIGMA = 1.0
 #: step (s, device clock) of the idle wait before a setting is applied while the budget window's average is
 #: still over the limit (the previous setting's power): two 100-Hz samples, short against the 1-s window
 _SETTLE_STEP_S = 0.02
@@ -344,15 +352,20 @@ def measure_setting(
         own = watts[times >= t_set - 1e-9]
         span_s = min(own_s, monitor.avg_window_s)
         own_avg = monitor.moving_average(span_s)
-        # clearly over: the setting's own average less _CLEAR_OVER_SIGMA standard errors of it (the readings'
-        # spread over the sensor updates it holds) is above the limit; its 1-s average will be
-        if own.size >= 2 and own_avg - _CLEAR_OVER_SIGMA * _se_w(own, sensor_period_s, monitor, span_s) > limit_w:
+        # the standard error of that average (the readings' spread over the sensor updates it holds)
+        own_se = _se_w(own, sensor_period_s, monitor, span_s) if own.size >= 2 else math.inf
+        # clearly over: the setting's own average less _CLEAR_OVER_SIGMA standard errors of it is above the
+        # limit; its 1-s average will be
+        if own_avg - _CLEAR_OVER_SIGMA * own_se > limit_w:
             trigger_w = own_avg
             return True
         guard = guard_sigma * _se_w(own, sensor_period_s, monitor)
         if monitor.moving_average() + guard <= limit_w:
             return False
-        if own_avg + guard <= limit_w:
+        # judged over: its own average plus the guard band, less _STOP_SIGMA standard errors of that average
+        # (a short average is noisier than the window's; checked after every step, its noise alone would
+        # stop settings the whole window holds)
+        if own_avg + guard - _STOP_SIGMA * own_se <= limit_w:
             return False
         trigger_w = own_avg
         return True
