@@ -45,7 +45,7 @@ the recent past could still take the budget window's average over the limit (a s
 in the 1-s window for a second; the next setting would otherwise carry the previous one's excess,
 :func:`settle`): at most one window, :attr:`Measurement.settle_s`. (Idling at rest instead of at the next
 setting's clocks: 50.8 -> 41.6 device-seconds over the budget in all over the oracle benchmark's 36 time
-searches; ``experiments/results/oracle_gap.txt``.) Every measurement records
+searches, 41.2 with the noise-aware stop above; ``experiments/results/oracle_gap.txt``.) Every measurement records
 :attr:`Measurement.over_budget_s`: the device seconds, from the knobs being set to the trial's end, during
 which the moving average of board power was above the limit.
 """
