@@ -352,11 +352,12 @@ def measure_setting(
         own = watts[times >= t_set - 1e-9]
         span_s = min(own_s, monitor.avg_window_s)
         own_avg = monitor.moving_average(span_s)
-        # the standard error of that average (the readings' spread over the sensor updates it holds)
-        own_se = _se_w(own, sensor_period_s, monitor, span_s) if own.size >= 2 else math.inf
+        # the standard error of that average (the readings' spread over the sensor updates it holds; 0 from
+        # fewer than two readings)
+        own_se = _se_w(own, sensor_period_s, monitor, span_s)
         # clearly over: the setting's own average less _CLEAR_OVER_SIGMA standard errors of it is above the
         # limit; its 1-s average will be
-        if own_avg - _CLEAR_OVER_SIGMA * own_se > limit_w:
+        if own.size >= 2 and own_avg - _CLEAR_OVER_SIGMA * own_se > limit_w:
             trigger_w = own_avg
             return True
         guard = guard_sigma * _se_w(own, sensor_period_s, monitor)
