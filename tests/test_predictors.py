@@ -123,7 +123,7 @@ def test_peak_power_follows_the_measured_ratio():
     pred = model.predict(X)
     np.testing.assert_allclose(pred.peak_power_w / pred.power_w, 1.3)
     # sklearn conventions: parameters round-trip, clone gives an unfitted copy
-    assert model.get_params() == {"base": "auto", "residual": "none", "random_state": 0}
+    assert model.get_params() == {"base": "auto", "residual": "none", "random_state": 0, "cv_folds": 4}
     assert not hasattr(clone(model), "base_model_")
 
 

@@ -10,9 +10,16 @@ The model has two layers, both fitted in log space (errors are relative, as the 
      f_emc (weights and optimizer state once per step, activations per sample), t_launch = l / f_cpu (host
      kernel launches), t_load = d b / (f_cpu (cores - 1)) (data loaders), and smax_p(x, y) = (x^p +
      y^p)^(1/p) with p fitted (p = 1: parts add up; p large: the slowest part alone). Power = static +
-     G f_gpu^gamma x GPU activity (the GPU part's share of the step) + E f_emc + C cores + H f_cpu^gamma_c x
-     busy cores: dynamic power C V^2 f with V rising with f, so gamma > 1. All amplitudes positive (log
-     parameters); one bounded least-squares fit of time and power together, from a few starts.
+     G f_gpu^gamma x GPU activity x (u + (1 - u) b / (b + b_half)) + E f_emc + W x bytes per second + C
+     cores + H f_cpu^gamma_c x busy cores: dynamic power C V^2 f with V rising with f, so gamma > 1; the GPU
+     part follows its busy share of the step and, but for a share u drawn whatever the batch (clock tree),
+     how full it is (power rises with the batch until the GPU saturates: Orin AGX at its top clocks draws
+     about twice as much at the saturating batch as at batch 1, shared/data/jetson/published_measurements.md);
+     DRAM power follows the bytes moved per second, (m0 + m1 b) / step at the top memory clock's scale, on
+     top of the controller's clock-linear E f_emc. All amplitudes positive (log parameters), u in [0, 1].
+     Fitted in two bounded least-squares stages, each from a few starts: the time law on the step times
+     alone, then the power terms with the time law fixed (fitted jointly, power pulled the time law a third
+     off at unmeasured settings).
    * ``power_cap`` (a ``power_limit`` knob, e.g. NVML, the Zeus traces): the workload draws
      P_free(b) = p_lo + (p_hi - p_lo) sigmoid(h (log2 b - m)) when unconstrained; the limit caps it,
      P = softmin(P_free, kappa * limit), but not below the clock floor: at its lowest clock the GPU still
@@ -36,7 +43,12 @@ The model has two layers, both fitted in log space (errors are relative, as the 
 
 2. A **residual Gaussian process** on (log2 b, knobs scaled to [0, 1]) of log(measured / base), with a
    white-noise term: it corrects what the physics misses and gives the uncertainty (its predictive std,
-   noise included). ``residual="none"`` keeps the base alone, with the base's residual spread as std.
+   noise included). Its signal variance (the doubt far from the rows) is at least the base's
+   **cross-validated** error: :data:`CV_FOLDS` refits of the base, each without one fold of the rows,
+   predicting the fold (mean squared log error, capped at :data:`CV_VARIANCE_CAP`). Fitted on its own
+   residuals, which a base of 16 parameters makes small, the GP was sure of settings it had never seen
+   (twin Orin Nano mobilenet: 6.13 +- 0.10 W predicted for 5.44 W, so the optimum was never measured).
+   ``residual="none"`` keeps the base alone, with the base's residual spread as std.
 
 3. **Extrapolation doubt**: a prediction outside the fitted range (batch sizes beyond the measured ones,
    knob values beyond the measured span) gets a relative std that grows with the distance
@@ -65,7 +77,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
-__all__ = ["BASES", "EXTRAPOLATION_STD_PER_OCTAVE", "EXTRAPOLATION_STD_PER_SPAN", "FREQUENCY_KNOBS",
+__all__ = ["BASES", "CV_FOLDS", "CV_VARIANCE_CAP", "EXTRAPOLATION_STD_PER_OCTAVE", "EXTRAPOLATION_STD_PER_SPAN", "FREQUENCY_KNOBS",
            "HardwareModel", "Prediction", "role_name"]
 
 #: Knobs whose value is a clock (or a count of cores): time scales with 1/value.
@@ -76,6 +88,13 @@ BATCH = "batch_size"
 #: trusted to no better than 20% in time (per-sample time bends with the batch: the GPU fills, caches spill)
 #: and 10% in power (power saturates with the batch, so it strays less)
 EXTRAPOLATION_STD_PER_OCTAVE = (0.20, 0.10)
+#: folds of the cross-validation that floors the residual GP's signal variance (module docs): each refit of
+#: the base costs about a tenth of the GP fits
+CV_FOLDS = 4
+#: the floor's cap, a mean squared log error (0.04: a relative std of 20%): a base refitted on three quarters
+#: of a handful of rows can be wrong by any amount, and a floor without a cap would make every prediction a
+#: coin toss
+CV_VARIANCE_CAP = 0.04
 #: relative std added per measured span of a knob beyond that span (time, power): a clock twice as far out
 #: as the measured range is wide may cross a roofline knee the rows never showed
 EXTRAPOLATION_STD_PER_SPAN = (0.20, 0.10)
@@ -220,21 +239,56 @@ class _Roofline(enum.IntEnum):
     LOG_C = 11  # power per online core
     LOG_H = 12  # CPU dynamic power at the top CPU clock, per busy core
     GAMMA_C = 13  # CPU power's exponent in the clock
+    FILL_FLOOR = 14  # share of the GPU's dynamic power drawn whatever the batch (clock tree): the rest follows fill
+    LOG_W = 15  # DRAM power at full use of the bandwidth of the top memory clock
 
 
 #: the roofline's amplitudes (log scale): the perturbed starts move these; the shapes start at their priors
 _ROOFLINE_AMPLITUDES = [_Roofline.LOG_A, _Roofline.LOG_B_HALF, _Roofline.LOG_M0, _Roofline.LOG_M1, _Roofline.LOG_L,
                         _Roofline.LOG_D, _Roofline.LOG_STATIC, _Roofline.LOG_G, _Roofline.LOG_E, _Roofline.LOG_C,
-                        _Roofline.LOG_H]
+                        _Roofline.LOG_H, _Roofline.LOG_W]
 #: the power terms' amplitudes, in the order :meth:`_RooflineBase._power` unpacks them
 _ROOFLINE_POWER_AMPLITUDES = [_Roofline.LOG_STATIC, _Roofline.LOG_G, _Roofline.LOG_E, _Roofline.LOG_C,
-                              _Roofline.LOG_H]
+                              _Roofline.LOG_H, _Roofline.LOG_W]
 _ROOFLINE_PRIOR_WEIGHT = 0.1  # the shapes' priors weigh a tenth of one row's residual
 _ROOFLINE_SHAPE_PRIORS = {  # (centre, width) of the shape parameters' weak priors
     _Roofline.P: (4.0, 3.0),  # parts overlap mostly: between additive (1) and the slowest alone (8)
     _Roofline.GAMMA: (2.5, 1.0),  # dynamic power C V^2 f with V rising with f
     _Roofline.GAMMA_C: (2.5, 1.0),  # the same for the CPU
+    _Roofline.FILL_FLOOR: (0.5, 0.5),  # no preference between a clock-tree-bound and a fill-bound GPU
 }
+
+
+#: the time law's parameters (fitted first, on the step times) and the power terms' (fitted with them fixed)
+_ROOFLINE_TIME = (_Roofline.LOG_A, _Roofline.LOG_B_HALF, _Roofline.LOG_M0, _Roofline.LOG_M1, _Roofline.LOG_L,
+                  _Roofline.LOG_D, _Roofline.P)
+_ROOFLINE_POWER = tuple(m for m in _Roofline if m not in _ROOFLINE_TIME)
+
+
+def _fit_stage(residuals, theta: np.ndarray, free: Sequence[int], lo: np.ndarray, hi: np.ndarray,
+               starts: int) -> np.ndarray:
+    """``theta`` with the parameters ``free`` fitted by bounded least squares (the rest fixed): the best of
+    ``starts`` starts, the first from ``theta``, the others with its amplitudes perturbed (seeded)."""
+    free = np.array(free, dtype=int)
+    amplitudes = np.isin(free, _ROOFLINE_AMPLITUDES)
+    rng = np.random.default_rng(0)
+    best_cost, best = math.inf, theta
+    for attempt in range(starts):
+        x0 = theta[free].copy()
+        if attempt:
+            x0[amplitudes] += rng.normal(0.0, 1.5, int(amplitudes.sum()))
+        x0 = np.clip(x0, lo[free] + 1e-6, hi[free] - 1e-6)
+
+        def at(x: np.ndarray) -> np.ndarray:
+            th = theta.copy()
+            th[free] = x
+            return th
+
+        r = least_squares(lambda x: residuals(at(x)), x0, bounds=(lo[free], hi[free]), max_nfev=300, ftol=1e-6,
+                          xtol=1e-6)
+        if r.cost < best_cost:
+            best_cost, best = r.cost, at(r.x)
+    return best
 
 
 @dataclass(frozen=True)
@@ -246,73 +300,89 @@ class _RooflineBase:
     theta: np.ndarray
 
     @staticmethod
-    def _time(th: np.ndarray, c: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _time(th: np.ndarray, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The step time and the parts the power terms need: ``step``, ``gpu_part`` (GPU busy), ``load_core``
+        (loading on one core), ``traffic`` (memory time at the top memory clock: bytes moved) and ``fill``
+        (the GPU's filled share, b / (b + b_half))."""
         R = _Roofline
         b = c["b"]
-        gpu = np.exp(th[R.LOG_A]) * (b + np.exp(th[R.LOG_B_HALF])) / c["gpu"]
-        mem = (np.exp(th[R.LOG_M0]) + np.exp(th[R.LOG_M1]) * b) / c["mem"]
+        b_half = np.exp(th[R.LOG_B_HALF])
+        gpu = np.exp(th[R.LOG_A]) * (b + b_half) / c["gpu"]
+        traffic = np.exp(th[R.LOG_M0]) + np.exp(th[R.LOG_M1]) * b
+        mem = traffic / c["mem"]
         launch = np.exp(th[R.LOG_L]) / c["cpu"]
         load_core = np.exp(th[R.LOG_D]) * b / c["cpu"]
         load = load_core / np.maximum(c["cores"] - 1.0, 1.0)
         p = th[R.P]
         gpu_part = (gpu**p + mem**p) ** (1.0 / p)
         step = (gpu_part**p + launch**p + load**p) ** (1.0 / p)
-        return step, gpu_part, load_core
+        return {"step": step, "gpu_part": gpu_part, "load_core": load_core, "traffic": traffic,
+                "fill": b / (b + b_half)}
 
     @staticmethod
-    def _power(th: np.ndarray, c: dict[str, np.ndarray], step: np.ndarray, gpu_part: np.ndarray,
-               load_core: np.ndarray) -> np.ndarray:
-        static, g, e, cores, h = np.exp(th[_ROOFLINE_POWER_AMPLITUDES])
-        gamma, gamma_c = th[_Roofline.GAMMA], th[_Roofline.GAMMA_C]
-        activity = gpu_part / step
-        busy = 1.0 + load_core / step  # the main thread plus the loaders' share
-        return (static + g * c["gpu"] ** gamma * activity + e * c["mem"] + cores * c["cores_norm"]
-                + h * c["cpu"] ** gamma_c * busy)
+    def _power(th: np.ndarray, c: dict[str, np.ndarray], parts: dict[str, np.ndarray]) -> np.ndarray:
+        static, g, e, cores, h, w = np.exp(th[_ROOFLINE_POWER_AMPLITUDES])
+        gamma, gamma_c, floor = th[_Roofline.GAMMA], th[_Roofline.GAMMA_C], th[_Roofline.FILL_FLOOR]
+        step = parts["step"]
+        activity = parts["gpu_part"] / step * (floor + (1.0 - floor) * parts["fill"])
+        busy = 1.0 + parts["load_core"] / step  # the main thread plus the loaders' share
+        bandwidth_use = parts["traffic"] / step  # bytes per second, as a share of the top clock's
+        return (static + g * c["gpu"] ** gamma * activity + e * c["mem"] + w * bandwidth_use
+                + cores * c["cores_norm"] + h * c["cpu"] ** gamma_c * busy)
 
     @staticmethod
     def fit(names: Sequence[str], k: np.ndarray, scale: np.ndarray, b: np.ndarray, t_step: np.ndarray,
-            p: np.ndarray) -> _RooflineBase:
+            p: np.ndarray, start: np.ndarray | None = None) -> _RooflineBase:
+        """Fit in two stages: the time law on the step times alone, then the power terms with it fixed.
+
+        The power terms use the time law's parts (GPU share, bytes moved, fill), so a joint fit lets power
+        pull the time law: it traded up to a third of the time accuracy at unmeasured settings for a
+        slightly closer power fit (twin Orin Nano mobilenet, 7W mode: 0.0464 s predicted for 0.0351 s).
+        ``start``: one start from these parameters (a refit on a subset) instead of the default starts.
+        """
         R = _Roofline
         c = _roofline_inputs(names, k, scale, b)
         lt, lp = np.log(t_step), np.log(p)
 
-        def residuals(th: np.ndarray) -> np.ndarray:
-            step, gpu_part, load_core = _RooflineBase._time(th, c)
-            power = _RooflineBase._power(th, c, step, gpu_part, load_core)
-            prior = _ROOFLINE_PRIOR_WEIGHT * np.array([(th[i] - centre) / width
-                                                       for i, (centre, width) in _ROOFLINE_SHAPE_PRIORS.items()])
-            return np.concatenate([np.log(step) - lt, np.log(power) - lp, prior])
+        def prior(th: np.ndarray, params: Sequence[int]) -> np.ndarray:
+            return _ROOFLINE_PRIOR_WEIGHT * np.array([(th[i] - centre) / width for i, (centre, width)
+                                                      in _ROOFLINE_SHAPE_PRIORS.items() if i in params])
 
-        t0, p0, lb = float(np.median(np.log(t_step))), float(np.median(p)), float(np.median(np.log(b)))
-        # start: the step time split into parts a few e-folds apart; power 40% static, 40% GPU, the rest small
-        start = _vector({
-            R.LOG_A: t0 - lb, R.LOG_B_HALF: lb, R.LOG_M0: t0 - 1, R.LOG_M1: t0 - lb - 1, R.LOG_L: t0 - 2,
-            R.LOG_D: t0 - lb - 2, R.P: _ROOFLINE_SHAPE_PRIORS[R.P][0], R.LOG_STATIC: math.log(p0 * 0.4),
-            R.LOG_G: math.log(p0 * 0.4), R.GAMMA: _ROOFLINE_SHAPE_PRIORS[R.GAMMA][0], R.LOG_E: math.log(p0 * 0.1),
-            R.LOG_C: math.log(p0 * 0.05), R.LOG_H: math.log(p0 * 0.05),
-            R.GAMMA_C: _ROOFLINE_SHAPE_PRIORS[R.GAMMA_C][0],
-        })
+        def time_residuals(th: np.ndarray) -> np.ndarray:
+            return np.concatenate([np.log(_RooflineBase._time(th, c)["step"]) - lt, prior(th, _ROOFLINE_TIME)])
+
+        def power_residuals(th: np.ndarray) -> np.ndarray:
+            power = _RooflineBase._power(th, c, _RooflineBase._time(th, c))
+            return np.concatenate([np.log(power) - lp, prior(th, _ROOFLINE_POWER)])
+
         # bounds: amplitudes over many decades (log scale); the shapes within their physical ranges
         lo = _vector({**dict.fromkeys(_ROOFLINE_AMPLITUDES, -30.0), R.LOG_B_HALF: -10.0, R.P: 1.0,
-                      R.GAMMA: 0.5, R.GAMMA_C: 0.5})
+                      R.GAMMA: 0.5, R.GAMMA_C: 0.5, R.FILL_FLOOR: 0.0})
         hi = _vector({**dict.fromkeys(_ROOFLINE_AMPLITUDES, 10.0), R.LOG_B_HALF: 15.0, R.P: 8.0,
-                      R.GAMMA: 4.0, R.GAMMA_C: 4.0})
-        rng = np.random.default_rng(0)
-        best = None
-        for attempt in range(_STARTS):
-            th0 = start.copy()
-            if attempt:
-                th0[_ROOFLINE_AMPLITUDES] += rng.normal(0.0, 1.5, len(_ROOFLINE_AMPLITUDES))
-            r = least_squares(residuals, np.clip(th0, lo + 1e-6, hi - 1e-6), bounds=(lo, hi), max_nfev=300,
-                              ftol=1e-6, xtol=1e-6)
-            if best is None or r.cost < best.cost:
-                best = r
-        return _RooflineBase(tuple(names), scale, best.x)
+                      R.GAMMA: 4.0, R.GAMMA_C: 4.0, R.FILL_FLOOR: 1.0})
+        if start is None:
+            t0, p0, lb = float(np.median(np.log(t_step))), float(np.median(p)), float(np.median(np.log(b)))
+            # the step time split into parts a few e-folds apart; power 40% static, 40% GPU, the rest small
+            start = _vector({
+                R.LOG_A: t0 - lb, R.LOG_B_HALF: lb, R.LOG_M0: t0 - 1, R.LOG_M1: t0 - lb - 1, R.LOG_L: t0 - 2,
+                R.LOG_D: t0 - lb - 2, R.P: _ROOFLINE_SHAPE_PRIORS[R.P][0], R.LOG_STATIC: math.log(p0 * 0.4),
+                R.LOG_G: math.log(p0 * 0.4), R.GAMMA: _ROOFLINE_SHAPE_PRIORS[R.GAMMA][0],
+                R.LOG_E: math.log(p0 * 0.1), R.LOG_C: math.log(p0 * 0.05), R.LOG_H: math.log(p0 * 0.05),
+                R.GAMMA_C: _ROOFLINE_SHAPE_PRIORS[R.GAMMA_C][0],
+                R.FILL_FLOOR: _ROOFLINE_SHAPE_PRIORS[R.FILL_FLOOR][0], R.LOG_W: math.log(p0 * 0.05),
+            })
+            starts = _STARTS
+        else:
+            starts = 1
+        theta = np.clip(np.asarray(start, dtype=float), lo + 1e-6, hi - 1e-6)
+        theta = _fit_stage(time_residuals, theta, _ROOFLINE_TIME, lo, hi, starts)
+        theta = _fit_stage(power_residuals, theta, _ROOFLINE_POWER, lo, hi, starts)
+        return _RooflineBase(tuple(names), scale, theta)
 
     def predict(self, k: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         c = _roofline_inputs(self.names, k, self.scale, b)
-        step, gpu_part, load_core = self._time(self.theta, c)
-        return step / b, self._power(self.theta, c, step, gpu_part, load_core)
+        parts = self._time(self.theta, c)
+        return parts["step"] / b, self._power(self.theta, c, parts)
 
 
 # Per-sample time that rises with batch size (cache and memory pressure, the d b term) is fitted from the
@@ -467,9 +537,11 @@ class _PowerCapBase:
 # ------------------------------------------------------------------------------------------ the model
 
 
-def _residual_gp(dims: int, random_state: int | None) -> GaussianProcessRegressor:
+def _residual_gp(dims: int, random_state: int | None, floor: float = 0.0) -> GaussianProcessRegressor:
+    """The residual GP; ``floor``: the least signal variance it may fit (the base's cross-validated error)."""
     # residuals are small (log ratios of a few %): a small signal variance and a smooth, anisotropic RBF
-    kernel = ConstantKernel(0.01, (1e-4, 1.0)) * RBF([2.0] + [1.0] * (dims - 1), (0.5, 100.0)) + WhiteKernel(
+    lo = max(1e-4, floor)
+    kernel = ConstantKernel(max(0.01, lo), (lo, 1.0)) * RBF([2.0] + [1.0] * (dims - 1), (0.5, 100.0)) + WhiteKernel(
         1e-3, (1e-5, 1e-1))
     return GaussianProcessRegressor(kernel, normalize_y=False, random_state=random_state)
 
@@ -482,6 +554,13 @@ class HardwareModel(BaseEstimator):
             clock or core count, else ``generic``), or one of those by name.
         residual: ``gp`` (a Gaussian process corrects the base and gives the uncertainty) or ``none``.
         random_state: seed of the GP optimiser.
+        cv_folds: folds of the cross-validation whose error floors the residual GP's signal variance (module
+            docs, 4); 0: no floor. Needs more rows than folds.
+
+    Fitted attributes: ``base_kind_``, ``base_model_``, ``time_gp_`` and ``power_gp_`` (``residual="gp"``),
+    ``cv_var_`` (the base's cross-validated mean squared log error, time and power, capped at
+    :data:`CV_VARIANCE_CAP`; 0 where not cross-validated), ``time_spread_``, ``power_spread_``,
+    ``peak_ratio_``, ``n_train_``.
 
     Example::
 
@@ -490,10 +569,12 @@ class HardwareModel(BaseEstimator):
         pred.step_time_s, pred.power_w, pred.step_time_std
     """
 
-    def __init__(self, base: str = "auto", residual: str = "gp", random_state: int | None = 0) -> None:
+    def __init__(self, base: str = "auto", residual: str = "gp", random_state: int | None = 0,
+                 cv_folds: int = CV_FOLDS) -> None:
         self.base = base
         self.residual = residual
         self.random_state = random_state
+        self.cv_folds = cv_folds
 
     # sklearn convention: fitted attributes end with "_"
     def fit(self, X: Sequence[Mapping[str, float]], step_time_s, power_w, peak_power_w=None) -> HardwareModel:
@@ -533,23 +614,38 @@ class HardwareModel(BaseEstimator):
         if kind == "frequency" and not names:
             kind = "generic"
         self.base_kind_ = kind
-        t_sample = t / b  # the bases model time per sample; step time = b x that
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            if kind == "power_cap":
-                self.base_model_ = _PowerCapBase.fit(k, b, t_sample, p, float(self.scale_[0]))
-            elif kind == "frequency":
-                self.base_model_ = _RooflineBase.fit(roles, k, self.scale_, b, t, p)
-            else:
-                self.base_model_ = _GenericBase.fit(k, b, t_sample, p)
+        def fit_base(sel: np.ndarray, start: np.ndarray | None = None):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                if kind == "power_cap":
+                    return _PowerCapBase.fit(k[sel], b[sel], t[sel] / b[sel], p[sel], float(self.scale_[0]))
+                if kind == "frequency":
+                    return _RooflineBase.fit(roles, k[sel], self.scale_, b[sel], t[sel], p[sel], start)
+                return _GenericBase.fit(k[sel], b[sel], t[sel] / b[sel], p[sel])
+
+        self.base_model_ = fit_base(np.arange(n))
         bt, bp = self._base_predict(k, b)
         rt, rp = np.log(t / bt), np.log(p / bp)
-        Z = self._gp_inputs(k, b)
+        self.cv_var_ = (0.0, 0.0)
+        if self.residual == "gp" and self.cv_folds and n > self.cv_folds:
+            # how wrong the base is where it was not fitted: each fold predicted by a refit on the others
+            # (started from the full fit), as log ratios
+            et, ep = np.zeros(n), np.zeros(n)
+            fold = np.arange(n) % self.cv_folds
+            for f in range(self.cv_folds):
+                held = fold == f
+                refit = fit_base(np.flatnonzero(~held), getattr(self.base_model_, "theta", None))
+                with np.errstate(all="ignore"):
+                    ts, ps = refit.predict(k[held], b[held])
+                et[held], ep[held] = np.log(t[held] / (ts * b[held])), np.log(p[held] / ps)
+            self.cv_var_ = tuple(float(min(np.nanmean(e**2), CV_VARIANCE_CAP)) if np.isfinite(np.nanmean(e**2))
+                                 else CV_VARIANCE_CAP for e in (et, ep))
         if self.residual == "gp":
+            Z = self._gp_inputs(k, b)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
-                self.time_gp_ = _residual_gp(Z.shape[1], self.random_state).fit(Z, rt)
-                self.power_gp_ = _residual_gp(Z.shape[1], self.random_state).fit(Z, rp)
+                self.time_gp_ = _residual_gp(Z.shape[1], self.random_state, self.cv_var_[0]).fit(Z, rt)
+                self.power_gp_ = _residual_gp(Z.shape[1], self.random_state, self.cv_var_[1]).fit(Z, rp)
         dof = max(n - 3, 1)
         self.time_spread_ = float(math.sqrt(np.sum(rt**2) / dof))
         self.power_spread_ = float(math.sqrt(np.sum(rp**2) / dof))
