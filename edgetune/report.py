@@ -108,13 +108,20 @@ def summary_table(result: SearchResult) -> str:
                      f"{window_s:g}-s average spent above the budget while settings were measured)")
     edge = result.knife_edge
     if edge is not None:
-        safer = ("no measured setting has a wider margin" if edge.safer is None else
-                 f"the next safer: trial {edge.safer.number}, batch {edge.safer.candidate.batch_size}, "
-                 f"{_setting_text(edge.safer, units)}, margin {edge.safer_margin_w:.3f} W, "
-                 f"{edge.safer_cost_pct:+.1f}% {result.objective}")
-        lines.append(f"knife edge: the chosen setting's measured power is {edge.margin_w:.3f} W under the budget, "
-                     f"within the sensor's accuracy ({edge.accuracy_w:.3f} W): its true power may be over; "
-                     f"{safer} (best.json: knife_edge)")
+        where = (f"trial {edge.edge.number}, batch {edge.edge.candidate.batch_size}, "
+                 f"{_setting_text(edge.edge, units)}")
+        if edge.safer is None:
+            lines.append(f"knife edge: the chosen setting's measured power is {edge.margin_w:.3f} W under the budget, "
+                         f"within the sensor's accuracy ({edge.accuracy_w:.3f} W): its true power may be over; no "
+                         f"measured setting has a wider margin (best.json: knife_edge)")
+        else:
+            lines.append(f"knife edge: the best measured setting ({where}) is {edge.margin_w:.3f} W under the "
+                         f"budget, within the sensor's accuracy ({edge.accuracy_w:.3f} W): its true power may be "
+                         f"over, so the pick is the next safer (margin {edge.safer_margin_w:.3f} W), "
+                         f"{edge.safer_cost_pct:+.1f}% {result.objective}; to run the edge setting: edgetune run "
+                         f"--batch-size {edge.edge.candidate.batch_size} "
+                         + " ".join(f"--set {k}={v}" for k, v in edge.edge.candidate.setting)
+                         + " (best.json: knife_edge)")
     if result.simulated:
         lines.append(f"SIMULATED device ({result.device_description}); protocol: {result.protocol}")
     return "\n".join(lines)

@@ -34,6 +34,7 @@ _TICK_SLACK_S = 1e-12
 _PARAM_COPIES = 2
 
 __all__ = [
+    "DERIVED_PREFIX",
     "Capability",
     "Clock",
     "Device",
@@ -50,6 +51,7 @@ __all__ = [
     "VirtualClock",
     "WorkloadCost",
     "format_value",
+    "summed_channels",
     "largest_at_most",
 ]
 
@@ -98,6 +100,17 @@ def largest_at_most(values: Sequence[Any], limit: float) -> Any:
         if v <= limit:
             best = v
     return best
+
+
+DERIVED_PREFIX = "derived: "
+
+
+def summed_channels(total_label: str) -> int:
+    """How many sensor channels a total sums: 1 for an input rail (``VDD_IN``), the number of rails a derived
+    total (``derived: VDD_GPU_SOC + VDD_CPU_CV``) adds. Each channel adds its own offset error to the total."""
+    if not total_label.startswith(DERIVED_PREFIX):
+        return 1
+    return max(1, len([t for t in total_label[len(DERIVED_PREFIX):].split("+") if t.strip()]))
 
 
 def format_value(value: KnobValue, unit: str) -> str:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgetune.power.base import Device, DeviceError, KnobWriteError, PowerReading, RealClock
+from edgetune.power.base import DERIVED_PREFIX, Device, DeviceError, KnobWriteError, PowerReading, RealClock
 from edgetune.power.jetson import COMBINED_RAILS, _run_step
 from edgetune.power.monitor import MIN_UPDATES_PER_WINDOW, min_avg_window_s
 from edgetune.power.registry import PlatformProbe
@@ -157,7 +157,7 @@ class JtopPowerSensor:
         self.input_rail: str | None = total.get("name") or None
         online = tuple(name for name, rail in rails.items() if rail.get("online", True))
         self.rails: tuple[str, ...] = ((self.input_rail,) if self.input_rail else ()) + online
-        self.total_label = self.input_rail or "derived: " + " + ".join(online)
+        self.total_label = self.input_rail or DERIVED_PREFIX + " + ".join(online)
         served = float(getattr(client, "interval", 0.0) or 0.0)
         self.update_period_s = served if served > 0 else float(interval_s)
         self.period_source = "jtop service interval"

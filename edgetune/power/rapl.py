@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgetune.power.base import Capability, Device, DeviceError, PowerReading, RealClock, WorkloadCost
+from edgetune.power.base import DERIVED_PREFIX, Capability, Device, DeviceError, PowerReading, RealClock, WorkloadCost
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, StateTracker
 from edgetune.power.sysfs import (
@@ -91,7 +91,7 @@ class RaplSensor:
         self._zones = zones
         self._clock = clock or RealClock()
         self.rails = tuple(z.name for z in zones)
-        self.total_label = "derived: " + " + ".join(self.rails)
+        self.total_label = DERIVED_PREFIX + " + ".join(self.rails)
         self._lock = threading.Lock()
         for z in zones:
             z.counter = FastReader(z.path / "energy_uj")

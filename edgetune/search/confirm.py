@@ -138,12 +138,15 @@ def log_score(outcome: Outcome, objective: str, cost: ZeusCost | None = None) ->
 
 
 def next_confirmation(measured: Sequence[TrialRecord], objective: str, *, limit_w: float | None,
-                      guard_sigma: float = 0.0, cost: ZeusCost | None = None, settings: int = CONFIRM_SETTINGS,
+                      guard_sigma: float = 0.0, accuracy_w: float = 0.0, cost: ZeusCost | None = None,
+                      settings: int = CONFIRM_SETTINGS,
                       repeats: int = CONFIRM_REPEATS, z: float = CONFIRM_Z,
                       resolution: float = CONFIRM_RESOLUTION) -> Candidate | None:
     """The setting to measure once more before the pick (module docs), or None when the pick stands.
 
     ``measured``: every measured window so far (feasibility is judged on the pooled windows, as the pick).
+    ``accuracy_w``: the sensor's accuracy at the limit: where some setting holds the budget by that much, the
+    contenders are drawn from those (the pick is, :func:`~edgetune.search.results.choose_best`).
     """
     if settings < 1 or repeats < 1:
         return None
@@ -153,6 +156,9 @@ def next_confirmation(measured: Sequence[TrialRecord], objective: str, *, limit_
             windows.setdefault(r.candidate, []).append(log_score(r.outcome, objective, cost))
     pooled = [r for r in pool_windows(measured, limit_w=limit_w, guard_sigma=guard_sigma)
               if r.feasible and r.outcome is not None and math.isfinite(log_score(r.outcome, objective, cost))]
+    if limit_w is not None and accuracy_w > 0.0:
+        clear = [r for r in pooled if limit_w - (r.measurement or {}).get("max_avg_power_w", math.inf) >= accuracy_w]
+        pooled = clear or pooled
     if not pooled:
         return None
     means = {r.candidate: float(np.mean(windows[r.candidate])) for r in pooled}

@@ -20,21 +20,22 @@ from typing import Any
 
 from edgetune.power.base import format_value
 from edgetune.power.knobs import knob_unit
-from edgetune.search.confirm import pool_windows
+from edgetune.search.confirm import pick_score, pool_windows
 from edgetune.search.efficiency import TargetModel, ZeusCost, scalar_score
 from edgetune.search.oracle import oracle_fields
 from edgetune.search.records import TrialRecord
 from edgetune.search.space import SearchSpace
 
 __all__ = ["SENSOR_ACCURACY_ABS_W", "SENSOR_ACCURACY_REL", "TRIAL_COLUMNS", "KnifeEdge", "SearchResult", "best_json",
-           "knife_edge", "pareto_front", "sensor_accuracy_w", "setting_with_units", "write_best",
-           "write_trials_csv"]
+           "certified", "choose_best", "knife_edge", "margin_w", "pareto_front", "sensor_accuracy_w",
+           "setting_with_units", "write_best", "write_trials_csv"]
 
 #: a board power sensor's accuracy, relative part: the INA3221's maximum gain errors (shunt and bus voltage,
-#: 0.25 % each, TI datasheet SBOS576) add up in their product, the power
-SENSOR_ACCURACY_REL = 0.005
-#: ... and absolute part, W: the INA3221's maximum shunt offset (80 uV) over a 5 mOhm shunt at 5 V (the Jetson
-#: modules' rails; edgetune/power/profiles/SOURCES.md, "Sensor")
+#: 0.25 % each, TI datasheet SBOS576) add up in their product, the power, and its maximum bus offset (16 mV)
+#: is 0.32 % of a 5 V rail
+SENSOR_ACCURACY_REL = 0.0082
+#: ... and absolute part, W per channel summed into the total: the INA3221's maximum shunt offset (80 uV) over
+#: a 5 mOhm shunt at 5 V (the Jetson modules' rails; edgetune/power/profiles/SOURCES.md, "Sensor")
 SENSOR_ACCURACY_ABS_W = 0.08
 
 
@@ -68,6 +69,9 @@ class SearchResult:
     cost: ZeusCost | None = None  # the weights of the ``cost`` objective
     #: the run-to-run spread of a window's power the search was told (a table's stated spread; 0 elsewhere)
     power_cv: float = 0.0
+    #: power channels the sensor's total sums (:func:`edgetune.power.base.summed_channels`): each adds its
+    #: offset to the sensor's accuracy
+    sensor_channels: int = 1
 
     @property
     def measured(self) -> list[TrialRecord]:
@@ -78,8 +82,7 @@ class SearchResult:
     def settings(self) -> list[TrialRecord]:
         """One record per measured setting, its windows pooled (:func:`~edgetune.search.confirm.pool_windows`):
         what the pick, the Pareto front and the knife edge are judged on."""
-        limit_w = self.budget_w * (1.0 + self.tolerance) if self.constrained and self.budget_w is not None else None
-        return pool_windows(self.measured, limit_w=limit_w, guard_sigma=self.guard_sigma or 0.0)
+        return pool_windows(self.measured, limit_w=self.limit_w, guard_sigma=self.guard_sigma or 0.0)
 
     @property
     def over_budget_s(self) -> float:
@@ -87,8 +90,19 @@ class SearchResult:
         return sum(r.over_budget_s for r in self.measured)
 
     @property
+    def limit_w(self) -> float | None:
+        """The budget with its tolerance, W (None: unconstrained)."""
+        return self.budget_w * (1.0 + self.tolerance) if self.constrained and self.budget_w is not None else None
+
+    @property
+    def accuracy_w(self) -> float | None:
+        """The sensor's accuracy at the limit, W (:func:`sensor_accuracy_w`; None: unconstrained)."""
+        limit_w = self.limit_w
+        return None if limit_w is None else sensor_accuracy_w(limit_w, self.sensor_channels)
+
+    @property
     def knife_edge(self) -> KnifeEdge | None:
-        """The best's measured power within the sensor's accuracy of the budget (:func:`knife_edge`)."""
+        """The best held setting holds the budget by less than the sensor's accuracy (:func:`knife_edge`)."""
         return knife_edge(self)
 
     @property
@@ -110,55 +124,80 @@ class SearchResult:
         return b.time_to_target_s / c.time_to_target_s
 
 
-def sensor_accuracy_w(power_w: float) -> float:
-    """How far a measured board power may be from the true one (:data:`SENSOR_ACCURACY_REL` and
-    :data:`SENSOR_ACCURACY_ABS_W`)."""
-    return SENSOR_ACCURACY_REL * abs(power_w) + SENSOR_ACCURACY_ABS_W
+def sensor_accuracy_w(power_w: float, channels: int = 1) -> float:
+    """How far a measured board power may be from the true one, W (:data:`SENSOR_ACCURACY_REL` of it plus
+    :data:`SENSOR_ACCURACY_ABS_W` per channel the total sums: 1 for an input rail, each rail of a derived
+    total, :func:`edgetune.power.base.summed_channels`)."""
+    return SENSOR_ACCURACY_REL * abs(power_w) + channels * SENSOR_ACCURACY_ABS_W
 
 
 @dataclass(frozen=True)
 class KnifeEdge:
-    """The best setting's measured power lies within the sensor's accuracy of the budget: the true power may
-    be over it. The pick stays (it held the budget as judged, guard band included); the user may prefer
-    ``safer``, the best measured setting whose margin exceeds the accuracy, at ``safer_cost_pct`` more of
-    the objective (time, energy, or less throughput). ``safer`` is None when no measured setting has that
-    margin."""
+    """The best measured setting that held the budget (``edge``) holds it by less than the sensor's accuracy:
+    its true power may be over. The pick stays on the safe side: ``safer``, the best measured setting whose
+    margin is at least the accuracy, at ``safer_cost_pct`` more of the objective than ``edge`` (time,
+    energy, or less throughput); the user may take ``edge`` instead. ``safer`` is None when no measured
+    setting has that margin: the pick is then ``edge`` itself."""
 
-    best: TrialRecord
-    margin_w: float  # budget (with tolerance) minus the best's measured moving-average maximum
+    edge: TrialRecord
+    margin_w: float  # budget (with tolerance) minus the edge's measured moving-average maximum
     accuracy_w: float
     safer: TrialRecord | None
     safer_margin_w: float | None
     safer_cost_pct: float | None
 
 
-def _margin_w(r: TrialRecord, limit_w: float) -> float:
+def margin_w(r: TrialRecord, limit_w: float) -> float:
+    """The limit minus the record's measured moving-average maximum, W (nan: not measured)."""
     return limit_w - float((r.measurement or {}).get("max_avg_power_w", math.nan))
 
 
-def _cost_pct(best: TrialRecord, other: TrialRecord, objective: str) -> float:
+def certified(r: TrialRecord, limit_w: float | None, accuracy_w: float | None) -> bool:
+    """Whether ``r`` held the budget by at least the sensor's accuracy (True where unconstrained)."""
+    return limit_w is None or accuracy_w is None or margin_w(r, limit_w) >= accuracy_w
+
+
+def _cost_pct(best: TrialRecord, other: TrialRecord, objective: str, cost: ZeusCost | None = None) -> float:
     """How much worse ``other`` is than ``best`` in the objective, %."""
-    a, b = scalar_score(best.outcome, objective), scalar_score(other.outcome, objective)
+    a, b = scalar_score(best.outcome, objective, cost), scalar_score(other.outcome, objective, cost)
     if objective == "throughput":  # scores are minus samples/s
         return (a / b - 1.0) * 100.0
     return (b / a - 1.0) * 100.0
 
 
+def _held(result: SearchResult) -> list[TrialRecord]:
+    """The measured settings that held the budget, with an outcome."""
+    return [r for r in result.settings if r.feasible and r.outcome is not None]
+
+
+def _best_of(result: SearchResult, records: list[TrialRecord]) -> TrialRecord | None:
+    """The best of ``records`` by :func:`~edgetune.search.confirm.pick_score` (pareto: of their front)."""
+    pool = pareto_front(records) if result.objective == "pareto" else records
+    return min(pool, key=lambda r: pick_score(r.outcome, result.objective, result.cost), default=None)
+
+
+def choose_best(result: SearchResult) -> TrialRecord | None:
+    """The pick, on the safe side: the best of the measured settings that held the budget by the sensor's
+    accuracy (pareto: the lowest energy-delay product of their front), or of all that held it where none
+    did (:class:`KnifeEdge` says so)."""
+    held = _held(result)
+    safe = [r for r in held if certified(r, result.limit_w, result.accuracy_w)]
+    return _best_of(result, safe or held)
+
+
 def knife_edge(result: SearchResult) -> KnifeEdge | None:
-    """A :class:`KnifeEdge` when the best's measured power is within the sensor's accuracy of the budget."""
-    best = result.best
-    if best is None or best.outcome is None or not result.constrained or result.budget_w is None:
+    """A :class:`KnifeEdge` when the best measured setting that held the budget holds it by less than the
+    sensor's accuracy (None: a clear margin, nothing held, or no budget)."""
+    limit_w, accuracy_w = result.limit_w, result.accuracy_w
+    held = _held(result)
+    edge = _best_of(result, held)
+    if limit_w is None or accuracy_w is None or edge is None or certified(edge, limit_w, accuracy_w):
         return None
-    limit_w = result.budget_w * (1.0 + result.tolerance)
-    accuracy_w = sensor_accuracy_w(limit_w)
-    margin_w = _margin_w(best, limit_w)
-    if not margin_w < accuracy_w:
-        return None
-    safe = [r for r in result.settings if r.feasible and r.outcome is not None and _margin_w(r, limit_w) >= accuracy_w]
+    safer = _best_of(result, [r for r in held if certified(r, limit_w, accuracy_w)])
     objective = "time" if result.objective == "pareto" else result.objective
-    safer = min(safe, key=lambda r: scalar_score(r.outcome, objective), default=None)
-    return KnifeEdge(best, margin_w, accuracy_w, safer, _margin_w(safer, limit_w) if safer else None,
-                     _cost_pct(best, safer, objective) if safer else None)
+    return KnifeEdge(edge, margin_w(edge, limit_w), accuracy_w, safer,
+                     margin_w(safer, limit_w) if safer else None,
+                     _cost_pct(edge, safer, objective, result.cost) if safer else None)
 
 
 def _knife_edge_json(edge: KnifeEdge | None) -> dict[str, Any] | None:
@@ -169,8 +208,11 @@ def _knife_edge_json(edge: KnifeEdge | None) -> dict[str, Any] | None:
         return {"trial": r.number, "batch_size": r.candidate.batch_size, "setting": r.candidate.knobs,
                 "max_avg_power_w": _finite((r.measurement or {}).get("max_avg_power_w"))}
 
-    return {**where(edge.best), "margin_w": edge.margin_w, "sensor_accuracy_w": edge.accuracy_w,
-            "sensor_accuracy": f"{SENSOR_ACCURACY_REL:.1%} + {SENSOR_ACCURACY_ABS_W:g} W (INA3221 maxima)",
+    # the edge setting at the top (the fastest that held as measured); the pick is the next safer where there is one
+    return {**where(edge.edge), "margin_w": edge.margin_w, "sensor_accuracy_w": edge.accuracy_w,
+            "sensor_accuracy": f"{SENSOR_ACCURACY_REL:.2%} + {SENSOR_ACCURACY_ABS_W:g} W per summed channel "
+                               f"(INA3221 maxima)",
+            "chosen": "this" if edge.safer is None else "next_safer",
             "next_safer": None if edge.safer is None else {**where(edge.safer), "margin_w": edge.safer_margin_w,
                                                            "cost_pct": edge.safer_cost_pct}}
 
@@ -264,7 +306,7 @@ def best_json(result: SearchResult) -> dict[str, Any]:
         "protocol": result.protocol,
         "pareto_front": [_plan(r, units) for r in result.pareto],
         "workload_cost": result.workload_cost,
-        # the best's measured power within the sensor's accuracy of the budget (null: a clear margin)
+        # the best setting as measured holds the budget by less than the sensor's accuracy (null: a clear margin)
         "knife_edge": _knife_edge_json(knife_edge(result)),
     }
     if result.cost is not None:  # Zeus's cost of the pick, J (eta x energy + (1 - eta) x max power x time)

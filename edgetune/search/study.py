@@ -39,7 +39,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from edgetune.power.base import Device
+from edgetune.power.base import Device, summed_channels
 from edgetune.power.monitor import PowerMonitor
 from edgetune.search import records
 from edgetune.search.baseline import Baseline, nearest_batch_size
@@ -47,7 +47,6 @@ from edgetune.search.confirm import (
     CONFIRM_REPEATS,
     CONFIRM_SETTINGS,
     next_confirmation,
-    pick_score,
 )
 from edgetune.search.efficiency import (
     DEFAULT_ETA,
@@ -60,7 +59,7 @@ from edgetune.search.efficiency import (
     scalar_score,
 )
 from edgetune.search.records import CONSTRAINT, Observation, Role, TrialRecord
-from edgetune.search.results import SearchResult, pareto_front
+from edgetune.search.results import SearchResult, choose_best, pareto_front, sensor_accuracy_w
 from edgetune.search.samplers import AUTO_SAMPLER, make_sampler
 from edgetune.search.space import Candidate, SearchSpace
 from edgetune.search.storage import (
@@ -208,6 +207,8 @@ class Search:
         max_w = device.max_power_w
         self.constrained = budget_w is not None and not (max_w is not None and budget_w >= max_w)
         self.baseline = Baseline(space, self.baseline_batch_size, device.settings(), limit_w=self._limit_w())
+        #: channels the sensor's total sums: each adds its offset to the sensor's accuracy
+        self.sensor_channels = summed_channels(getattr(device.sensor, "total_label", ""))
         self._storage = storage
         self.study: optuna.Study | None = None
         self._monitor: PowerMonitor | None = None
@@ -226,8 +227,12 @@ class Search:
             n_existing = len(optuna.load_study(study_name=self.study_name, storage=storage).trials)
         except KeyError:  # a new study
             pass
+        limit_w = self._limit_w()
         guided = {"budget_w": self.budget_w if self.constrained else None, "tolerance": self.tolerance,
-                  "target": self.target, "guard_sigma": self.guard_sigma, **dict(self.guided_options or {})}
+                  "target": self.target, "guard_sigma": self.guard_sigma,
+                  # the pick holds the budget by the sensor's accuracy: the sampler aims there
+                  "accuracy_w": sensor_accuracy_w(limit_w, self.sensor_channels) if limit_w is not None else 0.0,
+                  **dict(self.guided_options or {})}
         if self.cost is not None:
             guided["cost"] = self.cost
         if self.prior:
@@ -324,7 +329,9 @@ class Search:
         """The contender to measure again before the pick (:func:`~edgetune.search.confirm.next_confirmation`),
         or None; never one already queued or being measured (another worker of a fleet may be at it)."""
         measured = [r for r in self.records(study) if r.measured]
-        cand = next_confirmation(measured, self.objective, limit_w=self._limit_w(), guard_sigma=self.guard_sigma,
+        limit_w = self._limit_w()
+        cand = next_confirmation(measured, self.objective, limit_w=limit_w, guard_sigma=self.guard_sigma,
+                                 accuracy_w=sensor_accuracy_w(limit_w, self.sensor_channels) if limit_w else 0.0,
                                  cost=self.cost, settings=self.confirm_settings, repeats=self.confirm_repeats,
                                  resolution=self.margin / 2)
         if cand is None or self._queued_or_running(study, cand):
@@ -514,6 +521,7 @@ class Search:
             device_name=self.device.name, device_description=self.device.description,
             simulated=self.device.simulated, workload=getattr(self.workload, "name", str(self.workload)),
             cost=self.cost, guard_sigma=self.guard_sigma, power_cv=self.power_cv,
+            sensor_channels=self.sensor_channels,
         )
         settings = result.settings  # one record per setting, its windows pooled
         feasible = [r for r in settings if r.feasible and r.outcome is not None]
@@ -521,8 +529,7 @@ class Search:
         if found is not None:  # its pooled windows, where it was measured again
             result.baseline = next((r for r in settings if r.candidate == found.candidate), found)
         result.pareto = pareto_front(feasible)
-        if feasible:
-            # pareto: one pick for best.json, the front's point with the lowest energy-delay product
-            result.best = min(result.pareto if self.objective == "pareto" else feasible,
-                              key=lambda r: pick_score(r.outcome, self.objective, self.cost))
+        # the safe side: the best that held the budget by the sensor's accuracy (pareto: the front's point with
+        # the lowest energy-delay product), best.json's knife_edge names a better one held by less
+        result.best = choose_best(result)
         return result

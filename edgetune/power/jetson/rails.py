@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgetune.power.base import Clock, DeviceError, PowerReading, RealClock
+from edgetune.power.base import DERIVED_PREFIX, Clock, DeviceError, PowerReading, RealClock
 from edgetune.power.sysfs import FastReader, read_int, read_text
 
 __all__ = [
@@ -194,7 +194,7 @@ class JetsonPowerSensor:
         if self._input is not None:
             self.total_label = self._input.name
         else:
-            self.total_label = "derived: " + " + ".join(self.rails)
+            self.total_label = DERIVED_PREFIX + " + ".join(self.rails)
 
     @property
     def update_period_s(self) -> float:

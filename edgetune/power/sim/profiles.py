@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from typing import Any
 
-from edgetune.power.base import DeviceError
+from edgetune.power.base import DERIVED_PREFIX, DeviceError
 
 __all__ = [
     "DEFAULT_PROFILE",
@@ -138,7 +138,7 @@ class RailLayout:
     def total_label(self) -> str:
         if self.input_rail is not None:
             return self.input_rail
-        return "derived: " + " + ".join(self.channels)
+        return DERIVED_PREFIX + " + ".join(self.channels)
 
 
 # Rails per module (Jetson facts, sysfs.md): Orin Nano/NX and Xavier NX have the input rail VDD_IN and the

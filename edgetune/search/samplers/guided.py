@@ -186,6 +186,9 @@ class GuidedSampler(BaseSampler):
         objective: ``time``, ``energy``, ``throughput``, ``pareto`` (alternates time and energy) or ``cost``
             (Zeus's ``eta x energy + (1 - eta) x max power x time``; needs ``cost``).
         budget_w: the budget (None: unconstrained); tolerance: allowed overshoot fraction.
+        accuracy_w: the power sensor's accuracy at the budget, W: the search picks a setting that holds the
+            budget by this much (:func:`~edgetune.search.results.choose_best`), so the model aims there (the
+            budget less it) and counts only such settings as the best so far.
         target: steps to target per batch size.
         seed: seed of the space-filling start, the candidate samples and ties.
         n_startup: measured settings (baseline probes included) before the model is used.
@@ -221,13 +224,14 @@ class GuidedSampler(BaseSampler):
                  prior_handoff: int = PRIOR_HANDOFF,
                  max_candidates: int = 30_000, guard_sigma: float = 0.0,
                  min_trials_to_stop: int | None = None, observations_func: ObservationsFunc | None = None,
-                 cost: ZeusCost | None = None, prior: Sequence[Observation] = ()) -> None:
+                 cost: ZeusCost | None = None, prior: Sequence[Observation] = (), accuracy_w: float = 0.0) -> None:
         if objective == "cost" and cost is None:
             raise ValueError("the cost objective needs its weights: cost=ZeusCost(eta, max_power_w)")
         self.space = space
         self.objective = objective
         self.budget_w = budget_w
         self.tolerance = tolerance
+        self.accuracy_w = float(accuracy_w)
         self.target = target or TargetModel()
         self.n_startup = n_startup
         self.n_spread = n_spread
@@ -689,7 +693,7 @@ class GuidedSampler(BaseSampler):
             # setting clearly over it runs about one step before it is stopped, so a long step that is as
             # likely over as not costs the board far more than a short one (safe profiling)
             with np.errstate(all="ignore"):
-                clear = self._limit_w * (1.0 + _CLEARLY_OVER)
+                clear = self._budget_limit_w * (1.0 + _CLEARLY_OVER)
                 p_clear_over = np.nan_to_num(1.0 - _norm_cdf((clear - p) / sp), nan=1.0)
             expected_over_s = p_clear_over * t
             plausible = (p_feas >= self.min_feasible_p) & (expected_over_s <= self.over_budget_allowance_s)
@@ -702,10 +706,15 @@ class GuidedSampler(BaseSampler):
                 "possible": free & ~certain}
 
     @property
-    def _limit_w(self) -> float:
+    def _budget_limit_w(self) -> float:
         """The budget with its tolerance (only asked where there is a budget)."""
         assert self.budget_w is not None
         return self.budget_w * (1.0 + self.tolerance)
+
+    @property
+    def _limit_w(self) -> float:
+        """What the model aims under: the budget with its tolerance, less the sensor's accuracy."""
+        return self._budget_limit_w - self.accuracy_w
 
     def _power_bounds(self, cand: np.ndarray, measured: _Measured) -> tuple[np.ndarray, np.ndarray]:
         """What the measurements imply of the candidates' power (board power does not fall as the batch or a
@@ -725,7 +734,7 @@ class GuidedSampler(BaseSampler):
         for k, pk in enumerate(measured.powers):
             same = g == mg[k]
             lo = np.where(same & np.all(lv >= mv[k], axis=1), np.maximum(lo, pk), lo)
-            if self.budget_w is None or pk <= self._limit_w:
+            if self.budget_w is None or pk <= self._budget_limit_w:
                 hi = np.where(same & np.all(lv <= mv[k], axis=1), np.minimum(hi, pk), hi)
         return lo, hi
 
