@@ -47,7 +47,8 @@ The model has two layers, both fitted in log space (errors are relative, as the 
    **cross-validated** error: :data:`CV_FOLDS` refits of the base, each without one fold of the rows,
    predicting the fold (mean squared log error, capped at :data:`CV_VARIANCE_CAP`). Fitted on its own
    residuals, which a base of 16 parameters makes small, the GP was sure of settings it had never seen
-   (twin Orin Nano mobilenet: 6.13 +- 0.10 W predicted for 5.44 W, so the optimum was never measured).
+   (twin Orin Nano mobilenet: 6.13 +- 0.10 W predicted for 5.44 W, so the optimum was never measured). Its length
+   scales are at most :data:`GP_MAX_LENGTH_SCALE`, so that doubt grows away from the rows.
    ``residual="none"`` keeps the base alone, with the base's residual spread as std.
 
 3. **Extrapolation doubt**: a prediction outside the fitted range (batch sizes beyond the measured ones,
@@ -78,7 +79,7 @@ from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
 __all__ = ["BASES", "CV_FOLDS", "CV_VARIANCE_CAP", "EXTRAPOLATION_STD_PER_OCTAVE", "EXTRAPOLATION_STD_PER_SPAN", "FREQUENCY_KNOBS",
-           "HardwareModel", "Prediction", "role_name"]
+           "GP_MAX_LENGTH_SCALE", "HardwareModel", "Prediction", "role_name"]
 
 #: Knobs whose value is a clock (or a count of cores): time scales with 1/value.
 FREQUENCY_KNOBS = ("gpu_freq", "emc_freq", "cpu_freq", "mem_freq", "cpu_cores")
@@ -537,12 +538,21 @@ class _PowerCapBase:
 # ------------------------------------------------------------------------------------------ the model
 
 
+#: the residual GP's longest length scale (inputs: 1 is two octaves of batch size or half a knob's measured range):
+#: 2 is four octaves or the whole measured range. At the old bound (100) the fit ran every length scale to it and
+#: the GP became a constant offset: sure of every setting, so the cross-validated floor on its signal variance added
+#: no doubt away from the rows (twin Orin AGX cnn, MAXN, batch 32: 0.0089 +- 0.0001 s predicted for 0.0079 s, and
+#: the optimum was never measured). On the oracle benchmark (time, seeds 0 and 1) the bound of 2 put 28 and 28 of
+#: 36 rows within 3% against 24 and 26, at about the same CPU.
+GP_MAX_LENGTH_SCALE = 2.0
+
+
 def _residual_gp(dims: int, random_state: int | None, floor: float = 0.0) -> GaussianProcessRegressor:
     """The residual GP; ``floor``: the least signal variance it may fit (the base's cross-validated error)."""
     # residuals are small (log ratios of a few %): a small signal variance and a smooth, anisotropic RBF
     lo = max(1e-4, floor)
-    kernel = ConstantKernel(max(0.01, lo), (lo, 1.0)) * RBF([2.0] + [1.0] * (dims - 1), (0.5, 100.0)) + WhiteKernel(
-        1e-3, (1e-5, 1e-1))
+    kernel = ConstantKernel(max(0.01, lo), (lo, 1.0)) * RBF(
+        [2.0] + [1.0] * (dims - 1), (0.5, GP_MAX_LENGTH_SCALE)) + WhiteKernel(1e-3, (1e-5, 1e-1))
     return GaussianProcessRegressor(kernel, normalize_y=False, random_state=random_state)
 
 
