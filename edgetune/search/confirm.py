@@ -38,8 +38,8 @@ from edgetune.search.records import TrialRecord
 from edgetune.search.space import Candidate
 from edgetune.search.trial import judged_power_w
 
-__all__ = ["CONFIRM_REPEATS", "CONFIRM_RESOLUTION", "CONFIRM_SETTINGS", "CONFIRM_Z", "log_score",
-           "next_confirmation", "pick_score", "pool_windows"]
+__all__ = ["CONFIRM_REPEATS", "CONFIRM_RESOLUTION", "CONFIRM_SETTINGS", "CONFIRM_Z", "certified", "log_score",
+           "margin_w", "next_confirmation", "pick_score", "pool_windows"]
 
 #: contenders (the best included) that may be measured again before the pick
 CONFIRM_SETTINGS = 3
@@ -137,6 +137,16 @@ def log_score(outcome: Outcome, objective: str, cost: ZeusCost | None = None) ->
     return math.log(s) if s > 0 and math.isfinite(s) else math.inf
 
 
+def margin_w(r: TrialRecord, limit_w: float) -> float:
+    """The limit minus the record's measured moving-average maximum, W (nan: not measured)."""
+    return limit_w - float((r.measurement or {}).get("max_avg_power_w", math.nan))
+
+
+def certified(r: TrialRecord, limit_w: float | None, accuracy_w: float | None) -> bool:
+    """Whether ``r`` held the budget by at least the sensor's accuracy (True where unconstrained)."""
+    return limit_w is None or accuracy_w is None or margin_w(r, limit_w) >= accuracy_w
+
+
 def next_confirmation(measured: Sequence[TrialRecord], objective: str, *, limit_w: float | None,
                       guard_sigma: float = 0.0, accuracy_w: float = 0.0, cost: ZeusCost | None = None,
                       settings: int = CONFIRM_SETTINGS,
@@ -156,9 +166,7 @@ def next_confirmation(measured: Sequence[TrialRecord], objective: str, *, limit_
             windows.setdefault(r.candidate, []).append(log_score(r.outcome, objective, cost))
     pooled = [r for r in pool_windows(measured, limit_w=limit_w, guard_sigma=guard_sigma)
               if r.feasible and r.outcome is not None and math.isfinite(log_score(r.outcome, objective, cost))]
-    if limit_w is not None and accuracy_w > 0.0:
-        clear = [r for r in pooled if limit_w - (r.measurement or {}).get("max_avg_power_w", math.inf) >= accuracy_w]
-        pooled = clear or pooled
+    pooled = [r for r in pooled if certified(r, limit_w, accuracy_w)] or pooled
     if not pooled:
         return None
     means = {r.candidate: float(np.mean(windows[r.candidate])) for r in pooled}

@@ -20,7 +20,7 @@ from typing import Any
 
 from edgetune.power.base import format_value
 from edgetune.power.knobs import knob_unit
-from edgetune.search.confirm import pick_score, pool_windows
+from edgetune.search.confirm import certified, margin_w, pick_score, pool_windows
 from edgetune.search.efficiency import TargetModel, ZeusCost, scalar_score
 from edgetune.search.oracle import oracle_fields
 from edgetune.search.records import TrialRecord
@@ -145,16 +145,6 @@ class KnifeEdge:
     safer: TrialRecord | None
     safer_margin_w: float | None
     safer_cost_pct: float | None
-
-
-def margin_w(r: TrialRecord, limit_w: float) -> float:
-    """The limit minus the record's measured moving-average maximum, W (nan: not measured)."""
-    return limit_w - float((r.measurement or {}).get("max_avg_power_w", math.nan))
-
-
-def certified(r: TrialRecord, limit_w: float | None, accuracy_w: float | None) -> bool:
-    """Whether ``r`` held the budget by at least the sensor's accuracy (True where unconstrained)."""
-    return limit_w is None or accuracy_w is None or margin_w(r, limit_w) >= accuracy_w
 
 
 def _cost_pct(best: TrialRecord, other: TrialRecord, objective: str, cost: ZeusCost | None = None) -> float:

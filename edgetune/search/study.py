@@ -227,12 +227,10 @@ class Search:
             n_existing = len(optuna.load_study(study_name=self.study_name, storage=storage).trials)
         except KeyError:  # a new study
             pass
-        limit_w = self._limit_w()
         guided = {"budget_w": self.budget_w if self.constrained else None, "tolerance": self.tolerance,
                   "target": self.target, "guard_sigma": self.guard_sigma,
                   # the pick holds the budget by the sensor's accuracy: the sampler aims there
-                  "accuracy_w": sensor_accuracy_w(limit_w, self.sensor_channels) if limit_w is not None else 0.0,
-                  **dict(self.guided_options or {})}
+                  "accuracy_w": self._accuracy_w(), **dict(self.guided_options or {})}
         if self.cost is not None:
             guided["cost"] = self.cost
         if self.prior:
@@ -329,9 +327,8 @@ class Search:
         """The contender to measure again before the pick (:func:`~edgetune.search.confirm.next_confirmation`),
         or None; never one already queued or being measured (another worker of a fleet may be at it)."""
         measured = [r for r in self.records(study) if r.measured]
-        limit_w = self._limit_w()
-        cand = next_confirmation(measured, self.objective, limit_w=limit_w, guard_sigma=self.guard_sigma,
-                                 accuracy_w=sensor_accuracy_w(limit_w, self.sensor_channels) if limit_w else 0.0,
+        cand = next_confirmation(measured, self.objective, limit_w=self._limit_w(), guard_sigma=self.guard_sigma,
+                                 accuracy_w=self._accuracy_w(),
                                  cost=self.cost, settings=self.confirm_settings, repeats=self.confirm_repeats,
                                  resolution=self.margin / 2)
         if cand is None or self._queued_or_running(study, cand):
@@ -426,6 +423,11 @@ class Search:
     def _limit_w(self) -> float | None:
         """The budget with its tolerance (None: unconstrained)."""
         return self.budget_w * (1.0 + self.tolerance) if self.constrained and self.budget_w is not None else None
+
+    def _accuracy_w(self) -> float:
+        """The sensor's accuracy at the limit, W (0: unconstrained), as :attr:`SearchResult.accuracy_w`."""
+        limit_w = self._limit_w()
+        return 0.0 if limit_w is None else sensor_accuracy_w(limit_w, self.sensor_channels)
 
     def _measure(self, study: optuna.Study, trial: optuna.Trial, cand: Candidate, role: Role) -> TrialRecord:
         assert self._monitor is not None
