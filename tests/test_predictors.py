@@ -189,3 +189,28 @@ def test_extrapolated_batch_sizes_are_reported_unsure_and_more_so_further_out():
     assert rel[0] < rel[1] < rel[2]
     assert rel[1] >= EXTRAPOLATION_STD_PER_OCTAVE[0] * 1.0  # one octave above the largest measured (16)
     assert rel[2] >= EXTRAPOLATION_STD_PER_OCTAVE[0] * 2.0
+
+
+def test_power_cap_cv_refits_run_the_winning_start_only():
+    # the cross-validated floor refits the base once per fold; a power-cap refit runs the full fit's winning
+    # start alone (half the work), and its cost on the fold's rows is the same as from both starts
+    from edgetune.predictors.hardware_model import _PowerCapBase
+    t = load_table(os.path.join(ZEUS_TABLES, "a40_imagenet_resnet50.csv"))
+    X, time_s, power = t.features(), t.step_time(), t.power_w
+    train, _ = split(t, 12, seed=1)
+    model = HardwareModel().fit([X[i] for i in train], time_s[train], power[train])
+    full = model.base_model_
+    b = np.array([X[i]["batch_size"] for i in train])
+    assert full.start_m in (float(np.log2(b.min())), float(np.log2(b.max())))
+    k = np.array([[X[i]["power_limit"]] for i in train]) / model.scale_
+    keep = np.arange(train.size) % 4 != 0
+    args = (k[keep], b[keep], time_s[train][keep] / b[keep], power[train][keep], float(model.scale_[0]))
+    one = _PowerCapBase.fit(*args, start_m=full.start_m)
+    both = _PowerCapBase.fit(*args)
+    assert one.start_m == full.start_m
+    ts_one, p_one = one.predict(k[~keep], b[~keep])
+    ts_both, p_both = both.predict(k[~keep], b[~keep])
+    assert 0 < model.cv_var_[0] <= 0.04 and 0 < model.cv_var_[1] <= 0.04
+    assert np.all(np.isfinite(ts_one)) and np.all(p_one > 0)
+    # the held-out time predictions of one start and of both agree within 5%
+    assert np.sqrt(np.mean(np.log(ts_one / ts_both) ** 2)) < 0.05

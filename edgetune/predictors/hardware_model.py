@@ -45,7 +45,9 @@ The model has two layers, both fitted in log space (errors are relative, as the 
    white-noise term: it corrects what the physics misses and gives the uncertainty (its predictive std,
    noise included). Its signal variance (the doubt far from the rows) is at least the base's
    **cross-validated** error: :data:`CV_FOLDS` refits of the base, each without one fold of the rows,
-   predicting the fold (mean squared log error, capped at :data:`CV_VARIANCE_CAP`). Fitted on its own
+   predicting the fold (mean squared log error, capped at :data:`CV_VARIANCE_CAP`); a refit starts where the
+   full fit did (the roofline from its parameters, the power-cap base from its winning start alone, which
+   cut zeus_cost's CPU time by a quarter with every pick unchanged). Fitted on its own
    residuals, which a base of 16 parameters makes small, the GP was sure of settings it had never seen
    (twin Orin Nano mobilenet: 6.13 +- 0.10 W predicted for 5.44 W, so the optimum was never measured). Its length
    scales are at most :data:`GP_MAX_LENGTH_SCALE`, so that doubt grows away from the rows.
@@ -436,12 +438,14 @@ _PRIOR_WEIGHT = 0.05
 @dataclass(frozen=True)
 class _PowerCapBase:
     """The ``power_cap`` base: parameters ``theta`` indexed by :class:`_Cap`; ``power_theta``: the capped
-    power curve (:data:`_CAP_POWER_CURVE`, in that order) refitted on the power rows alone."""
+    power curve (:data:`_CAP_POWER_CURVE`, in that order) refitted on the power rows alone; ``start_m``:
+    the sigmoid centre (log2 batch size) of the start that won the fit."""
 
     theta: np.ndarray
     limit_scale: float
     b_cap: float = math.inf
     power_theta: np.ndarray | None = None
+    start_m: float | None = None
 
     @staticmethod
     def _power(th: np.ndarray, x: np.ndarray, limit_w: np.ndarray,
@@ -472,7 +476,12 @@ class _PowerCapBase:
         return (per_step**q + per_sample**q) ** (1.0 / q)
 
     @staticmethod
-    def fit(k: np.ndarray, b: np.ndarray, t: np.ndarray, p: np.ndarray, limit_scale: float) -> _PowerCapBase:
+    def fit(k: np.ndarray, b: np.ndarray, t: np.ndarray, p: np.ndarray, limit_scale: float,
+            start_m: float | None = None) -> _PowerCapBase:
+        """Fit on limits ``k`` (scaled), batch sizes ``b``, time per sample ``t`` (s) and power ``p`` (W).
+
+        Starts from the sigmoid centre at both ends of the batches, or at ``start_m`` alone (a refit on part of
+        the rows, started where the full fit's winning start was: the same cost, not the full fit's optimum)."""
         C = _Cap
         limit = k[:, 0] * limit_scale
         x = np.log2(b)
@@ -498,17 +507,18 @@ class _PowerCapBase:
         hi = _vector({C.P_LO: p.max() * 1.5, C.P_SPAN: p.max() * 3.0, C.M: x.max() + 6, C.H: 10.0, C.KAPPA: 1.1,
                       C.ALPHA: 4.0, **dict.fromkeys(_CAP_TIME_AMPLITUDES, 10.0), C.SIGMA: 0.95,
                       C.LOG_RHO: math.log(0.9), C.ETA: 1.0, C.Q: 6.0})
-        best = None
+        best, best_m = None, None
         # start the time terms from a quick non-negative fit of the uncapped form, the shapes at their priors
         coef = _nnls_relative(np.column_stack([1.0 / b, np.ones_like(b), b / 1024.0]), t / t_scale)
-        for m0 in (x.min(), x.max()):  # more starts in between never won on the Zeus tables
+        starts = (x.min(), x.max()) if start_m is None else (start_m,)
+        for m0 in starts:  # more starts in between never won on the Zeus tables
             th0 = _vector({C.P_LO: p.min() * 0.9, C.P_SPAN: max(p.max() - p.min(), 1.0) * 1.2, C.M: m0,
                            **dict(zip(_CAP_TIME_AMPLITUDES, np.log(np.maximum(coef, 1e-6)))),
                            **{i: centre for i, (centre, _) in _CAP_PRIORS.items()}})
             th0 = np.clip(th0, lo + 1e-6, hi - 1e-6)
             r = least_squares(residuals, th0, bounds=(lo, hi), method="trf", max_nfev=400)
             if best is None or r.cost < best.cost:
-                best = r
+                best, best_m = r, float(m0)
         theta = best.x.copy()
 
         # The joint fit trades power accuracy for time; the capped power curve alone (5 parameters, no floor:
@@ -526,7 +536,7 @@ class _PowerCapBase:
                                     bounds=(lo[_CAP_POWER_CURVE], hi[_CAP_POWER_CURVE]), method="trf",
                                     max_nfev=400).x
         theta[_CAP_TIME_AMPLITUDES] += math.log(t_scale)
-        return _PowerCapBase(theta, limit_scale, _GROWTH_EXTRAPOLATION * b_max, power_theta)
+        return _PowerCapBase(theta, limit_scale, _GROWTH_EXTRAPOLATION * b_max, power_theta, best_m)
 
     def predict(self, k: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         x, limit = np.log2(b), k[:, 0] * self.limit_scale
@@ -624,11 +634,13 @@ class HardwareModel(BaseEstimator):
         if kind == "frequency" and not names:
             kind = "generic"
         self.base_kind_ = kind
-        def fit_base(sel: np.ndarray, start: np.ndarray | None = None):
+        def fit_base(sel: np.ndarray, start: object = None):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 if kind == "power_cap":
-                    return _PowerCapBase.fit(k[sel], b[sel], t[sel] / b[sel], p[sel], float(self.scale_[0]))
+                    start_m = start.start_m if isinstance(start, _PowerCapBase) else None
+                    return _PowerCapBase.fit(k[sel], b[sel], t[sel] / b[sel], p[sel], float(self.scale_[0]),
+                                             start_m)
                 if kind == "frequency":
                     return _RooflineBase.fit(roles, k[sel], self.scale_, b[sel], t[sel], p[sel], start)
                 return _GenericBase.fit(k[sel], b[sel], t[sel] / b[sel], p[sel])
@@ -639,12 +651,15 @@ class HardwareModel(BaseEstimator):
         self.cv_var_ = (0.0, 0.0)
         if self.residual == "gp" and self.cv_folds and n > self.cv_folds:
             # how wrong the base is where it was not fitted: each fold predicted by a refit on the others
-            # (started from the full fit), as log ratios
+            # (the roofline started from the full fit; the power-cap base from its winning start, not its
+            # optimum), as log ratios
             et, ep = np.zeros(n), np.zeros(n)
             fold = np.arange(n) % self.cv_folds
             for f in range(self.cv_folds):
                 held = fold == f
-                refit = fit_base(np.flatnonzero(~held), getattr(self.base_model_, "theta", None))
+                full = self.base_model_
+                refit = fit_base(np.flatnonzero(~held), full if isinstance(full, _PowerCapBase)
+                                 else getattr(full, "theta", None))
                 with np.errstate(all="ignore"):
                     ts, ps = refit.predict(k[held], b[held])
                 et[held], ep[held] = np.log(t[held] / (ts * b[held])), np.log(p[held] / ps)
