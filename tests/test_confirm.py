@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 from edgetune.power import open_device
-from edgetune.search.confirm import CONFIRM_REPEATS, next_confirmation, pool_windows
+from edgetune.search.confirm import CONFIRM_REPEATS, certified, margin_w, next_confirmation, pool_windows
 from edgetune.search.efficiency import Outcome, TargetModel
 from edgetune.search.oracle import prepare_trace
 from edgetune.search.records import Role, TrialRecord
@@ -24,7 +24,8 @@ LIMIT_W = 10.0
 
 
 def window(number: int, clock_hz: float, step_s: float, power_w: float, *, se_w: float = 0.05,
-           aborted: bool = False, role: Role = Role.SEARCH, batch: int = 32) -> TrialRecord:
+           aborted: bool = False, role: Role = Role.SEARCH, batch: int = 32, noise_w: float | None = None
+           ) -> TrialRecord:
     """One measured window of ``batch`` at ``gpu_freq=clock_hz``."""
     cand = Candidate(batch, (("gpu_freq", clock_hz),))
     energy_per_sample_j = step_s * power_w / batch
@@ -32,6 +33,8 @@ def window(number: int, clock_hz: float, step_s: float, power_w: float, *, se_w:
          "mean_power_w": power_w, "peak_power_w": power_w * 1.1, "max_avg_power_w": power_w, "power_se_w": se_w,
          "energy_j": energy_per_sample_j * batch * 10, "energy_per_sample_j": energy_per_sample_j, "steps": 10,
          "duration_s": 10 * step_s, "aborted_over_budget": aborted, "over_budget_s": 0.5 if aborted else 0.0}
+    if noise_w is not None:
+        m["max_avg_noise_w"] = noise_w
     outcome = Outcome.of(batch, step_s, energy_per_sample_j, TARGET)
     feasible = not aborted and power_w + 2.0 * se_w <= LIMIT_W  # as the search judged it (guard_sigma 2)
     return TrialRecord(number, "COMPLETE", cand, role, True, m, outcome, feasible)
@@ -55,6 +58,19 @@ def test_one_window_is_kept_as_it_is_and_repeats_are_pooled():
     assert m["power_se_w"] == pytest.approx(math.sqrt(0.05 ** 2 + 0.15 ** 2) / 2)
     assert pool_windows([a1, a2], limit_w=8.65, guard_sigma=2.0)[0].feasible is False
     assert pool_windows([a1, a2], limit_w=8.67, guard_sigma=2.0)[0].feasible is True
+
+
+def test_the_margin_is_certified_on_the_maximum_less_its_noise_excess():
+    # a window whose maximum reads 0.006 W high from noise alone: 9.880 W read, 9.874 W its estimate, so it holds
+    # a 10 W budget by the sensor's 0.12 W accuracy; a record without the figure (an older study) as read
+    edge = window(0, 1e9, 0.10, 9.880, noise_w=0.006)
+    assert margin_w(edge, LIMIT_W) == pytest.approx(0.126)
+    assert certified(edge, LIMIT_W, 0.12)
+    assert not certified(window(1, 1e9, 0.10, 9.880), LIMIT_W, 0.12)
+    # pooled windows: the mean of the maxima less the mean of their excesses
+    again = window(2, 1e9, 0.10, 9.890, noise_w=0.004, role=Role.CONFIRM)
+    pooled = pool_windows([edge, again], limit_w=LIMIT_W, guard_sigma=2.0)[0]
+    assert margin_w(pooled, LIMIT_W) == pytest.approx(LIMIT_W - (9.885 - 0.005))
 
 
 def test_a_window_stopped_over_the_budget_counts_with_what_it_measured():

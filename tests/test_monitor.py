@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from edgetune.power.base import PowerReading, RealClock, VirtualClock
-from edgetune.power.monitor import PowerMonitor, energy_j, moving_average_max, next_sample_due, window_stats
+from edgetune.power.monitor import (
+    PowerMonitor,
+    energy_j,
+    moving_average_max,
+    next_sample_due,
+    noise_max_excess_w,
+    window_stats,
+)
 
 
 class AnalyticSensor:
@@ -98,6 +105,55 @@ def test_moving_average_max_matches_brute_force():
     k = round(1.0 / step)
     brute = np.max((cum[k:] - cum[:-k]) / (k * step))
     assert exact == pytest.approx(brute, abs=2e-4)
+
+
+def _noisy_maxima(signal: np.ndarray, t: np.ndarray, sigma_w: float, draws: int, seed: int) -> np.ndarray:
+    """The moving-average maximum of ``signal`` plus white reading noise, over ``draws`` seeded draws."""
+    rng = np.random.default_rng(seed)
+    return np.array([moving_average_max(t, signal + rng.normal(0, sigma_w, t.size), 1.0) for _ in range(draws)])
+
+
+def test_noise_max_excess_is_the_bias_of_a_noisy_maximum():
+    # a flat 5 W read at 100 Hz with the twin's noise near 5 W (0.04 W + 0.5%): the maximum of the 1-s average
+    # over a 2-s window reads high by the expected maximum of the noise's own average, and one record's
+    # estimate of that bias is within a third of it
+    t = np.arange(0.0, 2.0 + 1e-9, 0.01)
+    flat = np.full(t.size, 5.0)
+    bias = float(np.mean(_noisy_maxima(flat, t, 0.065, 400, seed=1))) - 5.0
+    assert 0.004 < bias < 0.010
+    rng = np.random.default_rng(2)
+    estimates = [noise_max_excess_w(t, flat + rng.normal(0, 0.065, t.size)) for _ in range(20)]
+    assert all(abs(e / bias - 1.0) < 1.0 / 3.0 for e in estimates)
+    # the same record gives the same figure (seeded draws)
+    record = flat + rng.normal(0, 0.065, t.size)
+    assert noise_max_excess_w(t, record) == noise_max_excess_w(t, record)
+
+
+def test_noise_max_excess_ignores_the_steps_phase_edges_and_bounds_the_bias_of_a_rippled_signal():
+    # 0.1-s steps whose last 30% draws 1.3 W more: a fifth of the reading differences are phase edges; the
+    # estimate stays that of the noise alone (not inflated by the edges) and is at least the true bias
+    t = np.arange(0.0, 2.0 + 1e-9, 0.01)
+    rng = np.random.default_rng(3)
+    flat_estimate = noise_max_excess_w(t, 5.0 + rng.normal(0, 0.065, t.size))
+    ripple = np.where((t % 0.1) > 0.07, 6.0, 4.7)
+    estimate = noise_max_excess_w(t, ripple + rng.normal(0, 0.065, t.size))
+    bias = float(np.mean(_noisy_maxima(ripple, t, 0.065, 300, seed=4))) - moving_average_max(t, ripple, 1.0)
+    assert estimate == pytest.approx(flat_estimate, rel=0.25)
+    assert bias <= estimate
+
+
+def test_noise_max_excess_of_held_readings_and_of_short_or_clean_records():
+    # a sensor updating every 0.1 s read at 100 Hz: each reading is held for 10 samples and is one update, so
+    # its 1-s average has 10 updates' noise, not 100 samples': the bias is larger
+    t = np.arange(0.0, 2.0 + 1e-9, 0.01)
+    update = (t // 0.1).astype(int)
+    rng = np.random.default_rng(5)
+    held = 5.0 + rng.normal(0, 0.065, update.max() + 1)[update]
+    fresh = 5.0 + rng.normal(0, 0.065, t.size)
+    assert noise_max_excess_w(t, held) > 2.0 * noise_max_excess_w(t, fresh)
+    assert noise_max_excess_w(t, np.full(t.size, 5.0)) == 0.0  # no noise, no bias
+    short = t[t <= 0.9]
+    assert noise_max_excess_w(short, fresh[: short.size]) == 0.0  # judged on its mean: no maximum, no bias
 
 
 def test_window_shorter_than_average_reports_its_mean():

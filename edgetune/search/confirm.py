@@ -51,7 +51,7 @@ CONFIRM_Z = 2.0
 #: relative differences (log) too small to be worth a window: half the search's default 1% margin
 CONFIRM_RESOLUTION = 0.005
 
-_MEAN_KEYS = ("step_time_s", "mean_power_w", "max_avg_power_w", "energy_per_sample_j")
+_MEAN_KEYS = ("step_time_s", "mean_power_w", "max_avg_power_w", "max_avg_noise_w", "energy_per_sample_j")
 _SUM_KEYS = ("steps", "real_steps", "duration_s", "energy_j", "samples", "dropped", "over_budget_s", "settle_s",
              "wall_s")
 
@@ -138,8 +138,10 @@ def log_score(outcome: Outcome, objective: str, cost: ZeusCost | None = None) ->
 
 
 def margin_w(r: TrialRecord, limit_w: float) -> float:
-    """The limit minus the record's measured moving-average maximum, W (nan: not measured)."""
-    return limit_w - float((r.measurement or {}).get("max_avg_power_w", math.nan))
+    """The limit minus the record's measured moving-average maximum less its reading-noise excess
+    (``max_avg_noise_w``: the maximum of a noisy average reads high), W (nan: not measured)."""
+    m = r.measurement or {}
+    return limit_w - (float(m.get("max_avg_power_w", math.nan)) - float(m.get("max_avg_noise_w") or 0.0))
 
 
 def certified(r: TrialRecord, limit_w: float | None, accuracy_w: float | None) -> bool:

@@ -62,7 +62,7 @@ import numpy as np
 
 from edgetune.power.base import Device, KnobValue, is_out_of_memory
 from edgetune.power.knobs import KNOBS, KnobRole
-from edgetune.power.monitor import PowerMonitor, cumulative_energy_j, window_stats
+from edgetune.power.monitor import PowerMonitor, cumulative_energy_j, noise_max_excess_w, window_stats
 
 __all__ = ["Measurement", "MeasurementProtocol", "judged_power_w", "measure_setting", "over_limit_s", "settle",
            "trailing_average_max_w"]
@@ -159,6 +159,9 @@ class Measurement:
         samples_per_s: throughput.
         mean_power_w, peak_power_w: mean and peak of the sampled board power.
         max_avg_power_w: maximum of the moving average (window ``avg_window_s``): what a budget is judged by.
+        max_avg_noise_w: how far that maximum reads above the power's own from the sensor's reading noise
+            alone (:func:`~edgetune.power.monitor.noise_max_excess_w`; 0 for a trial stopped over the budget):
+            ``max_avg_power_w - max_avg_noise_w`` is what the margin to the budget is certified on.
         power_se_w: standard error of one ``avg_window_s`` average of the sampled power: the sensor's noise and
             the step's ripple seen through its update instants make a measured average miss the true one
             by about this much (the std of the window's readings over the root of the sensor updates in one
@@ -190,6 +193,7 @@ class Measurement:
     mean_power_w: float = math.nan
     peak_power_w: float = math.nan
     max_avg_power_w: float = math.nan
+    max_avg_noise_w: float = 0.0
     avg_window_s: float = 1.0
     power_se_w: float = 0.0
     energy_j: float = math.nan
@@ -435,6 +439,8 @@ def measure_setting(
     result.peak_power_w = float(stats.peak_w)
     # an early stop's record is shorter than the budget window: its average then is the live one that crossed
     result.max_avg_power_w = float(max(stats.max_avg_w, trigger_w) if result.aborted_over_budget else stats.max_avg_w)
+    if not result.aborted_over_budget:
+        result.max_avg_noise_w = noise_max_excess_w(times[in_window], watts[in_window], monitor.avg_window_s)
     result.energy_j = float(stats.energy_j)
     result.energy_per_sample_j = float(stats.energy_j) / (batch_size * steps)
     result.samples = int(stats.samples)
