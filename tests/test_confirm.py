@@ -61,8 +61,8 @@ def test_one_window_is_kept_as_it_is_and_repeats_are_pooled():
 
 
 def test_the_margin_is_certified_on_the_maximum_less_its_noise_excess():
-    # a window whose maximum reads 0.006 W high from noise alone: 9.880 W read, 9.874 W its estimate, so it holds
-    # a 10 W budget by the sensor's 0.12 W accuracy; a record without the figure (an older study) as read
+    # a window whose maximum reads 0.006 W high from noise alone: 9.880 W read, 9.874 W its estimate, so it
+    # holds a 10 W budget by the sensor's 0.12 W accuracy; a record without it (an older study): as read
     edge = window(0, 1e9, 0.10, 9.880, noise_w=0.006)
     assert margin_w(edge, LIMIT_W) == pytest.approx(0.126)
     assert certified(edge, LIMIT_W, 0.12)

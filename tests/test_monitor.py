@@ -110,7 +110,8 @@ def test_moving_average_max_matches_brute_force():
 def _noisy_maxima(signal: np.ndarray, t: np.ndarray, sigma_w: float, draws: int, seed: int) -> np.ndarray:
     """The moving-average maximum of ``signal`` plus white reading noise, over ``draws`` seeded draws."""
     rng = np.random.default_rng(seed)
-    return np.array([moving_average_max(t, signal + rng.normal(0, sigma_w, t.size), 1.0) for _ in range(draws)])
+    return np.array([moving_average_max(t, signal + rng.normal(0, sigma_w, t.size), 1.0)
+                     for _ in range(draws)])
 
 
 def test_noise_max_excess_is_the_bias_of_a_noisy_maximum():

@@ -209,7 +209,7 @@ def test_power_cap_cv_refits_run_the_winning_start_only():
     both = _PowerCapBase.fit(*args)
     assert one.start_m == full.start_m
     ts_one, p_one = one.predict(k[~keep], b[~keep])
-    ts_both, p_both = both.predict(k[~keep], b[~keep])
+    ts_both, _ = both.predict(k[~keep], b[~keep])
     assert 0 < model.cv_var_[0] <= 0.04 and 0 < model.cv_var_[1] <= 0.04
     assert np.all(np.isfinite(ts_one)) and np.all(p_one > 0)
     # the held-out time predictions of one start and of both agree within 5%

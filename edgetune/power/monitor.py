@@ -80,11 +80,12 @@ def energy_j(t: np.ndarray, p: np.ndarray) -> float:
 
 
 def cumulative_energy_j(t: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """Trapezoid energy (J) from ``t[0]`` to each of the times ``t`` (s) for power ``p`` (W)."""
+    """Trapezoid energy (J) from ``t[0]`` to each of the times ``t`` (s) for power ``p`` (W); ``p`` may hold
+    several records of the same times, samples on its last axis."""
     t = np.asarray(t, dtype=float)
     p = np.asarray(p, dtype=float)
-    e = np.zeros_like(t)
-    e[1:] = np.cumsum(np.diff(t) * (p[1:] + p[:-1]) / 2.0)
+    e = np.zeros(np.broadcast_shapes(t.shape, p.shape))
+    e[..., 1:] = np.cumsum(np.diff(t) * (p[..., 1:] + p[..., :-1]) / 2.0, axis=-1)
     return e
 
 
@@ -138,7 +139,7 @@ def moving_average_max(t: np.ndarray, p: np.ndarray, window_s: float = 1.0) -> f
     return float(np.max(avg))
 
 
-#: Seeded draws of the reading noise behind :func:`noise_max_excess_w` (the same record gives the same figure).
+#: Seeded draws of the reading noise behind :func:`noise_max_excess_w` (a record always gives one figure).
 NOISE_DRAWS = 64
 #: The MAD of a normal sample over its standard deviation.
 _MAD_PER_SIGMA = 0.6744897501960817
@@ -151,7 +152,8 @@ _CLIP_ROUNDS = 3
 _CLIPPED_STD = 0.9865
 
 
-def noise_max_excess_w(t: np.ndarray, p: np.ndarray, window_s: float = 1.0, draws: int = NOISE_DRAWS) -> float:
+def noise_max_excess_w(t: np.ndarray, p: np.ndarray, window_s: float = 1.0,
+                       draws: int = NOISE_DRAWS) -> float:
     """How far the record's :func:`moving_average_max` reads above its signal's from reading noise alone, W.
 
     The maximum of a noisy moving average is biased high: it picks the stretch where the noise ran high (on
@@ -160,11 +162,11 @@ def noise_max_excess_w(t: np.ndarray, p: np.ndarray, window_s: float = 1.0, draw
     ``window_s`` moving average on the record's sample times: the reading noise is estimated from the
     record (the spread of the differences between consecutive distinct readings, clipped at
     :data:`_CLIP_SIGMA` so a step's phase edges do not count; a reading held over several samples is one
-    update, and is drawn once), and the expectation is over ``draws`` seeded draws of it. Subtracted from the maximum it gives
-    an unbiased estimate where the signal's own average is flat (steady training in steps short against
-    the window) and one at most this much low where it is not (its maximum then sits on a high phase and
-    picks up less of the noise). Records no longer than the window (judged on their mean) and records with
-    fewer than 8 distinct readings give 0.
+    update, and is drawn once), and the expectation is over ``draws`` seeded draws of it. Subtracted from the
+    maximum it gives an unbiased estimate where the signal's own average is flat (steady training in steps
+    short against the window) and one at most this much low where it is not (its maximum then sits on a
+    high phase and picks up less of the noise). Records no longer than the window (judged on their mean)
+    and records with fewer than 8 distinct readings give 0.
     """
     t = np.asarray(t, dtype=float)
     p = np.asarray(p, dtype=float)
@@ -187,8 +189,7 @@ def noise_max_excess_w(t: np.ndarray, p: np.ndarray, window_s: float = 1.0, draw
     noise = np.random.default_rng(0).standard_normal((draws, distinct.size))[:, group] * sigma
     # the moving average at each sample time a whole window after the start: the cumulative energy there
     # less the cumulative energy a window before (interpolated linearly between samples)
-    e = np.zeros_like(noise)
-    e[:, 1:] = np.cumsum(np.diff(t) * (noise[:, 1:] + noise[:, :-1]) / 2.0, axis=1)
+    e = cumulative_energy_j(t, noise)
     ends = np.flatnonzero(t >= t[0] + window_s)
     starts = t[ends] - window_s
     i = np.clip(np.searchsorted(t, starts, side="right") - 1, 0, t.size - 2)

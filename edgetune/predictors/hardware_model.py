@@ -480,8 +480,8 @@ class _PowerCapBase:
             start_m: float | None = None) -> _PowerCapBase:
         """Fit on limits ``k`` (scaled), batch sizes ``b``, time per sample ``t`` (s) and power ``p`` (W).
 
-        Starts from the sigmoid centre at both ends of the batches, or at ``start_m`` alone (a refit on part of
-        the rows, started where the full fit's winning start was: the same cost, not the full fit's optimum)."""
+        Starts from the sigmoid centre at both ends of the batches, or at ``start_m`` alone (a refit on part
+        of the rows, started where the full fit's winning start was: the same cost, not its optimum)."""
         C = _Cap
         limit = k[:, 0] * limit_scale
         x = np.log2(b)
@@ -634,15 +634,16 @@ class HardwareModel(BaseEstimator):
         if kind == "frequency" and not names:
             kind = "generic"
         self.base_kind_ = kind
-        def fit_base(sel: np.ndarray, start: object = None):
+        def fit_base(sel: np.ndarray, full=None):
+            """The base on rows ``sel``; a refit (``full``: the fit on all rows) starts where that one did."""
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 if kind == "power_cap":
-                    start_m = start.start_m if isinstance(start, _PowerCapBase) else None
                     return _PowerCapBase.fit(k[sel], b[sel], t[sel] / b[sel], p[sel], float(self.scale_[0]),
-                                             start_m)
+                                             None if full is None else full.start_m)
                 if kind == "frequency":
-                    return _RooflineBase.fit(roles, k[sel], self.scale_, b[sel], t[sel], p[sel], start)
+                    return _RooflineBase.fit(roles, k[sel], self.scale_, b[sel], t[sel], p[sel],
+                                             None if full is None else full.theta)
                 return _GenericBase.fit(k[sel], b[sel], t[sel] / b[sel], p[sel])
 
         self.base_model_ = fit_base(np.arange(n))
@@ -657,9 +658,7 @@ class HardwareModel(BaseEstimator):
             fold = np.arange(n) % self.cv_folds
             for f in range(self.cv_folds):
                 held = fold == f
-                full = self.base_model_
-                refit = fit_base(np.flatnonzero(~held), full if isinstance(full, _PowerCapBase)
-                                 else getattr(full, "theta", None))
+                refit = fit_base(np.flatnonzero(~held), self.base_model_)
                 with np.errstate(all="ignore"):
                     ts, ps = refit.predict(k[held], b[held])
                 et[held], ep[held] = np.log(t[held] / (ts * b[held])), np.log(p[held] / ps)

@@ -140,7 +140,7 @@ class KnifeEdge:
     setting has that margin: the pick is then ``edge`` itself."""
 
     edge: TrialRecord
-    margin_w: float  # budget (with tolerance) minus the edge's measured moving-average maximum less its noise excess
+    margin_w: float  # budget (with tolerance) minus the edge's measured 1-s maximum less its noise excess
     accuracy_w: float
     safer: TrialRecord | None
     safer_margin_w: float | None
@@ -224,8 +224,8 @@ MEASURED_KEYS = ("step_time_s", "samples_per_s", "mean_power_w", "peak_power_w",
 TRIAL_COLUMNS = (
     "trial", "role", "worker", "batch_size", "ok", "oom", "feasible", "step_time_s", "samples_per_s",
     "mean_power_w", "peak_power_w", "max_avg_power_w", "max_avg_noise_w", "power_se_w", "energy_j",
-    "energy_per_sample_j", "duration_s", "steps", "real_steps", "time_to_target_s", "energy_to_target_j", "aborted_over_budget", "over_budget_s",
-    "settle_s", "error",
+    "energy_per_sample_j", "duration_s", "steps", "real_steps", "time_to_target_s", "energy_to_target_j",
+    "aborted_over_budget", "over_budget_s", "settle_s", "error",
 )
 
 
@@ -333,8 +333,8 @@ def write_trials_csv(result: SearchResult, path: str | Path) -> Path:
                    "ok": m.get("ok"), "oom": m.get("oom"), "feasible": r.feasible, "error": m.get("error") or ""}
             row.update(r.candidate.knobs)
             for k in ("step_time_s", "samples_per_s", "mean_power_w", "peak_power_w", "max_avg_power_w",
-                      "max_avg_noise_w", "power_se_w", "energy_j", "energy_per_sample_j", "duration_s", "steps",
-                      "real_steps", "aborted_over_budget", "over_budget_s", "settle_s"):
+                      "max_avg_noise_w", "power_se_w", "energy_j", "energy_per_sample_j", "duration_s",
+                      "steps", "real_steps", "aborted_over_budget", "over_budget_s", "settle_s"):
                 v = m.get(k)
                 row[k] = "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
             if r.outcome:
