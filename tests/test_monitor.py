@@ -243,6 +243,49 @@ def test_virtual_clock_tickers_fire_in_order():
         clock.advance(-1)
 
 
+def test_a_ticker_can_interrupt_an_advance_and_sleep_goes_on():
+    """A ticker's callback may end the advance in progress at its tick (the twin re-times a step whose clocks
+    changed there); the caller learns the seconds left. Outside an advance an interrupt does nothing, and a
+    sleep sleeps its whole time."""
+    clock = VirtualClock()
+    ticks = []
+
+    def tick():
+        ticks.append(round(clock.now(), 6))
+        if len(ticks) == 2:
+            clock.interrupt()
+
+    clock.add_ticker(0.1, tick)
+    left = clock.advance(1.0)
+    assert ticks == [0.1, 0.2] and clock.now() == pytest.approx(0.2) and left == pytest.approx(0.8)
+    assert clock.advance(0.25) == 0.0 and clock.now() == pytest.approx(0.45)
+    clock.interrupt()  # no advance in progress: nothing to end
+    assert clock.advance(0.1) == 0.0 and clock.now() == pytest.approx(0.55)
+    ticks.clear()
+    ticks.append(0.0)  # the next tick is the second: it interrupts, and the sleep goes on past it
+    clock.sleep(0.5)
+    assert clock.now() == pytest.approx(1.05) and len(ticks) == 6
+
+
+def test_listeners_see_every_new_sample_until_removed():
+    clock = VirtualClock()
+    sensor = AnalyticSensor(clock, lambda t: 2.0 + t)
+    seen: list[float] = []
+    with PowerMonitor(sensor, clock, rate_hz=100) as monitor:
+        handle = monitor.add_listener(lambda reading: seen.append(reading.t))
+        clock.advance(0.1)
+        monitor.sample()  # the same instant again (a window edge on a tick): not a new sample
+        assert seen == pytest.approx([0.01 * k for k in range(1, 11)])
+        # a listener may query the monitor (it is called outside the monitor's lock)
+        averages: list[float] = []
+        monitor.add_listener(lambda reading: averages.append(monitor.moving_average(0.05)))
+        monitor.remove_listener(handle)
+        clock.advance(0.05)
+        monitor.remove_listener(handle)  # unknown now: ignored
+    assert len(seen) == 10 and len(averages) == 5
+    assert averages[-1] == pytest.approx(2.0 + 0.15 - 0.025)  # the average of a ramp over its last 0.05 s
+
+
 def test_thread_sampling_on_real_clock():
     """A real clock is sampled by a thread. How fast the OS schedules it is not the monitor's to promise:
     the test waits for the thread's reads (the window edges make two), whenever they come."""

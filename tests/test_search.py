@@ -189,6 +189,42 @@ def test_a_setting_over_the_budget_stops_early_infeasible_and_counts_its_time_ov
     # nears the limit, so the board spends at most one step (plus a monitor sample) above it
     assert over.duration_s < 1.0 < free.duration_s
     assert 0.0 <= over.over_budget_s <= over.step_time_s + 0.01
+    assert not over.stopped_mid_step  # its steps are short: each one ends before the watchdog may cut it
+
+
+@pytest.mark.parametrize("limit_w", [6.0, 8.5])
+def test_a_long_step_over_the_budget_is_stopped_in_the_middle(workload, monkeypatch, limit_w):
+    """A 2-s step over the budget is cut once the budget window's average crosses: the board drops to rest
+    at once and the step finishes there, so it spends far fewer seconds over the budget (counted to well past
+    the trial's end: a stopped step's power stays in the 1-s average after it) than when the step runs whole."""
+    from edgetune.search import trial
+    from edgetune.search.trial import over_limit_s
+
+    protocol = MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=2.0)
+    long = {"gpu_freq": "min", "emc_freq": "max", "cpu_freq": "max"}  # batch 131072: 2.2 s per step, 9.5 W
+    rest = {"gpu_freq": "min", "emc_freq": "min", "cpu_freq": "min"}
+
+    def run(watch: bool):
+        monkeypatch.setattr(trial, "_WATCH_AFTER_WINDOWS", 0.5 if watch else math.inf)
+        device = open_device("sim:orin-nano", compute=False)
+        with device.restoring(), PowerMonitor(device.sensor, device.clock, keep_s=30.0) as monitor:
+            device.apply(rest)
+            device.clock.sleep(2.0)  # idle at rest: the 1-s average starts well under the limit
+            t0 = device.clock.now()
+            m = measure_setting(device, workload, 131072, long, protocol, monitor, limit_w=limit_w)
+            at_rest = device.knobs["emc_freq"].read() == device.knobs["emc_freq"].min
+            device.clock.sleep(2.0)
+            monitor.sample()
+            t, p = monitor.records(since=t0 - 1.0)
+        return m, at_rest, over_limit_s(t, p, t0, t[-1], monitor.avg_window_s, limit_w)
+
+    cut, cut_at_rest, cut_over_s = run(True)
+    whole, _, whole_over_s = run(False)
+    assert cut.aborted_over_budget and cut.stopped_mid_step and cut.steps == 1 and cut_at_rest
+    assert whole.aborted_over_budget and not whole.stopped_mid_step and whole.steps == 1
+    assert cut.duration_s > whole.duration_s  # the rest of the step ran at the rest clocks
+    assert cut.max_avg_power_w > limit_w and not cut.holds(limit_w)
+    assert cut_over_s < 0.75 * whole_over_s
 
 
 def test_a_setting_clearly_over_stops_before_the_budget_window_crosses(workload):

@@ -292,6 +292,48 @@ def test_sensor_holds_its_value_between_updates_and_idles_between_steps(cost):
     assert sensor.read().total_w > twin.idle_power_w + 3  # the step's power shows at the next update
 
 
+def test_a_clock_written_in_the_middle_of_a_step_re_times_the_rest_of_it(cost):
+    """A knob written at a tick inside a step (the search's watchdog stopping a setting over the budget) takes
+    effect at once, as on the board: the rest of the step's work runs at the new clocks, at their power."""
+    fast = {"gpu_freq": "max", "emc_freq": "max"}
+    slow = {"gpu_freq": "min", "emc_freq": "min"}
+    ref = Twin("orin-nano", seed=3, compute=False)
+    ref.device().apply(fast)
+    ref.run_step(lambda: None, 128, cost)
+    whole_s = ref.clock.now()  # the step at the fast clocks alone (the same seed: the same jitter)
+
+    twin = Twin("orin-nano", seed=3, compute=False)
+    device = twin.device()
+    device.apply(fast)
+    t_fast, t_slow = twin.expected(cost, 128, fast).step_time_s, twin.expected(cost, 128, slow).step_time_s
+    p_slow = twin.expected(cost, 128, slow).power_w
+    cut_at = 0.3 * whole_s
+    readings = []
+
+    def watch():
+        readings.append(twin.sensor.read())
+        if twin.clock.now() >= cut_at and device.knobs["gpu_freq"].read() != device.knobs["gpu_freq"].min:
+            device.apply(slow)
+
+    with PowerMonitor(device.sensor, device.clock) as monitor:
+        tid = twin.clock.add_ticker(0.005, watch)
+        twin.run_step(lambda: None, 128, cost)
+        twin.clock.remove_ticker(tid)
+        monitor.sample()
+    changed = next(r.t for r in readings if r.t >= cut_at)
+    share_left = 1.0 - changed / whole_s
+    assert twin.clock.now() == pytest.approx(changed + share_left * whole_s * t_slow / t_fast, rel=1e-9)
+    assert twin.clock.now() > 2 * whole_s  # the slow clocks take the rest far longer
+    late = [r.total_w for r in readings if r.t > changed + 0.05]
+    assert np.mean(late) == pytest.approx(p_slow, rel=0.05)  # drawn at the slow clocks' power
+    # not in a step, a knob write changes the next step only
+    twin.clock.advance(0.1)
+    device.apply(fast)
+    t0 = twin.clock.now()
+    twin.run_step(lambda: None, 128, cost)
+    assert twin.clock.now() - t0 == pytest.approx(t_fast, rel=0.2)
+
+
 def test_same_seed_same_trace_and_step_times(cost):
     def trace(seed):
         twin = Twin("orin-nano", seed=seed, compute=False)

@@ -420,26 +420,46 @@ class VirtualClock:
         self._now = float(start)
         self._tickers: dict[int, _Ticker] = {}
         self._next_id = 0
+        self._advancing = False
+        self._interrupted = False
 
     def now(self) -> float:
         return self._now
 
     def sleep(self, seconds: float) -> None:
-        self.advance(seconds)
+        while seconds > 0:  # an interrupted advance (a knob changed at a tick) sleeps on
+            seconds = self.advance(seconds)
 
-    def advance(self, seconds: float) -> None:
-        """Move time forward by ``seconds``, firing every ticker due on the way, in time order."""
+    def advance(self, seconds: float) -> float:
+        """Move time forward by ``seconds``, firing every ticker due on the way, in time order.
+
+        Returns the seconds *not* advanced: 0, unless a ticker's callback called :meth:`interrupt`, which
+        ends the advance at that tick (the twin then re-times the rest of a step whose clocks were changed).
+        """
         if seconds < 0:
             raise ValueError("virtual time cannot go backwards")
         end = self._now + seconds
-        while self._tickers:
-            ticker = min(self._tickers.values(), key=lambda tk: tk.due)
-            if ticker.due > end + _TICK_SLACK_S:
-                break
-            self._now = max(self._now, ticker.due)
-            ticker.count += 1
-            ticker.callback()
+        self._advancing, self._interrupted = True, False
+        try:
+            while self._tickers:
+                ticker = min(self._tickers.values(), key=lambda tk: tk.due)
+                if ticker.due > end + _TICK_SLACK_S:
+                    break
+                self._now = max(self._now, ticker.due)
+                ticker.count += 1
+                ticker.callback()
+                if self._interrupted:
+                    return max(0.0, end - self._now)
+        finally:
+            self._advancing = self._interrupted = False
         self._now = end
+        return 0.0
+
+    def interrupt(self) -> None:
+        """End the :meth:`advance` in progress at the current tick (called from a ticker's callback); a
+        no-op outside an advance, so a stray call never shortens a later one."""
+        if self._advancing:
+            self._interrupted = True
 
     def add_ticker(self, period_s: float, callback: Callable[[], None]) -> int:
         """Call ``callback`` every ``period_s`` of virtual time, starting one period from now."""

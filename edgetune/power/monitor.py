@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -329,6 +330,8 @@ class PowerMonitor:
         # last time the total changed; a sensor stuck on one value is flagged stale
         self._last_value: float | None = None
         self._last_change_t: float | None = None
+        self._listeners: dict[int, Callable[[PowerReading], None]] = {}
+        self._next_listener = 0
 
     # -- lifecycle -------------------------------------------------------------------------------
     @property
@@ -396,7 +399,25 @@ class PowerMonitor:
                 self._last_value = reading.total_w
                 self._last_change_t = reading.t
             self._trim(reading.t)
+            listeners = tuple(self._listeners.values())
+        for listener in listeners:  # outside the lock: a listener may query the monitor
+            listener(reading)
         return reading
+
+    def add_listener(self, callback: Callable[[PowerReading], None]) -> int:
+        """Call ``callback`` with every new sample, on the sampling thread (the virtual clock's tick on the
+        twin), after it is recorded; returns a handle for :meth:`remove_listener`. The callback must be
+        quick (it delays the next sample) and must not raise on the sampling thread."""
+        with self._lock:
+            handle = self._next_listener
+            self._next_listener += 1
+            self._listeners[handle] = callback
+        return handle
+
+    def remove_listener(self, handle: int) -> None:
+        """Stop calling the listener ``handle`` (unknown handles are ignored)."""
+        with self._lock:
+            self._listeners.pop(handle, None)
 
     def _trim(self, now: float) -> None:
         keep_from = now - max(self.keep_s, self.avg_window_s)
@@ -429,8 +450,10 @@ class PowerMonitor:
         with self._lock:
             if not self._t:
                 return math.nan
-            t = np.asarray(self._t)
-            p = np.asarray(self._p)
+            # the samples from the last one at or before the window's start: no copy of the whole record
+            i = max(0, bisect.bisect_left(self._t, self._t[-1] - w) - 1)
+            t = np.asarray(self._t[i:])
+            p = np.asarray(self._p[i:])
         end = t[-1]
         start = max(t[0], end - w)
         i = max(0, int(np.searchsorted(t, start)) - 1)

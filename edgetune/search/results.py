@@ -225,7 +225,7 @@ TRIAL_COLUMNS = (
     "trial", "role", "worker", "batch_size", "ok", "oom", "feasible", "step_time_s", "samples_per_s",
     "mean_power_w", "peak_power_w", "max_avg_power_w", "max_avg_noise_w", "power_se_w", "energy_j",
     "energy_per_sample_j", "duration_s", "steps", "real_steps", "time_to_target_s", "energy_to_target_j",
-    "aborted_over_budget", "over_budget_s", "settle_s", "error",
+    "aborted_over_budget", "stopped_mid_step", "over_budget_s", "settle_s", "error",
 )
 
 
@@ -334,7 +334,8 @@ def write_trials_csv(result: SearchResult, path: str | Path) -> Path:
             row.update(r.candidate.knobs)
             for k in ("step_time_s", "samples_per_s", "mean_power_w", "peak_power_w", "max_avg_power_w",
                       "max_avg_noise_w", "power_se_w", "energy_j", "energy_per_sample_j", "duration_s",
-                      "steps", "real_steps", "aborted_over_budget", "over_budget_s", "settle_s"):
+                      "steps", "real_steps", "aborted_over_budget", "stopped_mid_step", "over_budget_s",
+                      "settle_s"):
                 v = m.get(k)
                 row[k] = "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
             if r.outcome:

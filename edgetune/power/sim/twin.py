@@ -113,6 +113,7 @@ class Twin:
         self._allowed = {name: frozenset(v for v in knob.values if not isinstance(v, bool))
                          for name, knob in self.knobs.items()}
         self._device: Device | None = None
+        self._in_step = False
         # the board starts warmed to its idle steady state (it has been on), at virtual time 0
         self._temperature_c = steady_temperature_c(profile, self.idle_power_w)
         self._temperature_t = self.clock.now()
@@ -152,6 +153,8 @@ class Twin:
                 self._apply_mode(self.profile.mode(str(value)))
             else:
                 self._setting[name] = value
+            if self._in_step:  # written at a tick inside a step (a watchdog): the step re-times its rest
+                self.clock.interrupt()
         return write
 
     def _make_knobs(self) -> dict[str, Knob]:
@@ -209,7 +212,8 @@ class Twin:
     def set_throttle(self, gpu_max_hz: float | None) -> None:
         """From the next step on, thermal throttling caps the effective GPU clock (None lifts it).
 
-        A step already running finishes at the clock it started with: the twin models steps whole.
+        A step already running finishes at the clock it started with (a knob written during a step, by
+        contrast, re-times the rest of it: :meth:`run_step`).
         """
         if gpu_max_hz is not None and not gpu_max_hz > 0:
             raise ValueError(f"throttle must be a positive clock in Hz or None, got {gpu_max_hz}")
@@ -350,34 +354,69 @@ class Twin:
     def run_step(self, fn: Callable[[], T], batch_size: int, cost: WorkloadCost | None) -> T | None:
         """Run one training step: check memory, run ``fn`` (unless ``compute=False``), advance the clock.
 
+        A knob written while the clock advances (a ticker's callback: the search's watchdog stopping a setting
+        over the budget in the middle of a long step) takes effect at once, as a clock write does on the
+        board: the step's remaining work runs at the new clocks, with their time and power.
+
         Raises :class:`DeviceOutOfMemoryError` (torch's message) when the batch does not fit.
         """
         if cost is None:
             raise DeviceError("the simulated twin needs the workload's cost to time a step; "
                               "pass cost=workload.cost")
         batch_size = _batch_size(batch_size)
-        expected, forward, backward = self._evaluate(cost, batch_size, self.effective_clocks(),
-                                                     self.temperature_c)
+        clocks = self.effective_clocks()
+        expected, forward, backward = self._evaluate(cost, batch_size, clocks, self.temperature_c)
         if not expected.fits:
             raise DeviceOutOfMemoryError(self._oom_message(cost, batch_size))
         result = fn() if self.compute else None
         jitter = self.profile.calibration.step_jitter
         # log-normal with unit mean: the average step time stays the modelled one
-        dt = expected.step_time_s * math.exp(jitter * float(self._rng.standard_normal()) - jitter**2 / 2)
+        factor = math.exp(jitter * float(self._rng.standard_normal()) - jitter**2 / 2)
         start = self.clock.now()
         segments = self._segments
         horizon = start - _SEGMENT_HORIZON_PERIODS * self.sensor.update_period_s
         while segments and segments[0][1] <= horizon:
             segments.popleft()
-        split = start + dt * FORWARD_SHARE
-        segments.append((start, split, forward))
-        segments.append((split, start + dt, backward))
         self.steps += 1
-        # the step heats the board with its mean power (a whole step at the temperature it started at)
-        self._temperature_c = relax_temperature_c(self.profile, self._temperature_c, expected.power_w, dt)
-        self._temperature_t = start + dt
-        self.clock.advance(dt)
+        done = 0.0  # share of the step's work done
+        self._in_step = True
+        try:
+            while True:
+                dt = expected.step_time_s * factor  # the whole step at the clocks in force
+                t0, left_s = self.clock.now(), (1.0 - done) * dt
+                self._plan(t0, done, dt, forward, backward)
+                # the step heats the board with its mean power (each stretch at the temperature it started at)
+                temperature_c = self._temperature_c
+                self._temperature_c = relax_temperature_c(self.profile, temperature_c, expected.power_w, left_s)
+                self._temperature_t = t0 + left_s
+                if self.clock.advance(left_s) <= 0.0:
+                    break
+                now = self.clock.now()
+                self._temperature_c = relax_temperature_c(self.profile, temperature_c, expected.power_w, now - t0)
+                self._temperature_t = now
+                done = min(1.0, done + (now - t0) / dt)
+                clocks = self.effective_clocks()
+                expected, forward, backward = self._evaluate(cost, batch_size, clocks, self._temperature_c)
+        finally:
+            self._in_step = False
         return result
+
+    def _plan(self, t0: float, done: float, dt: float, forward: tuple[float, ...],
+              backward: tuple[float, ...]) -> None:
+        """Lay out the step's phases from ``t0`` on, ``done`` of its work behind it and ``dt`` for the whole
+        step at these clocks; whatever was planned past ``t0`` (at other clocks) is dropped."""
+        segments = self._segments
+        while segments and segments[-1][0] >= t0:
+            segments.pop()
+        if segments and segments[-1][1] > t0:
+            segments[-1] = (segments[-1][0], t0, segments[-1][2])
+        end = t0 + (1.0 - done) * dt
+        if done < FORWARD_SHARE:
+            split = t0 + (FORWARD_SHARE - done) * dt
+            segments.append((t0, split, forward))
+            segments.append((split, end, backward))
+        else:
+            segments.append((t0, end, backward))
 
     def power_at(self, t: float) -> tuple[float, ...]:
         """Clean rail powers at virtual time ``t`` (at most one update period in the past): the step
