@@ -873,3 +873,23 @@ def test_guided_sampler_never_refits_a_power_mode_on_the_same_measurements(workl
     s.run()
     assert len(fitted) >= 8
     assert len(set(fitted)) == len(fitted)  # no fit repeated on identical rows and targets
+
+
+def test_a_knob_error_in_the_middle_of_a_step_propagates(workload, monkeypatch):
+    """The watchdog's knob writes run on the sampling thread; a failure there (a clock file gone) is raised to
+    the caller once the step is done, as any knob error, not recorded as a failed step."""
+    from edgetune.power import DeviceError
+    from edgetune.search import trial
+
+    def broken_rest(device, setting):
+        raise DeviceError("cannot write /sys/devices/gpu.0/devfreq/17000000.ga10b/max_freq: Permission denied")
+
+    monkeypatch.setattr(trial, "_rest", broken_rest)
+    device = open_device("sim:orin-nano", compute=False)
+    protocol = MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=2.0)
+    long = {"gpu_freq": "min", "emc_freq": "max", "cpu_freq": "max"}  # batch 131072: 2.2 s per step, 9.5 W
+    with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+        device.clock.sleep(2.0)
+        with pytest.raises(DeviceError, match="Permission denied"):
+            measure_setting(device, workload, 131072, long, protocol, monitor, limit_w=6.0)
+        assert not monitor._windows  # the setting's windows are closed

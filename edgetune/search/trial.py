@@ -396,6 +396,8 @@ def measure_setting(
         trigger_w = own_avg
         return True
 
+    watch_errors: list[Exception] = []
+
     def run_step(fn: Callable[[], Any]) -> bool:
         """One step, watched in the middle when a budget is set; whether the setting is over the limit."""
         if limit_w is None:
@@ -410,8 +412,9 @@ def measure_setting(
                            and over_limit(clear=False), lambda: _rest(device, setting)) as watchdog:
             device.run_step(fn, batch_size, cost)
         if watchdog.error is not None:
-            raise watchdog.error
-        result.stopped_mid_step = watchdog.fired
+            # raised after the steps, not here: the failing-step handler below must not turn it into a result
+            watch_errors.append(watchdog.error)
+        result.stopped_mid_step |= watchdog.fired
         return watchdog.fired or over_limit()
 
     try:
@@ -453,6 +456,9 @@ def measure_setting(
         monitor.end_window(whole)
         raise
 
+    if watch_errors:  # the watchdog's check or its knob writes failed: a knob error propagates (docs above)
+        monitor.end_window(whole)
+        raise watch_errors[0]
     if math.isfinite(trigger_w):
         _rest(device, setting)  # stopped over the budget: the clocks drop at once, not at the next setting
     times, watts = monitor.records()
@@ -498,7 +504,8 @@ class _StepWatchdog:
     3.25 s at 6.74 W, against a 5.3-W budget). While a step runs, the watchdog checks the same condition on
     the monitor's samples (every :data:`_WATCH_INTERVAL_S`, on the sampling thread) and, once it holds,
     drops the board to rest at once (``stop``): the step finishes at the rest clocks, as a clock write
-    takes effect on the board mid-kernel. An error from ``stop`` is kept for the caller to raise.
+    takes effect on the board mid-kernel. An error from ``check`` or ``stop`` is kept for the caller to raise
+    once the step is done (it cannot be raised on the sampling thread).
     """
 
     def __init__(self, monitor: PowerMonitor, check: Callable[[], bool], stop: Callable[[], None]) -> None:
