@@ -893,3 +893,51 @@ def test_a_knob_error_in_the_middle_of_a_step_propagates(workload, monkeypatch):
         with pytest.raises(DeviceError, match="Permission denied"):
             measure_setting(device, workload, 131072, long, protocol, monitor, limit_w=6.0)
         assert not monitor._windows  # the setting's windows are closed
+
+
+def test_a_barely_measured_power_mode_borrows_the_best_measured_modes_model(workload):
+    """A power mode with a model of its own on fewer than TRUSTED_GROUP_ROWS rows has its step time predicted
+    by the mixture of that model and the best-measured mode's model corrected by its rows: where the two
+    disagree the prediction is as doubtful as their disagreement; from TRUSTED_GROUP_ROWS rows the mode's
+    model stands alone."""
+    from edgetune.search.samplers.guided import TRUSTED_GROUP_ROWS, GuidedSampler, _Measured
+
+    device = open_device("sim:orin-nx", compute=False)
+    twin = device.backend
+    space = build_space(device, 32, (16, 32, 64, 128), ["power_mode", "gpu_freq", "emc_freq"])
+    sampler = GuidedSampler(space, budget_w=9.0, seed=0)
+    cand = sampler._all_candidates()
+    modes = space.knob_values["power_mode"]
+    mode_of = np.array([modes[lv] for lv in sampler._levels(cand)[:, 1 + space.knob_names.index("power_mode")]])
+    rng = np.random.RandomState(0)
+    main_idx = rng.choice(cand[mode_of == "MAXN"], 16, replace=False)
+    sparse = cand[mode_of == "15W"]
+    sparse_idx = rng.choice(sparse, TRUSTED_GROUP_ROWS, replace=False)
+
+    def measured(idx):
+        truth = [twin.expected(workload.cost, c.batch_size, c.knobs)
+                 for c in (space.candidate(sampler._params(int(i))) for i in idx)]
+        return _Measured(idx=[int(i) for i in idx], times=[e.step_time_s for e in truth],
+                         powers=[e.power_w for e in truth], peaks=[e.power_w for e in truth], oom_batches=[])
+
+    def fit(idx):
+        sampler._cache, sampler._models = {}, {}
+        rows = measured(idx)
+        sampler._measured = lambda study: rows
+        return sampler._fit(None)
+
+    few = fit(np.concatenate([main_idx, sparse_idx[:5]]))
+    g15 = int(sampler._group(sparse[:1])[0])
+    assert set(few.borrowed) == {g15}  # MAXN, the best-measured mode, stands on its own model
+    rows = sampler._rows(sparse, sampler._numeric_names)
+    own = few.per_group[g15].predict(rows)
+    other = few.borrowed[g15].predict(rows, sampler._rows(sparse, sampler._pooled_names), sampler._group(sparse))
+    t, p, t_std, p_std = sampler._predict(few, sparse)
+    assert np.allclose(t, np.sqrt(own.step_time_s * other[0]))
+    assert np.all(t_std / t >= 0.5 * np.abs(np.log(own.step_time_s / other[0])) - 1e-12)
+    assert np.allclose(p, own.power_w) and np.allclose(p_std, own.power_std)  # power: the mode's own model
+
+    enough = fit(np.concatenate([main_idx, sparse_idx]))
+    assert not enough.borrowed
+    t, *_ = sampler._predict(enough, sparse)
+    assert np.allclose(t, enough.per_group[g15].predict(rows).step_time_s)

@@ -235,6 +235,17 @@ class PriorModel:
         counts = {g: int(np.sum(groups == g)) for g in self.models}
         self.main_group = max(counts, key=lambda g: (counts[g], -g))
 
+    @classmethod
+    def of(cls, models: Mapping[int, Any], main_group: int) -> PriorModel:
+        """Already fitted hardware models by group (one that has none uses ``main_group``'s): a cold
+        search's best-measured power mode as the prior of a mode it has barely measured."""
+        if main_group not in models:
+            raise ValueError(f"main_group {main_group} has no model")
+        self = cls.__new__(cls)
+        self.models = dict(models)
+        self.main_group = main_group
+        return self
+
     def predict(self, rows: Sequence[Mapping[str, float]], groups: np.ndarray) -> tuple[np.ndarray, ...]:
         """Time, power and their relative (log-space) std per row."""
         n = len(rows)
