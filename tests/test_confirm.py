@@ -122,6 +122,30 @@ def test_confirmation_respects_its_limits_and_the_budget():
     assert next_confirmation(recs, "energy", limit_w=10.0) == recs[1].candidate
 
 
+def test_an_edge_setting_within_the_reading_noise_of_the_line_is_measured_again():
+    """A setting that held the budget but not by the sensor's accuracy, short of it by no more than two
+    standard errors of its reading, and clearly better than the certified pick, gets windows of its own
+    until its pooled margin decides (up to 1 + repeats); one short by more, or no better, does not."""
+    acc = 0.12
+    pick = [window(0, 6e8, 0.150, 9.0, se_w=0.01), window(3, 6e8, 0.150, 9.0, se_w=0.01, role=Role.CONFIRM)]
+    edge = window(1, 1e9, 0.100, 9.895, se_w=0.01)  # 0.105 W inside: 0.015 W short, 1.5 se
+    assert certified(pick[0], LIMIT_W, acc) and not certified(edge, LIMIT_W, acc)
+    kw = dict(limit_w=LIMIT_W, accuracy_w=acc)
+    assert next_confirmation([*pick, edge], "time", **kw) == edge.candidate
+    # its pooled windows still short of the accuracy, and within the noise: once more, up to 1 + repeats
+    again = [window(4 + k, 1e9, 0.100, 9.890, se_w=0.01, role=Role.CONFIRM) for k in range(CONFIRM_REPEATS)]
+    assert next_confirmation([*pick, edge, *again[:1]], "time", **kw) == edge.candidate
+    assert next_confirmation([*pick, edge, *again], "time", **kw) is None
+    # short by 0.05 W, five standard errors: the line is not a matter of noise
+    assert next_confirmation([*pick, window(1, 1e9, 0.100, 9.930, se_w=0.01)], "time", **kw) is None
+    # no better than the pick by the resolution: not worth a window
+    assert next_confirmation([*pick, window(1, 1e9, 0.1499, 9.895, se_w=0.01)], "time", **kw) is None
+    # without a sensor accuracy every setting that held is certified: the faster one is the best, and is
+    # measured again as the best (step 1), not as an edge
+    assert next_confirmation([*pick, edge], "time", limit_w=LIMIT_W) == edge.candidate
+    assert next_confirmation([*pick, edge, *again[:1]], "time", limit_w=LIMIT_W) is None
+
+
 #: a Zeus trace: its windows differ by 3-5% between runs of one setting, more than its best few settings do
 NOISY_TABLE = Path(__file__).resolve().parents[1] / "experiments/data/zeus-nsdi23/tables/v100_sentiment140_bert_base_uncased.csv"
 
