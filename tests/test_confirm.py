@@ -146,6 +146,20 @@ def test_an_edge_setting_within_the_reading_noise_of_the_line_is_measured_again(
     assert next_confirmation([*pick, edge, *again[:1]], "time", limit_w=LIMIT_W) is None
 
 
+def test_an_edge_held_on_average_but_not_by_its_guard_band_is_measured_again_one_over_never():
+    """The guard band (two standard errors over the measured average) shrinks with pooled windows, so a setting
+    whose average held the budget and whose guard band alone crossed it is an edge too; one whose average was
+    over the budget, or that was stopped over it, is never run again."""
+    acc = 0.12
+    kw = dict(limit_w=LIMIT_W, accuracy_w=acc, guard_sigma=2.0)
+    pick = [window(0, 6e8, 0.150, 9.0), window(3, 6e8, 0.150, 9.0, role=Role.CONFIRM)]
+    guarded = window(1, 1e9, 0.100, 9.930)  # 9.93 + 2 x 0.05 = 10.03 W judged: not held, by 0.6 se
+    assert not guarded.feasible
+    assert next_confirmation([*pick, guarded], "time", **kw) == guarded.candidate
+    assert next_confirmation([*pick, window(1, 1e9, 0.100, 10.02)], "time", **kw) is None  # average over
+    assert next_confirmation([*pick, window(1, 1e9, 0.100, 9.93, aborted=True)], "time", **kw) is None
+
+
 #: a Zeus trace: its windows differ by 3-5% between runs of one setting, more than its best few settings do
 NOISY_TABLE = Path(__file__).resolve().parents[1] / "experiments/data/zeus-nsdi23/tables/v100_sentiment140_bert_base_uncased.csv"
 

@@ -16,10 +16,12 @@ search ends, its contenders are measured again (:attr:`~edgetune.search.records.
    by 0.1-0.2%, so there the best's one repeat ends it);
 3. never more than ``settings x repeats`` windows again in all for step 2 (the ranking can shift as windows
    come in, and a new contender would otherwise reopen the confirmation);
-4. the edge: the best setting that held the budget but not by the sensor's accuracy, where it measured better
-   than the pick by more than ``resolution`` and its margin falls short of the accuracy by no more than ``z``
-   standard errors of its power reading (the reading noise of one window could hide that much), up to
-   ``1 + repeats`` windows: the pick is then made on the edge's pooled windows, not on one window's noise.
+4. the edge: the best setting whose measured average held the budget (no window stopped over it) but that is
+   not certified, short of the sensor's accuracy or of the guard band (judged power over the limit) by no more
+   than ``z`` standard errors of its power reading (the reading noise of one window could hide that much),
+   where it measured better than the pick by more than ``resolution``, up to ``1 + repeats`` windows: the pick
+   is then made on the edge's pooled windows (whose standard error, and so guard band, shrinks with their
+   number), not on one window's noise.
    On the twin, one window's margin is off by about its standard error (0.01 W), and the optimum of several
    benchmark rows sits within that of the certifiable line (experiments/results/oracle_gap_energy.txt:
    Orin AGX mobilenet 11.1 W, its optimum measured 0.019 W short of the line, picked a setting 101% worse).
@@ -165,11 +167,15 @@ def _edge(measured: Sequence[TrialRecord], certified_pool: Sequence[TrialRecord]
     pool = {r.candidate for r in certified_pool}
     edges = []
     for r in pool_windows(measured, limit_w=limit_w, guard_sigma=guard_sigma):
-        if not r.feasible or r.outcome is None or r.candidate in pool or len(windows[r.candidate]) >= 1 + repeats:
-            continue
+        m = r.measurement or {}
+        if (r.outcome is None or r.candidate in pool or len(windows[r.candidate]) >= 1 + repeats
+                or m.get("aborted_over_budget") or not float(m.get("max_avg_power_w", math.inf)) <= limit_w):
+            continue  # a window stopped over the budget, or an average over it, is no edge: never run it again
         score = float(np.mean(windows[r.candidate]))
-        short_w = accuracy_w - margin_w(r, limit_w)
-        se_w = float((r.measurement or {}).get("power_se_w") or 0.0)
+        se_w = float(m.get("power_se_w") or 0.0)
+        # how far it misses: the sensor's accuracy (certification), or the guard band (held as judged)
+        short_w = max(accuracy_w - margin_w(r, limit_w),
+                      judged_power_w(float(m["max_avg_power_w"]), se_w, guard_sigma) - limit_w)
         if score < best_score - resolution and 0.0 < short_w <= z * se_w:
             edges.append((score, r.candidate))
     return min(edges, key=lambda e: e[0])[1] if edges else None
