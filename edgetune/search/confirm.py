@@ -159,9 +159,10 @@ def certified(r: TrialRecord, limit_w: float | None, accuracy_w: float | None) -
 
 
 def _edge(measured: Sequence[TrialRecord], certified_pool: Sequence[TrialRecord], best_score: float,
-          windows: dict[Candidate, list[float]], objective: str, *, limit_w: float | None, guard_sigma: float,
-          accuracy_w: float, cost: ZeusCost | None, repeats: int, z: float, resolution: float) -> Candidate | None:
-    """The edge setting to measure again (module docs, step 4), or None."""
+          windows: dict[Candidate, list[float]], *, limit_w: float | None, guard_sigma: float, accuracy_w: float,
+          repeats: int, z: float, resolution: float) -> Candidate | None:
+    """The edge setting to measure again (module docs, step 4), or None. ``windows``: each setting's log
+    scores, one per window; ``best_score``: the certified best's mean of them."""
     if limit_w is None or not accuracy_w:
         return None
     pool = {r.candidate for r in certified_pool}
@@ -209,8 +210,8 @@ def next_confirmation(measured: Sequence[TrialRecord], objective: str, *, limit_
     n = {c: len(windows[c]) for c in ranked}
     if n[best] == 1:
         return best  # the pick is never one window where it can be two
-    edge = _edge(measured, pooled, means[best], windows, objective, limit_w=limit_w, guard_sigma=guard_sigma,
-                 accuracy_w=accuracy_w, cost=cost, repeats=repeats, z=z, resolution=resolution)
+    edge = _edge(measured, pooled, means[best], windows, limit_w=limit_w, guard_sigma=guard_sigma,
+                 accuracy_w=accuracy_w, repeats=repeats, z=z, resolution=resolution)
     if edge is not None:
         return edge
     repeated = [v for v in windows.values() if len(v) > 1]
