@@ -941,3 +941,36 @@ def test_a_barely_measured_power_mode_borrows_the_best_measured_modes_model(work
     assert not enough.borrowed
     t, *_ = sampler._predict(enough, sparse)
     assert np.allclose(t, enough.per_group[g15].predict(rows).step_time_s)
+
+
+def test_a_borrowed_model_is_kept_while_its_mode_and_the_main_model_do_not_change(workload):
+    """A measurement in a third power mode leaves the other sparse mode's borrowed model as it was (the fits are
+    deterministic); one in the best-measured mode, whose model changes, rebuilds it."""
+    from edgetune.search.samplers.guided import GuidedSampler, _Measured
+
+    device = open_device("sim:orin-agx", compute=False)
+    twin = device.backend
+    space = build_space(device, 32, (16, 32, 64, 128), ["power_mode", "gpu_freq", "emc_freq"])
+    sampler = GuidedSampler(space, budget_w=20.0, seed=0)
+    cand = sampler._all_candidates()
+    groups = sampler._group(cand)
+    live = sorted(set(groups.tolist()), key=lambda g: -int(np.sum(groups == g)))
+    assert len(live) >= 3
+    rng = np.random.RandomState(0)
+    main, a, b = (rng.choice(cand[groups == g], 16, replace=False) for g in live[:3])
+
+    def fit(idx):
+        truth = [twin.expected(workload.cost, c.batch_size, c.knobs)
+                 for c in (space.candidate(sampler._params(int(i))) for i in idx)]
+        rows = _Measured(idx=[int(i) for i in idx], times=[e.step_time_s for e in truth],
+                         powers=[e.power_w for e in truth], peaks=[e.power_w for e in truth], oom_batches=[])
+        sampler._measured = lambda study: rows
+        return sampler._fit(None)
+
+    first = fit(np.concatenate([main[:12], a[:5], b[:4]]))
+    assert set(first.borrowed) == {live[1], live[2]}
+    third = fit(np.concatenate([main[:12], a[:5], b[:5]]))  # one more row in the third mode
+    assert third.borrowed[live[1]] is first.borrowed[live[1]]
+    assert third.borrowed[live[2]] is not first.borrowed[live[2]]
+    again = fit(np.concatenate([main[:13], a[:5], b[:5]]))  # the main mode's model changes
+    assert again.borrowed[live[1]] is not third.borrowed[live[1]]

@@ -308,6 +308,7 @@ class GuidedSampler(BaseSampler):
         self._groups: np.ndarray | None = None
         self._cache: dict[str, Any] = {}
         self._models: dict[Any, Any] = {}  # the last fit's hardware models by their training rows
+        self._borrowed: dict[int, tuple[Any, Any, Any]] = {}  # per mode: (its rows, the main model, the Transfer)
         self._stop_streak: list[Any] = []
 
     @property
@@ -619,15 +620,23 @@ class GuidedSampler(BaseSampler):
         scale = np.array([np.ptp(np.log(np.maximum(t, 1e-12))) for t in self._tables])
         idx = np.array(measured.idx, dtype=np.int64)
         out: dict[int, Any] = {}
+        kept: dict[int, tuple[Any, Any, Any]] = {}
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             for g, n in counts.items():
                 if g == main or n >= TRUSTED_GROUP_ROWS or n >= counts[main]:
                     continue
                 sel = np.flatnonzero(groups == g)
-                out[g] = Transfer(prior, names, scale, self._rows(idx[sel], self._numeric_names),
-                                  self._rows(idx[sel], self._pooled_names), groups[sel],
-                                  [measured.times[k] for k in sel], [measured.powers[k] for k in sel])
+                data = tuple((measured.idx[k], measured.times[k], measured.powers[k]) for k in sel)
+                previous = self._borrowed.get(g)
+                if previous is not None and previous[0] == data and previous[1] is per_group[main]:
+                    out[g] = previous[2]  # neither this mode's rows nor the main mode's model changed
+                else:
+                    out[g] = Transfer(prior, names, scale, self._rows(idx[sel], self._numeric_names),
+                                      self._rows(idx[sel], self._pooled_names), groups[sel],
+                                      [measured.times[k] for k in sel], [measured.powers[k] for k in sel])
+                kept[g] = (data, per_group[main], out[g])
+        self._borrowed = kept
         return out
 
     def _prior_idx(self) -> np.ndarray:
