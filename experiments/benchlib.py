@@ -364,6 +364,13 @@ class GridTruth:
         return Point(t, t * e.power_w, float(max_window_average_w(e.step_time_s, e.power_w, e.peak_power_w)),
                      e.power_w, bool(e.fits))
 
+    def steady_max_avg_w(self, batch_size: int, setting: Mapping[str, Any]) -> float:
+        """The 1-s maximum of ``setting`` after minutes of training at it, at the board's thermal steady state
+        (:meth:`Twin.steady_state`: a warmer board leaks more), W. The grid's truths are at the idle board's
+        temperature, as a short measurement window on a cool board sees them; a long run draws this."""
+        e = self.twin.steady_state(self.cost, batch_size, dict(setting))
+        return float(max_window_average_w(e.step_time_s, e.power_w, e.peak_power_w))
+
     def _at(self, i: int) -> Point:
         return Point(float(self.time_s[i]), float(self.energy_j[i]), float(self.max_avg_w[i]),
                      float(self.mean_w[i]), bool(self.fits[i]))
@@ -462,6 +469,8 @@ class Row:
     #: points no reading can certify included; at most 1)
     hv_plain: float = math.nan
     front_violations: int = 0  # pareto only: points of the reported front over the budget
+    #: the pick's 1-s maximum at the thermal steady state of training (GridTruth.steady_max_avg_w), W
+    chosen_steady_w: float = math.nan
     #: after each measured setting, in order: the search's own score of its incumbent (what it measured) and
     #: that incumbent's truth (the objective's value; inf before one held the budget): how soon the search
     #: had its pick, and what a shorter search would have scored
@@ -568,6 +577,8 @@ def run_case(case: Case, truth: GridTruth, space: SearchSpace, workload: Any, st
               law=truth.law_best(objective, honest_mask, TargetModel.for_workload(workload)),
               measured=len(res.settings), windows=len(res.measured), stop=res.stop_reason, wall_s=wall, cpu_s=cpu,
               over_budget_s=res.over_budget_s, trajectory=trajectory(truth, res, objective))
+    if res.best is not None:
+        row.chosen_steady_w = truth.steady_max_avg_w(res.best.candidate.batch_size, res.best.candidate.knobs)
     if case.objective == "pareto":
         # the reported points that truly hold the budget, against the certifiable front (as the gaps are
         # against the honest oracle) and against the plain one, each with its own reference point

@@ -142,6 +142,11 @@ def summary(rows: list[Row], objective: str) -> list[str]:
     misses = len(gaps) - len(finite)
     worst = "MISS" if misses else f"{max(gaps):.2f}%"
     mean = f"{statistics.mean(finite):.2f}%" + (f" (of {len(finite)}; {misses} missed)" if misses else "")
+    steady = [r for r in rows if r.chosen_steady_w > r.case.budget_w]
+    lines.append(f"picks over the budget at the thermal steady state of training (Twin.steady_state; every truth "
+                 f"above is at the idle board's temperature): {len(steady)} of {len(rows)}"
+                 + (" (" + ", ".join(f"{r.case.profile} {r.case.workload} {r.case.budget_w:.2f} W: "
+                                     f"{r.chosen_steady_w:.2f} W" for r in steady) + ")" if steady else ""))
     lines.append(f"rows within 3%: {sum(g <= 3.0 for g in gaps)} of {len(gaps)}")
     lines.append(f"worst gap: {worst} | mean gap: {mean} | speedup vs common practice: "
                  f"{span([r.ratio(r.common) for r in rows])} | vs best knobs at default batch: "
