@@ -181,6 +181,11 @@ def max_window_average_w(step_time_s: float | np.ndarray, mean_w: float | np.nda
     return float(out) if out.ndim == 0 else out
 
 
+def _window_max_w(e: Any) -> float:
+    """:func:`max_window_average_w` of one of the twin's ``Expected`` figures, W."""
+    return float(max_window_average_w(e.step_time_s, e.power_w, e.peak_power_w))
+
+
 # ---------------------------------------------------------------------------------------------- steps
 
 
@@ -361,15 +366,13 @@ class GridTruth:
         """The truth of any setting (the search's pick, the common-practice baseline)."""
         e = self.twin.expected(self.cost, batch_size, dict(setting))
         t = steps_at(self.curve.batch_sizes, self.curve.median_steps, batch_size) * e.step_time_s
-        return Point(t, t * e.power_w, float(max_window_average_w(e.step_time_s, e.power_w, e.peak_power_w)),
-                     e.power_w, bool(e.fits))
+        return Point(t, t * e.power_w, _window_max_w(e), e.power_w, bool(e.fits))
 
     def steady_max_avg_w(self, batch_size: int, setting: Mapping[str, Any]) -> float:
         """The 1-s maximum of ``setting`` after minutes of training at it, at the board's thermal steady state
         (:meth:`Twin.steady_state`: a warmer board leaks more), W. The grid's truths are at the idle board's
         temperature, as a short measurement window on a cool board sees them; a long run draws this."""
-        e = self.twin.steady_state(self.cost, batch_size, dict(setting))
-        return float(max_window_average_w(e.step_time_s, e.power_w, e.peak_power_w))
+        return _window_max_w(self.twin.steady_state(self.cost, batch_size, dict(setting)))
 
     def _at(self, i: int) -> Point:
         return Point(float(self.time_s[i]), float(self.energy_j[i]), float(self.max_avg_w[i]),

@@ -895,12 +895,25 @@ def test_a_knob_error_in_the_middle_of_a_step_propagates(workload, monkeypatch):
         assert not monitor._windows  # the setting's windows are closed
 
 
+def fit_on_twin(sampler, twin, workload, idx):
+    """The guided sampler's fit on rows of the twin's noise-free figures at grid indices ``idx`` (a test of the
+    model alone: no search runs)."""
+    from edgetune.search.samplers.guided import _Measured
+
+    truth = [twin.expected(workload.cost, c.batch_size, c.knobs)
+             for c in (sampler.space.candidate(sampler._params(int(i))) for i in idx)]
+    rows = _Measured(idx=[int(i) for i in idx], times=[e.step_time_s for e in truth],
+                     powers=[e.power_w for e in truth], peaks=[e.power_w for e in truth], oom_batches=[])
+    sampler._measured = lambda study: rows
+    return sampler._fit(None)
+
+
 def test_a_barely_measured_power_mode_borrows_the_best_measured_modes_model(workload):
     """A power mode with a model of its own on fewer than TRUSTED_GROUP_ROWS rows has its step time predicted
     by the mixture of that model and the best-measured mode's model corrected by its rows: where the two
     disagree the prediction is as doubtful as their disagreement; from TRUSTED_GROUP_ROWS rows the mode's
     model stands alone."""
-    from edgetune.search.samplers.guided import TRUSTED_GROUP_ROWS, GuidedSampler, _Measured
+    from edgetune.search.samplers.guided import TRUSTED_GROUP_ROWS, GuidedSampler
 
     device = open_device("sim:orin-nx", compute=False)
     twin = device.backend
@@ -914,19 +927,7 @@ def test_a_barely_measured_power_mode_borrows_the_best_measured_modes_model(work
     sparse = cand[mode_of == "15W"]
     sparse_idx = rng.choice(sparse, TRUSTED_GROUP_ROWS, replace=False)
 
-    def measured(idx):
-        truth = [twin.expected(workload.cost, c.batch_size, c.knobs)
-                 for c in (space.candidate(sampler._params(int(i))) for i in idx)]
-        return _Measured(idx=[int(i) for i in idx], times=[e.step_time_s for e in truth],
-                         powers=[e.power_w for e in truth], peaks=[e.power_w for e in truth], oom_batches=[])
-
-    def fit(idx):
-        sampler._cache, sampler._models = {}, {}
-        rows = measured(idx)
-        sampler._measured = lambda study: rows
-        return sampler._fit(None)
-
-    few = fit(np.concatenate([main_idx, sparse_idx[:5]]))
+    few = fit_on_twin(sampler, twin, workload, np.concatenate([main_idx, sparse_idx[:5]]))
     g15 = int(sampler._group(sparse[:1])[0])
     assert set(few.borrowed) == {g15}  # MAXN, the best-measured mode, stands on its own model
     rows = sampler._rows(sparse, sampler._numeric_names)
@@ -937,7 +938,7 @@ def test_a_barely_measured_power_mode_borrows_the_best_measured_modes_model(work
     assert np.all(t_std / t >= 0.5 * np.abs(np.log(own.step_time_s / other[0])) - 1e-12)
     assert np.allclose(p, own.power_w) and np.allclose(p_std, own.power_std)  # power: the mode's own model
 
-    enough = fit(np.concatenate([main_idx, sparse_idx]))
+    enough = fit_on_twin(sampler, twin, workload, np.concatenate([main_idx, sparse_idx]))
     assert not enough.borrowed
     t, *_ = sampler._predict(enough, sparse)
     assert np.allclose(t, enough.per_group[g15].predict(rows).step_time_s)
@@ -946,7 +947,7 @@ def test_a_barely_measured_power_mode_borrows_the_best_measured_modes_model(work
 def test_a_borrowed_model_is_kept_while_its_mode_and_the_main_model_do_not_change(workload):
     """A measurement in a third power mode leaves the other sparse mode's borrowed model as it was (the fits are
     deterministic); one in the best-measured mode, whose model changes, rebuilds it."""
-    from edgetune.search.samplers.guided import GuidedSampler, _Measured
+    from edgetune.search.samplers.guided import GuidedSampler
 
     device = open_device("sim:orin-agx", compute=False)
     twin = device.backend
@@ -960,12 +961,7 @@ def test_a_borrowed_model_is_kept_while_its_mode_and_the_main_model_do_not_chang
     main, a, b = (rng.choice(cand[groups == g], 16, replace=False) for g in live[:3])
 
     def fit(idx):
-        truth = [twin.expected(workload.cost, c.batch_size, c.knobs)
-                 for c in (space.candidate(sampler._params(int(i))) for i in idx)]
-        rows = _Measured(idx=[int(i) for i in idx], times=[e.step_time_s for e in truth],
-                         powers=[e.power_w for e in truth], peaks=[e.power_w for e in truth], oom_batches=[])
-        sampler._measured = lambda study: rows
-        return sampler._fit(None)
+        return fit_on_twin(sampler, twin, workload, idx)
 
     first = fit(np.concatenate([main[:12], a[:5], b[:4]]))
     assert set(first.borrowed) == {live[1], live[2]}

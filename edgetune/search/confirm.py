@@ -158,16 +158,17 @@ def certified(r: TrialRecord, limit_w: float | None, accuracy_w: float | None) -
     return limit_w is None or accuracy_w is None or margin_w(r, limit_w) >= accuracy_w
 
 
-def _edge(measured: Sequence[TrialRecord], certified_pool: Sequence[TrialRecord], best_score: float,
+def _edge(records: Sequence[TrialRecord], certified_pool: Sequence[TrialRecord], best_score: float,
           windows: dict[Candidate, list[float]], *, limit_w: float | None, guard_sigma: float, accuracy_w: float,
           repeats: int, z: float, resolution: float) -> Candidate | None:
-    """The edge setting to measure again (module docs, step 4), or None. ``windows``: each setting's log
-    scores, one per window; ``best_score``: the certified best's mean of them."""
+    """The edge setting to measure again (module docs, step 4), or None. ``records``: one per setting, its
+    windows pooled (:func:`pool_windows`); ``windows``: each setting's log scores, one per window;
+    ``best_score``: the certified best's mean of them."""
     if limit_w is None or not accuracy_w:
         return None
     pool = {r.candidate for r in certified_pool}
     edges = []
-    for r in pool_windows(measured, limit_w=limit_w, guard_sigma=guard_sigma):
+    for r in records:
         m = r.measurement or {}
         if (r.outcome is None or r.candidate in pool or len(windows[r.candidate]) >= 1 + repeats
                 or m.get("aborted_over_budget") or not float(m.get("max_avg_power_w", math.inf)) <= limit_w):
@@ -199,7 +200,8 @@ def next_confirmation(measured: Sequence[TrialRecord], objective: str, *, limit_
     for r in measured:
         if r.outcome is not None:
             windows.setdefault(r.candidate, []).append(log_score(r.outcome, objective, cost))
-    pooled = [r for r in pool_windows(measured, limit_w=limit_w, guard_sigma=guard_sigma)
+    records = pool_windows(measured, limit_w=limit_w, guard_sigma=guard_sigma)
+    pooled = [r for r in records
               if r.feasible and r.outcome is not None and math.isfinite(log_score(r.outcome, objective, cost))]
     pooled = [r for r in pooled if certified(r, limit_w, accuracy_w)] or pooled
     if not pooled:
@@ -210,7 +212,7 @@ def next_confirmation(measured: Sequence[TrialRecord], objective: str, *, limit_
     n = {c: len(windows[c]) for c in ranked}
     if n[best] == 1:
         return best  # the pick is never one window where it can be two
-    edge = _edge(measured, pooled, means[best], windows, limit_w=limit_w, guard_sigma=guard_sigma,
+    edge = _edge(records, pooled, means[best], windows, limit_w=limit_w, guard_sigma=guard_sigma,
                  accuracy_w=accuracy_w, repeats=repeats, z=z, resolution=resolution)
     if edge is not None:
         return edge

@@ -612,12 +612,10 @@ class GuidedSampler(BaseSampler):
         counts = {g: int(np.sum(groups == g)) for g in per_group}
         if len(counts) < 2:
             return {}
-        from edgetune.search.prior import PriorModel, Transfer
+        from edgetune.search.prior import PriorModel
 
         main = max(counts, key=lambda g: (counts[g], -g))
         prior = PriorModel.of({main: per_group[main]}, main)
-        names = ["batch_size", *self._pooled_names]
-        scale = np.array([np.ptp(np.log(np.maximum(t, 1e-12))) for t in self._tables])
         idx = np.array(measured.idx, dtype=np.int64)
         out: dict[int, Any] = {}
         kept: dict[int, tuple[Any, Any, Any]] = {}
@@ -632,19 +630,29 @@ class GuidedSampler(BaseSampler):
                 if previous is not None and previous[0] == data and previous[1] is per_group[main]:
                     out[g] = previous[2]  # neither this mode's rows nor the main mode's model changed
                 else:
-                    out[g] = Transfer(prior, names, scale, self._rows(idx[sel], self._numeric_names),
-                                      self._rows(idx[sel], self._pooled_names), groups[sel],
-                                      [measured.times[k] for k in sel], [measured.powers[k] for k in sel])
+                    out[g] = self._corrected(prior, idx[sel], [measured.times[k] for k in sel],
+                                             [measured.powers[k] for k in sel])
                 kept[g] = (data, per_group[main], out[g])
         self._borrowed = kept
         return out
+
+    def _corrected(self, prior: Any, idx: np.ndarray, times: Sequence[float], powers: Sequence[float]) -> Any:
+        """``prior`` (a :class:`~edgetune.search.prior.PriorModel`) corrected by the measured settings ``idx``,
+        their step times and judged powers: a :class:`~edgetune.search.prior.Transfer` over batch size and every
+        knob, each scaled by the log span of its values."""
+        from edgetune.search.prior import Transfer
+
+        names = ["batch_size", *self._pooled_names]
+        scale = np.array([np.ptp(np.log(np.maximum(t, 1e-12))) for t in self._tables])
+        return Transfer(prior, names, scale, self._rows(idx, self._numeric_names), self._rows(idx, self._pooled_names),
+                        self._group(idx), times, powers)
 
     def _prior_idx(self) -> np.ndarray:
         return np.array([self._candidate_index(o) for o in self.prior], dtype=np.int64)
 
     def _fit_transfer(self, measured: _Measured) -> _Fitted:
         """The prior model (fitted once) corrected by the measured settings; cached per measured set."""
-        from edgetune.search.prior import PriorModel, Transfer
+        from edgetune.search.prior import PriorModel
 
         key = ("transfer", tuple(measured.idx), measured.windows, tuple(measured.oom_batches))
         if self._cache.get("key") == key:
@@ -654,12 +662,8 @@ class GuidedSampler(BaseSampler):
             self._cache["prior_model"] = PriorModel(
                 self._rows(pidx, self._numeric_names), self._group(pidx), [o.step_time_s for o in self.prior],
                 [o.judged_power_w(self.guard_sigma) for o in self.prior], min_rows=self.min_group)
-        names = ["batch_size", *self._pooled_names]
-        scale = np.array([np.ptp(np.log(np.maximum(t, 1e-12))) for t in self._tables])
-        idx = np.array(measured.idx, dtype=np.int64)
-        transfer = Transfer(self._cache["prior_model"], names, scale, self._rows(idx, self._numeric_names),
-                            self._rows(idx, self._pooled_names), self._group(idx), measured.times,
-                            measured.powers)
+        transfer = self._corrected(self._cache["prior_model"], np.array(measured.idx, dtype=np.int64),
+                                   measured.times, measured.powers)
         value = _Fitted(measured, {}, None, transfer)
         self._cache = {"key": key, "value": value, "prior_model": self._cache["prior_model"]}
         return value
