@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import optuna
@@ -970,3 +971,52 @@ def test_a_borrowed_model_is_kept_while_its_mode_and_the_main_model_do_not_chang
     assert third.borrowed[live[2]] is not first.borrowed[live[2]]
     again = fit(np.concatenate([main[:13], a[:5], b[:5]]))  # the main mode's model changes
     assert again.borrowed[live[1]] is not third.borrowed[live[1]]
+
+
+def test_the_search_stops_only_once_the_best_settings_batch_neighbours_are_measured(workload):
+    """When the model finds nothing left that could pay, the best measured setting's knobs at one batch size level
+    down and up are measured before the search may stop (the law ranks adjacent batch sizes close, and the model
+    may be sure of a batch size it measured only at other clocks); without polish the rule stops at once."""
+    from edgetune.search.samplers.guided import GuidedSampler
+
+    device = open_device("sim:orin-nano", compute=False)
+    twin = device.backend
+    space = build_space(device, 32, (8, 16, 32, 64), ["gpu_freq", "emc_freq"])
+
+    def sampler_on(idx, polish=True):
+        s = GuidedSampler(space, budget_w=30.0, seed=0, min_trials_to_stop=0, stop_gain=1.0, stop_confirmations=1,
+                          polish=polish)
+        fit_on_twin(s, twin, workload, idx)
+        s._taken = lambda study: {int(i) for i in idx}
+        return s
+
+    sizes = GuidedSampler(space)._sizes  # batch, gpu_freq, emc_freq levels
+    top_e = sizes[2] - 1
+    # batch 16 at every GPU clock, batch 32 at the lowest GPU clock only
+    levels = [(1, g, e) for g in range(sizes[1]) for e in (0, top_e)] + [(2, 0, 0), (2, 0, top_e)]
+    s = sampler_on(GuidedSampler(space)._flat(np.array(levels)))
+    m = s._measured(None)
+    best = tuple(s._levels(np.array([s._best_measured(m.idx, m.times, m.powers, "time")[0]]))[0])
+    expected = sorted({(best[0] + d, *best[1:]) for d in (-1, 1) if 0 <= best[0] + d < sizes[0]} - set(levels))
+    assert expected  # its knobs were measured at no other batch size
+    near = s._polish_candidates(None)
+    assert sorted(tuple(lv) for lv in s._levels(np.array(near))) == expected
+    assert s.should_stop(None, 0.01) is None
+    trial = SimpleNamespace(number=len(levels))  # sample_relative reads only the trial's number
+    assert s.sample_relative(None, trial, space.distributions()) == s._params(near[0])
+    assert sampler_on(m.idx, polish=False).should_stop(None, 0.01) is not None  # the rule alone stops
+    # a row of the neighbour's batch size one knob level away anchors the model there: no polish needed
+    up = (best[0] + 1, max(best[1] - 1, 0) if best[1] else 1, best[2])
+    assert up not in levels and up[0] < sizes[0]
+    anchored = sampler_on(np.concatenate([m.idx, GuidedSampler(space)._flat(np.array([up]))]))
+    assert all(tuple(lv)[0] != up[0] for lv in anchored._levels(np.array(anchored._polish_candidates(None), dtype=np.int64)))
+
+    measured = list(m.idx)
+    for _ in range(sizes[0]):  # measure what polish asks until it asks nothing: a walk along the batch sizes
+        measured += near
+        s = sampler_on(np.array(measured))
+        near = s._polish_candidates(None)
+        if not near:
+            break
+        assert s.should_stop(None, 0.01) is None
+    assert near == [] and s.should_stop(None, 0.01).endswith("its neighbours measured")

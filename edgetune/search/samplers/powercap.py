@@ -22,12 +22,11 @@ knob is a power limit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from optuna.distributions import BaseDistribution
 from optuna.study import Study
-from optuna.trial import FrozenTrial
 
 from edgetune.power.knobs import Candidate, KnobRole, knob_of_role
 from edgetune.search.samplers.guided import GuidedSampler
@@ -46,11 +45,11 @@ class PowerCapSampler(GuidedSampler):
 
     Args:
         design_points: batch sizes measured at the cap nearest at or below the budget before the model.
-        polish: measure the best setting's unmeasured neighbours before agreeing to stop.
-        **kwargs: as :class:`GuidedSampler` (``n_spread`` defaults to 0: the design is the spread).
+        **kwargs: as :class:`GuidedSampler` (its ``polish`` measures every neighbour of the best here, one cap
+            or batch size level away, :meth:`_polish_near`) (``n_spread`` defaults to 0: the design is the spread).
     """
 
-    def __init__(self, space: SearchSpace, *, design_points: int = 3, polish: bool = True, **kwargs: Any) -> None:
+    def __init__(self, space: SearchSpace, *, design_points: int = 3, **kwargs: Any) -> None:
         if not is_power_cap_space(space):
             raise ValueError(f"PowerCapSampler needs a space whose only knob is a power limit (power_limit); got "
                              f"{', '.join(space.knob_names) or 'none'}")
@@ -58,7 +57,6 @@ class PowerCapSampler(GuidedSampler):
         super().__init__(space, **kwargs)
         self.cap = space.knob_names[0]
         self.design_points = design_points
-        self.polish = polish
 
     # -- 1. initial design ----------------------------------------------------------------------------
     def design(self) -> list[dict[str, int]]:
@@ -81,46 +79,13 @@ class PowerCapSampler(GuidedSampler):
         return super()._startup(study, among)
 
     # -- 3. polish --------------------------------------------------------------------------------------
-    def _polish_candidates(self, study: Study) -> list[int]:
-        """Unmeasured neighbours of the best feasible measured setting, most promising first."""
-        scores = self._score(study, 0)
-        fitted = self._cache.get("value")
-        if scores is None or fitted is None or not np.isfinite(scores["best"]):
-            return []
-        idx, times, powers = fitted.measured.idx, fitted.measured.times, fitted.measured.powers
-        objective = self._objective(0)
-        best_i, best_v = None, np.inf
-        for i, t, p in zip(idx, times, powers):
-            v = self._incumbent([i], [t], [p], objective)
-            if v < best_v:
-                best_i, best_v = i, v
-        if best_i is None:
-            return []
-        taken = self._taken(study)
-        near = [int(i) for i in self._neighbours(np.array([best_i])) if int(i) not in taken]
-        lv = self._levels(np.array([best_i]))[0]
-        near = [i for i in near if np.abs(self._levels(np.array([i]))[0] - lv).max() <= 1]
-        if not near:
-            return []
-        pos = {int(i): k for k, i in enumerate(scores["idx"])}
-        keep = [i for i in near if i in pos and scores["p_feas"][pos[i]] >= self.min_feasible_p]
-        return sorted(keep, key=lambda i: scores["log_score"][pos[i]])
-
-    def should_stop(self, study: Study, margin: float) -> str | None:
-        reason = super().should_stop(study, margin)
-        if reason is None or not self.polish:
-            return reason
-        if self._polish_candidates(study):
-            return None
-        return reason + "; the best setting's neighbours measured"
-
-    def sample_relative(self, study: Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        if search_space and self.polish and self._stop_streak:
-            polish = self._polish_candidates(study)
-            if polish:
-                return self._params(polish[0])
-        return super().sample_relative(study, trial, search_space)
+    def _polish_near(self, best: int, measured: Sequence[int] = ()) -> np.ndarray:
+        """Every setting one level from the best in the cap or in the batch size: caps above a batch size's
+        saturation change nothing physical, so only measuring tells them apart (``measured`` rows nearby do not
+        excuse a neighbour here)."""
+        near = self._neighbours(np.array([best]))
+        near = near[np.abs(self._levels(near) - self._levels(np.array([best]))[0]).max(axis=1) <= 1]
+        return near[near != best]
 
     def __repr__(self) -> str:
         return f"PowerCapSampler(grid={self._n}, objective={self.objective!r})"
