@@ -1020,3 +1020,34 @@ def test_the_search_stops_only_once_the_best_settings_batch_neighbours_are_measu
             break
         assert s.should_stop(None, 0.01) is None
     assert near == [] and s.should_stop(None, 0.01).endswith("its neighbours measured")
+
+
+def test_a_setting_that_held_the_budget_but_not_by_the_sensors_accuracy_is_followed_one_step_down():
+    """The edge (the best setting that held the budget, but not by the sensor's accuracy) is one step from one
+    that may be certified: where it beats the best certified setting, its neighbours one level down in the batch
+    size or a numeric knob are measured before the search may stop."""
+    from edgetune.search.samplers.guided import GuidedSampler
+
+    workload = load_workload("cnn", seed=0)  # its step cost: at the top clocks batch 16 is the fastest here
+    device = open_device("sim:orin-nano", compute=False)
+    twin = device.backend
+    space = build_space(device, 32, (8, 16, 32), ["gpu_freq", "emc_freq"])
+    probe = GuidedSampler(space)
+    top_g, top_e = probe._sizes[1] - 1, probe._sizes[2] - 1
+    edge_lv = (1, top_g, top_e)
+    levels = [edge_lv, (0, 0, 0), (1, 0, 0), (2, 0, 0), (1, 1, 0), (0, 1, top_e), (2, 0, top_e)]
+    idx = probe._flat(np.array(levels))
+    edge_w = twin.expected(workload.cost, 16, space.candidate(probe._params(int(idx[0]))).knobs).power_w
+    # the edge holds the budget by 0.05 W, inside the sensor's 0.1 W accuracy; the other rows draw far less
+    s = GuidedSampler(space, budget_w=edge_w + 0.05, accuracy_w=0.1, seed=0, min_trials_to_stop=0, stop_gain=1.0,
+                      stop_confirmations=1)
+    fit_on_twin(s, twin, workload, idx)
+    s._taken = lambda study: {int(i) for i in idx}
+    m = s._measured(None)
+    assert max(p for p in m.powers if p != m.powers[0]) < s._limit_w < m.powers[0] <= s._budget_limit_w
+    assert s._best_measured(m.idx, m.times, m.powers, "time", held_only=True)[0] == int(idx[0])
+    below = {tuple(lv) for lv in s._levels(s._below(int(idx[0])))}
+    assert below == {(0, top_g, top_e), (1, top_g - 1, top_e), (1, top_g, top_e - 1)}
+    proposed = {tuple(lv) for lv in s._levels(np.array(s._polish_candidates(None), dtype=np.int64))}
+    assert proposed & below  # a step back from the edge is measured before the search stops
+    assert s.should_stop(None, 0.01) is None
