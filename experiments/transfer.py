@@ -191,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
           r["warm"]["measured"], round(r["cold"]["gap"], 2), r["cold"]["measured"], round(r["warm"]["law_gap"], 2),
           f"{r['warm']['power']:.2f}{' OVER' if r['warm']['over'] else ''}"] for r in rows]))
     print("PowerTrain (FGCS 2024): about 50 profiled power modes of the new device or workload to transfer")
-    print(f"against the plain oracle (true 1-s average within the budget): warm worst "
-          f"{max(r['warm']['plain_gap'] for r in rows):.2f}%, cold worst {max(r['cold']['plain_gap'] for r in rows):.2f}%")
+    plain_warm, plain_cold = (max(r[k]["plain_gap"] for r in rows) for k in ("warm", "cold"))
+    print(f"against the plain oracle (true 1-s average within the budget): warm worst {plain_warm:.2f}%, cold worst "
+          f"{plain_cold:.2f}%")
     lawful = [f"{r['target']} {r['workload']}" for r in rows if r["warm"]["law_gap"] > 3.0]
     print(f"law gap (the search's own S(b) law with exact hardware knowledge, against the measured steps): "
           f"{len(lawful)} of {len(rows)} cases over 3%{' (' + ', '.join(lawful) + ')' if lawful else ''}: no "

@@ -1009,7 +1009,8 @@ def test_the_search_stops_only_once_the_best_settings_batch_neighbours_are_measu
     up = (best[0] + 1, max(best[1] - 1, 0) if best[1] else 1, best[2])
     assert up not in levels and up[0] < sizes[0]
     anchored = sampler_on(np.concatenate([m.idx, GuidedSampler(space)._flat(np.array([up]))]))
-    assert all(tuple(lv)[0] != up[0] for lv in anchored._levels(np.array(anchored._polish_candidates(None), dtype=np.int64)))
+    polished = anchored._levels(np.array(anchored._polish_candidates(None), dtype=np.int64))
+    assert all(lv[0] != up[0] for lv in polished)
 
     measured = list(m.idx)
     for _ in range(sizes[0]):  # measure what polish asks until it asks nothing: a walk along the batch sizes

@@ -252,7 +252,8 @@ class GuidedSampler(BaseSampler):
         observations_func: what each trial measured (:data:`ObservationsFunc`); default
             :func:`~edgetune.search.records.read_observation`, the search's records.
         polish: before agreeing to stop, measure the best setting's unmeasured neighbours that are plausibly
-            within the budget (:meth:`_polish_near`: one batch size level up and down at its knobs).
+            within the budget (:meth:`_polish_near`: one batch size level up and down at its knobs), and one
+            step below an uncertified edge that beats it (:meth:`_below`).
     """
 
     def __init__(self, space: SearchSpace, *, objective: str = "time", budget_w: float | None = None,
@@ -867,14 +868,16 @@ class GuidedSampler(BaseSampler):
     def _polish_near(self, best: int, measured: Sequence[int] = ()) -> np.ndarray:
         """The settings polished around the best measured one (grid index ``best``): the same knobs at one
         batch size level down and up, unless a setting ``measured`` at that batch size lies within one level of
-        them in every knob (the model has a row of that batch size there already). The S(b) law ranks adjacent batch sizes within a few percent of each
-        other where the optimum is flat, so which one wins is the step times' call, and the model's step
-        time at a batch size it measured only at other clocks is an extrapolation it can be sure of and
-        wrong about (a transfer to Orin NX 15W, cnn: batch 32 at the top clocks predicted 0.0082 +- 0.0000 s
-        from one batch-32 row at the lowest clocks, true 0.0064 s, so the search stopped at batch 16, 8.6%
-        from the oracle)."""
+        them in every knob (the model has a row of that batch size there already).
+
+        The S(b) law ranks adjacent batch sizes within a few percent of each other where the optimum is flat,
+        so which one wins is the step times' call, and the model's step time at a batch size it measured only
+        at other clocks is an extrapolation it can be sure of and wrong about (a transfer to Orin NX 15W, cnn:
+        batch 32 at the top clocks predicted 0.0082 +- 0.0000 s from one batch-32 row at the lowest clocks,
+        true 0.0064 s, so the search stopped at batch 16, 8.6% from the oracle)."""
         lv = self._levels(np.array([best]))
-        done = self._levels(np.array(measured, dtype=np.int64)) if len(measured) else np.zeros((0, lv.shape[1]), int)
+        done = (self._levels(np.array(measured, dtype=np.int64)) if len(measured)
+                else np.zeros((0, lv.shape[1]), dtype=np.int64))
         out = []
         for step in (-1, 1):
             moved = lv.copy()
@@ -889,8 +892,8 @@ class GuidedSampler(BaseSampler):
     def _polish_candidates(self, study: Study) -> list[int]:
         """Unmeasured settings near the best measured one (:meth:`_polish_near`; for ``pareto``, near the best
         in time and the best in energy), and one step below the edge where it beats the best (:meth:`_below`,
-        those within one standard error of beating the best), that are plausibly within the budget and not certain
-        to fail, most promising first."""
+        those within one standard error of beating the best), that are plausibly within the budget and not
+        certain to fail, most promising first."""
         if not self.polish:
             return []
         taken = self._taken(study)
@@ -998,8 +1001,9 @@ class GuidedSampler(BaseSampler):
             self._stop_streak.append(key)
         if len(self._stop_streak) < self.stop_confirmations or self._polish_candidates(study):
             return None
+        polished = "; its neighbours measured" if self.polish else ""
         return (f"no unmeasured setting is expected to improve the best by {threshold:.2%} within the budget "
-                f"(hardware model; {self.stop_confirmations} fits in a row){'; its neighbours measured' if self.polish else ''}")
+                f"(hardware model; {self.stop_confirmations} fits in a row){polished}")
 
     def __repr__(self) -> str:
         return f"GuidedSampler(grid={self._n}, objective={self.objective!r})"
