@@ -1022,6 +1022,10 @@ def test_the_search_stops_only_once_the_best_settings_batch_neighbours_are_measu
         assert s.should_stop(None, 0.01) is None
     assert near == [] and s.should_stop(None, 0.01).endswith("its neighbours measured")
 
+    # a space of batch sizes alone: a measured neighbour anchors itself, an unmeasured one is polished
+    alone = GuidedSampler(build_space(device, 32, (8, 16, 32), []))
+    assert alone._polish_near(1, [0, 1]).tolist() == [2]
+
 
 def test_a_setting_that_held_the_budget_but_not_by_the_sensors_accuracy_is_followed_one_step_down():
     """The edge (the best setting that held the budget, but not by the sensor's accuracy) is one step from one

@@ -875,19 +875,15 @@ class GuidedSampler(BaseSampler):
         at other clocks is an extrapolation it can be sure of and wrong about (a transfer to Orin NX 15W, cnn:
         batch 32 at the top clocks predicted 0.0082 +- 0.0000 s from one batch-32 row at the lowest clocks,
         true 0.0064 s, so the search stopped at batch 16, 8.6% from the oracle)."""
-        lv = self._levels(np.array([best]))
-        done = (self._levels(np.array(measured, dtype=np.int64)) if len(measured)
-                else np.zeros((0, lv.shape[1]), dtype=np.int64))
-        out = []
-        for step in (-1, 1):
-            moved = lv.copy()
-            moved[:, 0] += step
-            at = done[done[:, 0] == moved[0, 0]]
-            anchored = at.size and bool(np.any(np.abs(at[:, 1:] - moved[:, 1:]).max(axis=1) <= 1))
-            if 0 <= moved[0, 0] < self._sizes[0] and not anchored:
-                out.append(self._canonical(self._flat(moved)))
-        near = np.unique(np.concatenate(out)) if out else np.array([], dtype=np.int64)
-        return near if self._allowed is None else near[np.isin(near, self._allowed)]
+        near = np.concatenate([self._shifted(best, [0], step) for step in (-1, 1)])
+        done = self._levels(np.asarray(measured, dtype=np.int64))
+
+        def anchored(i: int) -> bool:
+            lv = self._levels(np.array([i]))[0]
+            at = done[done[:, 0] == lv[0]]
+            return bool(np.any(np.all(np.abs(at[:, 1:] - lv[1:]) <= 1, axis=1)))
+
+        return np.array([i for i in near.tolist() if not anchored(i)], dtype=np.int64)
 
     def _polish_candidates(self, study: Study) -> list[int]:
         """Unmeasured settings near the best measured one (:meth:`_polish_near`; for ``pareto``, near the best
@@ -925,15 +921,18 @@ class GuidedSampler(BaseSampler):
         Orin Nano 7W, chartransformer: batch 8 at the lowest GPU clock and CPU 192 MHz held 7 W at a true 6.90 W,
         short of the certifiable line; CPU 115 MHz, never measured, was the oracle at 6.81 W, and the pick
         3.11% from it)."""
-        lv = self._levels(np.array([edge]))
-        out = []
-        for d in self._numeric_dims:
-            if lv[0, d] > 0:
-                moved = lv.copy()
-                moved[0, d] -= 1
-                out.append(self._canonical(self._flat(moved)))
-        near = np.unique(np.concatenate(out)) if out else np.array([], dtype=np.int64)
-        near = near[near != edge]
+        return self._shifted(edge, self._numeric_dims, -1)
+
+    def _shifted(self, index: int, dims: Sequence[int], step: int) -> np.ndarray:
+        """The settings ``step`` levels from grid index ``index`` in one of ``dims`` each (those inside the
+        grid), as they run (:meth:`_canonical`); ``index`` itself, and on a rows space anything not a row,
+        left out."""
+        lv = self._levels(np.array([index]))[0]
+        moved = [np.where(np.arange(lv.size) == d, lv + step, lv) for d in dims if 0 <= lv[d] + step < self._sizes[d]]
+        if not moved:
+            return np.array([], dtype=np.int64)
+        near = np.unique(self._canonical(self._flat(np.array(moved))))
+        near = near[near != index]
         return near if self._allowed is None else near[np.isin(near, self._allowed)]
 
     def _score(self, study: Study, number: int) -> dict[str, np.ndarray] | None:
