@@ -23,6 +23,7 @@ from benchlib import (
     hypervolume_2d,
     max_window_average_w,
     pareto_points,
+    steady_mean_w,
     steps_at,
 )
 
@@ -171,6 +172,24 @@ def test_hypervolume_reference_of_a_one_point_front_still_spans_an_area() -> Non
     assert hypervolume_2d([(10.0, 100.0)], ref) > 0
     wide = hv_reference([(10.0, 300.0), (40.0, 100.0)])
     assert wide == (pytest.approx(44.0), pytest.approx(330.0))
+
+
+# ---------------------------------------------------------------------------------------------- thermal
+
+
+@pytest.mark.parametrize("profile", ["orin-agx", "orin-nano"])
+def test_the_grids_steady_state_power_is_the_twins_own_steady_state(profile: str) -> None:
+    twin = Twin(profile, compute=False)
+    cost = WorkloadCost(flops_per_sample=2e9, param_bytes=4e6, activation_bytes_per_sample=2e6)
+    settings = [{"gpu_freq": f} for f in sorted(twin.knob_grid()["gpu_freq"])[::3]]
+    t0 = twin.temperature_c
+    warm = t0 + twin.profile.calibration.leak_doubling_k
+    idle = np.array([twin.expected(cost, 16, s).power_w for s in settings])
+    leak = np.array([twin.expected(cost, 16, s, temperature_c=warm).power_w for s in settings]) - idle
+    steady = steady_mean_w(twin.profile, idle, leak, t0)
+    exact = np.array([twin.steady_state(cost, 16, s).power_w for s in settings])
+    assert steady == pytest.approx(exact, rel=1e-8)
+    assert np.all(steady > idle) and twin.temperature_c == t0  # a warm board leaks more; the twin never ran
 
 
 # ---------------------------------------------------------------------------------------------- rows
