@@ -397,3 +397,29 @@ def test_fake_board_power_is_measured_through_sysfs(tmp_path):
     assert int((fake.gpu / "max_freq").read_text()) == 624_750_000  # restored: the governor's range again
     board.idle()
     device.close()
+
+
+@pytest.mark.parametrize(("board", "zone"), [("orin-nano", "tj-thermal"), ("xavier-nx", "GPU-therm")])
+def test_the_board_temperature_is_the_junction_zone_else_the_gpus(tmp_path, board, zone):
+    fake = build_jetson(tmp_path / "root", board)
+    device = _open(fake)
+    expected = {"tj-thermal": 43.531, "GPU-therm": 41.5}[zone]  # millidegrees in the fake's files
+    assert device.temperature_c == pytest.approx(expected)
+    fake.set_temperature(zone, "48218\n")
+    assert device.temperature_c == pytest.approx(48.218)
+    fake.set_temperature(zone, "-25600\n")  # a gated sensor's reading is no temperature
+    assert device.temperature_c is None
+    fake.set_temperature(zone, "garbage\n")
+    assert device.temperature_c is None
+    device.close()
+
+
+def test_a_board_without_thermal_zones_reads_no_temperature_and_says_so(tmp_path):
+    import shutil
+
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    shutil.rmtree(fake.root / "sys/devices/virtual/thermal")
+    device = _open(fake)
+    assert device.temperature_c is None
+    assert any("no tj or GPU thermal zone" in n for n in device.notes)
+    device.close()

@@ -175,3 +175,14 @@ def test_kill_9_then_restore_resets_the_gpu(fake_nvml, tmp_path):
     assert "restored" in done.stdout and "H100" in done.stdout
     h = read_gpus(path)[1]
     assert h["locked_gpu_mhz"] == 0 and h["limit_mw"] == 700_000
+
+
+def test_the_gpu_temperature_in_whole_degrees_and_none_where_it_fails(fake_nvml):
+    unsupported_gpu = h100()
+    unsupported_gpu["fail"] = {"nvmlDeviceGetTemperature": 3}  # NVML_ERROR_NOT_SUPPORTED
+    fake_nvml([a100(), unsupported_gpu])
+    readable, unsupported = open_device("nvml:0"), open_device("nvml:1")
+    assert readable.temperature_c == 38.0
+    assert unsupported.temperature_c is None
+    readable.close()
+    unsupported.close()

@@ -534,6 +534,11 @@ def _unknown_idle_power() -> float | None:
     return None
 
 
+def _unknown_temperature() -> float | None:
+    """Board temperature of a device without a thermal sensor edgetune reads."""
+    return None
+
+
 @dataclass
 class Device:
     """A platform's knobs, sensor and clock, with how it runs one training step.
@@ -554,6 +559,9 @@ class Device:
             measures it). Called on every read of :attr:`idle_power_w`, so it reflects the knob values and
             disturbances in force then (the twin's depends on its power mode and power offset).
         max_power_w: the most the device can draw, where known.
+        temperature: returns the board temperature now, in degC (the sensor nearest the GPU: a Jetson's GPU
+            thermal zone, NVML's GPU temperature), or None where the device reads none. The search's thermal
+            soak extrapolates the warm board's power from it (:mod:`edgetune.search.thermal`).
         notes: lines the CLI prints under the device (calibration sources, measure-only mode ...).
         close: releases platform resources (NVML shutdown ...).
         backend: the platform object behind the device, for platform-specific use (the twin's
@@ -570,6 +578,7 @@ class Device:
     run_step: Callable[[Callable[[], T], int, WorkloadCost | None], T]
     idle_power: Callable[[], float | None] = _unknown_idle_power
     max_power_w: float | None = None
+    temperature: Callable[[], float | None] = _unknown_temperature
     notes: list[str] = field(default_factory=list)
     close: Callable[[], None] = lambda: None
     backend: Any = None
@@ -579,6 +588,11 @@ class Device:
     def idle_power_w(self) -> float | None:
         """The device's power at rest with the knob values in force now (W), or None where unknown."""
         return self.idle_power()
+
+    @property
+    def temperature_c(self) -> float | None:
+        """The board temperature now, degC, or None where the device reads none."""
+        return self.temperature()
 
     def has(self, capability: Capability) -> bool:
         """True when the device has ``capability``."""

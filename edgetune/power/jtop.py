@@ -35,6 +35,7 @@ from typing import Any
 
 from edgetune.power.base import DERIVED_PREFIX, Device, DeviceError, KnobWriteError, PowerReading, RealClock
 from edgetune.power.jetson import COMBINED_RAILS, _run_step
+from edgetune.power.jetson.thermal import temperature_reader
 from edgetune.power.monitor import MIN_UPDATES_PER_WINDOW, min_avg_window_s
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, RestorableKnob, StateTracker
@@ -368,8 +369,11 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, interval_s: fl
         finally:
             _close_quietly(client)
 
+    # the thermal zones are world-readable: the board temperature needs no service
+    temperature = temperature_reader(base) or (lambda: None)
     return Device(name="jtop", description=description, simulated=False, knobs=dict(knobs), sensor=sensor,
-                  clock=RealClock(), run_step=_run_step, notes=notes, close=close, backend=backend)
+                  clock=RealClock(), run_step=_run_step, temperature=temperature, notes=notes, close=close,
+                  backend=backend)
 
 
 def probe(root: str | os.PathLike | None = None) -> list[PlatformProbe]:

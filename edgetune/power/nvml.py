@@ -298,6 +298,19 @@ def _select(nvml: Any, arg: str) -> tuple[int, NvmlGpu]:
     return want, NvmlGpu(i, h, _text(nvml.nvmlDeviceGetName(h)), _text(nvml.nvmlDeviceGetUUID(h)))
 
 
+def _temperature_reader(nvml: Any, gpu: Any) -> Callable[[], float | None]:
+    """The GPU's temperature in whole degC (``nvmlDeviceGetTemperature``; None where it cannot be read)."""
+    sensor_type = getattr(nvml, "NVML_TEMPERATURE_GPU", 0)
+
+    def read() -> float | None:
+        try:
+            return float(nvml.nvmlDeviceGetTemperature(gpu.handle, sensor_type))
+        except nvml.NVMLError:
+            return None
+
+    return read
+
+
 def open(arg: str = "", **_other: Any) -> Device:
     """Open a GPU through NVML: ``arg`` is a visible index (default 0) or a UUID."""
     nvml = _init()
@@ -337,7 +350,8 @@ def open(arg: str = "", **_other: Any) -> Device:
 
     return Device(name=f"nvml:{visible_index}" if visible_index >= 0 else f"nvml:{gpu.uuid}",
                   description=description, simulated=False, knobs=dict(knobs), sensor=sensor, clock=RealClock(),
-                  run_step=_run_step, notes=notes, close=close, backend=gpu,
+                  run_step=_run_step, temperature=_temperature_reader(nvml, gpu), notes=notes, close=close,
+                  backend=gpu,
                   capabilities=frozenset({Capability.ENERGY_COUNTER}) if sensor.has_energy_counter else frozenset())
 
 

@@ -145,6 +145,7 @@ class FakeJetson:
     rail_files: dict[str, tuple[Path, ...]] = field(default_factory=dict)  # name -> (mV, mA) or (mW,)
     policies: list[Path] = field(default_factory=list)
     emc: Path | None = None
+    thermal: dict[str, Path] = field(default_factory=dict)  # zone type -> its temp file
 
     @property
     def input_rail(self) -> str | None:
@@ -165,6 +166,13 @@ class FakeJetson:
             tmp = path.with_name(f".{path.name}.new")
             tmp.write_text(text)
             os.replace(tmp, path)
+
+    def set_temperature(self, zone: str, text: str) -> None:
+        """A new ``temp`` reading of thermal zone ``zone`` (millidegrees, or garbage), atomically."""
+        path = self.thermal[zone]
+        tmp = path.with_name(f".{path.name}.new")
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
     def remove_rail(self, name: str) -> None:
         for path in self.rail_files[name]:
@@ -299,6 +307,15 @@ def build_jetson(root: Path, board: str, *, nvpmodel: bool = True) -> FakeJetson
         _w(emc / "rate", f"{rate}\n")
         _w(emc / "mrq_rate_locked", "0\n")
         fake.emc = emc
+
+    # thermal zones (millidegrees): JetPack 6 names them cpu-thermal ... tj-thermal (1/32 K steps), older
+    # releases CPU-therm, GPU-therm, AUX-therm (half-kelvin steps, no junction zone)
+    zones = ((("cpu-thermal", 43531), ("gpu-thermal", 42937), ("soc0-thermal", 41218), ("tj-thermal", 43531))
+             if "R36" in spec.release else (("CPU-therm", 44000), ("GPU-therm", 41500), ("AUX-therm", 40000)))
+    for n, (name, milli) in enumerate(zones):
+        zone = root / "sys/devices/virtual/thermal" / f"thermal_zone{n}"
+        _w(zone / "type", name + "\n", 0o444)
+        fake.thermal[name] = _w(zone / "temp", f"{milli}\n", 0o444)
 
     if nvpmodel:
         modes, default = MODES[board]

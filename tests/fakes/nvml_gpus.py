@@ -18,7 +18,7 @@ def _gpu(name, uuid, graphics, memory, boost, limits, idle_w, busy_w, fail=None)
     return {"name": name, "uuid": uuid, "graphics_mhz": graphics, "memory_mhz": memory, "boost_mhz": boost,
             "limit_min_mw": lo, "limit_max_mw": hi, "limit_default_mw": default, "limit_mw": default,
             "locked_gpu_mhz": 0, "locked_mem_mhz": 0, "idle_mw": idle_w * 1000, "busy_mw": busy_w * 1000,
-            "energy_mj": 123_456_789, "energy_t": 0.0, "fail": fail or {}}
+            "energy_mj": 123_456_789, "energy_t": 0.0, "temperature_c": 38, "fail": fail or {}}
 
 
 def a100(uuid="GPU-4e0a7f1c-2b9d-4c63-8f1e-a100a100a100"):

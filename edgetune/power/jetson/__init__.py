@@ -57,6 +57,7 @@ from edgetune.power.jetson.rails import (
     measure_update_period,
     median_change_gap,
 )
+from edgetune.power.jetson.thermal import temperature_reader
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, RestorableKnob, StateTracker
 from edgetune.power.sysfs import cpu_freq_knob, find_cpufreq_policies, read_text, sysfs_root
@@ -168,6 +169,10 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, detect_period_
         notes.append(f"measure-only: {why}; the search tunes batch size alone")
 
     backend = JetsonBackend(base, board, sensor, gpu, tracker, paths)
+    temperature = temperature_reader(base)
+    if temperature is None:
+        notes.append("no tj or GPU thermal zone found: the thermal soak sees power only (a lower bound of the "
+                     "warm board's)")
 
     def close() -> None:
         try:
@@ -183,6 +188,7 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, detect_period_
         sensor=sensor,
         clock=RealClock(),
         run_step=_run_step,
+        temperature=temperature or (lambda: None),
         notes=notes,
         close=close,
         backend=backend,

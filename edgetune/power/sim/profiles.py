@@ -109,6 +109,7 @@ class Calibration:
     thermal_j_per_k: float
     leak_ref_c: float
     leak_doubling_k: float
+    thermal_resolution_k: float
 
     @property
     def thermal_tau_s(self) -> float:

@@ -319,6 +319,12 @@ class Twin:
         self._settle(self.clock.now())
         return self._temperature_c
 
+    def temperature_reading_c(self) -> float:
+        """The board temperature as its thermal zone reports it: :attr:`temperature_c` in the zone's steps
+        (calibration ``thermal_resolution_k``; the search reads this, never the exact figure)."""
+        step = self.profile.calibration.thermal_resolution_k
+        return round(self.temperature_c / step) * step
+
     def set_temperature(self, temperature_c: float) -> None:
         """Put the board at ``temperature_c`` now (a test's or benchmark's starting condition)."""
         if not math.isfinite(temperature_c):
@@ -463,6 +469,7 @@ class Twin:
                 run_step=self.run_step,  # type: ignore[arg-type]
                 idle_power=lambda: self.idle_power_w,  # read when asked: knobs and offset change it
                 max_power_w=self.profile.power_max_w,
+                temperature=self.temperature_reading_c,
                 notes=[self.profile.calibration_note],
                 backend=self,
                 capabilities=self.capabilities,

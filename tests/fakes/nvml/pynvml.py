@@ -31,6 +31,8 @@ NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
 NVML_CLOCK_VIDEO = 3
 
+NVML_TEMPERATURE_GPU = 0
+
 _STRINGS = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
     NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
@@ -172,6 +174,12 @@ def _settle_energy(gpu):  # before the power changes, bank the energy spent so f
 
 def nvmlDeviceGetPowerUsage(handle):
     return _power_mw(_check("nvmlDeviceGetPowerUsage", handle)["gpus"][handle])
+
+
+def nvmlDeviceGetTemperature(handle, sensor):
+    if sensor != NVML_TEMPERATURE_GPU:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return int(_check("nvmlDeviceGetTemperature", handle)["gpus"][handle].get("temperature_c", 35))  # whole degC
 
 
 def nvmlDeviceGetTotalEnergyConsumption(handle):
