@@ -106,17 +106,21 @@ def summary_table(result: SearchResult) -> str:
     if result.constrained:
         lines.append(f"over budget during search: {result.over_budget_s:.1f} s (device seconds the board's "
                      f"{window_s:g}-s average spent above the budget while settings were measured)")
+    if result.thermal is not None:
+        lines.append(result.thermal.describe() + " (best.json: thermal_soak)")
     edge = result.knife_edge
     if edge is not None:
         where = (f"trial {edge.edge.number}, batch {edge.edge.candidate.batch_size}, "
                  f"{_setting_text(edge.edge, units)}")
+        within = (f"within the sensor's accuracy ({edge.accuracy_w:.3f} W)" if not edge.thermal_w else
+                  f"within the sensor's accuracy and the thermal rise ({edge.accuracy_w:.3f} + {edge.thermal_w:.3f} W)")
         if edge.safer is None:
             lines.append(f"knife edge: the chosen setting's measured power is {edge.margin_w:.3f} W under the budget, "
-                         f"within the sensor's accuracy ({edge.accuracy_w:.3f} W): its true power may be over; no "
+                         f"{within}: its true power may be over; no "
                          f"measured setting has a wider margin (best.json: knife_edge)")
         else:
             lines.append(f"knife edge: the best measured setting ({where}) is {edge.margin_w:.3f} W under the "
-                         f"budget, within the sensor's accuracy ({edge.accuracy_w:.3f} W): its true power may be "
+                         f"budget, {within}: its true power may be "
                          f"over, so the pick is the next safer (margin {edge.safer_margin_w:.3f} W), "
                          f"{edge.safer_cost_pct:+.1f}% {result.objective}; to run the edge setting: edgetune run "
                          f"--batch-size {edge.edge.candidate.batch_size} "

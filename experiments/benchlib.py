@@ -503,6 +503,9 @@ class Row:
     #: points no reading can certify included; at most 1)
     hv_plain: float = math.nan
     front_violations: int = 0  # pareto only: points of the reported front over the budget
+    #: the search's thermal soak of its pick: the rise it measured (W) and how long it ran (device seconds)
+    soak_rise_w: float = 0.0
+    soak_s: float = 0.0
     #: after each measured setting, in order: the search's own score of its incumbent (what it measured) and
     #: that incumbent's truth (the objective's value; inf before one held the budget): how soon the search
     #: had its pick, and what a shorter search would have scored
@@ -608,7 +611,8 @@ def run_case(case: Case, truth: GridTruth, space: SearchSpace, workload: Any, st
               chosen_batch=res.best.candidate.batch_size if res.best else None,
               law=truth.law_best(objective, honest_mask, TargetModel.for_workload(workload)),
               measured=len(res.settings), windows=len(res.measured), stop=res.stop_reason, wall_s=wall, cpu_s=cpu,
-              over_budget_s=res.over_budget_s, trajectory=trajectory(truth, res, objective))
+              over_budget_s=res.over_budget_s, trajectory=trajectory(truth, res, objective),
+              soak_rise_w=res.thermal_rise_w, soak_s=res.thermal.duration_s if res.thermal else 0.0)
     if case.objective == "pareto":
         # the reported points that truly hold the budget, against the certifiable front (as the gaps are
         # against the honest oracle) and against the plain one, each with its own reference point

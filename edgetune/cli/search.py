@@ -150,6 +150,7 @@ def search(args: argparse.Namespace) -> int:
                 seed=cfg.seed, storage=storage,
                 baseline_batch_size=trace.baseline_batch_size if trace else None,
                 power_cv=trace.power_cv if trace else 0.0, confirm_settings=cfg.search.confirm,
+                soak_s=cfg.search.soak_s,
             )
         except SearchError as exc:
             raise UsageError(str(exc)) from None

@@ -25,6 +25,7 @@ from edgetune.search.efficiency import TargetModel, ZeusCost, scalar_score
 from edgetune.search.oracle import oracle_fields
 from edgetune.search.records import TrialRecord
 from edgetune.search.space import SearchSpace
+from edgetune.search.thermal import ThermalSoak
 
 __all__ = ["SENSOR_ACCURACY_ABS_W", "SENSOR_ACCURACY_REL", "TRIAL_COLUMNS", "KnifeEdge", "SearchResult", "best_json",
            "certified", "choose_best", "knife_edge", "margin_w", "pareto_front", "sensor_accuracy_w",
@@ -72,6 +73,9 @@ class SearchResult:
     #: power channels the sensor's total sums (:func:`edgetune.power.base.summed_channels`): each adds its
     #: offset to the sensor's accuracy
     sensor_channels: int = 1
+    #: the thermal soak of the pick (:mod:`edgetune.search.thermal`; None: not soaked): its rise is part of
+    #: the margin every setting must hold the budget by
+    thermal: ThermalSoak | None = None
 
     @property
     def measured(self) -> list[TrialRecord]:
@@ -86,8 +90,9 @@ class SearchResult:
 
     @property
     def over_budget_s(self) -> float:
-        """Device seconds the board's moving average spent above the budget while the search measured."""
-        return sum(r.over_budget_s for r in self.measured)
+        """Device seconds the board's moving average spent above the budget while the search measured (its
+        thermal soak included)."""
+        return sum(r.over_budget_s for r in self.measured) + (self.thermal.over_budget_s if self.thermal else 0.0)
 
     @property
     def limit_w(self) -> float | None:
@@ -99,6 +104,19 @@ class SearchResult:
         """The sensor's accuracy at the limit, W (:func:`sensor_accuracy_w`; None: unconstrained)."""
         limit_w = self.limit_w
         return None if limit_w is None else sensor_accuracy_w(limit_w, self.sensor_channels)
+
+    @property
+    def thermal_rise_w(self) -> float:
+        """How much more the pick draws once the board is warm than the search measured, W (the soak's; 0:
+        not soaked)."""
+        return self.thermal.rise_w if self.thermal is not None else 0.0
+
+    @property
+    def required_margin_w(self) -> float | None:
+        """The margin a setting must hold the limit by to be certified, W: the sensor's accuracy plus the
+        thermal rise (None: unconstrained)."""
+        accuracy_w = self.accuracy_w
+        return None if accuracy_w is None else accuracy_w + self.thermal_rise_w
 
     @property
     def knife_edge(self) -> KnifeEdge | None:
@@ -133,15 +151,16 @@ def sensor_accuracy_w(power_w: float, channels: int = 1) -> float:
 
 @dataclass(frozen=True)
 class KnifeEdge:
-    """The best measured setting that held the budget (``edge``) holds it by less than the sensor's accuracy:
-    its true power may be over. The pick stays on the safe side: ``safer``, the best measured setting whose
-    margin is at least the accuracy, at ``safer_cost_pct`` more of the objective than ``edge`` (time,
-    energy, or less throughput); the user may take ``edge`` instead. ``safer`` is None when no measured
-    setting has that margin: the pick is then ``edge`` itself."""
+    """The best measured setting that held the budget (``edge``) holds it by less than the sensor's accuracy
+    plus the thermal rise: its true power may be over, or will be once the board is warm. The pick stays on
+    the safe side: ``safer``, the best measured setting whose margin is at least that, at ``safer_cost_pct``
+    more of the objective than ``edge`` (time, energy, or less throughput); the user may take ``edge``
+    instead. ``safer`` is None when no measured setting has that margin: the pick is then ``edge`` itself."""
 
     edge: TrialRecord
     margin_w: float  # budget (with tolerance) minus the edge's measured 1-s maximum less its noise excess
-    accuracy_w: float
+    accuracy_w: float  # the sensor's accuracy at the limit
+    thermal_w: float  # the thermal soak's rise (0: not soaked)
     safer: TrialRecord | None
     safer_margin_w: float | None
     safer_cost_pct: float | None
@@ -171,21 +190,21 @@ def choose_best(result: SearchResult) -> TrialRecord | None:
     accuracy (pareto: the lowest energy-delay product of their front), or of all that held it where none
     did (:class:`KnifeEdge` says so)."""
     held = _held(result)
-    safe = [r for r in held if certified(r, result.limit_w, result.accuracy_w)]
+    safe = [r for r in held if certified(r, result.limit_w, result.required_margin_w)]
     return _best_of(result, safe or held)
 
 
 def knife_edge(result: SearchResult) -> KnifeEdge | None:
     """A :class:`KnifeEdge` when the best measured setting that held the budget holds it by less than the
     sensor's accuracy (None: a clear margin, nothing held, or no budget)."""
-    limit_w, accuracy_w = result.limit_w, result.accuracy_w
+    limit_w, accuracy_w, required_w = result.limit_w, result.accuracy_w, result.required_margin_w
     held = _held(result)
     edge = _best_of(result, held)
-    if limit_w is None or accuracy_w is None or edge is None or certified(edge, limit_w, accuracy_w):
+    if limit_w is None or accuracy_w is None or edge is None or certified(edge, limit_w, required_w):
         return None
-    safer = _best_of(result, [r for r in held if certified(r, limit_w, accuracy_w)])
+    safer = _best_of(result, [r for r in held if certified(r, limit_w, required_w)])
     objective = "time" if result.objective == "pareto" else result.objective
-    return KnifeEdge(edge, margin_w(edge, limit_w), accuracy_w, safer,
+    return KnifeEdge(edge, margin_w(edge, limit_w), accuracy_w, result.thermal_rise_w, safer,
                      margin_w(safer, limit_w) if safer else None,
                      _cost_pct(edge, safer, objective, result.cost) if safer else None)
 
@@ -203,9 +222,18 @@ def _knife_edge_json(edge: KnifeEdge | None) -> dict[str, Any] | None:
     return {**where(edge.edge), "margin_w": edge.margin_w, "sensor_accuracy_w": edge.accuracy_w,
             "sensor_accuracy": f"{SENSOR_ACCURACY_REL:.2%} + {SENSOR_ACCURACY_ABS_W:g} W per summed channel "
                                f"(INA3221 maxima)",
+            "thermal_rise_w": edge.thermal_w,
             "chosen": "this" if edge.safer is None else "next_safer",
             "next_safer": None if edge.safer is None else {**where(edge.safer), "margin_w": edge.safer_margin_w,
                                                            "cost_pct": edge.safer_cost_pct}}
+
+
+def _soak_json(soak: ThermalSoak | None) -> dict[str, Any] | None:
+    if soak is None:
+        return None
+    d = soak.to_dict()
+    d["summary"] = soak.describe()
+    return d
 
 
 def pareto_front(records: list[TrialRecord]) -> list[TrialRecord]:
@@ -297,8 +325,11 @@ def best_json(result: SearchResult) -> dict[str, Any]:
         "protocol": result.protocol,
         "pareto_front": [_plan(r, units) for r in result.pareto],
         "workload_cost": result.workload_cost,
-        # the best setting as measured holds the budget by less than the sensor's accuracy (null: a clear margin)
+        # the best setting as measured holds the budget by less than the sensor's accuracy plus the thermal rise
+        # (null: a clear margin)
         "knife_edge": _knife_edge_json(knife_edge(result)),
+        # the pick trained at for minutes: how much more it draws on the warm board (null: not soaked)
+        "thermal_soak": _soak_json(result.thermal),
     }
     if result.cost is not None:  # Zeus's cost of the pick, J (eta x energy + (1 - eta) x max power x time)
         out = result.best.outcome if result.best is not None else None

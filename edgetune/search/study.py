@@ -19,6 +19,10 @@ Each turn of :meth:`Search.run`:
 5. Before stopping (for any reason but the time limit), measure the contenders for the pick again
    (:mod:`edgetune.search.confirm`): a window's run-to-run noise can exceed the gaps between the best few
    settings. These windows add no settings; the pick is made on each setting's pooled windows.
+6. Then, once per study, soak the pick (:mod:`edgetune.search.thermal`): train at it for minutes and
+   extrapolate the power it draws on the warm board. From then on every setting must hold the budget by the
+   sensor's accuracy plus that rise, and the loop goes on (the sampler may now see more to measure, the
+   pick may move) until it stops again.
 
 The budget constraint is ``judged power - budget * (1 + tolerance)`` through ``trial.set_constraint`` (Optuna
 >= 5; <= 0 means held). An out-of-memory or failed step is a FAIL trial with the reason recorded; the study
@@ -39,7 +43,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from edgetune.power.base import Device, summed_channels
+from edgetune.log import get_logger
+from edgetune.power.base import Capability, Device, summed_channels
 from edgetune.power.monitor import PowerMonitor
 from edgetune.search import records
 from edgetune.search.baseline import Baseline, nearest_batch_size
@@ -59,7 +64,14 @@ from edgetune.search.efficiency import (
     scalar_score,
 )
 from edgetune.search.records import CONSTRAINT, Observation, Role, TrialRecord
-from edgetune.search.results import SearchResult, choose_best, pareto_front, sensor_accuracy_w
+from edgetune.search.results import (
+    SearchResult,
+    certified,
+    choose_best,
+    margin_w,
+    pareto_front,
+    sensor_accuracy_w,
+)
 from edgetune.search.samplers import AUTO_SAMPLER, make_sampler
 from edgetune.search.space import Candidate, SearchSpace
 from edgetune.search.storage import (
@@ -73,6 +85,7 @@ from edgetune.search.storage import (
     retry_callback,
     worker_id,
 )
+from edgetune.search.thermal import SOAK_S, ThermalSoak, soak
 from edgetune.search.trial import Measurement, MeasurementProtocol, measure_setting
 
 __all__ = ["AUTO_SAMPLER", "CONSTRAINT", "Search", "SearchError", "SearchResult", "TrialRecord", "make_sampler",
@@ -87,6 +100,8 @@ DUPLICATE_STALL = 30
 #: largest grid whose unmeasured settings are listed to pick from after a stall (settings; listing a bigger
 #: one costs seconds per stall, and a stall on such a grid is no sign it is exhausted)
 MAX_LISTED_GRID = 200_000
+_log = get_logger(__name__)
+
 #: the least constraint violation (W) told for a trial stopped over the budget: positive, so Optuna counts it
 #: infeasible, even where its short record's judged power fell a hair under the limit
 _ABORTED_CONSTRAINT_W = 1e-6
@@ -126,6 +141,9 @@ class Search:
             measured up to ``confirm_repeats`` more times each (:mod:`edgetune.search.confirm`); 0 disables.
         on_trial: called after each trial with ``(record, measured_so_far)`` (progress display).
         on_step: passed to :func:`measure_setting` (progress within a trial).
+        soak_s: device seconds the pick is trained at before the search stops, to measure how much more it
+            draws once the board is warm (:mod:`edgetune.search.thermal`); 0 disables. Only under a budget,
+            and never on a table replay (the table holds no temperature).
         storage: an open Optuna storage (default: :func:`open_storage` of ``storage_url``).
     """
 
@@ -160,6 +178,7 @@ class Search:
         prior: Sequence[Observation] = (),
         confirm_settings: int = CONFIRM_SETTINGS,
         confirm_repeats: int = CONFIRM_REPEATS,
+        soak_s: float = SOAK_S,
     ) -> None:
         if objective not in DIRECTIONS:
             raise SearchError(f"unknown objective {objective!r}; use {', '.join(DIRECTIONS)}")
@@ -196,6 +215,10 @@ class Search:
         self.power_cv = float(power_cv)
         self.confirm_settings = int(confirm_settings)
         self.confirm_repeats = int(confirm_repeats)
+        if not soak_s >= 0:
+            raise SearchError(f"the thermal soak must last 0 s or more, got {soak_s}; pass --soak-s 0 to skip it")
+        self.soak_s = float(soak_s)
+        self.soak: ThermalSoak | None = None  # the study's soak, once run (read back on a resume)
         self.on_trial = on_trial
         self.on_step = on_step
         self.worker = worker_id()
@@ -224,7 +247,10 @@ class Search:
         self._retry = retry_callback(storage)
         n_existing = 0
         try:
-            n_existing = len(optuna.load_study(study_name=self.study_name, storage=storage).trials)
+            existing = optuna.load_study(study_name=self.study_name, storage=storage)
+            n_existing = len(existing.trials)
+            stored = records.read_soak(existing)
+            self.soak = ThermalSoak.from_dict(stored) if stored is not None else None
         except KeyError:  # a new study
             pass
         guided = {"budget_w": self.budget_w if self.constrained else None, "tolerance": self.tolerance,
@@ -297,6 +323,8 @@ class Search:
                 return reason
             again = self._confirmation(study)
             if again is None:
+                if self._soak_due(study) and self._soak_pick(study):
+                    return None  # the margin moved: the sampler, the confirmations and the pick look again
                 return reason
             records.enqueue(study, self.space, again, Role.CONFIRM)
         self._trial(study)
@@ -322,6 +350,30 @@ class Search:
 
     def _timed_out(self) -> bool:
         return bool(self.timeout_s) and time.monotonic() - self._started_s > self.timeout_s
+
+    def _soak_due(self, study: optuna.Study) -> bool:
+        """The pick is still to be soaked: under a budget, on a device that runs steps (not a table replay),
+        and no worker of the study soaked one yet."""
+        return (self.soak_s > 0 and self._limit_w() is not None and not self.device.has(Capability.TABLE_REPLAY)
+                and self._stored_soak(study) is None)
+
+    def _soak_pick(self, study: optuna.Study) -> bool:
+        """Soak the pick (:func:`~edgetune.search.thermal.soak`), keep the rise in the study, and move the
+        sampler's aim by it; False where there is no pick to soak (nothing held the budget)."""
+        assert self._monitor is not None
+        pick = self.result().best
+        if pick is None or not pick.feasible or pick.measurement is None:
+            return False
+        cool_w = float(pick.measurement.get("mean_power_w", math.nan))
+        real_steps = 0 if self.device.has(Capability.VIRTUAL_CLOCK) else None
+        self.soak = soak(self.device, self.workload, pick.candidate.batch_size, pick.candidate.knobs,
+                         self._monitor, cool_power_w=cool_w, limit_w=self._limit_w(), guard_sigma=self.guard_sigma,
+                         duration_s=self.soak_s, real_steps=real_steps)
+        records.write_soak(study, self.soak.to_dict())
+        _log.info("%s", self.soak.describe())
+        if hasattr(study.sampler, "accuracy_w"):
+            study.sampler.accuracy_w = self._accuracy_w()
+        return True
 
     def _confirmation(self, study: optuna.Study) -> Candidate | None:
         """The contender to measure again before the pick (:func:`~edgetune.search.confirm.next_confirmation`),
@@ -425,9 +477,12 @@ class Search:
         return self.budget_w * (1.0 + self.tolerance) if self.constrained and self.budget_w is not None else None
 
     def _accuracy_w(self) -> float:
-        """The sensor's accuracy at the limit, W (0: unconstrained), as :attr:`SearchResult.accuracy_w`."""
+        """The margin a pick must hold the limit by, W (0: unconstrained), as
+        :attr:`SearchResult.required_margin_w`: the sensor's accuracy plus the soak's thermal rise."""
         limit_w = self._limit_w()
-        return 0.0 if limit_w is None else sensor_accuracy_w(limit_w, self.sensor_channels)
+        if limit_w is None:
+            return 0.0
+        return sensor_accuracy_w(limit_w, self.sensor_channels) + (self.soak.rise_w if self.soak else 0.0)
 
     def _measure(self, study: optuna.Study, trial: optuna.Trial, cand: Candidate, role: Role) -> TrialRecord:
         assert self._monitor is not None
@@ -507,6 +562,14 @@ class Search:
         names = set(self.space.param_names())
         return lambda other: other == params or (set(other) >= names and self.space.candidate(other) == cand)
 
+    def _stored_soak(self, study: optuna.Study) -> ThermalSoak | None:
+        """The study's soak (this worker's, or another's of a fleet)."""
+        if self.soak is None:
+            stored = records.read_soak(study)
+            if stored is not None:
+                self.soak = ThermalSoak.from_dict(stored)
+        return self.soak
+
     # -- results ----------------------------------------------------------------------------------------
     def result(self, stop_reason: str = "") -> SearchResult:
         """The search's result as the storage holds it now."""
@@ -523,14 +586,19 @@ class Search:
             device_name=self.device.name, device_description=self.device.description,
             simulated=self.device.simulated, workload=getattr(self.workload, "name", str(self.workload)),
             cost=self.cost, guard_sigma=self.guard_sigma, power_cv=self.power_cv,
-            sensor_channels=self.sensor_channels,
+            sensor_channels=self.sensor_channels, thermal=self._stored_soak(study),
         )
         settings = result.settings  # one record per setting, its windows pooled
         feasible = [r for r in settings if r.feasible and r.outcome is not None]
         found = self.baseline.state(recs).found
         if found is not None:  # its pooled windows, where it was measured again
             result.baseline = next((r for r in settings if r.candidate == found.candidate), found)
-        result.pareto = pareto_front(feasible)
+        # the front the pick is made from (the safe side): the settings that hold the limit by the sensor's
+        # accuracy plus the thermal rise; where none does, those that held it by the rise (on the warm board)
+        limit_w, required_w, rise_w = result.limit_w, result.required_margin_w, result.thermal_rise_w
+        safe = [r for r in feasible if certified(r, limit_w, required_w)]
+        warm = [r for r in feasible if limit_w is None or margin_w(r, limit_w) >= rise_w]
+        result.pareto = pareto_front(safe or warm)
         # the safe side: the best that held the budget by the sensor's accuracy (pareto: the front's point with
         # the lowest energy-delay product), best.json's knife_edge names a better one held by less
         result.best = choose_best(result)

@@ -1,0 +1,212 @@
+"""The thermal soak: the pick measured for minutes, and the power it will draw once the board is warm.
+
+A search measures each setting for a second or two, on a board near its idle temperature. A training run
+then holds the load for hours: the board warms by 10-20 K over minutes (its heatsink's time constant,
+R_th x C_th, is 5-6 minutes on a developer kit) and the GPU's leakage rises with it, so the same setting
+draws more. On the simulated AGX Orin the 24.5 W cnn pick read 23.6 W in its window and draws 25.6 W at its
+thermal steady state. A budget that protects a battery or a supply has to hold then, not only in the window.
+
+So before the search stops, its pick is *soaked*: trained at for :data:`SOAK_S` seconds in windows of
+:data:`SOAK_CHUNK_S`, the board temperature read after each (:attr:`~edgetune.power.base.Device.temperature_c`,
+a thermal zone on a Jetson, NVML on a GPU). :func:`fit_soak` extrapolates what the soak saw to the steady
+state:
+
+1. the temperature approaches its steady value exponentially (first-order heat balance at a constant
+   load): ``T(t) = T_ss - (T_ss - T_0) exp(-t / tau)``, fitted by least squares (``tau`` on a log grid,
+   ``T_ss`` and ``T_0`` linear given ``tau``);
+2. the power rises linearly with the temperature over a few kelvin (leakage): ``P = c + slope x T``, fitted
+   over the windows, ``slope >= 0``;
+3. the steady power is ``c + slope x T_ss``; the thermal rise is that minus the setting's mean power over its
+   earlier windows (what the search certified it on).
+
+Every later judgement of the budget asks a setting to hold it by the sensor's accuracy *plus* the rise
+(:attr:`~edgetune.search.results.SearchResult.required_margin_w`), and the search goes on where that moves
+its pick. The rise is measured at the pick, near the budget, so it is the right one for the settings that
+compete there; a setting drawing less warms the board less, so for it the rise is on the safe side. Where
+the device reads no temperature, the rise is what the soak saw (a lower bound: the board had minutes more
+to warm), and the result says so. A soak that crosses the budget is stopped like any trial (safe profiling)
+and its rise is what it saw until then, at least the crossing.
+
+Pure functions but :func:`soak`, which runs the windows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgetune.log import get_logger
+from edgetune.power.base import Device, KnobValue
+from edgetune.power.monitor import PowerMonitor
+from edgetune.search.trial import MeasurementProtocol, measure_setting
+
+__all__ = ["SOAK_CHUNK_S", "SOAK_S", "SoakFit", "ThermalSoak", "fit_soak", "soak"]
+
+_log = get_logger(__name__)
+
+#: how long the pick is trained at before the search stops, s of device time (about half the time constant
+#: of a developer kit's heatsink: enough curvature in the temperature to extrapolate it)
+SOAK_S = 180.0
+#: one window of the soak, s: the temperature is read after each
+SOAK_CHUNK_S = 5.0
+#: the time constants the temperature fit tries, s (log grid): a few seconds to hours
+_TAU_GRID_S = np.geomspace(10.0, 20_000.0, 240)
+#: at most this many times the soak's own length is extrapolated: a temperature that still rises in a
+#: straight line at the end of the soak (no curvature to fit) is taken to settle no later than this
+_MAX_TAU_PER_SOAK = 4.0
+
+
+@dataclass(frozen=True)
+class SoakFit:
+    """What :func:`fit_soak` extrapolated.
+
+    Attributes:
+        steady_power_w: mean power at the thermal steady state, W.
+        steady_temperature_c: the fitted steady temperature, degC (None: no temperature read).
+        tau_s: the fitted time constant, s (None: no temperature read).
+        slope_w_per_k: power per kelvin of board temperature over the soak, W/K (None: no temperature read).
+        extrapolated: False where the steady power is only what the soak saw at its end.
+    """
+
+    steady_power_w: float
+    steady_temperature_c: float | None = None
+    tau_s: float | None = None
+    slope_w_per_k: float | None = None
+    extrapolated: bool = False
+
+
+def _fit_temperature(t: np.ndarray, temp: np.ndarray, max_tau_s: float) -> tuple[float, float]:
+    """``(T_ss, tau)`` of ``T(t) = T_ss + b exp(-t / tau)`` by least squares, ``tau`` at most ``max_tau_s``."""
+    best = (math.inf, float(temp[-1]), max_tau_s)
+    for tau in _TAU_GRID_S[_TAU_GRID_S <= max_tau_s]:
+        x = np.exp(-t / tau)
+        design = np.column_stack([np.ones_like(x), x])
+        coef, *_ = np.linalg.lstsq(design, temp, rcond=None)
+        sse = float(np.sum((design @ coef - temp) ** 2))
+        if sse < best[0]:
+            best = (sse, float(coef[0]), float(tau))
+    return best[1], best[2]
+
+
+def fit_soak(t_s: Sequence[float], power_w: Sequence[float], temperature_c: Sequence[float | None]) -> SoakFit:
+    """The steady state a soak's windows lead to (module docs).
+
+    Args:
+        t_s: each window's end, s from the soak's start.
+        power_w: each window's mean power, W.
+        temperature_c: the board temperature read at each window's end, degC (None where not read).
+    """
+    t = np.asarray(t_s, dtype=float)
+    p = np.asarray(power_w, dtype=float)
+    if t.size == 0 or t.size != p.size or t.size != len(temperature_c):
+        raise ValueError("a soak fit needs one time, power and temperature per window")
+    if t.size < 4 or any(v is None for v in temperature_c):
+        return SoakFit(steady_power_w=float(p[-1]))
+    temp = np.asarray(temperature_c, dtype=float)
+    if float(np.ptp(temp)) <= 0.0:  # the temperature did not move: the board is at its steady state
+        return SoakFit(float(np.mean(p)), float(np.mean(temp)), None, 0.0, True)
+    t_ss, tau = _fit_temperature(t - t[0], temp, _MAX_TAU_PER_SOAK * max(float(t[-1] - t[0]), 1.0))
+    slope, intercept = np.polyfit(temp, p, 1)
+    slope = max(float(slope), 0.0)
+    if slope == 0.0:
+        intercept = float(np.mean(p))
+    else:
+        intercept = float(np.mean(p) - slope * np.mean(temp))
+    t_ss = max(t_ss, float(temp[-1])) if temp[-1] >= temp[0] else min(t_ss, float(temp[-1]))
+    return SoakFit(steady_power_w=intercept + slope * t_ss, steady_temperature_c=t_ss, tau_s=tau,
+                   slope_w_per_k=slope, extrapolated=True)
+
+
+@dataclass
+class ThermalSoak:
+    """One soak of the pick and the thermal rise it measured (kept in the study, reported in best.json).
+
+    Attributes:
+        batch_size, setting: the setting soaked.
+        cool_power_w: its mean power over the windows the search measured before the soak, W.
+        duration_s: device seconds the soak ran.
+        t_s, power_w, temperature_c: each window's end (s from the soak's start), mean power (W) and the board
+            temperature read then (degC; None where the device reads none).
+        steady_power_w, steady_temperature_c, tau_s, slope_w_per_k, extrapolated: :class:`SoakFit`'s.
+        stopped_over_budget: a window crossed the budget and the soak was stopped there (safe profiling).
+        over_budget_s: device seconds the board's moving average was over the budget during the soak.
+    """
+
+    batch_size: int
+    setting: dict[str, KnobValue]
+    cool_power_w: float
+    duration_s: float
+    t_s: list[float] = field(default_factory=list)
+    power_w: list[float] = field(default_factory=list)
+    temperature_c: list[float | None] = field(default_factory=list)
+    steady_power_w: float = math.nan
+    steady_temperature_c: float | None = None
+    tau_s: float | None = None
+    slope_w_per_k: float | None = None
+    extrapolated: bool = False
+    stopped_over_budget: bool = False
+    over_budget_s: float = 0.0
+
+    @property
+    def rise_w(self) -> float:
+        """How much more the setting draws at the thermal steady state than the search measured, W (>= 0)."""
+        if not (math.isfinite(self.steady_power_w) and math.isfinite(self.cool_power_w)):
+            return 0.0
+        return max(0.0, self.steady_power_w - self.cool_power_w)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "rise_w": self.rise_w}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ThermalSoak:
+        names = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def describe(self) -> str:
+        """One line for reports."""
+        how = (f"extrapolated to the steady state ({self.steady_temperature_c:.1f} C, time constant "
+               f"{self.tau_s:.0f} s)" if self.extrapolated and self.tau_s is not None else
+               "at the board's steady temperature" if self.extrapolated else
+               "as seen at the soak's end (no board temperature read: a lower bound)")
+        stopped = "; stopped over the budget" if self.stopped_over_budget else ""
+        return (f"thermal soak of batch {self.batch_size} for {self.duration_s:.0f} s: {self.cool_power_w:.2f} W "
+                f"in the search's windows, {self.steady_power_w:.2f} W {how}; every setting must hold the budget "
+                f"by {self.rise_w:.2f} W more than the sensor's accuracy{stopped}")
+
+
+def soak(device: Device, workload: Any, batch_size: int, setting: Mapping[str, KnobValue], monitor: PowerMonitor,
+         *, cool_power_w: float, limit_w: float | None, guard_sigma: float = 0.0, duration_s: float = SOAK_S,
+         chunk_s: float = SOAK_CHUNK_S, real_steps: int | None = 0) -> ThermalSoak:
+    """Train at ``setting`` for ``duration_s`` device seconds in windows of ``chunk_s``, reading the board
+    temperature after each, and fit the steady state (module docs). Each window is a
+    :func:`~edgetune.search.trial.measure_setting` under ``limit_w``: one that crosses the budget ends the
+    soak. ``real_steps``: steps of each window that run the real training step on a virtual clock (the
+    soak's figures are the device's; the step itself was run by the search's windows already)."""
+    protocol = MeasurementProtocol(warmup_steps=0, measure_steps=1, measure_s=chunk_s, real_steps=real_steps)
+    start = device.clock.now()
+    out = ThermalSoak(batch_size=int(batch_size), setting=dict(setting), cool_power_w=float(cool_power_w),
+                      duration_s=0.0)
+    while device.clock.now() - start < duration_s:
+        m = measure_setting(device, workload, batch_size, setting, protocol, monitor, limit_w=limit_w,
+                            guard_sigma=guard_sigma)
+        out.over_budget_s += m.over_budget_s
+        if not m.ok:
+            _log.warning("thermal soak stopped: %s", m.error)
+            break
+        out.t_s.append(device.clock.now() - start)
+        out.power_w.append(float(m.mean_power_w))
+        out.temperature_c.append(device.temperature_c)
+        if m.aborted_over_budget:
+            out.stopped_over_budget = True
+            break
+    out.duration_s = device.clock.now() - start
+    if out.t_s:
+        fit = fit_soak(out.t_s, out.power_w, out.temperature_c)
+        out.steady_power_w = max(fit.steady_power_w, out.power_w[-1])
+        out.steady_temperature_c, out.tau_s = fit.steady_temperature_c, fit.tau_s
+        out.slope_w_per_k, out.extrapolated = fit.slope_w_per_k, fit.extrapolated
+    return out
