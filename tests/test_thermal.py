@@ -137,3 +137,18 @@ def test_a_negative_soak_is_refused_in_one_line(cnn) -> None:
     device = open_device("sim:orin-nano", compute=False, seed=0)
     with pytest.raises(SearchError, match="--soak-s 0"):
         search(device, cnn, small_space(device), 6.0, soak_s=-1.0)
+
+
+def test_a_soak_that_crosses_the_budget_is_stopped_there_and_keeps_what_it_saw(cnn) -> None:
+    from edgetune.power import PowerMonitor
+    from edgetune.search.thermal import soak
+
+    device = open_device("sim:orin-agx", compute=False, seed=0)
+    setting = {"gpu_freq": max(device.knobs["gpu_freq"].values)}
+    cool = device.backend.expected(cnn.cost, 32, setting).power_w
+    steady = device.backend.steady_state(cnn.cost, 32, setting).power_w
+    limit = cool + 0.3 * (steady - cool)  # held on the cool board, crossed as it warms
+    with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+        s = soak(device, cnn, 32, setting, monitor, cool_power_w=cool, limit_w=limit, duration_s=300.0)
+    assert s.stopped_over_budget and s.duration_s < 300.0 and s.over_budget_s > 0
+    assert s.steady_power_w >= s.power_w[-1] and s.cool_power_w + s.rise_w > limit
