@@ -68,7 +68,7 @@ _MEASURED = "measured"  # True: this trial ran the measurement; False: told anot
 _MEASUREMENT = "measurement"  # Measurement.to_dict()
 _OUTCOME = "outcome"  # Outcome fields
 _FEASIBLE = "feasible"
-_SOAK = "thermal_soak"
+_SOAKS = "thermal_soaks"
 _DUPLICATE_OF = "duplicate_of"  # number of the trial whose result this one was told
 _TRACE_T = "trace_t"  # the window's power record, s from the window start
 _TRACE_W = "trace_w"  # W
@@ -237,15 +237,15 @@ def write_identity(study: optuna.Study, identity: Mapping[str, Any], *, toleranc
 # ---------------------------------------------------------------------------------------------- readers
 
 
-def write_soak(study: optuna.Study, soak: Mapping[str, Any]) -> None:
-    """The thermal soak of the pick (:class:`~edgetune.search.thermal.ThermalSoak` as a dict): a resume, and
-    every worker of a fleet, judge the budget with its rise."""
-    study.set_user_attr(_SOAK, dict(soak))
+def write_soaks(study: optuna.Study, soaks: Iterable[Mapping[str, Any]]) -> None:
+    """The thermal soaks of the study's picks, in order (:class:`~edgetune.search.thermal.ThermalSoak` as
+    dicts): a resume, and every worker of a fleet, judge the budget with their rise."""
+    study.set_user_attr(_SOAKS, [dict(s) for s in soaks])
 
 
-def read_soak(study: optuna.Study) -> dict[str, Any] | None:
-    """What :func:`write_soak` stored, or None before the soak."""
-    return study.user_attrs.get(_SOAK)
+def read_soaks(study: optuna.Study) -> list[dict[str, Any]]:
+    """What :func:`write_soaks` stored (empty before the first soak)."""
+    return list(study.user_attrs.get(_SOAKS, []))
 
 
 def read_identity(study: optuna.Study) -> dict[str, Any] | None:

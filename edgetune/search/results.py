@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from edgetune.search.efficiency import TargetModel, ZeusCost, scalar_score
 from edgetune.search.oracle import oracle_fields
 from edgetune.search.records import TrialRecord
 from edgetune.search.space import SearchSpace
-from edgetune.search.thermal import ThermalSoak
+from edgetune.search.thermal import ThermalSoak, governing
 
 __all__ = ["SENSOR_ACCURACY_ABS_W", "SENSOR_ACCURACY_REL", "TRIAL_COLUMNS", "KnifeEdge", "SearchResult", "best_json",
            "certified", "choose_best", "knife_edge", "margin_w", "pareto_front", "sensor_accuracy_w",
@@ -73,9 +73,9 @@ class SearchResult:
     #: power channels the sensor's total sums (:func:`edgetune.power.base.summed_channels`): each adds its
     #: offset to the sensor's accuracy
     sensor_channels: int = 1
-    #: the thermal soak of the pick (:mod:`edgetune.search.thermal`; None: not soaked): its rise is part of
-    #: the margin every setting must hold the budget by
-    thermal: ThermalSoak | None = None
+    #: the thermal soaks of the study's picks, in order (:mod:`edgetune.search.thermal`; empty: none): the
+    #: largest rise is part of the margin every setting must hold the budget by
+    thermal_soaks: list[ThermalSoak] = field(default_factory=list)
 
     @property
     def measured(self) -> list[TrialRecord]:
@@ -92,7 +92,12 @@ class SearchResult:
     def over_budget_s(self) -> float:
         """Device seconds the board's moving average spent above the budget while the search measured (its
         thermal soak included)."""
-        return sum(r.over_budget_s for r in self.measured) + (self.thermal.over_budget_s if self.thermal else 0.0)
+        return sum(r.over_budget_s for r in self.measured) + sum(s.over_budget_s for s in self.thermal_soaks)
+
+    @property
+    def thermal(self) -> ThermalSoak | None:
+        """The soak whose rise governs the margin (the largest; None: not soaked)."""
+        return governing(self.thermal_soaks)
 
     @property
     def limit_w(self) -> float | None:
@@ -328,8 +333,10 @@ def best_json(result: SearchResult) -> dict[str, Any]:
         # the best setting as measured holds the budget by less than the sensor's accuracy plus the thermal rise
         # (null: a clear margin)
         "knife_edge": _knife_edge_json(knife_edge(result)),
-        # the pick trained at for minutes: how much more it draws on the warm board (null: not soaked)
+        # the pick trained at for minutes: how much more it draws on the warm board (null: not soaked); the
+        # soak with the largest rise, which every setting's margin includes, and how many soaks ran
         "thermal_soak": _soak_json(result.thermal),
+        "thermal_soaks": len(result.thermal_soaks),
     }
     if result.cost is not None:  # Zeus's cost of the pick, J (eta x energy + (1 - eta) x max power x time)
         out = result.best.outcome if result.best is not None else None

@@ -19,10 +19,12 @@ Each turn of :meth:`Search.run`:
 5. Before stopping (for any reason but the time limit), measure the contenders for the pick again
    (:mod:`edgetune.search.confirm`): a window's run-to-run noise can exceed the gaps between the best few
    settings. These windows add no settings; the pick is made on each setting's pooled windows.
-6. Then, once per study, soak the pick (:mod:`edgetune.search.thermal`): train at it for minutes and
-   extrapolate the power it draws on the warm board. From then on every setting must hold the budget by the
-   sensor's accuracy plus that rise, and the loop goes on (the sampler may now see more to measure, the
-   pick may move) until it stops again.
+6. Then soak the pick (:mod:`edgetune.search.thermal`): train at it for minutes and extrapolate the power
+   it draws on the warm board. From then on every setting must hold the budget by the sensor's accuracy
+   plus the largest rise a soak measured, and the loop goes on (the sampler may now see more to measure, the
+   pick may move) until it stops again. A soak stopped over the budget (the pick does not hold it warm) saw
+   too little to extrapolate from: the next pick is soaked too, on the board the first one warmed, up to
+   :data:`MAX_SOAKS` in all.
 
 The budget constraint is ``judged power - budget * (1 + tolerance)`` through ``trial.set_constraint`` (Optuna
 >= 5; <= 0 means held). An out-of-memory or failed step is a FAIL trial with the reason recorded; the study
@@ -85,7 +87,7 @@ from edgetune.search.storage import (
     retry_callback,
     worker_id,
 )
-from edgetune.search.thermal import SOAK_S, ThermalSoak, soak
+from edgetune.search.thermal import MAX_SOAKS, SOAK_S, ThermalSoak, governing, soak
 from edgetune.search.trial import Measurement, MeasurementProtocol, measure_setting
 
 __all__ = ["AUTO_SAMPLER", "CONSTRAINT", "Search", "SearchError", "SearchResult", "TrialRecord", "make_sampler",
@@ -218,7 +220,7 @@ class Search:
         if not soak_s >= 0:
             raise SearchError(f"the thermal soak must last 0 s or more, got {soak_s}; pass --soak-s 0 to skip it")
         self.soak_s = float(soak_s)
-        self.soak: ThermalSoak | None = None  # the study's soak, once run (read back on a resume)
+        self.soaks: list[ThermalSoak] = []  # the study's soaks, in order (read back on a resume)
         self.on_trial = on_trial
         self.on_step = on_step
         self.worker = worker_id()
@@ -249,8 +251,7 @@ class Search:
         try:
             existing = optuna.load_study(study_name=self.study_name, storage=storage)
             n_existing = len(existing.trials)
-            stored = records.read_soak(existing)
-            self.soak = ThermalSoak.from_dict(stored) if stored is not None else None
+            self.soaks = [ThermalSoak.from_dict(d) for d in records.read_soaks(existing)]
         except KeyError:  # a new study
             pass
         guided = {"budget_w": self.budget_w if self.constrained else None, "tolerance": self.tolerance,
@@ -352,10 +353,13 @@ class Search:
         return bool(self.timeout_s) and time.monotonic() - self._started_s > self.timeout_s
 
     def _soak_due(self, study: optuna.Study) -> bool:
-        """The pick is still to be soaked: under a budget, on a device that runs steps (not a table replay),
-        and no worker of the study soaked one yet."""
-        return (self.soak_s > 0 and self._limit_w() is not None and not self.device.has(Capability.TABLE_REPLAY)
-                and self._stored_soak(study) is None)
+        """A pick is to be soaked: under a budget, on a device that runs steps (not a table replay), where no
+        worker of the study soaked one yet or the last soak was stopped over the budget (and fewer than
+        :data:`MAX_SOAKS` ran)."""
+        if self.soak_s <= 0 or self._limit_w() is None or self.device.has(Capability.TABLE_REPLAY):
+            return False
+        soaks = self._stored_soaks(study)
+        return not soaks or (soaks[-1].stopped_over_budget and len(soaks) < MAX_SOAKS)
 
     def _soak_pick(self, study: optuna.Study) -> bool:
         """Soak the pick (:func:`~edgetune.search.thermal.soak`), keep the rise in the study, and move the
@@ -364,13 +368,16 @@ class Search:
         pick = self.result().best
         if pick is None or not pick.feasible or pick.measurement is None:
             return False
+        if any(s.batch_size == pick.candidate.batch_size and s.setting == pick.candidate.knobs for s in self.soaks):
+            return False  # soaked already (and stopped over the budget): nothing new to learn from it
         cool_w = float(pick.measurement.get("mean_power_w", math.nan))
         real_steps = 0 if self.device.has(Capability.VIRTUAL_CLOCK) else None
-        self.soak = soak(self.device, self.workload, pick.candidate.batch_size, pick.candidate.knobs,
-                         self._monitor, cool_power_w=cool_w, limit_w=self._limit_w(), guard_sigma=self.guard_sigma,
-                         duration_s=self.soak_s, real_steps=real_steps)
-        records.write_soak(study, self.soak.to_dict())
-        _log.info("%s", self.soak.describe())
+        new = soak(self.device, self.workload, pick.candidate.batch_size, pick.candidate.knobs, self._monitor,
+                   cool_power_w=cool_w, limit_w=self._limit_w(), guard_sigma=self.guard_sigma,
+                   duration_s=self.soak_s, real_steps=real_steps)
+        self.soaks.append(new)
+        records.write_soaks(study, [s.to_dict() for s in self.soaks])
+        _log.info("%s", new.describe())
         if hasattr(study.sampler, "accuracy_w"):
             study.sampler.accuracy_w = self._accuracy_w()
         return True
@@ -482,7 +489,8 @@ class Search:
         limit_w = self._limit_w()
         if limit_w is None:
             return 0.0
-        return sensor_accuracy_w(limit_w, self.sensor_channels) + (self.soak.rise_w if self.soak else 0.0)
+        soak = governing(self.soaks)
+        return sensor_accuracy_w(limit_w, self.sensor_channels) + (soak.rise_w if soak else 0.0)
 
     def _measure(self, study: optuna.Study, trial: optuna.Trial, cand: Candidate, role: Role) -> TrialRecord:
         assert self._monitor is not None
@@ -562,13 +570,12 @@ class Search:
         names = set(self.space.param_names())
         return lambda other: other == params or (set(other) >= names and self.space.candidate(other) == cand)
 
-    def _stored_soak(self, study: optuna.Study) -> ThermalSoak | None:
-        """The study's soak (this worker's, or another's of a fleet)."""
-        if self.soak is None:
-            stored = records.read_soak(study)
-            if stored is not None:
-                self.soak = ThermalSoak.from_dict(stored)
-        return self.soak
+    def _stored_soaks(self, study: optuna.Study) -> list[ThermalSoak]:
+        """The study's soaks (this worker's, or another's of a fleet)."""
+        stored = records.read_soaks(study)
+        if len(stored) > len(self.soaks):
+            self.soaks = [ThermalSoak.from_dict(d) for d in stored]
+        return self.soaks
 
     # -- results ----------------------------------------------------------------------------------------
     def result(self, stop_reason: str = "") -> SearchResult:
@@ -586,7 +593,7 @@ class Search:
             device_name=self.device.name, device_description=self.device.description,
             simulated=self.device.simulated, workload=getattr(self.workload, "name", str(self.workload)),
             cost=self.cost, guard_sigma=self.guard_sigma, power_cv=self.power_cv,
-            sensor_channels=self.sensor_channels, thermal=self._stored_soak(study),
+            sensor_channels=self.sensor_channels, thermal_soaks=list(self._stored_soaks(study)),
         )
         settings = result.settings  # one record per setting, its windows pooled
         feasible = [r for r in settings if r.feasible and r.outcome is not None]

@@ -24,8 +24,10 @@ Every later judgement of the budget asks a setting to hold it by the sensor's ac
 its pick. The rise is measured at the pick, near the budget, so it is the right one for the settings that
 compete there; a setting drawing less warms the board less, so for it the rise is on the safe side. Where
 the device reads no temperature, the rise is what the soak saw (a lower bound: the board had minutes more
-to warm), and the result says so. A soak that crosses the budget is stopped like any trial (safe profiling)
-and its rise is what it saw until then, at least the crossing.
+to warm), and the result says so. A soak that crosses the budget is stopped like any trial (safe profiling):
+its rise is at least what takes the setting to the budget, and the search soaks its next pick too, on the
+board the first one warmed (:data:`MAX_SOAKS` in all), since a few windows are too few to extrapolate from.
+The margin includes the largest rise any soak measured (:func:`governing`).
 
 Pure functions but :func:`soak`, which runs the windows.
 """
@@ -44,7 +46,7 @@ from edgetune.power.base import Device, KnobValue
 from edgetune.power.monitor import PowerMonitor
 from edgetune.search.trial import MeasurementProtocol, measure_setting
 
-__all__ = ["SOAK_CHUNK_S", "SOAK_S", "SoakFit", "ThermalSoak", "fit_soak", "soak"]
+__all__ = ["MAX_SOAKS", "SOAK_CHUNK_S", "SOAK_S", "SoakFit", "ThermalSoak", "fit_soak", "governing", "soak"]
 
 _log = get_logger(__name__)
 
@@ -53,6 +55,9 @@ _log = get_logger(__name__)
 SOAK_S = 180.0
 #: one window of the soak, s: the temperature is read after each
 SOAK_CHUNK_S = 5.0
+#: soaks per study at most: a soak stopped over the budget is followed by one of the next pick, on the warm
+#: board (the first saw too little to extrapolate from)
+MAX_SOAKS = 3
 #: the time constants the temperature fit tries, s (log grid): a few seconds to hours
 _TAU_GRID_S = np.geomspace(10.0, 20_000.0, 240)
 #: at most this many times the soak's own length is extrapolated: a temperature that still rises in a
@@ -178,6 +183,11 @@ class ThermalSoak:
                 f"by {self.rise_w:.2f} W more than the sensor's accuracy{stopped}")
 
 
+def governing(soaks: Sequence[ThermalSoak]) -> ThermalSoak | None:
+    """The soak whose rise every setting's margin includes: the largest (None: no soak)."""
+    return max(soaks, key=lambda s: s.rise_w, default=None)
+
+
 def soak(device: Device, workload: Any, batch_size: int, setting: Mapping[str, KnobValue], monitor: PowerMonitor,
          *, cool_power_w: float, limit_w: float | None, guard_sigma: float = 0.0, duration_s: float = SOAK_S,
          chunk_s: float = SOAK_CHUNK_S, real_steps: int | None = 0) -> ThermalSoak:
@@ -207,6 +217,8 @@ def soak(device: Device, workload: Any, batch_size: int, setting: Mapping[str, K
     if out.t_s:
         fit = fit_soak(out.t_s, out.power_w, out.temperature_c)
         out.steady_power_w = max(fit.steady_power_w, out.power_w[-1])
+        if out.stopped_over_budget and limit_w is not None:  # it does not hold the budget warm, whatever the fit
+            out.steady_power_w = max(out.steady_power_w, limit_w)
         out.steady_temperature_c, out.tau_s = fit.steady_temperature_c, fit.tau_s
         out.slope_w_per_k, out.extrapolated = fit.slope_w_per_k, fit.extrapolated
     return out
