@@ -60,7 +60,8 @@ CONFIRM_Z = 2.0
 #: relative differences (log) too small to be worth a window: half the search's default 1% margin
 CONFIRM_RESOLUTION = 0.005
 
-_MEAN_KEYS = ("step_time_s", "mean_power_w", "max_avg_power_w", "max_avg_noise_w", "energy_per_sample_j")
+_MEAN_KEYS = ("step_time_s", "mean_power_w", "max_avg_power_w", "max_avg_noise_w", "energy_per_sample_j",
+              "temperature_c", "thermal_offset_w")
 _SUM_KEYS = ("steps", "real_steps", "duration_s", "energy_j", "samples", "dropped", "over_budget_s", "settle_s",
              "wall_s")
 

@@ -149,6 +149,8 @@ class Observation:
         power_se_w: standard error of one moving average (see :class:`~edgetune.search.trial.Measurement`).
         peak_power_w: peak sampled power.
         feasible: the measurement held the budget as the search judged it.
+        temperature_c: the board temperature at the window's end, degC (None: not read): a sampler refers
+            the power to the study's thermal reference with it (:class:`~edgetune.search.thermal.ThermalReference`).
     """
 
     candidate: Candidate
@@ -160,6 +162,7 @@ class Observation:
     power_se_w: float = 0.0
     peak_power_w: float = math.nan
     feasible: bool = False
+    temperature_c: float | None = None
 
     def judged_power_w(self, guard_sigma: float = 0.0) -> float:
         """The power the budget is judged by (:func:`~edgetune.search.trial.judged_power_w`)."""
@@ -176,7 +179,8 @@ class Observation:
                    step_time_s=float(m.get("step_time_s", math.nan)),
                    max_avg_power_w=float(m.get("max_avg_power_w", math.nan)),
                    power_se_w=float(m.get("power_se_w", 0.0)), peak_power_w=float(m.get("peak_power_w", math.nan)),
-                   feasible=feasible)
+                   feasible=feasible,
+                   temperature_c=None if m.get("temperature_c") is None else float(m["temperature_c"]))
 
 
 # ---------------------------------------------------------------------------------------------- writers

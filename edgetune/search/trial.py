@@ -196,6 +196,9 @@ class Measurement:
         settle_s: device seconds the board idled at the new knobs before the first step, until the recent past
             could no longer take the budget window's average over the limit (module docs, safe profiling).
         wall_s: wall-clock seconds the measurement took (warm-up included).
+        temperature_c: the board temperature read at the window's end, degC (None: the device reads none):
+            the search refers every window's power to one board temperature once a thermal soak measured how
+            power follows it (:func:`~edgetune.search.thermal.thermal_offset_w`).
         trace_t, trace_w: the window's power record (times relative to the window start), for plots.
     """
 
@@ -225,6 +228,7 @@ class Measurement:
     over_budget_s: float = 0.0
     settle_s: float = 0.0
     wall_s: float = 0.0
+    temperature_c: float | None = None
     trace_t: list[float] = field(default_factory=list, repr=False)
     trace_w: list[float] = field(default_factory=list, repr=False)
 
@@ -492,6 +496,8 @@ def measure_setting(
     result.dropped = int(stats.dropped)
     result.power_se_w = _se_w(watts[in_window], sensor_period_s, monitor)
     result.loss = last_loss[0]
+    temperature_c = device.temperature_c
+    result.temperature_c = None if temperature_c is None else float(temperature_c)
     result.wall_s = time.perf_counter() - wall0
     return result
 
