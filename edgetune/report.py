@@ -107,7 +107,7 @@ def summary_table(result: SearchResult) -> str:
         lines.append(f"over budget during search: {result.over_budget_s:.1f} s (device seconds the board's "
                      f"{window_s:g}-s average spent above the budget while settings were measured)")
     if result.thermal is not None:
-        lines.append(result.thermal.describe() + " (best.json: thermal_soak)")
+        lines.append(result.thermal.describe(result.thermal_rise_w) + " (best.json: thermal_soak)")
     edge = result.knife_edge
     if edge is not None:
         where = (f"trial {edge.edge.number}, batch {edge.edge.candidate.batch_size}, "

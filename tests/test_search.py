@@ -865,14 +865,15 @@ def test_trailing_average_max_bounds_the_next_window():
 
 def test_guided_sampler_never_refits_a_power_mode_on_the_same_measurements(workload, monkeypatch):
     """Each new measurement changes one power mode's rows: the other modes keep their fitted models (a fit is
-    deterministic, and costs about a second on an edge CPU)."""
+    deterministic, and costs about a second on an edge CPU). A thermal soak refers every window's power to
+    its board temperature: that changes every mode's targets, and they are refitted once."""
     from edgetune.predictors import hardware_model
 
     fitted = []
     original = hardware_model.HardwareModel.fit
 
     def counted(self, X, *args, **kwargs):
-        fitted.append((tuple(tuple(sorted(r.items())) for r in X), tuple(args[0])))
+        fitted.append((tuple(tuple(sorted(r.items())) for r in X), tuple(args[0]), tuple(args[1])))
         return original(self, X, *args, **kwargs)
 
     monkeypatch.setattr(hardware_model.HardwareModel, "fit", counted)
@@ -880,8 +881,8 @@ def test_guided_sampler_never_refits_a_power_mode_on_the_same_measurements(workl
     s = search(device, workload, mode_space(device), 9.0, sampler="guided", n_trials=14, seed=3,
                protocol=MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=1.0),
                guided_options={"min_group": 3})
-    s.run()
-    assert len(fitted) >= 8
+    result = s.run()
+    assert len(fitted) >= 8 and result.thermal_soaks  # the soak's reference refitted the modes
     assert len(set(fitted)) == len(fitted)  # no fit repeated on identical rows and targets
 
 

@@ -9,9 +9,10 @@ import optuna
 import pytest
 
 from edgetune.power import open_device
+from edgetune.power.knobs import Candidate
 from edgetune.search import records
 from edgetune.search.results import best_json, certified, margin_w
-from edgetune.search.thermal import ThermalSoak, fit_soak
+from edgetune.search.thermal import ThermalSoak, fit_soak, thermal_reference
 from edgetune.workloads import load_workload
 from tests.test_search import search, small_space
 
@@ -152,3 +153,96 @@ def test_a_soak_that_crosses_the_budget_is_stopped_there_and_keeps_what_it_saw(c
         s = soak(device, cnn, 32, setting, monitor, cool_power_w=cool, limit_w=limit, duration_s=300.0)
     assert s.stopped_over_budget and s.duration_s < 300.0 and s.over_budget_s > 0
     assert s.steady_power_w >= s.power_w[-1] and s.cool_power_w + s.rise_w > limit
+
+
+# ---------------------------------------------------------------------------------------------- the margin
+
+
+def _soak(rise_w: float, *, stopped: bool = False, cool_w: float = 20.0, limit_w: float | None = 20.4,
+          cool_c: float | None = 35.0, slope: float | None = 0.1) -> ThermalSoak:
+    return ThermalSoak(batch_size=32, setting={}, cool_power_w=cool_w, duration_s=60.0 if stopped else 180.0,
+                       steady_power_w=cool_w + rise_w, stopped_over_budget=stopped, limit_w=limit_w,
+                       cool_temperature_c=cool_c, slope_w_per_k=slope, extrapolated=True)
+
+
+def test_a_stopped_soak_counts_with_what_it_proved_once_a_soak_ran_to_its_end() -> None:
+    from edgetune.search.thermal import governing, thermal_rise_w
+
+    stopped = _soak(0.49, stopped=True)  # few windows, a poor fit: it proved only 20.4 - 20.0 = 0.4 W
+    assert stopped.proven_rise_w == pytest.approx(0.4) and stopped.rise_w == pytest.approx(0.49)
+    assert thermal_rise_w([stopped]) == pytest.approx(0.49)  # alone, its extrapolation is all there is
+    complete = _soak(0.21)
+    assert thermal_rise_w([stopped, complete]) == pytest.approx(0.4)
+    assert governing([stopped, complete]) is stopped
+    assert thermal_rise_w([stopped, _soak(0.6)]) == pytest.approx(0.6) and thermal_rise_w([]) == 0.0
+    assert "by 0.40 W more" in stopped.describe(0.4)
+
+
+def test_the_thermal_reference_is_the_governing_soaks_cool_temperature_and_a_complete_soaks_slope() -> None:
+    first = _soak(0.49, stopped=True, cool_c=31.5, slope=0.5)
+    second = _soak(0.21, cool_c=38.0, slope=0.17)
+    ref = thermal_reference([first, second])
+    assert ref is not None and ref.temperature_c == 31.5 and ref.slope_w_per_k == 0.17
+    assert ref.offset_w(41.5) == pytest.approx(1.7) and ref.offset_w(30.5) == pytest.approx(-0.17)
+    assert ref.offset_w(None) == 0.0
+    assert thermal_reference([first]).slope_w_per_k == 0.5  # no complete soak: the governing one's
+    assert thermal_reference([_soak(0.3, cool_c=None)]) is None  # no temperature read
+    assert thermal_reference([_soak(0.3, slope=0.0)]) is None and thermal_reference([]) is None
+
+
+def test_a_measurement_is_referred_to_the_reference_and_keeps_the_offset() -> None:
+    from edgetune.search.thermal import ThermalReference
+
+    ref = ThermalReference(temperature_c=32.0, slope_w_per_k=0.2)
+    m = {"ok": True, "mean_power_w": 19.0, "max_avg_power_w": 19.5, "energy_j": 40.0, "temperature_c": 42.0}
+    out = records.referred(m, ref)
+    assert out["max_avg_power_w"] == pytest.approx(17.5) and out["mean_power_w"] == pytest.approx(17.0)
+    assert out["thermal_offset_w"] == pytest.approx(2.0) and out["energy_j"] == 40.0  # energy as measured
+    assert m["max_avg_power_w"] == 19.5  # the stored figures are not touched
+    assert records.referred(m, None) is m and records.referred({**m, "temperature_c": None}, ref)["max_avg_power_w"] == 19.5
+    assert records.referred({"ok": False, "error": "out of memory"}, ref) == {"ok": False, "error": "out of memory"}
+
+
+def test_the_reserve_leaves_a_quarter_of_the_settings_after_the_first_soak() -> None:
+    from edgetune.search.thermal import soak_reserve
+
+    assert soak_reserve(40) == 30 and soak_reserve(16) == 12 and soak_reserve(1) == 1
+
+
+def test_the_search_soaks_before_its_last_settings_and_refers_the_warm_windows(cnn) -> None:
+    device = open_device("sim:orin-agx", compute=False, seed=0)
+    space = small_space(device, batch_sizes=(16, 32, 64))
+    # the stopping rule may not end it before the reserve: the soak comes at 12 of 16 settings, not at the stop
+    s = search(device, cnn, space, 13.0, n_trials=16, seed=0, soak_s=120.0,
+               guided_options={"min_trials_to_stop": 16})
+    result = s.run()
+    first = result.thermal_soaks[0]
+    assert first.after_settings == 12 and first.cool_temperature_c is not None
+    assert "after 12 settings" in first.describe()
+    ref = thermal_reference(result.thermal_soaks)
+    assert ref is not None
+    raw = {r.number: r for r in s.records(as_measured=True)}
+    warm = [r for r in result.records if r.measured and r.ok and r.measurement.get("thermal_offset_w")]
+    assert warm, "the windows after the soak are measured on the warm board"
+    for r in warm:
+        m, m0 = r.measurement, raw[r.number].measurement
+        assert m0["temperature_c"] == m["temperature_c"] and m0.get("thermal_offset_w") is None
+        assert m["max_avg_power_w"] == pytest.approx(
+            m0["max_avg_power_w"] - ref.slope_w_per_k * (m0["temperature_c"] - ref.temperature_c))
+    # windows after the soak read warmer than the pick's search windows did
+    assert max(r.measurement["temperature_c"] for r in warm) > first.cool_temperature_c
+    assert s.study.sampler.thermal == ref
+
+
+def test_every_window_records_the_board_temperature_at_its_end(cnn) -> None:
+    from edgetune.power import PowerMonitor
+    from edgetune.search.trial import MeasurementProtocol, measure_setting
+
+    device = open_device("sim:orin-nano", compute=False, seed=0)
+    protocol = MeasurementProtocol(warmup_steps=1, measure_steps=3, measure_s=1.0)
+    with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+        m = measure_setting(device, cnn, 32, {}, protocol, monitor)
+        assert m.ok and m.temperature_c == device.temperature_c  # no time passed since the window's end
+        device.temperature = lambda: None  # a device that reads no temperature
+        assert measure_setting(device, cnn, 32, {}, protocol, monitor).temperature_c is None
+    assert records.Observation.of(Candidate(32, ()), m, True).temperature_c == m.temperature_c

@@ -35,6 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 from edgetune.power.knobs import Candidate
 from edgetune.search.efficiency import Outcome
 from edgetune.search.space import SearchSpace
+from edgetune.search.thermal import ThermalReference
 from edgetune.search.trial import Measurement, judged_power_w
 
 __all__ = [
@@ -311,8 +312,29 @@ def _candidate(trial: FrozenTrial, space: SearchSpace | None = None) -> Candidat
     return Candidate(int(ua[_BATCH_SIZE]), tuple((k, setting[k]) for k in names if k in setting))
 
 
-def read_records(trials: Iterable[FrozenTrial], space: SearchSpace) -> list[TrialRecord]:
-    """A :class:`TrialRecord` for every asked trial that says its setting (queued trials are left out)."""
+def referred(m: Mapping[str, Any] | None, thermal: ThermalReference | None) -> Mapping[str, Any] | None:
+    """A measurement's figures with its power referred to the thermal reference (:mod:`~edgetune.search.thermal`):
+    the offset its board temperature causes subtracted from ``mean_power_w`` and ``max_avg_power_w``, and kept
+    as ``thermal_offset_w``. ``m`` itself where there is nothing to refer (no reference, no temperature)."""
+    if not m or thermal is None or not m.get("ok"):
+        return m
+    offset_w = thermal.offset_w(m.get("temperature_c"))
+    if offset_w == 0.0:
+        return m
+    out = dict(m)
+    for key in ("mean_power_w", "max_avg_power_w"):
+        if out.get(key) is not None:
+            out[key] = float(out[key]) - offset_w
+    out["thermal_offset_w"] = offset_w
+    return out
+
+
+def read_records(trials: Iterable[FrozenTrial], space: SearchSpace, thermal: ThermalReference | None = None
+                 ) -> list[TrialRecord]:
+    """A :class:`TrialRecord` for every asked trial that says its setting (queued trials are left out).
+
+    ``thermal``: the study's thermal reference (:func:`~edgetune.search.thermal.thermal_reference`): each
+    measurement's power is then referred to it (:func:`referred`); None: as measured."""
     trials = [t for t in trials if t.state != TrialState.WAITING]
     dead_ends = given_up(trials)
     out = []
@@ -321,7 +343,7 @@ def read_records(trials: Iterable[FrozenTrial], space: SearchSpace) -> list[Tria
         if cand is None:
             continue
         ua = t.user_attrs
-        m = ua.get(_MEASUREMENT)
+        m = referred(ua.get(_MEASUREMENT), thermal)
         out_ = ua.get(_OUTCOME)
         out.append(TrialRecord(
             number=t.number, state=t.state.name, candidate=cand, role=Role(ua.get(_ROLE, Role.SEARCH)),

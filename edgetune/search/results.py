@@ -25,7 +25,7 @@ from edgetune.search.efficiency import TargetModel, ZeusCost, scalar_score
 from edgetune.search.oracle import oracle_fields
 from edgetune.search.records import TrialRecord
 from edgetune.search.space import SearchSpace
-from edgetune.search.thermal import ThermalSoak, governing
+from edgetune.search.thermal import ThermalSoak, governing, thermal_rise_w
 
 __all__ = ["SENSOR_ACCURACY_ABS_W", "SENSOR_ACCURACY_REL", "TRIAL_COLUMNS", "KnifeEdge", "SearchResult", "best_json",
            "certified", "choose_best", "knife_edge", "margin_w", "pareto_front", "sensor_accuracy_w",
@@ -112,9 +112,9 @@ class SearchResult:
 
     @property
     def thermal_rise_w(self) -> float:
-        """How much more the pick draws once the board is warm than the search measured, W (the soak's; 0:
-        not soaked)."""
-        return self.thermal.rise_w if self.thermal is not None else 0.0
+        """How much more the pick draws once the board is warm than the search measured, W, as the margin
+        counts it (:func:`~edgetune.search.thermal.thermal_rise_w`; 0: not soaked)."""
+        return thermal_rise_w(self.thermal_soaks)
 
     @property
     def required_margin_w(self) -> float | None:
@@ -233,11 +233,13 @@ def _knife_edge_json(edge: KnifeEdge | None) -> dict[str, Any] | None:
                                                            "cost_pct": edge.safer_cost_pct}}
 
 
-def _soak_json(soak: ThermalSoak | None) -> dict[str, Any] | None:
+def _soak_json(result: SearchResult) -> dict[str, Any] | None:
+    soak = result.thermal
     if soak is None:
         return None
     d = soak.to_dict()
-    d["summary"] = soak.describe()
+    d["counted_rise_w"] = result.thermal_rise_w  # what the margin counts (a stopped soak: what it proved)
+    d["summary"] = soak.describe(result.thermal_rise_w)
     return d
 
 
@@ -335,7 +337,7 @@ def best_json(result: SearchResult) -> dict[str, Any]:
         "knife_edge": _knife_edge_json(knife_edge(result)),
         # the pick trained at for minutes: how much more it draws on the warm board (null: not soaked); the
         # soak with the largest rise, which every setting's margin includes, and how many soaks ran
-        "thermal_soak": _soak_json(result.thermal),
+        "thermal_soak": _soak_json(result),
         "thermal_soaks": len(result.thermal_soaks),
     }
     if result.cost is not None:  # Zeus's cost of the pick, J (eta x energy + (1 - eta) x max power x time)

@@ -24,7 +24,11 @@ Each turn of :meth:`Search.run`:
    plus the largest rise a soak measured, and the loop goes on (the sampler may now see more to measure, the
    pick may move) until it stops again. A soak stopped over the budget (the pick does not hold it warm) saw
    too little to extrapolate from: the next pick is soaked too, on the board the first one warmed, up to
-   :data:`MAX_SOAKS` in all.
+   :data:`MAX_SOAKS` in all. A search that reaches its last quarter of ``n_trials`` unsoaked soaks its pick
+   then (:func:`~edgetune.search.thermal.soak_reserve`), so that settings remain to re-aim with; and from
+   the first soak on, every window's power is referred to the soaked pick's board temperature
+   (:class:`~edgetune.search.thermal.ThermalReference`): the board stays warm after a soak, and its windows
+   would otherwise pay the rise twice.
 
 The budget constraint is ``judged power - budget * (1 + tolerance)`` through ``trial.set_constraint`` (Optuna
 >= 5; <= 0 means held). An out-of-memory or failed step is a FAIL trial with the reason recorded; the study
@@ -87,7 +91,15 @@ from edgetune.search.storage import (
     retry_callback,
     worker_id,
 )
-from edgetune.search.thermal import MAX_SOAKS, SOAK_S, ThermalSoak, governing, soak
+from edgetune.search.thermal import (
+    MAX_SOAKS,
+    SOAK_S,
+    ThermalSoak,
+    soak,
+    soak_reserve,
+    thermal_reference,
+    thermal_rise_w,
+)
 from edgetune.search.trial import Measurement, MeasurementProtocol, measure_setting
 
 __all__ = ["AUTO_SAMPLER", "CONSTRAINT", "Search", "SearchError", "SearchResult", "TrialRecord", "make_sampler",
@@ -239,6 +251,7 @@ class Search:
         self._monitor: PowerMonitor | None = None
         self._retry: RetryCallback | None = None  # set with the storage, by _open_study
         self._duplicate_streak = 0
+        self._reserve_asked_at = -1  # the measured count at which the reserve soak was last asked for
         self._rng = random.Random(seed)
         self._started_s = 0.0
 
@@ -270,6 +283,7 @@ class Search:
         study = optuna.create_study(storage=storage, study_name=self.study_name, sampler=sampler,
                                     directions=DIRECTIONS[self.objective], load_if_exists=True)
         self._check_identity(study)
+        self._aim_sampler(study)
         return study
 
     def _identity(self) -> dict[str, Any]:
@@ -291,11 +305,13 @@ class Search:
             raise SearchError(f"study {self.study_name!r} in {redact(self.storage_url)} was made with a "
                               f"different {', '.join(diff)}; use another --study-name or --output to start anew")
 
-    def records(self, study: optuna.Study | None = None) -> list[TrialRecord]:
-        """Every asked trial of the study as a :class:`TrialRecord`."""
+    def records(self, study: optuna.Study | None = None, *, as_measured: bool = False) -> list[TrialRecord]:
+        """Every asked trial of the study as a :class:`TrialRecord`, its power referred to the soaks' board
+        temperature (:func:`~edgetune.search.thermal.thermal_reference`; ``as_measured``: as read)."""
         study = study or self.study
         assert study is not None
-        return records.read_records(study.get_trials(deepcopy=False), self.space)
+        thermal = None if as_measured else thermal_reference(self.soaks)
+        return records.read_records(study.get_trials(deepcopy=False), self.space, thermal)
 
     def _measured_count(self, study: optuna.Study) -> int:
         """Settings measured so far (a window measuring a setting again is not a new one)."""
@@ -307,6 +323,7 @@ class Search:
         study = self.study = self._open_study()
         self._started_s = time.monotonic()
         self._duplicate_streak = 0
+        self._reserve_asked_at = -1
         self._rng = random.Random(self.seed)
         self._monitor = PowerMonitor(self.device.sensor, self.device.clock, avg_window_s=self.window_s)
         with self.device.restoring(), self._monitor:
@@ -328,6 +345,8 @@ class Search:
                     return None  # the margin moved: the sampler, the confirmations and the pick look again
                 return reason
             records.enqueue(study, self.space, again, Role.CONFIRM)
+        elif self._reserve_soak_due(study) and self._soak_pick(study):
+            return None  # soaked before the last settings (module docs): they can re-aim with the margin
         self._trial(study)
         return None
 
@@ -361,6 +380,19 @@ class Search:
         soaks = self._stored_soaks(study)
         return not soaks or (soaks[-1].stopped_over_budget and len(soaks) < MAX_SOAKS)
 
+    def _reserve_soak_due(self, study: optuna.Study) -> bool:
+        """No soak ran yet and the search has measured all but its last share of settings
+        (:func:`~edgetune.search.thermal.soak_reserve`): the pick is soaked now, not at the stop, so that the
+        settings left can re-aim with the margin it sets. Asked once per measured count (a search with no
+        pick yet asks again after its next setting)."""
+        if self.soaks:
+            return False
+        count = self._measured_count(study)
+        if count < soak_reserve(self.n_trials) or count == self._reserve_asked_at:
+            return False
+        self._reserve_asked_at = count
+        return self._soak_due(study) and not self.soaks
+
     def _soak_pick(self, study: optuna.Study) -> bool:
         """Soak the pick (:func:`~edgetune.search.thermal.soak`), keep the rise in the study, and move the
         sampler's aim by it; False where there is no pick to soak (nothing held the budget)."""
@@ -370,17 +402,34 @@ class Search:
             return False
         if any(s.batch_size == pick.candidate.batch_size and s.setting == pick.candidate.knobs for s in self.soaks):
             return False  # soaked already (and stopped over the budget): nothing new to learn from it
-        cool_w = float(pick.measurement.get("mean_power_w", math.nan))
+        cool_w, cool_c = self._cool(study, pick.candidate)
         real_steps = 0 if self.device.has(Capability.VIRTUAL_CLOCK) else None
         new = soak(self.device, self.workload, pick.candidate.batch_size, pick.candidate.knobs, self._monitor,
-                   cool_power_w=cool_w, limit_w=self._limit_w(), guard_sigma=self.guard_sigma,
-                   duration_s=self.soak_s, real_steps=real_steps)
+                   cool_power_w=cool_w, cool_temperature_c=cool_c, limit_w=self._limit_w(),
+                   guard_sigma=self.guard_sigma, duration_s=self.soak_s, real_steps=real_steps)
+        new.after_settings = self._measured_count(study)
         self.soaks.append(new)
         records.write_soaks(study, [s.to_dict() for s in self.soaks])
-        _log.info("%s", new.describe())
+        _log.info("%s", new.describe(thermal_rise_w(self.soaks)))
+        self._aim_sampler(study)
+        return True
+
+    def _cool(self, study: optuna.Study, cand: Candidate) -> tuple[float, float | None]:
+        """``cand``'s mean power (W) and board temperature (degC; None: not read) over its search windows, as
+        measured (what a soak's rise is counted from)."""
+        ms = [r.measurement for r in self.records(study, as_measured=True)
+              if r.measured and r.ok and r.candidate == cand and r.measurement]
+        power_w = [float(m["mean_power_w"]) for m in ms if m.get("mean_power_w") is not None]
+        temps_c = [float(m["temperature_c"]) for m in ms if m.get("temperature_c") is not None]
+        return (sum(power_w) / len(power_w) if power_w else math.nan,
+                sum(temps_c) / len(temps_c) if temps_c and len(temps_c) == len(ms) else None)
+
+    def _aim_sampler(self, study: optuna.Study) -> None:
+        """Tell a sampler that reads them the margin and the thermal reference the soaks set."""
         if hasattr(study.sampler, "accuracy_w"):
             study.sampler.accuracy_w = self._accuracy_w()
-        return True
+        if hasattr(study.sampler, "thermal"):
+            study.sampler.thermal = thermal_reference(self.soaks)
 
     def _confirmation(self, study: optuna.Study) -> Candidate | None:
         """The contender to measure again before the pick (:func:`~edgetune.search.confirm.next_confirmation`),
@@ -489,8 +538,7 @@ class Search:
         limit_w = self._limit_w()
         if limit_w is None:
             return 0.0
-        soak = governing(self.soaks)
-        return sensor_accuracy_w(limit_w, self.sensor_channels) + (soak.rise_w if soak else 0.0)
+        return sensor_accuracy_w(limit_w, self.sensor_channels) + thermal_rise_w(self.soaks)
 
     def _measure(self, study: optuna.Study, trial: optuna.Trial, cand: Candidate, role: Role) -> TrialRecord:
         assert self._monitor is not None
@@ -575,6 +623,7 @@ class Search:
         stored = records.read_soaks(study)
         if len(stored) > len(self.soaks):
             self.soaks = [ThermalSoak.from_dict(d) for d in stored]
+            self._aim_sampler(study)
         return self.soaks
 
     # -- results ----------------------------------------------------------------------------------------
@@ -582,6 +631,7 @@ class Search:
         """The search's result as the storage holds it now."""
         study = self.study
         assert study is not None
+        soaks = list(self._stored_soaks(study))
         recs = self.records(study)
         result = SearchResult(
             study_name=self.study_name, storage_url=redact(self.storage_url), objective=self.objective,
@@ -593,7 +643,7 @@ class Search:
             device_name=self.device.name, device_description=self.device.description,
             simulated=self.device.simulated, workload=getattr(self.workload, "name", str(self.workload)),
             cost=self.cost, guard_sigma=self.guard_sigma, power_cv=self.power_cv,
-            sensor_channels=self.sensor_channels, thermal_soaks=list(self._stored_soaks(study)),
+            sensor_channels=self.sensor_channels, thermal_soaks=soaks,
         )
         settings = result.settings  # one record per setting, its windows pooled
         feasible = [r for r in settings if r.feasible and r.outcome is not None]

@@ -27,7 +27,18 @@ the device reads no temperature, the rise is what the soak saw (a lower bound: t
 to warm), and the result says so. A soak that crosses the budget is stopped like any trial (safe profiling):
 its rise is at least what takes the setting to the budget, and the search soaks its next pick too, on the
 board the first one warmed (:data:`MAX_SOAKS` in all), since a few windows are too few to extrapolate from.
-The margin includes the largest rise any soak measured (:func:`governing`).
+The margin includes the largest rise any soak measured (:func:`thermal_rise_w`); once a soak ran to its end,
+a stopped one counts with only what it proved (the budget minus its cool power), not with an extrapolation
+from its few windows.
+
+The rise is counted from the board temperature of the pick's search windows. After a soak the board stays
+warm for minutes, so the windows measured then read high by the leakage of those extra kelvin, and judged
+as they read they would pay the rise twice. So every window records the board temperature at its end
+(:attr:`~edgetune.search.trial.Measurement.temperature_c`) and, once a soak measured how power follows the
+temperature, the search refers each window's power to the governing soak's cool temperature
+(:class:`ThermalReference`, :func:`thermal_reference`): ``P_ref = P - slope x (T_window - T_cool)``. Energy
+figures stay as measured. The search also soaks its pick before its last :data:`SOAK_RESERVE` share of the
+settings (:func:`soak_reserve`), so that settings remain to re-aim with once the margin moved.
 
 Pure functions but :func:`soak`, which runs the windows.
 """
@@ -46,7 +57,8 @@ from edgetune.power.base import Device, KnobValue
 from edgetune.power.monitor import PowerMonitor
 from edgetune.search.trial import MeasurementProtocol, measure_setting
 
-__all__ = ["MAX_SOAKS", "SOAK_CHUNK_S", "SOAK_S", "SoakFit", "ThermalSoak", "fit_soak", "governing", "soak"]
+__all__ = ["MAX_SOAKS", "SOAK_CHUNK_S", "SOAK_RESERVE", "SOAK_S", "SoakFit", "ThermalReference", "ThermalSoak",
+           "fit_soak", "governing", "soak", "soak_reserve", "thermal_reference", "thermal_rise_w"]
 
 _log = get_logger(__name__)
 
@@ -58,6 +70,9 @@ SOAK_CHUNK_S = 5.0
 #: soaks per study at most: a soak stopped over the budget is followed by one of the next pick, on the warm
 #: board (the first saw too little to extrapolate from)
 MAX_SOAKS = 3
+#: the share of a search's settings kept for after its first soak: the pick is soaked once the search has
+#: measured all but this share of ``n_trials`` (10 of 40), so that the moved margin can still re-aim it
+SOAK_RESERVE = 0.25
 #: the time constants the temperature fit tries, s (log grid): a few seconds to hours
 _TAU_GRID_S = np.geomspace(10.0, 20_000.0, 240)
 #: at most this many times the soak's own length is extrapolated: a temperature that still rises in a
@@ -139,6 +154,11 @@ class ThermalSoak:
         steady_power_w, steady_temperature_c, tau_s, slope_w_per_k, extrapolated: :class:`SoakFit`'s.
         stopped_over_budget: a window crossed the budget and the soak was stopped there (safe profiling).
         over_budget_s: device seconds the board's moving average was over the budget during the soak.
+        cool_temperature_c: the mean board temperature of the search's windows of the setting, degC (None:
+            not read): the temperature ``cool_power_w`` and so the rise are counted from.
+        limit_w: the budget the soak ran under, W (None: none): a stopped soak proves a rise of at least
+            ``limit_w - cool_power_w``.
+        after_settings: settings the search had measured when it soaked.
     """
 
     batch_size: int
@@ -155,6 +175,9 @@ class ThermalSoak:
     extrapolated: bool = False
     stopped_over_budget: bool = False
     over_budget_s: float = 0.0
+    cool_temperature_c: float | None = None
+    limit_w: float | None = None
+    after_settings: int = 0
 
     @property
     def rise_w(self) -> float:
@@ -162,6 +185,14 @@ class ThermalSoak:
         if not (math.isfinite(self.steady_power_w) and math.isfinite(self.cool_power_w)):
             return 0.0
         return max(0.0, self.steady_power_w - self.cool_power_w)
+
+    @property
+    def proven_rise_w(self) -> float:
+        """The rise the soak proves without extrapolating, W: a soak stopped over the budget, that which takes
+        the setting from its cool power to the budget; one that ran to its end, :attr:`rise_w`."""
+        if self.stopped_over_budget and self.limit_w is not None and math.isfinite(self.cool_power_w):
+            return min(self.rise_w, max(0.0, self.limit_w - self.cool_power_w))
+        return self.rise_w
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "rise_w": self.rise_w}
@@ -171,35 +202,95 @@ class ThermalSoak:
         names = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in d.items() if k in names})
 
-    def describe(self) -> str:
-        """One line for reports."""
+    def describe(self, counted_rise_w: float | None = None) -> str:
+        """One line for reports; ``counted_rise_w``: the rise the margin counts (default :attr:`rise_w`)."""
+        counted = self.rise_w if counted_rise_w is None else counted_rise_w
         how = (f"extrapolated to the steady state ({self.steady_temperature_c:.1f} C, time constant "
                f"{self.tau_s:.0f} s)" if self.extrapolated and self.tau_s is not None else
                "at the board's steady temperature" if self.extrapolated else
                "as seen at the soak's end (no board temperature read: a lower bound)")
         stopped = "; stopped over the budget" if self.stopped_over_budget else ""
-        return (f"thermal soak of batch {self.batch_size} for {self.duration_s:.0f} s: {self.cool_power_w:.2f} W "
+        when = f" after {self.after_settings} settings" if self.after_settings else ""
+        return (f"thermal soak of batch {self.batch_size}{when} for {self.duration_s:.0f} s: {self.cool_power_w:.2f} W "
                 f"in the search's windows, {self.steady_power_w:.2f} W {how}; every setting must hold the budget "
-                f"by {self.rise_w:.2f} W more than the sensor's accuracy{stopped}")
+                f"by {counted:.2f} W more than the sensor's accuracy{stopped}")
+
+
+def _counted_w(soaks: Sequence[ThermalSoak]) -> list[float]:
+    """Each soak's rise as the margin counts it (module docs): once one soak ran to its end, the stopped
+    ones count with only what they proved."""
+    complete = any(not s.stopped_over_budget for s in soaks)
+    return [s.proven_rise_w if complete else s.rise_w for s in soaks]
 
 
 def governing(soaks: Sequence[ThermalSoak]) -> ThermalSoak | None:
-    """The soak whose rise every setting's margin includes: the largest (None: no soak)."""
-    return max(soaks, key=lambda s: s.rise_w, default=None)
+    """The soak whose rise every setting's margin includes: the largest as counted (None: no soak)."""
+    if not soaks:
+        return None
+    counted = _counted_w(soaks)
+    return soaks[max(range(len(soaks)), key=counted.__getitem__)]
+
+
+def thermal_rise_w(soaks: Sequence[ThermalSoak]) -> float:
+    """The thermal rise every setting's margin includes, W (0: no soak; module docs)."""
+    return max(_counted_w(soaks), default=0.0)
+
+
+def soak_reserve(n_trials: int) -> int:
+    """Measured settings after which a search soaks its pick even before a stopping rule asks: all but
+    :data:`SOAK_RESERVE` of ``n_trials`` (at least one)."""
+    return max(1, n_trials - round(SOAK_RESERVE * n_trials))
+
+
+@dataclass(frozen=True)
+class ThermalReference:
+    """The board temperature every window's power is referred to, and how power follows it (module docs).
+
+    Attributes:
+        temperature_c: the governing soak's cool temperature, degC.
+        slope_w_per_k: power per kelvin of board temperature, W/K (> 0).
+    """
+
+    temperature_c: float
+    slope_w_per_k: float
+
+    def offset_w(self, temperature_c: float | None) -> float:
+        """How much a window read at ``temperature_c`` reads above its power at the reference, W (0 where
+        the window read no temperature)."""
+        if temperature_c is None or not math.isfinite(float(temperature_c)):
+            return 0.0
+        return self.slope_w_per_k * (float(temperature_c) - self.temperature_c)
+
+
+def thermal_reference(soaks: Sequence[ThermalSoak]) -> ThermalReference | None:
+    """The reference of the study's soaks: the governing soak's cool temperature, and the slope of the last
+    soak that ran to its end (of the governing soak where none did); None where no soak read a temperature
+    or power did not follow it."""
+    gov = governing(soaks)
+    if gov is None or gov.cool_temperature_c is None:
+        return None
+    complete = [s for s in soaks if not s.stopped_over_budget and s.slope_w_per_k is not None]
+    slope = (complete[-1] if complete else gov).slope_w_per_k
+    if slope is None or not slope > 0.0:
+        return None
+    return ThermalReference(float(gov.cool_temperature_c), float(slope))
 
 
 def soak(device: Device, workload: Any, batch_size: int, setting: Mapping[str, KnobValue], monitor: PowerMonitor,
          *, cool_power_w: float, limit_w: float | None, guard_sigma: float = 0.0, duration_s: float = SOAK_S,
-         chunk_s: float = SOAK_CHUNK_S, real_steps: int | None = 0) -> ThermalSoak:
+         chunk_s: float = SOAK_CHUNK_S, real_steps: int | None = 0,
+         cool_temperature_c: float | None = None) -> ThermalSoak:
     """Train at ``setting`` for ``duration_s`` device seconds in windows of ``chunk_s``, reading the board
     temperature after each, and fit the steady state (module docs). Each window is a
     :func:`~edgetune.search.trial.measure_setting` under ``limit_w``: one that crosses the budget ends the
     soak. ``real_steps``: steps of each window that run the real training step on a virtual clock (the
-    soak's figures are the device's; the step itself was run by the search's windows already)."""
+    soak's figures are the device's; the step itself was run by the search's windows already).
+    ``cool_power_w``, ``cool_temperature_c``: the setting's mean power and board temperature over the search's
+    windows (what the rise is counted from)."""
     protocol = MeasurementProtocol(warmup_steps=0, measure_steps=1, measure_s=chunk_s, real_steps=real_steps)
     start = device.clock.now()
     out = ThermalSoak(batch_size=int(batch_size), setting=dict(setting), cool_power_w=float(cool_power_w),
-                      duration_s=0.0)
+                      duration_s=0.0, cool_temperature_c=cool_temperature_c, limit_w=limit_w)
     while device.clock.now() - start < duration_s:
         m = measure_setting(device, workload, batch_size, setting, protocol, monitor, limit_w=limit_w,
                             guard_sigma=guard_sigma)

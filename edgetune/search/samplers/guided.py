@@ -88,6 +88,7 @@ from edgetune.power.knobs import KNOBS
 from edgetune.search.efficiency import TargetModel, ZeusCost
 from edgetune.search.records import Observation, read_observation
 from edgetune.search.space import SearchSpace
+from edgetune.search.thermal import ThermalReference
 
 __all__ = ["GuidedSampler", "ObservationsFunc"]
 
@@ -273,6 +274,7 @@ class GuidedSampler(BaseSampler):
         self.budget_w = budget_w
         self.tolerance = tolerance
         self.accuracy_w = float(accuracy_w)
+        self.thermal: ThermalReference | None = None
         self.target = target or TargetModel()
         self.n_startup = n_startup
         self.n_spread = n_spread
@@ -549,9 +551,10 @@ class GuidedSampler(BaseSampler):
                 continue
             if not obs.ok:
                 continue
-            # the power the budget is judged by
+            # the power the budget is judged by, referred to the study's board temperature (a soak's)
+            offset_w = self.thermal.offset_w(obs.temperature_c) if self.thermal is not None else 0.0
             windows.setdefault(self._candidate_index(obs), []).append(
-                (obs.step_time_s, obs.judged_power_w(self.guard_sigma), obs.peak_power_w))
+                (obs.step_time_s, obs.judged_power_w(self.guard_sigma) - offset_w, obs.peak_power_w))
         idx = list(windows)
         times = [float(np.mean([w[0] for w in windows[i]])) for i in idx]
         powers = [float(np.mean([w[1] for w in windows[i]])) for i in idx]
@@ -574,7 +577,7 @@ class GuidedSampler(BaseSampler):
             return self._fit_transfer(measured)
         if len(idx) < self.n_startup:
             return None
-        key = (tuple(idx), measured.windows, tuple(oom))
+        key = (tuple(idx), measured.windows, tuple(oom), tuple(powers))  # powers: a new thermal reference
         if self._cache.get("key") == key:
             return self._cache["value"]
         from edgetune.predictors.hardware_model import HardwareModel
@@ -668,7 +671,8 @@ class GuidedSampler(BaseSampler):
         """The prior model (fitted once) corrected by the measured settings; cached per measured set."""
         from edgetune.search.prior import PriorModel
 
-        key = ("transfer", tuple(measured.idx), measured.windows, tuple(measured.oom_batches))
+        key = ("transfer", tuple(measured.idx), measured.windows, tuple(measured.oom_batches),
+               tuple(measured.powers))
         if self._cache.get("key") == key:
             return self._cache["value"]
         if "prior_model" not in self._cache:
@@ -940,7 +944,7 @@ class GuidedSampler(BaseSampler):
         if fitted is None:
             return None
         objective = self._objective(number)
-        key = (self._cache.get("key"), objective)
+        key = (self._cache.get("key"), objective, self.accuracy_w)  # a soak moves the aim
         if self._cache.get("score_key") == key:
             return self._cache["score"]
         taken = self._taken(study)
