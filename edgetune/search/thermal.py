@@ -27,17 +27,17 @@ the device reads no temperature, the rise is what the soak saw (a lower bound: t
 to warm), and the result says so. A soak that crosses the budget is stopped like any trial (safe profiling):
 its rise is at least what takes the setting to the budget, and the search soaks its next pick too, on the
 board the first one warmed (:data:`MAX_SOAKS` in all), since a few windows are too few to extrapolate from.
-The margin includes the largest rise any soak measured (:func:`thermal_rise_w`); once a soak ran to its end,
-a stopped one counts with only what it proved (the budget minus its cool power), not with an extrapolation
-from its few windows.
+The margin includes the largest rise any soak measured (:func:`thermal_rise_w`).
 
 The rise is counted from the board temperature of the pick's search windows. After a soak the board stays
 warm for minutes, so the windows measured then read high by the leakage of those extra kelvin, and judged
 as they read they would pay the rise twice. So every window records the board temperature at its end
 (:attr:`~edgetune.search.trial.Measurement.temperature_c`) and, once a soak measured how power follows the
-temperature, the search refers each window's power to the governing soak's cool temperature
-(:class:`ThermalReference`, :func:`thermal_reference`): ``P_ref = P - slope x (T_window - T_cool)``. Energy
-figures stay as measured. The search also soaks its pick before its last :data:`SOAK_RESERVE` share of the
+temperature, the search refers each window's power to one reference temperature, the coolest a soaked pick
+was measured at (:class:`ThermalReference`, :func:`thermal_reference`): ``P_ref = P - slope x (T_window -
+T_ref)``. Each soak's rise is counted from there too: a pick measured on a board an earlier soak had warmed
+rose from the reference by ``slope x (T_cool - T_ref)`` more than its own soak saw. Energy figures stay as
+measured. The search also soaks its pick before its last :data:`SOAK_RESERVE` share of the
 settings (:func:`soak_reserve`), so that settings remain to re-aim with once the margin moved.
 
 Pure functions but :func:`soak`, which runs the windows.
@@ -156,8 +156,7 @@ class ThermalSoak:
         over_budget_s: device seconds the board's moving average was over the budget during the soak.
         cool_temperature_c: the mean board temperature of the search's windows of the setting, degC (None:
             not read): the temperature ``cool_power_w`` and so the rise are counted from.
-        limit_w: the budget the soak ran under, W (None: none): a stopped soak proves a rise of at least
-            ``limit_w - cool_power_w``.
+        limit_w: the budget the soak ran under, W (None: none).
         after_settings: settings the search had measured when it soaked.
     """
 
@@ -186,14 +185,6 @@ class ThermalSoak:
             return 0.0
         return max(0.0, self.steady_power_w - self.cool_power_w)
 
-    @property
-    def proven_rise_w(self) -> float:
-        """The rise the soak proves without extrapolating, W: a soak stopped over the budget, that which takes
-        the setting from its cool power to the budget; one that ran to its end, :attr:`rise_w`."""
-        if self.stopped_over_budget and self.limit_w is not None and math.isfinite(self.cool_power_w):
-            return min(self.rise_w, max(0.0, self.limit_w - self.cool_power_w))
-        return self.rise_w
-
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "rise_w": self.rise_w}
 
@@ -217,10 +208,11 @@ class ThermalSoak:
 
 
 def _counted_w(soaks: Sequence[ThermalSoak]) -> list[float]:
-    """Each soak's rise as the margin counts it (module docs): once one soak ran to its end, the stopped
-    ones count with only what they proved."""
-    complete = any(not s.stopped_over_budget for s in soaks)
-    return [s.proven_rise_w if complete else s.rise_w for s in soaks]
+    """Each soak's rise as the margin counts it: from the reference temperature (:func:`thermal_reference`),
+    the coolest any soaked pick was measured at. A pick measured on a board an earlier soak warmed rose from
+    there; from the reference it rose by as much more as its windows then read high."""
+    ref = thermal_reference(soaks)
+    return [s.rise_w + (ref.offset_w(s.cool_temperature_c) if ref is not None else 0.0) for s in soaks]
 
 
 def governing(soaks: Sequence[ThermalSoak]) -> ThermalSoak | None:
@@ -232,7 +224,8 @@ def governing(soaks: Sequence[ThermalSoak]) -> ThermalSoak | None:
 
 
 def thermal_rise_w(soaks: Sequence[ThermalSoak]) -> float:
-    """The thermal rise every setting's margin includes, W (0: no soak; module docs)."""
+    """The thermal rise every setting's margin includes, W: the largest soak's, counted from the reference
+    temperature (0: no soak; module docs)."""
     return max(_counted_w(soaks), default=0.0)
 
 
@@ -247,7 +240,7 @@ class ThermalReference:
     """The board temperature every window's power is referred to, and how power follows it (module docs).
 
     Attributes:
-        temperature_c: the governing soak's cool temperature, degC.
+        temperature_c: the coolest board temperature a soaked pick was measured at, degC.
         slope_w_per_k: power per kelvin of board temperature, W/K (> 0).
     """
 
@@ -263,17 +256,15 @@ class ThermalReference:
 
 
 def thermal_reference(soaks: Sequence[ThermalSoak]) -> ThermalReference | None:
-    """The reference of the study's soaks: the governing soak's cool temperature, and the slope of the last
-    soak that ran to its end (of the governing soak where none did); None where no soak read a temperature
-    or power did not follow it."""
-    gov = governing(soaks)
-    if gov is None or gov.cool_temperature_c is None:
+    """The reference of the study's soaks: the coolest board temperature a soaked pick was measured at, and
+    the W/K slope of the last soak that ran to its end (of the last with a slope where none did); None where
+    no soak read a temperature or power did not follow it."""
+    temps = [s.cool_temperature_c for s in soaks if s.cool_temperature_c is not None]
+    with_slope = [s for s in soaks if s.slope_w_per_k is not None and s.slope_w_per_k > 0.0]
+    complete = [s for s in with_slope if not s.stopped_over_budget]
+    if not temps or not with_slope:
         return None
-    complete = [s for s in soaks if not s.stopped_over_budget and s.slope_w_per_k is not None]
-    slope = (complete[-1] if complete else gov).slope_w_per_k
-    if slope is None or not slope > 0.0:
-        return None
-    return ThermalReference(float(gov.cool_temperature_c), float(slope))
+    return ThermalReference(float(min(temps)), float((complete or with_slope)[-1].slope_w_per_k))
 
 
 def soak(device: Device, workload: Any, batch_size: int, setting: Mapping[str, KnobValue], monitor: PowerMonitor,
