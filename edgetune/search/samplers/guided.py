@@ -743,7 +743,10 @@ class GuidedSampler(BaseSampler):
         p = _within(p, p_lo, p_hi)
         t = np.maximum(np.nan_to_num(t, nan=np.inf), _MIN_STEP_TIME_S)
         st = np.maximum(np.nan_to_num(t_std / t, nan=_UNKNOWN_RELATIVE_STD), _MIN_RELATIVE_STD)  # relative (log-space) std of time
-        sp = _POWER_STD_SCALE * np.maximum(np.nan_to_num(p_std, nan=np.inf), _MIN_RELATIVE_STD * np.abs(p))
+        # the widening is for this board's own fit; a prior corrected by it (Transfer) carries the prior
+        # model's doubt and the discrepancy's already
+        scale = 1.0 if fitted.transfer is not None else _POWER_STD_SCALE
+        sp = scale * np.maximum(np.nan_to_num(p_std, nan=np.inf), _MIN_RELATIVE_STD * np.abs(p))
         lv = self._levels(cand)
         steps = self._steps_table[lv[:, 0]]
         batch = self._tables[0][lv[:, 0]]
