@@ -36,7 +36,7 @@ SKIPPED = {
 
 #: sizes added to keep each command short (the README's own flags stay as written, later flags win)
 FAST = {
-    "search": ["--n-trials", "4", "--batch-sizes", "8,16,32", "--measure-s", "0.5", "--warmup-steps", "0",
+    "search": ["--n-trials", "6", "--batch-sizes", "8,16,32", "--measure-s", "0.5", "--warmup-steps", "0",
                "--real-steps", "0", "--quiet"],
     "run": ["--steps", "5", "--warmup", "1"],
     "monitor": ["--duration", "0.3"],

@@ -230,6 +230,21 @@ def test_cli_cost_objective_and_eta_and_prior_errors(tmp_path, capsys):
     assert "no study.db there" in err and "Traceback" not in err
 
 
+def test_a_prior_too_small_to_model_is_refused_before_anything_is_measured(tmp_path, capsys):
+    common = ["search", "--workload", "cnn", "--knobs", "gpu_freq,power_mode", "--batch-sizes", "16,32",
+              "--real-steps", "0", "--measure-s", "0.5", "-q"]
+    assert main([*common, "--device", "sim:orin-nano", "--budget", "10", "--n-trials", "2", "--soak-s", "0",
+                 "-o", str(tmp_path / "short")]) == 0
+    capsys.readouterr()
+    assert main([*common, "--device", "sim:orin-nx", "--budget", "12", "--prior", str(tmp_path / "short"),
+                 "-o", str(tmp_path / "warm")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert ("error: the prior has 2 measured settings in this space, at most 2 in one power mode; a warm start "
+            "needs 4 in one: search the earlier board longer (--n-trials), or drop --prior") in err
+    assert not (tmp_path / "warm" / "best.json").exists()
+
+
 def test_cli_cost_search_with_a_prior_writes_the_cost(tmp_path, capsys):
     common = ["search", "--device", "sim:orin-nano", "--workload", "cnn", "--knobs", "gpu_freq",
               "--batch-sizes", "16,32,64", "--real-steps", "0", "--measure-s", "0.5", "-q"]

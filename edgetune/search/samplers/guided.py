@@ -322,6 +322,12 @@ class GuidedSampler(BaseSampler):
         self._models: dict[Any, Any] = {}  # the last fit's hardware models by their training rows
         self._borrowed: dict[int, tuple[Any, Any, Any]] = {}  # per mode: (its rows, the main model, the Transfer)
         self._stop_streak: list[Any] = []
+        if self.prior:
+            per_group = np.bincount(self._group(self._prior_idx()))
+            if per_group.max() < min_group:
+                raise ValueError(f"the prior has {len(self.prior)} measured settings in this space, at most "
+                                 f"{int(per_group.max())} in one power mode; a warm start needs {min_group} in one: "
+                                 f"search the earlier board longer (--n-trials), or drop --prior")
 
     @property
     def _steps_table(self) -> np.ndarray:
