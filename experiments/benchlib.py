@@ -56,7 +56,7 @@ import optuna
 from edgetune.power import open_device
 from edgetune.power.sim.physics import FORWARD_SHARE, leak_scale, steady_temperature_c
 from edgetune.power.sim.twin import Twin
-from edgetune.predictors.convergence import MeasuredCurve, load_convergence
+from edgetune.predictors.convergence import MeasuredCurve, load_convergence, read_convergence_rows
 from edgetune.search.efficiency import TargetModel, scalar_score
 from edgetune.search.space import SearchSpace, build_space, default_batch_sizes
 from edgetune.search.study import Search
@@ -213,6 +213,16 @@ def steps_at(batch_sizes: Sequence[int], steps: Sequence[float], batch_size: flo
         return math.nan
     x = (math.log(batch_size) - math.log(b[k - 1])) / (math.log(b[k]) - math.log(b[k - 1]))
     return float(math.exp(math.log(lo) + x * (math.log(hi) - math.log(lo))))
+
+
+def seed_steps(path: Path, curve: MeasuredCurve) -> dict[int, tuple[float, ...]]:
+    """Each seed's own steps to target at the curve's batch sizes (``nan`` where that run missed the target),
+    from the table ``path`` the median curve came from."""
+    runs = [r for r in read_convergence_rows(path) if r.workload == curve.workload]
+    by_seed: dict[int, dict[int, float]] = {}
+    for r in runs:
+        by_seed.setdefault(r.seed, {})[r.batch_size] = r.steps
+    return {seed: tuple(float(got.get(b, math.nan)) for b in curve.batch_sizes) for seed, got in sorted(by_seed.items())}
 
 
 def benchmark_batch_sizes(default_batch_size: int, curve: MeasuredCurve) -> tuple[int, ...]:
@@ -438,6 +448,22 @@ class GridTruth:
         law_time = np.array([target.steps(int(b)) for b in self.batch_size]) * self.step_time_s
         return self._least(law_time * self.mean_w if objective == "energy" else law_time, mask)
 
+    def rescored_gap_pct(self, steps: Sequence[float], objective: str, budget_w: float, batch_size: int,
+                         setting: Mapping[str, Any]) -> float:
+        """A pick's gap against the honest oracle, in percent, with another curve of steps to target in place of
+        the median over seeds (``steps``: one per measured batch size of :attr:`curve`, e.g. one seed's own):
+        how far the measured truth itself can tell settings apart (its seeds disagree by 10-25% at a batch
+        size). Power, the budget and the honest mask are as in every other figure."""
+        per_batch = {int(b): steps_at(self.curve.batch_sizes, steps, int(b)) for b in np.unique(self.batch_size)}
+        time_s = np.array([per_batch[int(b)] for b in self.batch_size]) * self.step_time_s
+        values = time_s * self.mean_w if objective == "energy" else time_s
+        mask = self.feasible(budget_w, honest=True) & np.isfinite(values)
+        e = self.twin.steady_state(self.cost, batch_size, dict(setting))
+        chosen = per_batch[int(batch_size)] * e.step_time_s * (e.power_w if objective == "energy" else 1.0)
+        if not mask.any() or not math.isfinite(chosen):
+            return math.nan
+        return (chosen / float(np.min(values[mask])) - 1.0) * 100.0
+
     def front(self, mask: np.ndarray) -> list[tuple[float, float]]:
         return pareto_points(list(zip(self.time_s[mask].tolist(), self.energy_j[mask].tolist())))
 
@@ -510,6 +536,8 @@ class Row:
     #: that incumbent's truth (the objective's value; inf before one held the budget): how soon the search
     #: had its pick, and what a shorter search would have scored
     trajectory: list[tuple[float, float]] = field(default_factory=list)
+    #: the pick's knob setting (None: nothing held the budget)
+    chosen_setting: dict[str, Any] | None = None
 
     @property
     def pick_at(self) -> int:
@@ -612,7 +640,8 @@ def run_case(case: Case, truth: GridTruth, space: SearchSpace, workload: Any, st
               law=truth.law_best(objective, honest_mask, TargetModel.for_workload(workload)),
               measured=len(res.settings), windows=len(res.measured), stop=res.stop_reason, wall_s=wall, cpu_s=cpu,
               over_budget_s=res.over_budget_s, trajectory=trajectory(truth, res, objective),
-              soak_rise_w=res.thermal_rise_w, soak_s=res.thermal.duration_s if res.thermal else 0.0)
+              soak_rise_w=res.thermal_rise_w, soak_s=res.thermal.duration_s if res.thermal else 0.0,
+              chosen_setting=dict(res.best.candidate.knobs) if res.best else None)
     if case.objective == "pareto":
         # the reported points that truly hold the budget, against the certifiable front (as the gaps are
         # against the honest oracle) and against the plain one, each with its own reference point

@@ -229,3 +229,38 @@ def test_law_gap_and_when_the_pick_was_found() -> None:
 def test_a_missing_pick_is_a_miss_not_a_zero() -> None:
     r = _row(None, Point(10.0, 100.0, 9.8, 9.8, True))
     assert math.isinf(r.gap_pct) and not r.violation and math.isnan(r.ratio(r.common))
+
+
+# ---------------------------------------------------------------------------------------------- truth spread
+
+
+def test_a_pick_rescored_with_other_steps_to_target_moves_with_its_batch_sizes_steps(tmp_path) -> None:
+    from benchlib import GridTruth, seed_steps
+
+    from edgetune.power import open_device
+    from edgetune.search.space import build_space
+
+    curve = MeasuredCurve("cnn", "accuracy", 0.9, (16, 32, 64), (40.0, 25.0, 20.0), (30.0, 20.0, 15.0),
+                          (50.0, 30.0, 25.0), (0, 1))
+    device = open_device("sim:orin-nano", compute=False)
+    space = build_space(device, 32, (16, 32, 64), ["gpu_freq"])
+    device.close()
+    truth = GridTruth.build("orin-nano", space, WorkloadCost(2e9, 4e6, 2e6), curve)
+    budget = float(np.median(truth.max_avg_w))
+    honest = truth.feasible(budget, honest=True)
+    i = int(np.flatnonzero(honest & (truth.batch_size == 32))[0])  # a setting that holds it, not the best
+    b, setting = int(truth.batch_size[i]), truth.settings[i]
+    best = truth.best("time", honest)
+    same = truth.rescored_gap_pct(curve.median_steps, "time", budget, b, setting)
+    assert same == pytest.approx((truth.point(b, setting).time_s / best.time_s - 1) * 100, rel=1e-6)
+    # batch 32 ten times cheaper to converge: the batch-32 pick gains on every setting of another batch size
+    cheap = truth.rescored_gap_pct((40.0, 2.5, 20.0), "time", budget, b, setting)
+    assert cheap < same
+    # each seed's own curve, from a table in the format convergence_truth.py writes
+    table = tmp_path / "steps.csv"
+    table.write_text("workload,metric,target,batch_size,seed,lr,steps,evaluations,wall_s\n"
+                     + "".join(f"cnn,accuracy,0.9,{bb},{seed},0.1,{st},5,1.0\n"
+                               for seed, row in ((0, (30.0, 20.0, "nan")), (1, (50.0, 30.0, 25.0)))
+                               for bb, st in zip((16, 32, 64), row)))
+    per_seed = seed_steps(table, curve)
+    assert list(per_seed) == [0, 1] and per_seed[1] == (50.0, 30.0, 25.0) and math.isnan(per_seed[0][2])
