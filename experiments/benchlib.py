@@ -225,6 +225,17 @@ def seed_steps(path: Path, curve: MeasuredCurve) -> dict[int, tuple[float, ...]]
     return {seed: tuple(float(got.get(b, math.nan)) for b in curve.batch_sizes) for seed, got in sorted(by_seed.items())}
 
 
+def seed_spread(truth: GridTruth, table: Path, objective: str, budget_w: float, batch_size: int,
+                setting: Mapping[str, Any]) -> str:
+    """A pick's gap rescored with each seed's measured steps (:func:`seed_steps`) and with the seeds' mean, in
+    place of their median (:meth:`GridTruth.rescored_gap_pct`): ``seed 0 x%, ...; the seeds' mean y%``."""
+    per_seed = seed_steps(table, truth.curve)
+    mean = tuple(float(np.mean(col)) for col in zip(*per_seed.values()))
+    gaps = [truth.rescored_gap_pct(steps, objective, budget_w, batch_size, setting)
+            for steps in (*per_seed.values(), mean)]
+    return ", ".join(f"seed {k} {g:.2f}%" for k, g in zip(per_seed, gaps)) + f"; the seeds' mean {gaps[-1]:.2f}%"
+
+
 def benchmark_batch_sizes(default_batch_size: int, curve: MeasuredCurve) -> tuple[int, ...]:
     """The search's default batch sizes that the measured curve can score (inside its range, target
     reached); the default batch size is always among them or the benchmark refuses the workload."""

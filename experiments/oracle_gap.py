@@ -53,7 +53,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np
 import optuna
 from benchlib import (
     CONVERGENCE_TABLE,
@@ -67,7 +66,7 @@ from benchlib import (
     machine_state,
     make_cases,
     median,
-    seed_steps,
+    seed_spread,
     span,
 )
 
@@ -167,14 +166,10 @@ def truth_spread(rows: list[Row], bench: Bench, table: Path, objective: str) -> 
     for r in rows:
         if not (math.isfinite(r.gap_pct) and r.gap_pct > 3.0) or r.chosen_setting is None:
             continue
-        truth = bench.truths[r.case.profile, r.case.workload]
-        per_seed = seed_steps(table, truth.curve)
-        mean = tuple(float(np.mean(col)) for col in zip(*per_seed.values()))
-        gaps = [truth.rescored_gap_pct(steps, objective, r.case.budget_w, r.chosen_batch, r.chosen_setting)
-                for steps in (*per_seed.values(), mean)]
+        spread = seed_spread(bench.truths[r.case.profile, r.case.workload], table, objective, r.case.budget_w,
+                             r.chosen_batch, r.chosen_setting)
         lines.append(f"  {r.case.profile} {r.case.workload} {r.case.budget_w:.2f} W: {r.gap_pct:.2f}% with the median; "
-                     + ", ".join(f"seed {k} {g:.2f}%" for k, g in zip(per_seed, gaps))
-                     + f"; the seeds' mean {gaps[-1]:.2f}%")
+                     f"{spread}")
     if not lines:
         return []
     head = ("the truth's own spread (rows over 3%, rescored with each seed's measured steps and with their mean "

@@ -44,9 +44,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np
 import optuna
-from benchlib import CONVERGENCE_TABLE, GridTruth, benchmark_batch_sizes, machine_state, seed_steps
+from benchlib import CONVERGENCE_TABLE, GridTruth, benchmark_batch_sizes, machine_state, seed_spread
 
 from edgetune.power import open_device
 from edgetune.predictors.convergence import MeasuredCurve, load_convergence
@@ -221,13 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     for r, case in ((r, c) for r in rows for c in CASES if c.target.label() == r["target"] and c.prior.label() == r["prior"]):
         if r["warm"]["gap"] > 3.0 and r["warm"]["pick"] is not None:
             truth = truth_of(case.target, load_workload(r["workload"], seed=args.seed), curves[r["workload"]])
-            per_seed = seed_steps(CONVERGENCE_TABLE, truth.curve)
-            mean = tuple(float(np.mean(col)) for col in zip(*per_seed.values()))
-            gaps = [truth.rescored_gap_pct(st, "time", case.target.budget_w, *r["warm"]["pick"])
-                    for st in (*per_seed.values(), mean)]
-            spread.append(f"  {r['target']} {r['workload']}: warm {r['warm']['gap']:.2f}% with the median; "
-                          + ", ".join(f"seed {k} {g:.2f}%" for k, g in zip(per_seed, gaps))
-                          + f"; the seeds' mean {gaps[-1]:.2f}%")
+            line = seed_spread(truth, CONVERGENCE_TABLE, "time", case.target.budget_w, *r["warm"]["pick"])
+            spread.append(f"  {r['target']} {r['workload']}: warm {r['warm']['gap']:.2f}% with the median; {line}")
     if spread:
         print("the truth's own spread (warm picks over 3%, rescored with each seed's measured steps and with their "
               "mean instead of the median over seeds):")
