@@ -60,7 +60,7 @@ MIN_GP_ROWS = 3
 #: sibling's rows (0.2 allowed), it took each residual for a local one and learned nothing for the measured
 #: settings' neighbours: warm searches capped at 15 settings, experiments/transfer.py, worst non-law gap 8.65%
 #: at 0.2 against 2.08% at 0.6 (orin-nano 10W -> orin-nx 10W cnn); the cold time benchmark, whose sparse power
-#: modes borrow through the same correction, 31 of 36 within 3% at both, mean gap 1.59% -> 1.30%
+#: modes borrow through the same correction, 31 of 36 within 3% at both, mean gap 1.59% -> 1.30% (three-seed truth)
 CORRECTION_MIN_LENGTH = 0.6
 _MIN_LOG_SPAN = math.log(2.0)  # a knob's feature scale spans at least a factor of two (no division by ~0)
 _MODE_WATTS = re.compile(r"(\d+(?:\.\d+)?)\s*W", re.IGNORECASE)  # "7W", "MODE_30W": a mode's budget
