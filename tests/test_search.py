@@ -248,6 +248,26 @@ def test_a_setting_clearly_over_stops_before_the_budget_window_crosses(workload)
     assert near.duration_s > 0.5  # not stopped on its first readings: they cannot tell it from the limit
 
 
+def test_the_first_setting_a_monitor_sees_is_judged_with_the_boards_second_before_it(workload):
+    """A monitor started just now holds none of the board's past, so its 1-s average would be the first
+    setting's power alone: that setting was counted over the budget from its first reading. The board is
+    recorded as it is for one window first, so the first setting clearly over is stopped before the board's
+    own average crosses, with no time over the budget, as any later setting is."""
+    device = open_device("sim:orin-nano", compute=False)
+    protocol = MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=2.0)
+    top = {"gpu_freq": 624_750_000, "emc_freq": 2_133_000_000}
+    with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+        t_start = device.clock.now()
+        first = measure_setting(device, workload, 128, top, protocol, monitor, limit_w=6.0)
+        t, p = monitor.records(since=t_start)
+        second = measure_setting(device, workload, 128, top, protocol, monitor, limit_w=6.0)
+    assert first.settle_s == pytest.approx(monitor.avg_window_s, abs=0.03)
+    assert float(np.mean(p[t < t_start + 0.9])) < 6.0 - 1.0  # that window was the board idle, as found
+    assert first.aborted_over_budget and first.over_budget_s == 0.0
+    assert first.max_avg_power_w > 6.0 + 1.0  # clearly over: its own average is far above the limit
+    assert second.aborted_over_budget and second.settle_s < monitor.avg_window_s  # filled once
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_a_setting_whose_window_holds_the_budget_is_not_stopped_on_its_first_readings(workload, seed):
     """The early stop weighs a short average's own noise: a setting the whole window judges 0.04 W under the
