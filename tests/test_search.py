@@ -939,6 +939,53 @@ def fit_on_twin(sampler, twin, workload, idx):
     return sampler._fit(None)
 
 
+def test_a_power_mode_whose_probes_all_ran_over_the_budget_is_settled_by_its_least_setting(workload):
+    """Where every setting measured in a power mode was over the budget, the next proposal in that mode is its
+    least setting (smallest batch, every numeric knob at its lowest): one measurement settles the mode. Over
+    the budget there, every other setting of the mode is ruled out; a mode with a setting that held is left to
+    the model."""
+    from edgetune.search.samplers.guided import GuidedSampler
+
+    device = open_device("sim:orin-nano", compute=False)
+    twin = device.backend
+    space = build_space(device, 32, (16, 32, 64, 128), ["power_mode", "gpu_freq", "emc_freq", "cpu_freq"])
+    budget_w = 4.8  # 7W holds it at its lowest clocks (4.56 W); 15W at none (its least setting: 5.33 W)
+
+    def lv(b, mode, gpu, emc, cpu):  # grid levels: batch size first, then the knobs in the space's order
+        named = {"power_mode": space.knob_values["power_mode"].index(mode), "gpu_freq": gpu, "emc_freq": emc,
+                 "cpu_freq": cpu}
+        return (b, *(named[n] for n in space.knob_names))
+
+    top = [len(space.knob_values[n]) - 1 for n in ("gpu_freq", "emc_freq", "cpu_freq")]
+    measured = [lv(0, "7W", 0, 0, 0), lv(1, "7W", 1, 1, 1), lv(3, "7W", *top),
+                lv(0, "15W", *top), lv(3, "15W", 1, 0, 1), lv(1, "15W", 0, 2, 0)]
+
+    def sampler_on(levels):
+        s = GuidedSampler(space, budget_w=budget_w, seed=0)
+        idx = s._canonical(s._flat(np.array(levels)))
+        fit = fit_on_twin(s, twin, workload, idx)
+        s._taken = lambda study: {int(i) for i in idx}
+        return s, fit
+
+    s, fit = sampler_on(measured)
+    held = dict(zip(fit.measured.idx, np.array(fit.measured.powers) <= budget_w))
+    group = s._group(np.array(fit.measured.idx))
+    g15 = int(s._group(s._flat(np.array([lv(0, "15W", 0, 0, 0)])))[0])
+    assert not any(h for i, h in held.items() if group[fit.measured.idx.index(i)] == g15)  # 15W: all over
+    floor = int(s._canonical(s._flat(np.array([lv(0, "15W", 0, 0, 0)])))[0])
+    cand = s._all_candidates()
+    in15 = cand[(s._group(cand) == g15) & ~np.isin(cand, fit.measured.idx)]
+    assert {s._floor_first(None, int(i)) for i in in15[:50]} == {floor}
+    in7 = cand[(s._group(cand) != g15) & ~np.isin(cand, fit.measured.idx)]
+    assert all(s._floor_first(None, int(i)) == int(i) for i in in7[:50])  # 7W held the budget: the model's
+    # measured over the budget, the least setting rules out the whole mode; nothing else is redirected
+    s, _ = sampler_on(measured + [lv(0, "15W", 0, 0, 0)])
+    scores = s._score(None, len(measured) + 1)
+    in_scored15 = s._group(scores["idx"]) == g15
+    assert in_scored15.any() and not np.any(scores["possible"][in_scored15])
+    assert s._floor_first(None, int(in15[-1])) == int(in15[-1])
+
+
 def test_a_barely_measured_power_mode_borrows_the_best_measured_modes_model(workload):
     """A power mode with a model of its own on fewer than TRUSTED_GROUP_ROWS rows has its step time predicted
     by the mixture of that model and the best-measured mode's model corrected by its rows: where the two
