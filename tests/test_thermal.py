@@ -12,7 +12,7 @@ from edgetune.power import open_device
 from edgetune.power.knobs import Candidate
 from edgetune.search import records
 from edgetune.search.results import best_json, certified, margin_w
-from edgetune.search.thermal import ThermalSoak, fit_soak, thermal_reference
+from edgetune.search.thermal import SOAK_CHUNK_S, ThermalSoak, fit_soak, thermal_reference
 from edgetune.workloads import load_workload
 from tests.test_search import search, small_space
 
@@ -153,6 +153,9 @@ def test_a_soak_that_crosses_the_budget_is_stopped_there_and_keeps_what_it_saw(c
         s = soak(device, cnn, 32, setting, monitor, cool_power_w=cool, limit_w=limit, duration_s=300.0)
     assert s.stopped_over_budget and s.duration_s < 300.0 and s.over_budget_s > 0
     assert s.steady_power_w >= s.power_w[-1] and s.cool_power_w + s.rise_w > limit
+    # the stretch stopped over the budget is not a window of the fit: every fitted window ran its chunk and held
+    assert all(b - a >= 0.99 * SOAK_CHUNK_S for a, b in zip([0.0, *s.t_s], s.t_s))
+    assert s.duration_s > s.t_s[-1]  # it ran on past the last fitted window, into the stretch that was stopped
 
 
 # ---------------------------------------------------------------------------------------------- the margin
