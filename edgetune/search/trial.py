@@ -643,12 +643,12 @@ def _fill_window(monitor: PowerMonitor, clock: Any) -> float:
     crossed the budget, and counted over the budget while it was not.
     """
     times, _ = monitor.records()
+    oldest = float(times[0]) if times.size else clock.now()
     waited = 0.0
-    while times.size == 0 or clock.now() - float(times[0]) < monitor.avg_window_s - 1e-9:
+    while clock.now() - oldest < monitor.avg_window_s - 1e-9:
         clock.sleep(_SETTLE_STEP_S)
         monitor.sample()
         waited += _SETTLE_STEP_S
-        times, _ = monitor.records()
     return waited
 
 
