@@ -105,10 +105,13 @@ def test_the_search_soaks_its_pick_and_holds_the_budget_on_the_warm_board(cnn) -
     soak = result.thermal
     assert soak is not None and soak.extrapolated and soak.rise_w > 0.1  # the AGX Orin leaks more warm
     assert soak.duration_s >= 120.0 or soak.stopped_over_budget
-    assert result.required_margin_w == pytest.approx(result.accuracy_w + soak.rise_w)
+    # the rise per watt of the soaked pick, carried to a setting at the edge (the limit less the accuracy)
+    rho, edge_w = soak.rise_w / soak.cool_power_w, result.limit_w - result.accuracy_w
+    assert result.thermal_rise_w == pytest.approx(rho * edge_w / (1.0 + rho))
+    assert result.required_margin_w == pytest.approx(result.accuracy_w + result.thermal_rise_w)
     # the pick holds the budget by the sensor's accuracy plus the rise, and so on the warm board's truth
     assert result.best is not None and certified(result.best, result.limit_w, result.required_margin_w)
-    assert margin_w(result.best, result.limit_w) >= soak.rise_w
+    assert margin_w(result.best, result.limit_w) >= result.thermal_rise_w
     steady = twin.steady_state(cnn.cost, result.best.candidate.batch_size, result.best.candidate.knobs)
     assert steady.power_w <= budget
     doc = best_json(result)["thermal_soak"]
@@ -176,14 +179,45 @@ def test_every_soak_s_rise_is_counted_from_the_coolest_temperature_a_soaked_pick
     first = _soak(0.78, stopped=True, cool_w=24.65, limit_w=25.3, cool_c=32.375, slope=0.274)
     second = _soak(1.67, stopped=True, cool_w=24.30, limit_w=25.3, cool_c=33.125, slope=0.165)
     third = _soak(0.98, cool_w=23.41, limit_w=25.3, cool_c=36.052, slope=0.163)
+    first.power_w, second.power_w = [24.80, 24.90], [24.60, 24.75]  # the windows before each stop
     ref = thermal_reference([first, second, third])
     assert ref.temperature_c == 32.375 and ref.slope_w_per_k == 0.163  # the coolest; the complete soak's slope
     # from the reference, the third pick rose by what its own soak saw and what its warm windows read high
     assert thermal_rise_w([third]) == pytest.approx(0.98)  # alone, it is its own reference
     assert thermal_rise_w([first, third]) == pytest.approx(0.98 + 0.163 * (36.052 - 32.375))
-    assert thermal_rise_w([first, second, third]) == pytest.approx(1.67 + 0.163 * 0.75)
-    assert governing([first, second, third]) is second and thermal_rise_w([]) == 0.0
-    assert "by 1.79 W more" in second.describe(thermal_rise_w([first, second, third]))
+    # before the third ran to its end, the second's extrapolation counted; after, what it proved: its limit
+    assert thermal_rise_w([first, second]) == pytest.approx(1.67 + 0.165 * 0.75)  # no complete soak: its slope
+    assert thermal_rise_w([first, second, third]) == pytest.approx(0.98 + 0.163 * (36.052 - 32.375))
+    assert governing([first, second]) is second and governing([first, second, third]) is third
+    assert thermal_rise_w([]) == 0.0 and governing([]) is None
+    assert "by 1.79 W more" in second.describe(thermal_rise_w([first, second]))
+
+
+def test_a_soaks_rise_is_carried_to_the_edge_of_the_budget_per_watt() -> None:
+    from edgetune.search.thermal import thermal_rise_w
+
+    # the rise grows with the power drawn: 1 W at 20 W cool is 5% per watt; a setting that reaches the edge
+    # (24 W here) warm draws 24 / 1.05 W cool and rises by 5% of that
+    soak = _soak(1.0, cool_w=20.0, limit_w=24.4)
+    assert thermal_rise_w([soak], edge_w=24.0) == pytest.approx(0.05 * 24.0 / 1.05)  # more than the soaked 1 W
+    hotter = _soak(1.0, cool_w=25.0, limit_w=27.0)  # the same rise at more power: less per watt
+    assert thermal_rise_w([hotter], edge_w=24.0) == pytest.approx(0.04 * 24.0 / 1.04)
+    assert thermal_rise_w([soak, hotter], edge_w=24.0) == thermal_rise_w([soak], edge_w=24.0)  # the larger share
+    assert thermal_rise_w([soak], edge_w=0.0) == 0.0 and thermal_rise_w([], edge_w=24.0) == 0.0
+
+
+def test_a_stopped_soak_counts_what_it_proved_once_another_ran_to_its_end() -> None:
+    from edgetune.search.thermal import thermal_rise_w
+
+    # stopped at its limit (20.4 W, windows of 20.1 and 20.3 W mean) from 20.0 W cool, extrapolated to a 0.9 W
+    # rise from the windows before the stop; a later pick's soak ran to its end and measured 0.2 W at 19.6 W
+    stopped = _soak(0.9, stopped=True, cool_w=20.0, limit_w=20.4, cool_c=None)
+    stopped.power_w = [20.1, 20.3]
+    complete = _soak(0.2, cool_w=19.6, cool_c=None)
+    assert thermal_rise_w([stopped]) == pytest.approx(0.9)  # alone, its extrapolation is all there is
+    assert thermal_rise_w([stopped, complete]) == pytest.approx(0.3)  # it proved 20.3 - 20.0 W of its mean
+    stopped.power_w = []  # stopped in its first window: it proved nothing it did not extrapolate
+    assert thermal_rise_w([stopped, complete]) == pytest.approx(0.9)
 
 
 def test_the_thermal_reference_is_the_coolest_soaked_temperature_and_a_complete_soaks_slope() -> None:

@@ -74,7 +74,8 @@ class SearchResult:
     #: offset to the sensor's accuracy
     sensor_channels: int = 1
     #: the thermal soaks of the study's picks, in order (:mod:`edgetune.search.thermal`; empty: none): the
-    #: largest rise is part of the margin every setting must hold the budget by
+    #: largest rise per watt, carried to the edge of the budget, is part of the margin every setting must hold
+    #: the budget by
     thermal_soaks: list[ThermalSoak] = field(default_factory=list)
 
     @property
@@ -96,7 +97,7 @@ class SearchResult:
 
     @property
     def thermal(self) -> ThermalSoak | None:
-        """The soak whose rise governs the margin (the largest; None: not soaked)."""
+        """The soak whose rise governs the margin (the largest per watt; None: not soaked)."""
         return governing(self.thermal_soaks)
 
     @property
@@ -113,8 +114,10 @@ class SearchResult:
     @property
     def thermal_rise_w(self) -> float:
         """How much more the pick draws once the board is warm than the search measured, W, as the margin
-        counts it (:func:`~edgetune.search.thermal.thermal_rise_w`; 0: not soaked)."""
-        return thermal_rise_w(self.thermal_soaks)
+        counts it at the edge of the budget (:func:`~edgetune.search.thermal.thermal_rise_w`; 0: not soaked)."""
+        limit_w, accuracy_w = self.limit_w, self.accuracy_w
+        edge_w = None if limit_w is None or accuracy_w is None else limit_w - accuracy_w
+        return thermal_rise_w(self.thermal_soaks, edge_w)
 
     @property
     def required_margin_w(self) -> float | None:
@@ -336,7 +339,8 @@ def best_json(result: SearchResult) -> dict[str, Any]:
         # (null: a clear margin)
         "knife_edge": _knife_edge_json(knife_edge(result)),
         # the pick trained at for minutes: how much more it draws on the warm board (null: not soaked); the
-        # soak with the largest rise, which every setting's margin includes, and how many soaks ran
+        # soak with the largest rise per watt, whose rise at the budget's edge every setting's margin includes
+        # (counted_rise_w), and how many soaks ran
         "thermal_soak": _soak_json(result),
         "thermal_soaks": len(result.thermal_soaks),
     }

@@ -21,11 +21,12 @@ Each turn of :meth:`Search.run`:
    settings. These windows add no settings; the pick is made on each setting's pooled windows.
 6. Then soak the pick (:mod:`edgetune.search.thermal`): train at it for minutes and extrapolate the power
    it draws on the warm board. From then on every setting must hold the budget by the sensor's accuracy
-   plus the largest rise a soak measured, and the loop goes on (the sampler may now see more to measure, the
-   pick may move) until it stops again. A soak stopped over the budget (the pick does not hold it warm) saw
-   too little to extrapolate from: the next pick is soaked too, on the board the first one warmed, up to
-   :data:`MAX_SOAKS` in all. A search that reaches its last quarter of ``n_trials`` unsoaked soaks its pick
-   then (:func:`~edgetune.search.thermal.soak_reserve`), so that settings remain to re-aim with; and from
+   plus the thermal rise (the largest a soak measured per watt, carried to the budget's edge), and the loop
+   goes on (the sampler may now see more to measure, the pick may move) until it stops again. A soak stopped
+   over the budget (the pick does not hold it warm) saw too little to extrapolate from: the next pick is
+   soaked too, on the board the first one warmed, up to :data:`MAX_SOAKS` in all. A search that reaches its
+   last quarter of ``n_trials`` unsoaked soaks its pick then (:func:`~edgetune.search.thermal.soak_reserve`),
+   so that settings remain to re-aim with; and from
    the first soak on, every window's power is referred to the soaked pick's board temperature
    (:class:`~edgetune.search.thermal.ThermalReference`): the board stays warm after a soak, and its windows
    would otherwise pay the rise twice.
@@ -410,7 +411,7 @@ class Search:
         new.after_settings = self._measured_count(study)
         self.soaks.append(new)
         records.write_soaks(study, [s.to_dict() for s in self.soaks])
-        _log.info("%s", new.describe(thermal_rise_w(self.soaks)))
+        _log.info("%s", new.describe(self._rise_w()))
         self._aim_sampler(study)
         return True
 
@@ -538,7 +539,15 @@ class Search:
         limit_w = self._limit_w()
         if limit_w is None:
             return 0.0
-        return sensor_accuracy_w(limit_w, self.sensor_channels) + thermal_rise_w(self.soaks)
+        return sensor_accuracy_w(limit_w, self.sensor_channels) + self._rise_w()
+
+    def _rise_w(self) -> float:
+        """The soaks' thermal rise as the margin counts it, W, at the edge of the budget (the limit less the
+        sensor's accuracy: :func:`~edgetune.search.thermal.thermal_rise_w`; 0: unconstrained or not soaked)."""
+        limit_w = self._limit_w()
+        if limit_w is None:
+            return 0.0
+        return thermal_rise_w(self.soaks, limit_w - sensor_accuracy_w(limit_w, self.sensor_channels))
 
     def _measure(self, study: optuna.Study, trial: optuna.Trial, cand: Candidate, role: Role) -> TrialRecord:
         assert self._monitor is not None

@@ -21,14 +21,18 @@ state:
 
 Every later judgement of the budget asks a setting to hold it by the sensor's accuracy *plus* the rise
 (:attr:`~edgetune.search.results.SearchResult.required_margin_w`), and the search goes on where that moves
-its pick. The rise is measured at the pick, near the budget, so it is the right one for the settings that
-compete there; a setting drawing less warms the board less, so for it the rise is on the safe side. Where
-the device reads no temperature, the rise is what the soak saw (a lower bound: the board had minutes more
-to warm), and the result says so. A soak that crosses the budget is stopped like any trial (safe profiling):
+its pick. The rise grows with the power a setting draws (its heat warms the board, and the warmth raises the
+leakage), so it is carried to the settings that compete at the budget per watt: the margin counts the rise of
+a setting that would reach the limit less the sensor's accuracy once warm, at the largest rise per watt of
+cool power a soak measured (:func:`thermal_rise_w`). A pick soaked below that edge so sets no smaller margin
+than the settings at it need, and a setting drawing less warms the board less, so for it the rise is on the
+safe side. Where the device reads no temperature, the rise is what the soak saw (a lower bound: the board
+had minutes more to warm), and the result says so. A soak that crosses the budget is stopped like any trial (safe profiling):
 its rise is at least what takes the setting to the budget, and the search soaks its next pick too, on the
 board the first one warmed (:data:`MAX_SOAKS` in all), since a few windows are too few to extrapolate from.
-The stretch that was stopped is not fitted: it is not a window but the moment before the stop.
-The margin includes the largest rise any soak measured (:func:`thermal_rise_w`).
+The stretch that was stopped is not fitted: it is not a window but the moment before the stop. Once a soak
+ran to its end, a stopped one counts only what it proved (up to the highest mean power of its windows), not
+what it extrapolated from the few windows before its stop.
 
 The rise is counted from the board temperature of the pick's search windows. After a soak the board stays
 warm for minutes, so the windows measured then read high by the leakage of those extra kelvin, and judged
@@ -208,26 +212,64 @@ class ThermalSoak:
                 f"by {counted:.2f} W more than the sensor's accuracy{stopped}")
 
 
-def _counted_w(soaks: Sequence[ThermalSoak]) -> list[float]:
-    """Each soak's rise as the margin counts it: from the reference temperature (:func:`thermal_reference`),
-    the coolest any soaked pick was measured at. A pick measured on a board an earlier soak warmed rose from
-    there; from the reference it rose by as much more as its windows then read high."""
+def _proven_w(soak: ThermalSoak) -> float:
+    """The rise a soak stopped over the budget proved, W: up to the highest mean power of its windows, from its
+    cool power (its steady mean power is at least that; the rest of :attr:`ThermalSoak.rise_w` is extrapolated
+    from the few windows before the stop). The limit it crossed bounds the 1-s average, which runs above the
+    mean by the step's ripple, so it proves less of the mean. A soak stopped in its first window proved
+    nothing that it did not extrapolate: its rise stands."""
+    seen = [float(p) for p in soak.power_w if math.isfinite(float(p))]
+    if not seen:
+        return soak.rise_w
+    return max(0.0, min(max(seen), soak.steady_power_w) - soak.cool_power_w)
+
+
+def _counted_w(soaks: Sequence[ThermalSoak]) -> list[tuple[float, float]]:
+    """Each soak's rise as the margin counts it, W, and the cool power it rose from, W, both from the reference
+    temperature (:func:`thermal_reference`), the coolest any soaked pick was measured at: a pick measured on a
+    board an earlier soak warmed read high by its extra kelvin, and from the reference it rose by as much more.
+    Once a soak ran to its end, a soak stopped over the budget counts what it proved (:func:`_proven_w`), not
+    what it extrapolated from the windows before its stop."""
     ref = thermal_reference(soaks)
-    return [s.rise_w + (ref.offset_w(s.cool_temperature_c) if ref is not None else 0.0) for s in soaks]
+    complete = any(not s.stopped_over_budget for s in soaks)
+    out = []
+    for s in soaks:
+        offset = ref.offset_w(s.cool_temperature_c) if ref is not None else 0.0
+        rise = _proven_w(s) if s.stopped_over_budget and complete else s.rise_w
+        out.append((rise + offset, s.cool_power_w - offset))
+    return out
+
+
+def _relative(counted: tuple[float, float]) -> float:
+    """A counted rise per watt of the power it rose from (0 where that power is not positive)."""
+    rise_w, cool_w = counted
+    return rise_w / cool_w if cool_w > 0.0 else 0.0
 
 
 def governing(soaks: Sequence[ThermalSoak]) -> ThermalSoak | None:
-    """The soak whose rise every setting's margin includes: the largest as counted (None: no soak)."""
+    """The soak whose rise every setting's margin includes: the largest per watt as counted (None: no soak)."""
     if not soaks:
         return None
     counted = _counted_w(soaks)
-    return soaks[max(range(len(soaks)), key=counted.__getitem__)]
+    return soaks[max(range(len(soaks)), key=lambda i: _relative(counted[i]))]
 
 
-def thermal_rise_w(soaks: Sequence[ThermalSoak]) -> float:
-    """The thermal rise every setting's margin includes, W: the largest soak's, counted from the reference
-    temperature (0: no soak; module docs)."""
-    return max(_counted_w(soaks), default=0.0)
+def thermal_rise_w(soaks: Sequence[ThermalSoak], edge_w: float | None = None) -> float:
+    """The thermal rise every setting's margin includes, W (0: no soak; module docs).
+
+    The rise grows with the power a setting draws (its heat warms the board, the warmth raises the leakage), so
+    a soak's rise is carried to other settings per watt: with ``edge_w`` (the limit less the sensor's
+    accuracy, W), the rise of a setting that reaches ``edge_w`` once warm, ``rho x edge_w / (1 + rho)``, where
+    ``rho`` is the largest rise per watt of cool power any soak measured as counted. A pick soaked below the
+    edge so does not set too small a margin for the settings at it, nor a hotter one too large a margin. Without
+    ``edge_w``, the largest rise as counted."""
+    counted = _counted_w(soaks)
+    if not counted:
+        return 0.0
+    if edge_w is None:
+        return max(rise for rise, _ in counted)
+    rho = max(_relative(c) for c in counted)
+    return rho * edge_w / (1.0 + rho) if edge_w > 0.0 else 0.0
 
 
 def soak_reserve(n_trials: int) -> int:
