@@ -25,8 +25,8 @@ Each turn of :meth:`Search.run`:
    goes on (the sampler may now see more to measure, the pick may move) until it stops again. A soak stopped
    over the budget (the pick does not hold it warm) saw too little to extrapolate from: the next pick is
    soaked too, on the board the first one warmed, up to :data:`MAX_SOAKS` in all. A search that has measured
-   half of ``n_trials`` unsoaked soaks its pick then (:func:`~edgetune.search.thermal.soak_reserve`), so that
-   settings remain to re-aim with; and from
+   20 settings, or all but the last quarter of ``n_trials``, unsoaked soaks its pick then
+   (:func:`~edgetune.search.thermal.soak_reserve`), so that settings remain to re-aim with; and from
    the first soak on, every window's power is referred to the soaked pick's board temperature
    (:class:`~edgetune.search.thermal.ThermalReference`): the board stays warm after a soak, and its windows
    would otherwise pay the rise twice.

@@ -43,7 +43,8 @@ was measured at (:class:`ThermalReference`, :func:`thermal_reference`): ``P_ref 
 T_ref)``. Each soak's rise is counted from there too: a pick measured on a board an earlier soak had warmed
 rose from the reference by ``slope x (T_cool - T_ref)`` more than its own soak saw. Energy figures stay as
 measured. The search also soaks its pick before its last :data:`SOAK_RESERVE` share of the
-settings (:func:`soak_reserve`), so that settings remain to re-aim with once the margin moved.
+settings, or after :data:`SOAK_AFTER` settings where that comes first (:func:`soak_reserve`), so that settings
+remain to re-aim with once the margin moved.
 
 Pure functions but :func:`soak`, which runs the windows.
 """
@@ -62,8 +63,8 @@ from edgetune.power.base import Device, KnobValue
 from edgetune.power.monitor import PowerMonitor
 from edgetune.search.trial import MeasurementProtocol, measure_setting
 
-__all__ = ["MAX_SOAKS", "SOAK_CHUNK_S", "SOAK_RESERVE", "SOAK_S", "SoakFit", "ThermalReference", "ThermalSoak",
-           "fit_soak", "governing", "soak", "soak_reserve", "thermal_reference", "thermal_rise_w"]
+__all__ = ["MAX_SOAKS", "SOAK_AFTER", "SOAK_CHUNK_S", "SOAK_RESERVE", "SOAK_S", "SoakFit", "ThermalReference",
+           "ThermalSoak", "fit_soak", "governing", "soak", "soak_reserve", "thermal_reference", "thermal_rise_w"]
 
 _log = get_logger(__name__)
 
@@ -76,11 +77,14 @@ SOAK_CHUNK_S = 5.0
 #: board (the first saw too little to extrapolate from)
 MAX_SOAKS = 3
 #: the share of a search's settings kept for after its first soak: the pick is soaked once the search has
-#: measured all but this share of ``n_trials`` (20 of 40, where the guided sampler's stopping rule may first
-#: end a search), so that the moved margin re-aims the search while it goes on. A quarter (soaked at 30 of 40,
-#: or at the stop where that came first) left the re-aim to after the stop: on the oracle benchmark the median
-#: search measured 3 more settings after its first stop, up to 15 more
-SOAK_RESERVE = 0.5
+#: measured all but this share of ``n_trials`` (11 of 15), so that the moved margin can still re-aim it ...
+SOAK_RESERVE = 0.25
+#: ... or once it has measured this many settings, where that comes first: where the guided sampler's stopping
+#: rule may first end a search without a prior (``MIN_TRIALS_TO_STOP``), so that the moved margin re-aims the
+#: search while it goes on. Soaked at 30 of 40 (or at the stop where that came first), the re-aim came after the
+#: first stop: on the oracle benchmark the median search measured 3 more settings after it, up to 15 more.
+#: Soaked at 7 of a warm start's 15 settings (half), a transfer case lost its way (experiments/results/transfer.txt)
+SOAK_AFTER = 20
 #: the time constants the temperature fit tries, s (log grid): a few seconds to hours
 _TAU_GRID_S = np.geomspace(10.0, 20_000.0, 240)
 #: at most this many times the soak's own length is extrapolated: a temperature that still rises in a
@@ -277,8 +281,8 @@ def thermal_rise_w(soaks: Sequence[ThermalSoak], edge_w: float | None = None) ->
 
 def soak_reserve(n_trials: int) -> int:
     """Measured settings after which a search soaks its pick even before a stopping rule asks: all but
-    :data:`SOAK_RESERVE` of ``n_trials`` (at least one)."""
-    return max(1, n_trials - round(SOAK_RESERVE * n_trials))
+    :data:`SOAK_RESERVE` of ``n_trials``, or :data:`SOAK_AFTER` where that is fewer (at least one)."""
+    return max(1, min(n_trials - round(SOAK_RESERVE * n_trials), SOAK_AFTER))
 
 
 @dataclass(frozen=True)
