@@ -382,7 +382,7 @@ class Search:
         return not soaks or (soaks[-1].stopped_over_budget and len(soaks) < MAX_SOAKS)
 
     def _reserve_soak_due(self, study: optuna.Study) -> bool:
-        """No soak ran yet and the search has measured all but its last share of settings
+        """No soak ran yet and the search has measured 20 settings or all but its last share of them
         (:func:`~edgetune.search.thermal.soak_reserve`): the pick is soaked now, not at the stop, so that the
         settings left can re-aim with the margin it sets. Asked once per measured count (a search with no
         pick yet asks again after its next setting)."""
