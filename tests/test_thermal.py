@@ -185,7 +185,7 @@ def test_every_soak_s_rise_is_counted_from_the_coolest_temperature_a_soaked_pick
     # from the reference, the third pick rose by what its own soak saw and what its warm windows read high
     assert thermal_rise_w([third]) == pytest.approx(0.98)  # alone, it is its own reference
     assert thermal_rise_w([first, third]) == pytest.approx(0.98 + 0.163 * (36.052 - 32.375))
-    # before the third ran to its end, the second's extrapolation counted; after, what it proved: its limit
+    # before the third ran to its end, the second's extrapolation counted; after, what its windows proved
     assert thermal_rise_w([first, second]) == pytest.approx(1.67 + 0.165 * 0.75)  # no complete soak: its slope
     assert thermal_rise_w([first, second, third]) == pytest.approx(0.98 + 0.163 * (36.052 - 32.375))
     assert governing([first, second]) is second and governing([first, second, third]) is third

@@ -27,9 +27,10 @@ a setting that would reach the limit less the sensor's accuracy once warm, at th
 cool power a soak measured (:func:`thermal_rise_w`). A pick soaked below that edge so sets no smaller margin
 than the settings at it need, and a setting drawing less warms the board less, so for it the rise is on the
 safe side. Where the device reads no temperature, the rise is what the soak saw (a lower bound: the board
-had minutes more to warm), and the result says so. A soak that crosses the budget is stopped like any trial (safe profiling):
-its rise is at least what takes the setting to the budget, and the search soaks its next pick too, on the
-board the first one warmed (:data:`MAX_SOAKS` in all), since a few windows are too few to extrapolate from.
+had minutes more to warm), and the result says so. A soak that crosses the budget is stopped like any trial
+(safe profiling): its rise is at least what takes the setting to the budget, and the search soaks its next
+pick too, on the board the first one warmed (:data:`MAX_SOAKS` in all), since a few windows are too few to
+extrapolate from.
 The stretch that was stopped is not fitted: it is not a window but the moment before the stop. Once a soak
 ran to its end, a stopped one counts only what it proved (up to the highest mean power of its windows), not
 what it extrapolated from the few windows before its stop.
