@@ -220,6 +220,69 @@ def test_a_stopped_soak_counts_what_it_proved_once_another_ran_to_its_end() -> N
     assert thermal_rise_w([stopped, complete]) == pytest.approx(0.9)
 
 
+def test_a_soaked_setting_is_judged_by_its_own_rise_and_the_others_by_the_carried_one() -> None:
+    from edgetune.search.thermal import rise_for_w, soaked_rise_w, thermal_rise_w
+
+    # an early soak measured 5% per watt on one pick; a later one 1% on the setting at the edge itself
+    early = _soak(1.0, cool_w=20.0, cool_c=None)
+    own = _soak(0.23, cool_w=23.0, cool_c=None)
+    own.batch_size, own.setting = 64, {"gpu_freq": 918_000_000}
+    soaks = [early, own]
+    soaked, other = Candidate.of(64, {"gpu_freq": 918_000_000}), Candidate.of(16, {"gpu_freq": 918_000_000})
+    carried = thermal_rise_w(soaks, edge_w=24.0)
+    assert carried == pytest.approx(0.05 * 24.0 / 1.05)  # 1.14 W: the largest per watt, at the edge
+    assert soaked_rise_w(soaks, soaked) == pytest.approx(0.23) and rise_for_w(soaks, soaked, 24.0) == pytest.approx(0.23)
+    assert soaked_rise_w(soaks, other) is None and rise_for_w(soaks, other, 24.0) == carried
+    # a setting whose soak was stopped over the budget crossed it warm: its own full rise counts, not what
+    # the stopped soak proved for the others
+    stopped = _soak(0.9, stopped=True, cool_w=20.0, limit_w=20.4, cool_c=None)
+    stopped.batch_size, stopped.setting, stopped.power_w = 16, {"gpu_freq": 918_000_000}, [20.1, 20.3]
+    assert rise_for_w([*soaks, stopped], other, 24.0) == pytest.approx(0.9)
+    assert thermal_rise_w([own, stopped]) == pytest.approx(0.3)  # for the others: what it proved
+    # the soaked setting's rise is counted from the reference temperature too
+    warm = _soak(0.2, cool_w=23.0, cool_c=37.0, slope=0.1)
+    warm.batch_size, warm.setting = 64, {"gpu_freq": 918_000_000}
+    assert soaked_rise_w([_soak(0.5, cool_c=35.0, slope=0.1), warm], soaked) == pytest.approx(0.2 + 0.1 * 2.0)
+
+
+def test_a_setting_only_the_carried_rise_rules_out_is_soaked_at_the_stop_and_judged_by_its_own(cnn) -> None:
+    device = open_device("sim:orin-agx", compute=False, seed=0)
+    twin = device.backend
+    space = small_space(device, batch_sizes=(16, 32, 64))
+    storage = optuna.storages.InMemoryStorage()
+    budget = 13.0
+    first = search(device, cnn, space, budget, n_trials=1, seed=0, storage=storage, soak_s=0.0)
+    first.run()
+    # an earlier soak (another worker's, of another setting) measured 3% per watt: carried to the budget's
+    # edge that is 0.37 W, more than the AGX Orin's settings under 13 W rise (0.1-0.2 W)
+    early = ThermalSoak(batch_size=64, setting={"gpu_freq": 306_000_000, "emc_freq": 204_000_000},
+                        cool_power_w=10.0, duration_s=180.0, steady_power_w=10.3, extrapolated=True,
+                        after_settings=1)
+    records.write_soaks(first.study, [early.to_dict()])
+    result = search(device, cnn, space, budget, n_trials=16, seed=0, storage=storage, soak_s=120.0).run()
+    assert result.thermal_rise_w == pytest.approx(0.03 * (budget - result.accuracy_w) / 1.03)
+    assert len(result.thermal_soaks) == 2  # the stop soaked the best setting that only the carried rise ruled out
+    soaked = result.thermal_soaks[1]
+    pick = result.best
+    assert pick is not None and (pick.candidate.batch_size, pick.candidate.knobs) == (soaked.batch_size, soaked.setting)
+    # held by the sensor's accuracy and its own rise; the carried rise would have ruled it out
+    assert result.accuracy_w <= margin_w(pick, budget) < result.required_margin_w
+    assert result.rise_for_w(pick.candidate) == pytest.approx(soaked.rise_w)
+    assert soaked.rise_w < result.thermal_rise_w
+    assert result.certified(pick) and certified(pick, budget, result.accuracy_w + soaked.rise_w)
+    # the best setting certified on the carried rise is slower: what the soak at the stop gained
+    carried = [r for r in result.settings if r.feasible and r.outcome is not None
+               and certified(r, budget, result.required_margin_w)]
+    assert carried and min(r.outcome.time_to_target_s for r in carried) > 1.2 * pick.outcome.time_to_target_s
+    # and it holds the budget on the warm board's truth
+    assert twin.steady_state(cnn.cost, pick.candidate.batch_size, pick.candidate.knobs).power_w <= budget
+    doc = best_json(result)["thermal_soak"]
+    assert doc["pick_rise_w"] == pytest.approx(soaked.rise_w) and doc["counted_rise_w"] == result.thermal_rise_w
+    from edgetune.report import summary_table
+
+    assert f"the pick was soaked itself: its margin counts its own rise, {soaked.rise_w:.2f} W" in summary_table(result)
+
+
 def test_the_thermal_reference_is_the_coolest_soaked_temperature_and_a_complete_soaks_slope() -> None:
     first = _soak(0.49, stopped=True, cool_c=31.5, slope=0.5)
     second = _soak(0.21, cool_c=38.0, slope=0.17)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -160,12 +160,14 @@ def certified(r: TrialRecord, limit_w: float | None, accuracy_w: float | None) -
 
 
 def _edge(records: Sequence[TrialRecord], certified_pool: Sequence[TrialRecord], best_score: float,
-          windows: dict[Candidate, list[float]], *, limit_w: float | None, guard_sigma: float, accuracy_w: float,
-          repeats: int, z: float, resolution: float) -> Candidate | None:
+          windows: dict[Candidate, list[float]], *, limit_w: float | None, guard_sigma: float,
+          required_w: Callable[[Candidate], float], repeats: int, z: float,
+          resolution: float) -> Candidate | None:
     """The edge setting to measure again (module docs, step 4), or None. ``records``: one per setting, its
     windows pooled (:func:`pool_windows`); ``windows``: each setting's log scores, one per window;
-    ``best_score``: the certified best's mean of them."""
-    if limit_w is None or not accuracy_w:
+    ``best_score``: the certified best's mean of them; ``required_w``: the margin each setting must hold the
+    limit by to be certified, W."""
+    if limit_w is None:
         return None
     pool = {r.candidate for r in certified_pool}
     edges = []
@@ -177,7 +179,7 @@ def _edge(records: Sequence[TrialRecord], certified_pool: Sequence[TrialRecord],
         score = float(np.mean(windows[r.candidate]))
         se_w = float(m.get("power_se_w") or 0.0)
         # how far it misses: the sensor's accuracy (certification), or the guard band (held as judged)
-        short_w = max(accuracy_w - margin_w(r, limit_w),
+        short_w = max(required_w(r.candidate) - margin_w(r, limit_w),
                       judged_power_w(float(m["max_avg_power_w"]), se_w, guard_sigma) - limit_w)
         if score < best_score - resolution and 0.0 < short_w <= z * se_w:
             edges.append((score, r.candidate))
@@ -185,7 +187,8 @@ def _edge(records: Sequence[TrialRecord], certified_pool: Sequence[TrialRecord],
 
 
 def next_confirmation(measured: Sequence[TrialRecord], objective: str, *, limit_w: float | None,
-                      guard_sigma: float = 0.0, accuracy_w: float = 0.0, cost: ZeusCost | None = None,
+                      guard_sigma: float = 0.0, accuracy_w: float = 0.0,
+                      required_w: Callable[[Candidate], float] | None = None, cost: ZeusCost | None = None,
                       settings: int = CONFIRM_SETTINGS,
                       repeats: int = CONFIRM_REPEATS, z: float = CONFIRM_Z,
                       resolution: float = CONFIRM_RESOLUTION) -> Candidate | None:
@@ -194,9 +197,12 @@ def next_confirmation(measured: Sequence[TrialRecord], objective: str, *, limit_
     ``measured``: every measured window so far (feasibility is judged on the pooled windows, as the pick).
     ``accuracy_w``: the sensor's accuracy at the limit: where some setting holds the budget by that much, the
     contenders are drawn from those (the pick is, :func:`~edgetune.search.results.choose_best`).
+    ``required_w``: the margin each setting must hold the limit by, W, where it is not ``accuracy_w`` for
+    every one (a setting soaked itself counts its own thermal rise: :func:`~edgetune.search.thermal.rise_for_w`).
     """
     if settings < 1 or repeats < 1:
         return None
+    need: Callable[[Candidate], float] = required_w or (lambda _: accuracy_w)
     windows: dict[Candidate, list[float]] = {}
     for r in measured:
         if r.outcome is not None:
@@ -204,7 +210,7 @@ def next_confirmation(measured: Sequence[TrialRecord], objective: str, *, limit_
     records = pool_windows(measured, limit_w=limit_w, guard_sigma=guard_sigma)
     pooled = [r for r in records
               if r.feasible and r.outcome is not None and math.isfinite(log_score(r.outcome, objective, cost))]
-    pooled = [r for r in pooled if certified(r, limit_w, accuracy_w)] or pooled
+    pooled = [r for r in pooled if certified(r, limit_w, need(r.candidate))] or pooled
     if not pooled:
         return None
     means = {r.candidate: float(np.mean(windows[r.candidate])) for r in pooled}
@@ -213,8 +219,9 @@ def next_confirmation(measured: Sequence[TrialRecord], objective: str, *, limit_
     n = {c: len(windows[c]) for c in ranked}
     if n[best] == 1:
         return best  # the pick is never one window where it can be two
-    edge = _edge(records, pooled, means[best], windows, limit_w=limit_w, guard_sigma=guard_sigma,
-                 accuracy_w=accuracy_w, repeats=repeats, z=z, resolution=resolution)
+    edge = None if not accuracy_w else _edge(records, pooled, means[best], windows, limit_w=limit_w,
+                                               guard_sigma=guard_sigma, required_w=need, repeats=repeats,
+                                               z=z, resolution=resolution)
     if edge is not None:
         return edge
     repeated = [v for v in windows.values() if len(v) > 1]

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from edgetune.power.base import format_value
-from edgetune.power.knobs import knob_unit
+from edgetune.power.knobs import Candidate, knob_unit
 from edgetune.search.confirm import certified, margin_w, pick_score, pool_windows
 from edgetune.search.efficiency import TargetModel, ZeusCost, scalar_score
 from edgetune.search.oracle import oracle_fields
 from edgetune.search.records import TrialRecord
 from edgetune.search.space import SearchSpace
-from edgetune.search.thermal import ThermalSoak, governing, thermal_rise_w
+from edgetune.search.thermal import ThermalSoak, governing, rise_for_w, thermal_rise_w
 
 __all__ = ["SENSOR_ACCURACY_ABS_W", "SENSOR_ACCURACY_REL", "TRIAL_COLUMNS", "KnifeEdge", "SearchResult", "best_json",
            "certified", "choose_best", "knife_edge", "margin_w", "pareto_front", "sensor_accuracy_w",
@@ -121,10 +121,27 @@ class SearchResult:
 
     @property
     def required_margin_w(self) -> float | None:
-        """The margin a setting must hold the limit by to be certified, W: the sensor's accuracy plus the
-        thermal rise (None: unconstrained)."""
+        """The margin a setting that was not soaked must hold the limit by to be certified, W: the sensor's
+        accuracy plus the thermal rise (None: unconstrained; a soaked one: :meth:`required_margin_for`)."""
         accuracy_w = self.accuracy_w
         return None if accuracy_w is None else accuracy_w + self.thermal_rise_w
+
+    def rise_for_w(self, candidate: Candidate) -> float:
+        """The thermal rise ``candidate``'s margin includes, W: its own soak's where it was soaked, else
+        :attr:`thermal_rise_w` (:func:`~edgetune.search.thermal.rise_for_w`; 0: not soaked)."""
+        limit_w, accuracy_w = self.limit_w, self.accuracy_w
+        edge_w = None if limit_w is None or accuracy_w is None else limit_w - accuracy_w
+        return rise_for_w(self.thermal_soaks, candidate, edge_w)
+
+    def required_margin_for(self, candidate: Candidate) -> float | None:
+        """The margin ``candidate`` must hold the limit by to be certified, W: the sensor's accuracy plus the
+        rise :meth:`rise_for_w` counts for it (None: unconstrained)."""
+        accuracy_w = self.accuracy_w
+        return None if accuracy_w is None else accuracy_w + self.rise_for_w(candidate)
+
+    def certified(self, r: TrialRecord) -> bool:
+        """Whether ``r`` held the limit by the margin its setting requires (:meth:`required_margin_for`)."""
+        return certified(r, self.limit_w, self.required_margin_for(r.candidate))
 
     @property
     def knife_edge(self) -> KnifeEdge | None:
@@ -168,7 +185,7 @@ class KnifeEdge:
     edge: TrialRecord
     margin_w: float  # budget (with tolerance) minus the edge's measured 1-s maximum less its noise excess
     accuracy_w: float  # the sensor's accuracy at the limit
-    thermal_w: float  # the thermal soak's rise (0: not soaked)
+    thermal_w: float  # the thermal rise the edge's margin counts (its own soak's where soaked; 0: not soaked)
     safer: TrialRecord | None
     safer_margin_w: float | None
     safer_cost_pct: float | None
@@ -198,21 +215,21 @@ def choose_best(result: SearchResult) -> TrialRecord | None:
     accuracy (pareto: the lowest energy-delay product of their front), or of all that held it where none
     did (:class:`KnifeEdge` says so)."""
     held = _held(result)
-    safe = [r for r in held if certified(r, result.limit_w, result.required_margin_w)]
+    safe = [r for r in held if result.certified(r)]
     return _best_of(result, safe or held)
 
 
 def knife_edge(result: SearchResult) -> KnifeEdge | None:
     """A :class:`KnifeEdge` when the best measured setting that held the budget holds it by less than the
     sensor's accuracy (None: a clear margin, nothing held, or no budget)."""
-    limit_w, accuracy_w, required_w = result.limit_w, result.accuracy_w, result.required_margin_w
+    limit_w, accuracy_w = result.limit_w, result.accuracy_w
     held = _held(result)
     edge = _best_of(result, held)
-    if limit_w is None or accuracy_w is None or edge is None or certified(edge, limit_w, required_w):
+    if limit_w is None or accuracy_w is None or edge is None or result.certified(edge):
         return None
-    safer = _best_of(result, [r for r in held if certified(r, limit_w, required_w)])
+    safer = _best_of(result, [r for r in held if result.certified(r)])
     objective = "time" if result.objective == "pareto" else result.objective
-    return KnifeEdge(edge, margin_w(edge, limit_w), accuracy_w, result.thermal_rise_w, safer,
+    return KnifeEdge(edge, margin_w(edge, limit_w), accuracy_w, result.rise_for_w(edge.candidate), safer,
                      margin_w(safer, limit_w) if safer else None,
                      _cost_pct(edge, safer, objective, result.cost) if safer else None)
 
@@ -243,6 +260,8 @@ def _soak_json(result: SearchResult) -> dict[str, Any] | None:
     d = soak.to_dict()
     d["counted_rise_w"] = result.thermal_rise_w  # what the margin counts (a stopped soak: what it proved)
     d["summary"] = soak.describe(result.thermal_rise_w)
+    # the rise the pick's own margin counted: its own soak's where it was soaked, else counted_rise_w
+    d["pick_rise_w"] = None if result.best is None else result.rise_for_w(result.best.candidate)
     return d
 
 
@@ -339,8 +358,8 @@ def best_json(result: SearchResult) -> dict[str, Any]:
         # (null: a clear margin)
         "knife_edge": _knife_edge_json(knife_edge(result)),
         # the pick trained at for minutes: how much more it draws on the warm board (null: not soaked); the
-        # soak with the largest rise per watt, whose rise at the budget's edge every setting's margin includes
-        # (counted_rise_w), and how many soaks ran
+        # soak with the largest rise per watt, whose rise at the budget's edge the margin of every setting not
+        # soaked itself includes (counted_rise_w; a soaked one counts its own), and how many soaks ran
         "thermal_soak": _soak_json(result),
         "thermal_soaks": len(result.thermal_soaks),
     }

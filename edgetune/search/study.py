@@ -21,10 +21,12 @@ Each turn of :meth:`Search.run`:
    settings. These windows add no settings; the pick is made on each setting's pooled windows.
 6. Then soak the pick (:mod:`edgetune.search.thermal`): train at it for minutes and extrapolate the power
    it draws on the warm board. From then on every setting must hold the budget by the sensor's accuracy
-   plus the thermal rise (the largest a soak measured per watt, carried to the budget's edge), and the loop
-   goes on (the sampler may now see more to measure, the pick may move) until it stops again. A soak stopped
-   over the budget (the pick does not hold it warm) saw too little to extrapolate from: the next pick is
-   soaked too, on the board the first one warmed, up to :data:`MAX_SOAKS` in all. A search that has measured
+   plus the thermal rise (a setting soaked itself: its own; every other: the largest a soak measured per
+   watt, carried to the budget's edge), and the loop goes on (the sampler may now see more to measure, the
+   pick may move) until it stops again. A soak stopped over the budget (the pick does not hold it warm) saw
+   too little to extrapolate from: the next pick is soaked too, on the board the first one warmed. Once a
+   soak ran to its end, the stop soaks the best setting that only the carried rise rules out, so that its
+   own rise judges it (:meth:`Search._soak_target`); :data:`MAX_SOAKS` in all. A search that has measured
    20 settings, or all but the last quarter of ``n_trials``, unsoaked soaks its pick then
    (:func:`~edgetune.search.thermal.soak_reserve`), so that settings remain to re-aim with; and from
    the first soak on, every window's power is referred to the soaked pick's board temperature
@@ -58,6 +60,7 @@ from edgetune.search.baseline import Baseline, nearest_batch_size
 from edgetune.search.confirm import (
     CONFIRM_REPEATS,
     CONFIRM_SETTINGS,
+    log_score,
     next_confirmation,
 )
 from edgetune.search.efficiency import (
@@ -73,7 +76,6 @@ from edgetune.search.efficiency import (
 from edgetune.search.records import CONSTRAINT, Observation, Role, TrialRecord
 from edgetune.search.results import (
     SearchResult,
-    certified,
     choose_best,
     margin_w,
     pareto_front,
@@ -98,6 +100,7 @@ from edgetune.search.thermal import (
     ThermalSoak,
     soak,
     soak_reserve,
+    soaked_rise_w,
     thermal_reference,
     thermal_rise_w,
 )
@@ -342,11 +345,12 @@ class Search:
                 return reason
             again = self._confirmation(study)
             if again is None:
-                if self._soak_due(study) and self._soak_pick(study):
+                target = self._soak_target(study)
+                if target is not None and self._soak(study, target):
                     return None  # the margin moved: the sampler, the confirmations and the pick look again
                 return reason
             records.enqueue(study, self.space, again, Role.CONFIRM)
-        elif self._reserve_soak_due(study) and self._soak_pick(study):
+        elif self._reserve_soak_due(study) and self._soak(study, self.result().best):
             return None  # soaked before the last settings (module docs): they can re-aim with the margin
         self._trial(study)
         return None
@@ -372,14 +376,45 @@ class Search:
     def _timed_out(self) -> bool:
         return bool(self.timeout_s) and time.monotonic() - self._started_s > self.timeout_s
 
+    def _can_soak(self) -> bool:
+        """Soaks are on: under a budget, on a device that runs steps (not a table replay)."""
+        return self.soak_s > 0 and self._limit_w() is not None and not self.device.has(Capability.TABLE_REPLAY)
+
     def _soak_due(self, study: optuna.Study) -> bool:
-        """A pick is to be soaked: under a budget, on a device that runs steps (not a table replay), where no
-        worker of the study soaked one yet or the last soak was stopped over the budget (and fewer than
-        :data:`MAX_SOAKS` ran)."""
-        if self.soak_s <= 0 or self._limit_w() is None or self.device.has(Capability.TABLE_REPLAY):
+        """The pick is to be soaked: no soak of any worker of the study ran to its end yet (none ran, or each
+        was stopped over the budget), and fewer than :data:`MAX_SOAKS` ran."""
+        if not self._can_soak():
             return False
         soaks = self._stored_soaks(study)
-        return not soaks or (soaks[-1].stopped_over_budget and len(soaks) < MAX_SOAKS)
+        return len(soaks) < MAX_SOAKS and all(s.stopped_over_budget for s in soaks)
+
+    def _soak_target(self, study: optuna.Study) -> TrialRecord | None:
+        """The setting to soak at the stop (module docs, step 6), or None: the pick while no soak ran to its
+        end (:meth:`_soak_due`); after one did, the best setting that only the carried rise rules out: it held
+        the limit by the sensor's accuracy, not by that plus the rise another setting measured per watt, it
+        was not soaked itself, and it measured better than the best certified setting by more than the search's
+        resolution (half its margin), or none is certified. Its own soak then judges it (:func:`~edgetune.search.thermal.rise_for_w`). On the oracle
+        benchmark an early soak of another setting, its rise per watt carried, left a row's optimum short of
+        the margin by hundredths of a watt and the pick 7% worse (experiments/results/oracle_gap_energy.txt,
+        seed 1)."""
+        if self._soak_due(study):
+            return self.result().best
+        if not self._can_soak() or len(self._stored_soaks(study)) >= MAX_SOAKS:
+            return None
+        result = self.result()
+        limit_w, accuracy_w = result.limit_w, result.accuracy_w
+        if limit_w is None or accuracy_w is None:
+            return None
+
+        def score(r: TrialRecord) -> float:
+            assert r.outcome is not None
+            return log_score(r.outcome, self.objective, self.cost)
+
+        held = [r for r in result.settings if r.feasible and r.outcome is not None]
+        bar = min((score(r) for r in held if result.certified(r)), default=math.inf) - self.margin / 2
+        ruled_out = [r for r in held if not result.certified(r) and margin_w(r, limit_w) >= accuracy_w
+                     and soaked_rise_w(self.soaks, r.candidate) is None and score(r) < bar]
+        return min(ruled_out, key=score, default=None)
 
     def _reserve_soak_due(self, study: optuna.Study) -> bool:
         """No soak ran yet and the search has measured 20 settings or all but its last share of them
@@ -394,18 +429,19 @@ class Search:
         self._reserve_asked_at = count
         return self._soak_due(study) and not self.soaks
 
-    def _soak_pick(self, study: optuna.Study) -> bool:
-        """Soak the pick (:func:`~edgetune.search.thermal.soak`), keep the rise in the study, and move the
-        sampler's aim by it; False where there is no pick to soak (nothing held the budget)."""
+    def _soak(self, study: optuna.Study, target: TrialRecord | None) -> bool:
+        """Soak ``target`` (:func:`~edgetune.search.thermal.soak`), keep the rise in the study, and move the
+        sampler's aim by it; False where there is nothing to soak (no pick held the budget) or ``target``
+        was soaked already (stopped over the budget: nothing new to learn from it)."""
         assert self._monitor is not None
-        pick = self.result().best
-        if pick is None or not pick.feasible or pick.measurement is None:
+        if target is None or not target.feasible or target.measurement is None:
             return False
-        if any(s.batch_size == pick.candidate.batch_size and s.setting == pick.candidate.knobs for s in self.soaks):
-            return False  # soaked already (and stopped over the budget): nothing new to learn from it
-        cool_w, cool_c = self._cool(study, pick.candidate)
+        cand = target.candidate
+        if soaked_rise_w(self.soaks, cand) is not None:
+            return False
+        cool_w, cool_c = self._cool(study, cand)
         real_steps = 0 if self.device.has(Capability.VIRTUAL_CLOCK) else None
-        new = soak(self.device, self.workload, pick.candidate.batch_size, pick.candidate.knobs, self._monitor,
+        new = soak(self.device, self.workload, cand.batch_size, cand.knobs, self._monitor,
                    cool_power_w=cool_w, cool_temperature_c=cool_c, limit_w=self._limit_w(),
                    guard_sigma=self.guard_sigma, duration_s=self.soak_s, real_steps=real_steps)
         new.after_settings = self._measured_count(study)
@@ -437,7 +473,7 @@ class Search:
         or None; never one already queued or being measured (another worker of a fleet may be at it)."""
         measured = [r for r in self.records(study) if r.measured]
         cand = next_confirmation(measured, self.objective, limit_w=self._limit_w(), guard_sigma=self.guard_sigma,
-                                 accuracy_w=self._accuracy_w(),
+                                 accuracy_w=self._accuracy_w(), required_w=self._required_w,
                                  cost=self.cost, settings=self.confirm_settings, repeats=self.confirm_repeats,
                                  resolution=self.margin / 2)
         if cand is None or self._queued_or_running(study, cand):
@@ -540,6 +576,15 @@ class Search:
         if limit_w is None:
             return 0.0
         return sensor_accuracy_w(limit_w, self.sensor_channels) + self._rise_w()
+
+    def _required_w(self, cand: Candidate) -> float:
+        """The margin ``cand`` must hold the limit by, W (:meth:`SearchResult.required_margin_for`): as
+        :meth:`_accuracy_w`, but with its own soak's rise where it was soaked."""
+        limit_w = self._limit_w()
+        own_w = None if limit_w is None else soaked_rise_w(self.soaks, cand)
+        if limit_w is None or own_w is None:
+            return self._accuracy_w()
+        return sensor_accuracy_w(limit_w, self.sensor_channels) + own_w
 
     def _rise_w(self) -> float:
         """The soaks' thermal rise as the margin counts it, W, at the edge of the budget (the limit less the
@@ -661,9 +706,9 @@ class Search:
             result.baseline = next((r for r in settings if r.candidate == found.candidate), found)
         # the front the pick is made from (the safe side): the settings that hold the limit by the sensor's
         # accuracy plus the thermal rise; where none does, those that held it by the rise (on the warm board)
-        limit_w, required_w, rise_w = result.limit_w, result.required_margin_w, result.thermal_rise_w
-        safe = [r for r in feasible if certified(r, limit_w, required_w)]
-        warm = [r for r in feasible if limit_w is None or margin_w(r, limit_w) >= rise_w]
+        limit_w = result.limit_w
+        safe = [r for r in feasible if result.certified(r)]
+        warm = [r for r in feasible if limit_w is None or margin_w(r, limit_w) >= result.rise_for_w(r.candidate)]
         result.pareto = pareto_front(safe or warm)
         # the safe side: the best that held the budget by the sensor's accuracy (pareto: the front's point with
         # the lowest energy-delay product), best.json's knife_edge names a better one held by less

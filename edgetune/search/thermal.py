@@ -30,7 +30,9 @@ safe side. Where the device reads no temperature, the rise is what the soak saw 
 had minutes more to warm), and the result says so. A soak that crosses the budget is stopped like any trial
 (safe profiling): its rise is at least what takes the setting to the budget, and the search soaks its next
 pick too, on the board the first one warmed (:data:`MAX_SOAKS` in all), since a few windows are too few to
-extrapolate from.
+extrapolate from. A setting soaked itself is judged by its own rise, not the carried one
+(:func:`rise_for_w`): once a soak ran to its end, the search soaks at its stop the best setting that only the
+carried rise rules out, so that a soak of another setting does not decide a knife edge.
 The stretch that was stopped is not fitted: it is not a window but the moment before the stop. Once a soak
 ran to its end, a stopped one counts only what it proved (up to the highest mean power of its windows), not
 what it extrapolated from the few windows before its stop.
@@ -61,11 +63,13 @@ import numpy as np
 
 from edgetune.log import get_logger
 from edgetune.power.base import Device, KnobValue
+from edgetune.power.knobs import Candidate
 from edgetune.power.monitor import PowerMonitor
 from edgetune.search.trial import MeasurementProtocol, measure_setting
 
 __all__ = ["MAX_SOAKS", "SOAK_AFTER", "SOAK_CHUNK_S", "SOAK_RESERVE", "SOAK_S", "SoakFit", "ThermalReference",
-           "ThermalSoak", "fit_soak", "governing", "soak", "soak_reserve", "thermal_reference", "thermal_rise_w"]
+           "ThermalSoak", "fit_soak", "governing", "rise_for_w", "soak", "soak_reserve", "soaked_rise_w",
+           "thermal_reference", "thermal_rise_w"]
 
 _log = get_logger(__name__)
 
@@ -75,7 +79,8 @@ SOAK_S = 180.0
 #: one window of the soak, s: the temperature is read after each
 SOAK_CHUNK_S = 5.0
 #: soaks per study at most: a soak stopped over the budget is followed by one of the next pick, on the warm
-#: board (the first saw too little to extrapolate from)
+#: board (the first saw too little to extrapolate from); once one ran to its end, the stop soaks a setting that
+#: only the carried rise rules out (:func:`rise_for_w`)
 MAX_SOAKS = 3
 #: the share of a search's settings kept for after its first soak: the pick is soaked once the search has
 #: measured all but this share of ``n_trials`` (11 of 15), so that the moved margin can still re-aim it ...
@@ -216,8 +221,8 @@ class ThermalSoak:
         stopped = "; stopped over the budget" if self.stopped_over_budget else ""
         when = f" after {self.after_settings} settings" if self.after_settings else ""
         return (f"thermal soak of batch {self.batch_size}{when} for {self.duration_s:.0f} s: {self.cool_power_w:.2f} W "
-                f"in the search's windows, {self.steady_power_w:.2f} W {how}; every setting must hold the budget "
-                f"by {counted:.2f} W more than the sensor's accuracy{stopped}")
+                f"in the search's windows, {self.steady_power_w:.2f} W {how}; every setting not soaked itself must "
+                f"hold the budget by {counted:.2f} W more than the sensor's accuracy{stopped}")
 
 
 def _proven_w(soak: ThermalSoak) -> float:
@@ -278,6 +283,26 @@ def thermal_rise_w(soaks: Sequence[ThermalSoak], edge_w: float | None = None) ->
         return max(rise for rise, _ in counted)
     rho = max(_relative(c) for c in counted)
     return rho * edge_w / (1.0 + rho) if edge_w > 0.0 else 0.0
+
+
+def soaked_rise_w(soaks: Sequence[ThermalSoak], candidate: Candidate) -> float | None:
+    """The rise ``candidate``'s own soak measured, W, counted from the reference temperature (the last soak
+    of it; None: never soaked). A soak stopped over the budget counts its full rise: the setting crossed the
+    budget warm, so no margin certifies it, whatever another soak proved."""
+    own = [s for s in soaks if s.batch_size == candidate.batch_size and s.setting == candidate.knobs]
+    if not own:
+        return None
+    ref = thermal_reference(soaks)
+    return own[-1].rise_w + (ref.offset_w(own[-1].cool_temperature_c) if ref is not None else 0.0)
+
+
+def rise_for_w(soaks: Sequence[ThermalSoak], candidate: Candidate, edge_w: float | None = None) -> float:
+    """The thermal rise ``candidate``'s margin includes, W: its own soak's where it was soaked
+    (:func:`soaked_rise_w`: measured on the setting itself, for minutes), else the rise carried to the budget's
+    edge per watt (:func:`thermal_rise_w`). So a setting soaked itself is not ruled out by another setting's
+    larger rise per watt, nor let through by a smaller one."""
+    own = soaked_rise_w(soaks, candidate)
+    return thermal_rise_w(soaks, edge_w) if own is None else own
 
 
 def soak_reserve(n_trials: int) -> int:
