@@ -146,6 +146,23 @@ def test_an_edge_setting_within_the_reading_noise_of_the_line_is_measured_again(
     assert next_confirmation([*pick, edge, *again[:1]], "time", limit_w=LIMIT_W) is None
 
 
+def test_a_setting_soaked_itself_is_judged_by_the_margin_its_own_rise_sets():
+    pick = [window(0, 6e8, 0.150, 9.0, se_w=0.01), window(3, 6e8, 0.150, 9.0, se_w=0.01, role=Role.CONFIRM)]
+    edge = window(1, 1e9, 0.100, 9.895, se_w=0.01)  # 0.105 W inside the limit
+    kw = dict(limit_w=LIMIT_W, accuracy_w=0.2)  # the sensor's accuracy and a rise carried from another soak
+    # short of 0.2 W by 0.095 W, nine standard errors: neither certified nor worth a window
+    assert next_confirmation([*pick, edge], "time", **kw) is None
+    # its own soak measured less: it needs 0.1 W, holds it, and is the best (measured again as such)
+    assert next_confirmation([*pick, edge], "time", required_w=lambda c: 0.1 if c == edge.candidate else 0.2,
+                             **kw) == edge.candidate
+    # its own soak asked 0.115 W: short by one standard error, an edge measured again
+    assert next_confirmation([*pick, edge], "time", required_w=lambda c: 0.115 if c == edge.candidate else 0.2,
+                             **kw) == edge.candidate
+    # no sensor accuracy: no edge to measure again, whatever a setting's own rise
+    assert next_confirmation([*pick, edge], "time", limit_w=LIMIT_W, accuracy_w=0.0,
+                             required_w=lambda c: 0.115 if c == edge.candidate else 0.0) is None
+
+
 def test_an_edge_held_on_average_but_not_by_its_guard_band_is_measured_again_one_over_never():
     """The guard band (two standard errors over the measured average) shrinks with pooled windows, so a setting
     whose average held the budget and whose guard band alone crossed it is an edge too; one whose average was
