@@ -540,9 +540,11 @@ class Row:
     #: points no reading can certify included; at most 1)
     hv_plain: float = math.nan
     front_violations: int = 0  # pareto only: points of the reported front over the budget
-    #: the search's thermal soak of its pick: the rise it measured (W) and how long it ran (device seconds)
+    #: the search's thermal soaks: the rise its margin carries (W), how long they ran in all (device seconds)
+    #: and how many ran
     soak_rise_w: float = 0.0
     soak_s: float = 0.0
+    soaks: int = 0
     #: after each measured setting, in order: the search's own score of its incumbent (what it measured) and
     #: that incumbent's truth (the objective's value; inf before one held the budget): how soon the search
     #: had its pick, and what a shorter search would have scored
@@ -651,7 +653,8 @@ def run_case(case: Case, truth: GridTruth, space: SearchSpace, workload: Any, st
               law=truth.law_best(objective, honest_mask, TargetModel.for_workload(workload)),
               measured=len(res.settings), windows=len(res.measured), stop=res.stop_reason, wall_s=wall, cpu_s=cpu,
               over_budget_s=res.over_budget_s, trajectory=trajectory(truth, res, objective),
-              soak_rise_w=res.thermal_rise_w, soak_s=res.thermal.duration_s if res.thermal else 0.0,
+              soak_rise_w=res.thermal_rise_w, soak_s=sum(s.duration_s for s in res.thermal_soaks),
+              soaks=len(res.thermal_soaks),
               chosen_setting=dict(res.best.candidate.knobs) if res.best else None)
     if case.objective == "pareto":
         # the reported points that truly hold the budget, against the certifiable front (as the gaps are

@@ -149,8 +149,10 @@ def summary(rows: list[Row], objective: str) -> list[str]:
     soaked = [r for r in rows if r.soak_s > 0]
     if soaked:
         rises = sorted(r.soak_rise_w for r in soaked)
-        lines.append(f"thermal soak of the pick: {len(soaked)} of {len(rows)} searches, rise {rises[0]:.2f}-{rises[-1]:.2f} "
-                     f"W (median {median(rises):.2f}), {median([r.soak_s for r in soaked]):.0f} device-s each (median)")
+        lines.append(f"thermal soaks: {len(soaked)} of {len(rows)} searches, carried rise {rises[0]:.2f}-{rises[-1]:.2f} "
+                     f"W (median {median(rises):.2f}), {median([r.soak_s for r in soaked]):.0f} device-s per search "
+                     f"(median); soaked more than once: {sum(r.soaks > 1 for r in soaked)} (at most "
+                     f"{max(r.soaks for r in soaked)} soaks, {max(r.soak_s for r in soaked):.0f} device-s)")
     lines.append(f"rows within 3%: {sum(g <= 3.0 for g in gaps)} of {len(gaps)}")
     lines.append(f"worst gap: {worst} | mean gap: {mean} | speedup vs common practice: "
                  f"{span([r.ratio(r.common) for r in rows])} | vs best knobs at default batch: "
