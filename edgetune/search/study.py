@@ -392,11 +392,11 @@ class Search:
         """The setting to soak at the stop (module docs, step 6), or None: the pick while no soak ran to its
         end (:meth:`_soak_due`); after one did, the best setting that only the carried rise rules out: it held
         the limit by the sensor's accuracy, not by that plus the rise another setting measured per watt, it
-        was not soaked itself, and it measured better than the best certified setting by more than the search's
-        resolution (half its margin), or none is certified. Its own soak then judges it (:func:`~edgetune.search.thermal.rise_for_w`). On the oracle
-        benchmark an early soak of another setting, its rise per watt carried, left a row's optimum short of
-        the margin by hundredths of a watt and the pick 7% worse (experiments/results/oracle_gap_energy.txt,
-        seed 1)."""
+        was not soaked itself, and it measured better than the best certified setting by more than the
+        search's resolution (half its margin), or none is certified. Its own soak then judges it
+        (:func:`~edgetune.search.thermal.rise_for_w`). On the oracle benchmark an early soak of another
+        setting, its rise per watt carried, left a row's optimum short of the margin by hundredths of a watt
+        and the pick 7% worse (experiments/results/oracle_gap_energy.txt, seed 1)."""
         if self._soak_due(study):
             return self.result().best
         if not self._can_soak() or len(self._stored_soaks(study)) >= MAX_SOAKS:
@@ -705,7 +705,7 @@ class Search:
         if found is not None:  # its pooled windows, where it was measured again
             result.baseline = next((r for r in settings if r.candidate == found.candidate), found)
         # the front the pick is made from (the safe side): the settings that hold the limit by the sensor's
-        # accuracy plus the thermal rise; where none does, those that held it by the rise (on the warm board)
+        # accuracy plus their thermal rise; where none does, those that held it by the rise (on the warm board)
         limit_w = result.limit_w
         safe = [r for r in feasible if result.certified(r)]
         warm = [r for r in feasible if limit_w is None or margin_w(r, limit_w) >= result.rise_for_w(r.candidate)]
