@@ -108,10 +108,10 @@ def summary_table(result: SearchResult) -> str:
                      f"{window_s:g}-s average spent above the budget while settings were measured)")
     if result.thermal is not None:
         lines.append(result.thermal.describe(result.thermal_rise_w) + " (best.json: thermal_soak)")
-        best = result.best
-        if best is not None and result.rise_for_w(best.candidate) != result.thermal_rise_w:
-            lines.append(f"the pick was soaked itself: its margin counts its own rise, "
-                         f"{result.rise_for_w(best.candidate):.2f} W (best.json: thermal_soak.pick_rise_w)")
+        pick_rise_w = None if result.best is None else result.rise_for_w(result.best.candidate)
+        if pick_rise_w is not None and pick_rise_w != result.thermal_rise_w:
+            lines.append(f"the pick was soaked itself: its margin counts its own rise, {pick_rise_w:.2f} W "
+                         f"(best.json: thermal_soak.pick_rise_w)")
     edge = result.knife_edge
     if edge is not None:
         where = (f"trial {edge.edge.number}, batch {edge.edge.candidate.batch_size}, "

@@ -98,6 +98,7 @@ from edgetune.search.thermal import (
     MAX_SOAKS,
     SOAK_S,
     ThermalSoak,
+    rise_for_w,
     soak,
     soak_reserve,
     soaked_rise_w,
@@ -399,7 +400,7 @@ class Search:
         and the pick 7% worse (experiments/results/oracle_gap_energy.txt, seed 1)."""
         if self._soak_due(study):
             return self.result().best
-        if not self._can_soak() or len(self._stored_soaks(study)) >= MAX_SOAKS:
+        if not self._can_soak() or len(self.soaks) >= MAX_SOAKS:  # _soak_due read the stored ones
             return None
         result = self.result()
         limit_w, accuracy_w = result.limit_w, result.accuracy_w
@@ -581,10 +582,10 @@ class Search:
         """The margin ``cand`` must hold the limit by, W (:meth:`SearchResult.required_margin_for`): as
         :meth:`_accuracy_w`, but with its own soak's rise where it was soaked."""
         limit_w = self._limit_w()
-        own_w = None if limit_w is None else soaked_rise_w(self.soaks, cand)
-        if limit_w is None or own_w is None:
-            return self._accuracy_w()
-        return sensor_accuracy_w(limit_w, self.sensor_channels) + own_w
+        if limit_w is None:
+            return 0.0
+        accuracy_w = sensor_accuracy_w(limit_w, self.sensor_channels)
+        return accuracy_w + rise_for_w(self.soaks, cand, limit_w - accuracy_w)
 
     def _rise_w(self) -> float:
         """The soaks' thermal rise as the margin counts it, W, at the edge of the budget (the limit less the
