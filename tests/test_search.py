@@ -528,6 +528,66 @@ def test_guided_sampler_candidates_are_settings_as_they_run():
     assert all(c.knobs["gpu_freq"] <= caps[c.knobs["power_mode"]].cap("gpu_freq") for c in cand)
 
 
+def test_guided_sampler_measures_a_setting_two_power_modes_run_alike_once():
+    """A setting within the caps of two power modes of the same fixed state runs alike under both (Xavier
+    NX: the 10W desktop mode and the 20W 2-core one at the lowest clocks and one core), so it is one
+    candidate, in the highest of the modes that run it; no two candidates run the same."""
+    from edgetune.power.knobs import Candidate
+    from edgetune.search.samplers import GuidedSampler
+
+    device = open_device("sim:xavier-nx", compute=False)
+    caps = device.knobs["power_mode"].caps
+    tuned = ["power_mode", "gpu_freq", "emc_freq", "cpu_freq", "cpu_cores"]
+    space = build_space(device, 32, (16, 32), tuned)
+    sampler = GuidedSampler(space)
+    low = {k: space.knob_values[k][0] for k in tuned[1:]}
+    a, b = (space.params(Candidate(16, tuple(dict(low, power_mode=m).items()))) for m in ("MODE_10W_DESKTOP",
+                                                                                        "MODE_20W_2CORE"))
+    assert caps["MODE_10W_DESKTOP"].peer(caps["MODE_20W_2CORE"], tuned[1:])
+    assert not caps["MODE_10W_DESKTOP"].within(caps["MODE_20W_2CORE"], tuned[1:])  # 4 cores against 2
+    assert sampler._index(a) == sampler._index(b)
+    runs = set()
+    for i in sampler._all_candidates():
+        c = space.candidate(sampler._params(int(i)))
+        state = (c.batch_size, device.backend.effective_clocks(dict(c.setting)))  # the gated TPCs too
+        assert state not in runs
+        runs.add(state)
+    assert len(runs) < space.size
+
+
+def test_guided_sampler_keeps_apart_a_setting_one_mode_caps_between_two_levels():
+    """A clock whose mode caps it between two levels (the top two here) runs at the cap, not at the level:
+    that setting is its mode's own, while the levels both modes run as set are one candidate, whose measured
+    power bounds the settings of both modes (board power does not fall as a clock rises in one mode)."""
+    from edgetune.power.base import ModeCaps
+    from edgetune.power.knobs import Candidate
+    from edgetune.search.samplers import GuidedSampler
+    from edgetune.search.space import SearchSpace
+
+    gpu = (306_000_000, 510_000_000, 918_000_000)
+    caps = (("LOW", ModeCaps((("gpu_freq", 714_000_000),))), ("HIGH", ModeCaps(())))
+    space = SearchSpace(batch_sizes=(16,), knobs=(("gpu_freq", gpu), ("power_mode", ("LOW", "HIGH"))),
+                        mode_caps=caps)
+    sampler = GuidedSampler(space)
+
+    def index(f, mode):
+        return sampler._index(space.params(Candidate(16, (("gpu_freq", f), ("power_mode", mode)))))
+
+    assert index(510_000_000, "LOW") == index(510_000_000, "HIGH")
+    assert index(918_000_000, "LOW") != index(918_000_000, "HIGH")  # runs at 714 MHz under LOW
+    assert sampler._all_candidates().size == 4
+    # a setting both modes run bounds the power of either mode's settings above and below it: measured over
+    # the budget at 510 MHz, LOW's own setting (918 MHz set, 714 run) draws at least as much
+    from edgetune.search.samplers.guided import _Measured
+
+    sampler.budget_w = 10.0
+    cand = np.array([index(306_000_000, "HIGH"), index(918_000_000, "LOW"), index(918_000_000, "HIGH")])
+    lo, hi = sampler._power_bounds(cand, _Measured([index(510_000_000, "LOW")], [0.1], [12.0], [12.0], []))
+    assert lo.tolist() == [-np.inf, 12.0, 12.0] and np.all(np.isinf(hi))
+    lo, hi = sampler._power_bounds(cand, _Measured([index(510_000_000, "HIGH")], [0.1], [8.0], [8.0], []))
+    assert hi.tolist() == [8.0, np.inf, np.inf] and lo.tolist() == [-np.inf, 8.0, 8.0]
+
+
 def test_guided_search_ends_once_every_setting_that_could_hold_the_budget_is_measured(workload):
     device = open_device("sim:orin-nano", compute=False, seed=5)
     space = build_space(device, 32, (16, 32), ["power_mode", "gpu_freq"])

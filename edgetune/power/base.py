@@ -168,20 +168,27 @@ class ModeCaps:
         """The largest value ``knob`` runs at under this mode (None: not capped)."""
         return dict(self.max_values).get(knob)
 
-    def within(self, other: ModeCaps, tuned: Sequence[str]) -> bool:
-        """True when every setting under this mode runs exactly as the same knob values under ``other``.
+    def peer(self, other: ModeCaps, tuned: Sequence[str]) -> bool:
+        """True when a setting of the ``tuned`` knobs within both modes' caps runs alike under both.
 
-        The same fixed state; each knob in ``tuned`` capped no lower there (uncapped counts as highest);
-        each capped knob not tuned capped the same (it runs at the mode's maximum, whatever the mode).
+        The same fixed state, and each capped knob not tuned capped the same (it runs at the mode's
+        maximum, whatever the mode).
         """
         if dict(self.fixed) != dict(other.fixed):
             return False
-        for name in {n for n, _ in self.max_values} | {n for n, _ in other.max_values}:
+        names = {n for n, _ in self.max_values} | {n for n, _ in other.max_values}
+        return all(self.cap(n) == other.cap(n) for n in names if n not in tuned)
+
+    def within(self, other: ModeCaps, tuned: Sequence[str]) -> bool:
+        """True when every setting under this mode runs exactly as the same knob values under ``other``.
+
+        A peer (:meth:`peer`) that caps each knob in ``tuned`` no lower (uncapped counts as highest).
+        """
+        if not self.peer(other, tuned):
+            return False
+        for name in tuned:
             mine, theirs = self.cap(name), other.cap(name)
-            if name not in tuned:
-                if mine != theirs:
-                    return False
-            elif mine is None:
+            if mine is None:
                 if theirs is not None:
                     return False
             elif theirs is not None and float(theirs) < float(mine):

@@ -44,8 +44,8 @@ class SearchSpace:
 
     ``mode_caps`` is what each value of the tuned power mode does to the other knobs, where the device knows
     it (:class:`~edgetune.power.base.ModeCaps`, from ``nvpmodel.conf`` or the twin's profile): a sampler may
-    then treat settings that run the same (a clock set above its mode's cap; a mode whose every setting
-    another mode runs too) as one. Empty: nothing is known, every setting counts as its own.
+    then treat settings that run the same (a clock set above its mode's cap; a setting two modes of the
+    same fixed state both run) as one. Empty: nothing is known, every setting counts as its own.
     """
 
     batch_sizes: tuple[int, ...]

@@ -20,9 +20,13 @@ corrected by the mode's own rows: a roofline fitted on a handful of one mode's r
 never saw, and the disagreement of the two becomes doubt that sends a measurement there.
 
 Where the space knows what each power mode caps (:attr:`SearchSpace.mode_caps`), the sampler searches the
-settings as they run: a clock set at or above its mode's cap is that cap, and a mode all of whose settings
-another mode runs too (Orin NX 10W inside 15W; Xavier NX's nine modes hold three of their own) has no
-candidates and needs no probes.
+settings as they run: a clock set at or above its mode's cap is that cap, and a setting two modes of the
+same fixed state run alike (within both modes' caps) is one candidate, in the highest mode that runs it. So a
+mode all of whose settings another mode runs too (Orin NX 10W inside 15W; Xavier NX's nine modes hold three
+of their own) has no candidates and needs no probes, and a setting of one mode that another runs as well is
+not measured twice (Xavier NX's 10W desktop and 20W 2-core modes at the lowest clocks and one core: a third
+of the candidates of its full grid were such twins). A neighbour (one level in one knob) is taken as it runs
+too, so a step into a power mode that caps the setting lands on the capped setting.
 
 On a rows space (a table replay: :attr:`SearchSpace.rows`) the candidates are its rows only. The
 candidates are the whole grid when it has at most ``max_candidates`` settings (Orin Nano with every
@@ -318,7 +322,7 @@ class GuidedSampler(BaseSampler):
         # a rows space (a table replay): only its rows are candidates, by flat grid index
         self._allowed = (None if space.rows is None else
                          np.unique(np.ravel_multi_index(tuple(space.row_levels.T), self._sizes)))
-        self._mode_dim, self._mode_rep, self._clamps = self._caps_maps()
+        self._mode_dim, self._peers, self._clamps, self._as_set = self._caps_maps()
         self._candidates: np.ndarray | None = None
         self._groups: np.ndarray | None = None
         self._cache: dict[str, Any] = {}
@@ -346,28 +350,30 @@ class GuidedSampler(BaseSampler):
             self._candidates = every[self._canonical(every) == every] if self._mode_dim is not None else every
         return self._candidates
 
-    def _caps_maps(self) -> tuple[int | None, np.ndarray, dict[int, np.ndarray]]:
+    def _caps_maps(self) -> tuple[int | None, np.ndarray, dict[int, np.ndarray], dict[int, np.ndarray]]:
         """What the space's power-mode caps make equal (:attr:`SearchSpace.mode_caps`).
 
-        Returns the power mode's level dimension (None: no caps known), per mode level the mode that runs
-        its every setting too (the mode itself where no other does: :meth:`ModeCaps.within`, with the
-        mode's caps at levels of the space so its settings are the space's own), and per capped level
-        dimension a (modes, levels) table of the level each level runs at: a knob set at or above its
-        mode's cap runs at the cap, so every level from the cap up is its lowest such level.
+        Returns the power mode's level dimension (None: no caps known); per pair of modes whether the second
+        can run what the first runs (:meth:`ModeCaps.peer`: the same fixed state, the same caps on knobs
+        not tuned); per capped level dimension a (modes, levels) table of the level each level runs at (a
+        knob set at or above its mode's cap runs at the cap, so every level from the cap up is its lowest
+        such level); and per capped level dimension a (modes, levels) table of whether the level runs at
+        its own value under the mode (below the cap, or at a cap that is that level's value).
         """
         caps = dict(self.space.mode_caps)
         j_mode = next((j for j, (name, values) in enumerate(self.space.knobs)
                        if name in KNOBS and KNOBS[name].role.caps_others and all(v in caps for v in values)), None)
         if j_mode is None:
-            return None, np.zeros(0, dtype=np.int64), {}
+            return None, np.zeros((0, 0), dtype=bool), {}, {}
         modes = [caps[v] for v in self.space.knobs[j_mode][1]]
         tuned = self.space.knob_names
         clamps: dict[int, np.ndarray] = {}
-        exact = [True] * len(modes)
+        as_set: dict[int, np.ndarray] = {}
         for j, (name, values) in enumerate(self.space.knobs):
             if j == j_mode or isinstance(values[0], str):
                 continue
             table = np.tile(np.arange(len(values)), (len(modes), 1))
+            exact = np.ones((len(modes), len(values)), dtype=bool)
             for m, mode in enumerate(modes):
                 cap = mode.cap(name)
                 if cap is None:
@@ -375,24 +381,21 @@ class GuidedSampler(BaseSampler):
                 at_or_above = [k for k, v in enumerate(values) if float(v) >= float(cap)]
                 if at_or_above:
                     table[m, at_or_above] = at_or_above[0]
-                    exact[m] &= float(values[at_or_above[0]]) == float(cap)
+                    exact[m, at_or_above] = False
+                    exact[m, at_or_above[0]] = float(values[at_or_above[0]]) == float(cap)
             if np.any(table != np.arange(len(values))):
                 clamps[j + 1] = table
-        rep = np.arange(len(modes))
-        for a in range(len(modes)):
-            r = a
-            while exact[a]:
-                up = [b for b in range(len(modes)) if b != r and modes[r].within(modes[b], tuned)
-                      and (b > r or not modes[b].within(modes[r], tuned))]
-                if not up:
-                    break
-                r = up[-1]
-            rep[a] = r
-        return j_mode + 1, rep, clamps
+            if not exact.all():  # a cap between two levels, the top one included
+                as_set[j + 1] = exact
+        peers = np.array([[a.peer(b, tuned) for b in modes] for a in modes], dtype=bool)
+        return j_mode + 1, peers, clamps, as_set
 
     def _canonical(self, idx: np.ndarray) -> np.ndarray:
-        """Flat indices of the settings as they run: each capped level at its mode's cap at most, and a
-        mode whose every setting another mode runs too replaced by that mode (:meth:`_caps_maps`)."""
+        """Flat indices of the settings as they run: each capped level at its mode's cap at most, and the
+        mode the highest one that runs that setting the same (:meth:`_caps_maps`): a setting within the caps
+        of two modes of the same fixed state runs alike under both, so it is one candidate, not two (Xavier
+        NX's 10W desktop and 20W 2-core modes at the lowest clocks and one core; its nine modes hold three
+        of their own, and many settings of those three run under another as well)."""
         idx = np.asarray(idx, dtype=np.int64)
         if self._mode_dim is None or idx.size == 0:
             return idx
@@ -400,7 +403,20 @@ class GuidedSampler(BaseSampler):
         mode = lv[:, self._mode_dim].copy()
         for d, table in self._clamps.items():
             lv[:, d] = table[mode, lv[:, d]]
-        lv[:, self._mode_dim] = self._mode_rep[mode]
+
+        def runs_as_set(m: np.ndarray) -> np.ndarray:
+            ok = np.ones(len(lv), dtype=bool)
+            for d, exact in self._as_set.items():
+                ok &= exact[m, lv[:, d]]
+            return ok
+
+        settled = ~runs_as_set(mode)  # at a cap between two levels: only its own mode runs it so
+        out = mode.copy()
+        for other in range(len(self._peers) - 1, -1, -1):
+            hit = ~settled & self._peers[mode, other] & runs_as_set(np.full(len(lv), other))
+            out[hit] = other
+            settled |= hit
+        lv[:, self._mode_dim] = out
         return self._flat(lv)
 
     def _live_groups(self) -> np.ndarray:
@@ -764,9 +780,7 @@ class GuidedSampler(BaseSampler):
                 ok = (moved[:, d] >= 0) & (moved[:, d] < size)
                 if ok.any():
                     out.append(self._flat(moved[ok]))
-        near = np.unique(np.concatenate(out))
-        if self._mode_dim is not None:
-            near = near[self._canonical(near) == near]
+        near = np.unique(self._canonical(np.concatenate(out)))
         return near if self._allowed is None else near[np.isin(near, self._allowed)]
 
     # -- scoring ------------------------------------------------------------------------------------
@@ -862,8 +876,10 @@ class GuidedSampler(BaseSampler):
         numeric knob rises, in one power mode; across modes the caps and cores differ, so no order): at least
         the power of any measured setting at or below the candidate in every such dimension, at most that of
         any measured setting at or above it that held the budget (a setting stopped over the budget was
-        stopped as its average crossed: its full figure is unknown, so it bounds from below only). Returns
-        the lower and upper bounds, W (-inf and inf where nothing bounds)."""
+        stopped as its average crossed: its full figure is unknown, so it bounds from below only). A setting
+        of another mode counts where the lower of the two runs alike under the higher one's mode
+        (:meth:`_runs_under`): a setting two modes both run is a candidate of one of them only. Returns the
+        lower and upper bounds, W (-inf and inf where nothing bounds)."""
         lo = np.full(cand.size, -np.inf)
         hi = np.full(cand.size, np.inf)
         if not measured.idx or cand.size == 0:
@@ -873,15 +889,33 @@ class GuidedSampler(BaseSampler):
         idx = np.array(measured.idx, dtype=np.int64)
         mv, mg = self._levels(idx)[:, numeric], self._group(idx)
         for k, pk in enumerate(measured.powers):
-            same = g == mg[k]
-            lo = np.where(same & np.all(lv >= mv[k], axis=1), np.maximum(lo, pk), lo)
+            below = (g == mg[k]) | self._runs_under(np.full(cand.size, idx[k]), cand)
+            lo = np.where(below & np.all(lv >= mv[k], axis=1), np.maximum(lo, pk), lo)
             if self.budget_w is None or pk <= self._budget_limit_w:
-                hi = np.where(same & np.all(lv <= mv[k], axis=1), np.minimum(hi, pk), hi)
+                above = (g == mg[k]) | self._runs_under(cand, np.full(cand.size, idx[k]))
+                hi = np.where(above & np.all(lv <= mv[k], axis=1), np.minimum(hi, pk), hi)
         return lo, hi
+
+    def _runs_under(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Whether each setting ``a`` runs alike under the power mode of the setting ``b`` beside it: a peer
+        mode (:meth:`ModeCaps.peer`) whose caps leave each of its levels as set, every other named knob the
+        same. False everywhere without known caps."""
+        if self._mode_dim is None:
+            return np.zeros(len(a), dtype=bool)
+        la, lb = self._levels(a), self._levels(b)
+        ma, mb = la[:, self._mode_dim], lb[:, self._mode_dim]
+        ok = self._peers[ma, mb]
+        for d, exact in self._as_set.items():
+            ok &= exact[mb, la[:, d]]
+        for j in self._named:
+            if j + 1 != self._mode_dim:
+                ok &= la[:, j + 1] == lb[:, j + 1]
+        return ok
 
     def _dominates_over(self, cand: np.ndarray, measured: _Measured) -> np.ndarray:
         """Candidates certain to be over the budget without a model: at or above a measured setting that was
-        over it in batch size and every numeric knob, in the same power mode (:meth:`_power_bounds`)."""
+        over it in batch size and every numeric knob, in the same power mode or one that runs that setting
+        alike (:meth:`_power_bounds`)."""
         if self.budget_w is None:
             return np.zeros(cand.size, dtype=bool)
         return self._power_bounds(cand, measured)[0] > self._limit_w
