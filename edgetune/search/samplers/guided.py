@@ -403,21 +403,23 @@ class GuidedSampler(BaseSampler):
         mode = lv[:, self._mode_dim].copy()
         for d, table in self._clamps.items():
             lv[:, d] = table[mode, lv[:, d]]
-
-        def runs_as_set(m: np.ndarray) -> np.ndarray:
-            ok = np.ones(len(lv), dtype=bool)
-            for d, exact in self._as_set.items():
-                ok &= exact[m, lv[:, d]]
-            return ok
-
-        settled = ~runs_as_set(mode)  # at a cap between two levels: only its own mode runs it so
+        settled = ~self._as_set_under(lv, mode)  # at a cap between two levels: only its own mode runs it so
         out = mode.copy()
         for other in range(len(self._peers) - 1, -1, -1):
-            hit = ~settled & self._peers[mode, other] & runs_as_set(np.full(len(lv), other))
+            hit = ~settled & self._peers[mode, other] & self._as_set_under(lv, np.full(len(lv), other))
             out[hit] = other
             settled |= hit
         lv[:, self._mode_dim] = out
         return self._flat(lv)
+
+    def _as_set_under(self, lv: np.ndarray, modes: np.ndarray) -> np.ndarray:
+        """Whether each row of levels ``lv`` runs at its own values under the power mode (level) beside it: no
+        cap of that mode below any of them (a level set at a cap that lies below its value runs at the cap;
+        :meth:`_caps_maps`)."""
+        ok = np.ones(len(lv), dtype=bool)
+        for d, exact in self._as_set.items():
+            ok &= exact[modes, lv[:, d]]
+        return ok
 
     def _live_groups(self) -> np.ndarray:
         """The named-knob groups (power modes) that have candidates of their own."""
@@ -903,10 +905,8 @@ class GuidedSampler(BaseSampler):
         if self._mode_dim is None:
             return np.zeros(len(a), dtype=bool)
         la, lb = self._levels(a), self._levels(b)
-        ma, mb = la[:, self._mode_dim], lb[:, self._mode_dim]
-        ok = self._peers[ma, mb]
-        for d, exact in self._as_set.items():
-            ok &= exact[mb, la[:, d]]
+        mb = lb[:, self._mode_dim]
+        ok = self._peers[la[:, self._mode_dim], mb] & self._as_set_under(la, mb)
         for j in self._named:
             if j + 1 != self._mode_dim:
                 ok &= la[:, j + 1] == lb[:, j + 1]
