@@ -385,7 +385,7 @@ class GuidedSampler(BaseSampler):
                     exact[m, at_or_above[0]] = float(values[at_or_above[0]]) == float(cap)
             if np.any(table != np.arange(len(values))):
                 clamps[j + 1] = table
-            if not exact.all():  # a cap between two levels, the top one included
+            if not exact.all():  # some level runs below its value: above a cap, or at one between two levels
                 as_set[j + 1] = exact
         peers = np.array([[a.peer(b, tuned) for b in modes] for a in modes], dtype=bool)
         return j_mode + 1, peers, clamps, as_set
