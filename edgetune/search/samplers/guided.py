@@ -887,24 +887,25 @@ class GuidedSampler(BaseSampler):
         if not measured.idx or cand.size == 0:
             return lo, hi
         numeric = self._numeric_dims
-        lv, g = self._levels(cand)[:, numeric], self._group(cand)
+        cl, g = self._levels(cand), self._group(cand)
         idx = np.array(measured.idx, dtype=np.int64)
-        mv, mg = self._levels(idx)[:, numeric], self._group(idx)
+        ml, mg = self._levels(idx), self._group(idx)
+        lv, mv = cl[:, numeric], ml[:, numeric]
         for k, pk in enumerate(measured.powers):
-            below = (g == mg[k]) | self._runs_under(np.full(cand.size, idx[k]), cand)
+            at_k = np.broadcast_to(ml[k], cl.shape)
+            below = (g == mg[k]) | self._runs_under(at_k, cl)
             lo = np.where(below & np.all(lv >= mv[k], axis=1), np.maximum(lo, pk), lo)
             if self.budget_w is None or pk <= self._budget_limit_w:
-                above = (g == mg[k]) | self._runs_under(cand, np.full(cand.size, idx[k]))
+                above = (g == mg[k]) | self._runs_under(cl, at_k)
                 hi = np.where(above & np.all(lv <= mv[k], axis=1), np.minimum(hi, pk), hi)
         return lo, hi
 
-    def _runs_under(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """Whether each setting ``a`` runs alike under the power mode of the setting ``b`` beside it: a peer
-        mode (:meth:`ModeCaps.peer`) whose caps leave each of its levels as set, every other named knob the
-        same. False everywhere without known caps."""
+    def _runs_under(self, la: np.ndarray, lb: np.ndarray) -> np.ndarray:
+        """Whether each setting of levels ``la`` runs alike under the power mode of the setting of levels
+        ``lb`` beside it: a peer mode (:meth:`ModeCaps.peer`) whose caps leave each of its levels as set,
+        every other named knob the same. False everywhere without known caps."""
         if self._mode_dim is None:
-            return np.zeros(len(a), dtype=bool)
-        la, lb = self._levels(a), self._levels(b)
+            return np.zeros(len(la), dtype=bool)
         mb = lb[:, self._mode_dim]
         ok = self._peers[la[:, self._mode_dim], mb] & self._as_set_under(la, mb)
         for j in self._named:
