@@ -380,7 +380,7 @@ class SearchSection:
     confirm: int = _key(3, _integer(0), "before the pick, up to this many contenders whose measured figures are "
                         "within the run-to-run noise of the best are measured again (3 more windows each at most; "
                         "0: none); they add windows, not settings", flag=Flag("--confirm", _flag_int, "N", SEARCH))
-    soak_s: float = _key(180.0, _number(0.0, unit="seconds"),
+    soak_s: float = _key(360.0, _number(0.0, unit="seconds"),
                          "before the search stops, its pick is trained at for this many device seconds and the "
                          "board temperature read, to learn how much more it draws once the board is warm; every "
                          "setting must then hold the budget by that much more (0: no soak)",

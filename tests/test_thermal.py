@@ -12,7 +12,7 @@ from edgetune.power import open_device
 from edgetune.power.knobs import Candidate
 from edgetune.search import records
 from edgetune.search.results import best_json, certified, margin_w
-from edgetune.search.thermal import SOAK_CHUNK_S, ThermalSoak, fit_soak, thermal_reference
+from edgetune.search.thermal import SOAK_CHUNK_S, SOAK_S, ThermalSoak, fit_soak, thermal_reference
 from edgetune.workloads import load_workload
 from tests.test_search import search, small_space
 
@@ -31,16 +31,30 @@ def _first_order(t_s: np.ndarray, resolution_k: float = 0.0) -> tuple[np.ndarray
     return temp, power
 
 
-@pytest.mark.parametrize(("resolution_k", "within_k"), [(0.0, 0.05), (1 / 32, 0.3), (0.5, 2.0)])
+@pytest.mark.parametrize(("resolution_k", "within_k"), [(0.0, 0.05), (1 / 32, 0.05), (0.5, 0.3), (1.0, 0.7)])
 def test_the_fit_extrapolates_a_first_order_approach_to_its_steady_state(resolution_k: float,
                                                                          within_k: float) -> None:
-    t = np.arange(5.0, 181.0, 5.0)  # a 180-s soak: 0.6 of the time constant
+    t = np.arange(5.0, SOAK_S + 1.0, 5.0)  # a 360-s soak: 1.2 time constants
     temp, power = _first_order(t, resolution_k)
     fit = fit_soak(t, power, temp.tolist())
     assert fit.extrapolated and fit.slope_w_per_k == pytest.approx(0.15, rel=0.05)
-    assert fit.steady_temperature_c == pytest.approx(50.0, abs=within_k)  # Orin's 1/32 K steps; Xavier's 1/2 K
+    # Orin's 1/32 K steps, Xavier's 1/2 K, NVML's whole kelvins
+    assert fit.steady_temperature_c == pytest.approx(50.0, abs=within_k)
     assert fit.steady_power_w == pytest.approx(22.25, abs=0.15 * within_k + 0.01)
     assert fit.steady_power_w > power[-1]  # more than the soak saw: the board had minutes more to warm
+    assert not fit.tau_bounded and fit.tau_s == pytest.approx(300.0, rel=0.1)
+
+
+def test_coarse_readings_are_fitted_where_they_cross_from_one_step_to_the_next() -> None:
+    # a board 2.5 K under its steady temperature, read in Xavier's half kelvins: three or four steps in 360 s.
+    # Fitted as they read, the plateaus bend the curve (a steady temperature 0.65 K low to 0.84 K high over
+    # these five boards); fitted where they cross, within 0.3 K
+    t = np.arange(5.0, SOAK_S + 1.0, 5.0)
+    for steady_c in (40.0, 40.1, 40.2, 40.3, 40.4):
+        temp = steady_c - 2.5 * np.exp(-t / 300.0)
+        readings = np.round(temp / 0.5) * 0.5
+        fit = fit_soak(t, 20.0 + 0.02 * (temp - 37.7), readings.tolist())
+        assert fit.steady_temperature_c == pytest.approx(steady_c, abs=0.3) and not fit.tau_bounded
 
 
 def test_without_a_temperature_the_soak_keeps_what_it_saw() -> None:
@@ -53,12 +67,15 @@ def test_a_board_at_its_steady_temperature_draws_its_mean_power() -> None:
     assert fit.steady_power_w == pytest.approx(20.05) and fit.slope_w_per_k == 0.0 and fit.extrapolated
 
 
-def test_a_temperature_still_rising_in_a_straight_line_is_extrapolated_no_further_than_the_cap() -> None:
-    t = np.arange(5.0, 61.0, 5.0)
+@pytest.mark.parametrize(("end_s", "cap_s"), [(60.0, 4 * 55.0), (SOAK_S, 720.0)])
+def test_a_temperature_still_rising_in_a_straight_line_is_extrapolated_no_further_than_the_cap(
+        end_s: float, cap_s: float) -> None:
+    t = np.arange(5.0, end_s + 1.0, 5.0)
     temp = 35.0 + 0.02 * t  # no curvature at all
     fit = fit_soak(t, 20.0 + 0.1 * (temp - 35.0), temp.tolist())
-    assert fit.tau_s is not None and fit.tau_s <= 4 * (t[-1] - t[0])
-    assert fit.steady_power_w < 20.0 + 0.1 * 0.02 * 10 * t[-1]  # bounded, not a line to infinity
+    # four times a short soak (one stopped over the budget), twice a developer kit's time constant at most
+    assert fit.tau_s is not None and 0.9 * cap_s <= fit.tau_s <= cap_s and fit.tau_bounded
+    assert fit.steady_power_w < 20.0 + 0.1 * 0.02 * (t[-1] + cap_s)  # bounded, not a line to infinity
 
 
 def test_a_soak_fit_needs_one_figure_per_window() -> None:
@@ -159,6 +176,31 @@ def test_a_soak_that_crosses_the_budget_is_stopped_there_and_keeps_what_it_saw(c
     # the stretch stopped over the budget is not a window of the fit: every fitted window ran its chunk and held
     assert all(b - a >= 0.99 * SOAK_CHUNK_S for a, b in zip([0.0, *s.t_s], s.t_s))
     assert s.duration_s > s.t_s[-1]  # it ran on past the last fitted window, into the stretch that was stopped
+
+
+def test_a_soak_of_one_time_constant_reads_a_half_kelvin_board_where_half_of_it_cannot(cnn) -> None:
+    from edgetune.power import PowerMonitor
+    from edgetune.search.thermal import soak
+
+    def soaked(duration_s: float) -> tuple[ThermalSoak, float]:
+        # Xavier NX reads half kelvins: a board 1.5 K under the setting's steady temperature warms by two of its
+        # steps in 180 s, a straight line to the fit
+        device = open_device("sim:xavier-nx", compute=False, seed=0)
+        twin = device.backend
+        setting = {"gpu_freq": sorted(device.knobs["gpu_freq"].values)[6]}
+        steady = twin.steady_state(cnn.cost, 32, setting)
+        twin.set_temperature(steady.temperature_c - 1.5)
+        cool = twin.expected(cnn.cost, 32, setting).power_w
+        with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+            s = soak(device, cnn, 32, setting, monitor, cool_power_w=cool, limit_w=None, duration_s=duration_s)
+        return s, steady.power_w - cool
+
+    short, true_rise = soaked(SOAK_S / 2)
+    assert short.tau_bounded and short.rise_w > 1.4 * true_rise  # the longest time constant allowed: too far
+    assert "the longest the fit allows" in short.describe()
+    full, _ = soaked(SOAK_S)
+    assert not full.tau_bounded and full.rise_w == pytest.approx(true_rise, rel=0.15)
+    assert "the longest" not in full.describe()
 
 
 # ---------------------------------------------------------------------------------------------- the margin

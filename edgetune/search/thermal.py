@@ -12,8 +12,12 @@ a thermal zone on a Jetson, NVML on a GPU). :func:`fit_soak` extrapolates what t
 state:
 
 1. the temperature approaches its steady value exponentially (first-order heat balance at a constant
-   load): ``T(t) = T_ss - (T_ss - T_0) exp(-t / tau)``, fitted by least squares (``tau`` on a log grid,
-   ``T_ss`` and ``T_0`` linear given ``tau``);
+   load): ``T(t) = T_ss - (T_ss - T_0) exp(-t / tau)``, fitted by least squares (``tau`` on a log grid up to
+   :data:`_MAX_TAU_S`, ``T_ss`` and ``T_0`` linear given ``tau``). A thermal zone reads in steps (1/32 K on
+   Orin, 1/2 K on Xavier, 1 K through NVML), and a board warming by a few of them shows where the temperature
+   crossed from one step to the next far better than where it lay within one, so the fit is made on those
+   crossings where the readings are coarse (:func:`_crossings`). A temperature with no curvature at all is
+   extrapolated as far as the bound lets it (:attr:`SoakFit.tau_bounded`, said in the report);
 2. the power rises linearly with the temperature over a few kelvin (leakage): ``P = c + slope x T``, fitted
    over the windows, ``slope >= 0``;
 3. the steady power is ``c + slope x T_ss``; the thermal rise is that minus the setting's mean power over its
@@ -73,9 +77,12 @@ __all__ = ["MAX_SOAKS", "SOAK_AFTER", "SOAK_CHUNK_S", "SOAK_RESERVE", "SOAK_S", 
 
 _log = get_logger(__name__)
 
-#: how long the pick is trained at before the search stops, s of device time (about half the time constant
-#: of a developer kit's heatsink: enough curvature in the temperature to extrapolate it)
-SOAK_S = 180.0
+#: how long the pick is trained at before the search stops, s of device time: about one time constant of a
+#: developer kit's heatsink (5-6 minutes), so that the temperature's approach bends enough to extrapolate
+#: through a thermal zone's steps. At half of it (180 s) the fit read the twins' steady temperature through
+#: Xavier's half-kelvin steps up to 3.5 K high (a straight line: the longest time constant allowed), and the
+#: thermal rise 1.2-1.9x the truth on Xavier NX, 0.95-1.16x on AGX Orin; at 360 s, 0.97-1.05x on both
+SOAK_S = 360.0
 #: one window of the soak, s: the temperature is read after each
 SOAK_CHUNK_S = 5.0
 #: soaks per study at most: a soak stopped over the budget is followed by one of the next pick, on the warm
@@ -93,9 +100,15 @@ SOAK_RESERVE = 0.25
 SOAK_AFTER = 20
 #: the time constants the temperature fit tries, s (log grid): a few seconds to hours
 _TAU_GRID_S = np.geomspace(10.0, 20_000.0, 240)
-#: at most this many times the soak's own length is extrapolated: a temperature that still rises in a
-#: straight line at the end of the soak (no curvature to fit) is taken to settle no later than this
+#: at most this many times the soak's length is extrapolated, and at most :data:`_MAX_TAU_S`: a temperature that
+#: still rises in a straight line at the end of the soak (no curvature to fit) is taken to settle no later than
+#: this (a soak stopped over the budget after a minute is extrapolated over four, not twelve)
 _MAX_TAU_PER_SOAK = 4.0
+#: ... s: twice a developer kit's time constant
+_MAX_TAU_S = 720.0
+#: the fewest changes of a coarse reading the temperature fit is made on (:func:`_crossings`): three points for
+#: its three parameters
+_MIN_CROSSINGS = 3
 
 
 @dataclass(frozen=True)
@@ -108,6 +121,8 @@ class SoakFit:
         tau_s: the fitted time constant, s (None: no temperature read).
         slope_w_per_k: power per kelvin of board temperature over the soak, W/K (None: no temperature read).
         extrapolated: False where the steady power is only what the soak saw at its end.
+        tau_bounded: the fitted time constant is the longest the fit allows: the temperature showed no
+            curvature, so the steady state is extrapolated as far as the bound lets it (an upper estimate).
     """
 
     steady_power_w: float
@@ -115,19 +130,35 @@ class SoakFit:
     tau_s: float | None = None
     slope_w_per_k: float | None = None
     extrapolated: bool = False
+    tau_bounded: bool = False
 
 
-def _fit_temperature(t: np.ndarray, temp: np.ndarray, max_tau_s: float) -> tuple[float, float]:
-    """``(T_ss, tau)`` of ``T(t) = T_ss + b exp(-t / tau)`` by least squares, ``tau`` at most ``max_tau_s``."""
+def _fit_temperature(t: np.ndarray, temp: np.ndarray, max_tau_s: float) -> tuple[float, float, bool]:
+    """``(T_ss, tau, bounded)`` of ``T(t) = T_ss + b exp(-t / tau)`` by least squares, ``tau`` at most
+    ``max_tau_s`` (``bounded``: the fit took the longest ``tau`` it allows)."""
+    grid = _TAU_GRID_S[_TAU_GRID_S <= max_tau_s]
     best = (math.inf, float(temp[-1]), max_tau_s)
-    for tau in _TAU_GRID_S[_TAU_GRID_S <= max_tau_s]:
+    for tau in grid:
         x = np.exp(-t / tau)
         design = np.column_stack([np.ones_like(x), x])
         coef, *_ = np.linalg.lstsq(design, temp, rcond=None)
         sse = float(np.sum((design @ coef - temp) ** 2))
         if sse < best[0]:
             best = (sse, float(coef[0]), float(tau))
-    return best[1], best[2]
+    return best[1], best[2], bool(grid.size == 0 or best[2] >= grid[-1])
+
+
+def _crossings(t: np.ndarray, temp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The points the temperature fit is made on: where the readings are coarse steps (a reading repeats over
+    at least half the windows, and changes :data:`_MIN_CROSSINGS` times or more), the crossings between steps:
+    a reading that moves from one step to the next says the temperature passed the midpoint of the two between
+    the windows, which is known far better than where it lay within a step (on Xavier's half-kelvin steps,
+    a fit of the steps themselves read the steady temperature of a 2.5-K approach with a spread of 0.7 K, of
+    the crossings 0.2 K, over 360-s soaks); else the readings as they are."""
+    moved = np.flatnonzero(np.diff(temp) != 0.0) + 1
+    if moved.size < _MIN_CROSSINGS or moved.size > (temp.size - 1) / 2:
+        return t, temp
+    return (t[moved - 1] + t[moved]) / 2.0, (temp[moved - 1] + temp[moved]) / 2.0
 
 
 def fit_soak(t_s: Sequence[float], power_w: Sequence[float], temperature_c: Sequence[float | None]) -> SoakFit:
@@ -147,7 +178,9 @@ def fit_soak(t_s: Sequence[float], power_w: Sequence[float], temperature_c: Sequ
     temp = np.asarray(temperature_c, dtype=float)
     if float(np.ptp(temp)) <= 0.0:  # the temperature did not move: the board is at its steady state
         return SoakFit(float(np.mean(p)), float(np.mean(temp)), None, 0.0, True)
-    t_ss, tau = _fit_temperature(t - t[0], temp, _MAX_TAU_PER_SOAK * max(float(t[-1] - t[0]), 1.0))
+    t_fit, temp_fit = _crossings(t, temp)
+    max_tau_s = min(_MAX_TAU_PER_SOAK * max(float(t[-1] - t[0]), 1.0), _MAX_TAU_S)
+    t_ss, tau, bounded = _fit_temperature(t_fit - t[0], temp_fit, max_tau_s)
     slope, intercept = np.polyfit(temp, p, 1)
     slope = max(float(slope), 0.0)
     if slope == 0.0:
@@ -156,7 +189,7 @@ def fit_soak(t_s: Sequence[float], power_w: Sequence[float], temperature_c: Sequ
         intercept = float(np.mean(p) - slope * np.mean(temp))
     t_ss = max(t_ss, float(temp[-1])) if temp[-1] >= temp[0] else min(t_ss, float(temp[-1]))
     return SoakFit(steady_power_w=intercept + slope * t_ss, steady_temperature_c=t_ss, tau_s=tau,
-                   slope_w_per_k=slope, extrapolated=True)
+                   slope_w_per_k=slope, extrapolated=True, tau_bounded=bounded)
 
 
 @dataclass
@@ -169,7 +202,7 @@ class ThermalSoak:
         duration_s: device seconds the soak ran.
         t_s, power_w, temperature_c: each window's end (s from the soak's start), mean power (W) and the board
             temperature read then (degC; None where the device reads none).
-        steady_power_w, steady_temperature_c, tau_s, slope_w_per_k, extrapolated: :class:`SoakFit`'s.
+        steady_power_w, steady_temperature_c, tau_s, slope_w_per_k, extrapolated, tau_bounded: :class:`SoakFit`'s.
         stopped_over_budget: a window crossed the budget and the soak was stopped there (safe profiling).
         over_budget_s: device seconds the board's moving average was over the budget during the soak.
         cool_temperature_c: the mean board temperature of the search's windows of the setting, degC (None:
@@ -190,6 +223,7 @@ class ThermalSoak:
     tau_s: float | None = None
     slope_w_per_k: float | None = None
     extrapolated: bool = False
+    tau_bounded: bool = False
     stopped_over_budget: bool = False
     over_budget_s: float = 0.0
     cool_temperature_c: float | None = None
@@ -214,8 +248,9 @@ class ThermalSoak:
     def describe(self, counted_rise_w: float | None = None) -> str:
         """One line for reports; ``counted_rise_w``: the rise the margin counts (default :attr:`rise_w`)."""
         counted = self.rise_w if counted_rise_w is None else counted_rise_w
+        bound = ", the longest the fit allows: no curvature seen, an upper estimate" if self.tau_bounded else ""
         how = (f"extrapolated to the steady state ({self.steady_temperature_c:.1f} C, time constant "
-               f"{self.tau_s:.0f} s)" if self.extrapolated and self.tau_s is not None else
+               f"{self.tau_s:.0f} s{bound})" if self.extrapolated and self.tau_s is not None else
                "at the board's steady temperature" if self.extrapolated else
                "as seen at the soak's end (no board temperature read: a lower bound)")
         stopped = "; stopped over the budget" if self.stopped_over_budget else ""
@@ -382,6 +417,7 @@ def soak(device: Device, workload: Any, batch_size: int, setting: Mapping[str, K
         out.steady_power_w = max(fit.steady_power_w, out.power_w[-1])
         out.steady_temperature_c, out.tau_s = fit.steady_temperature_c, fit.tau_s
         out.slope_w_per_k, out.extrapolated = fit.slope_w_per_k, fit.extrapolated
+        out.tau_bounded = fit.tau_bounded
     if out.stopped_over_budget and limit_w is not None:  # it does not hold the budget warm, whatever the fit
         out.steady_power_w = max(out.steady_power_w, limit_w) if out.t_s else float(limit_w)
     return out
