@@ -32,8 +32,7 @@ cool power a soak measured (:func:`thermal_rise_w`). A pick soaked below that ed
 than the settings at it need, and a setting drawing less warms the board less, so for it the rise is on the
 safe side. Where the device reads no temperature, the rise is what the soak saw (a lower bound: the board
 had minutes more to warm), and the result says so. A soak that crosses the budget is stopped like any trial
-(safe profiling): its rise is at least what takes the setting's 1-s average to the budget (its mean to the
-budget less the step's ripple, as the soak's windows read it), and the search soaks its next
+(safe profiling): its rise is at least what takes the setting to the budget, and the search soaks its next
 pick too, on the board the first one warmed (:data:`MAX_SOAKS` in all), since a few windows are too few to
 extrapolate from. A setting soaked itself is judged by its own rise, not the carried one
 (:func:`rise_for_w`): once a soak ran to its end, the search soaks at its stop the best setting that only the
@@ -395,7 +394,6 @@ def soak(device: Device, workload: Any, batch_size: int, setting: Mapping[str, K
     start = device.clock.now()
     out = ThermalSoak(batch_size=int(batch_size), setting=dict(setting), cool_power_w=float(cool_power_w),
                       duration_s=0.0, cool_temperature_c=cool_temperature_c, limit_w=limit_w)
-    above_mean_w: list[float] = []  # how far each window's judged power (its 1-s maximum, guard band) read above its mean
     while device.clock.now() - start < duration_s:
         m = measure_setting(device, workload, batch_size, setting, protocol, monitor, limit_w=limit_w,
                             guard_sigma=guard_sigma)
@@ -414,7 +412,6 @@ def soak(device: Device, workload: Any, batch_size: int, setting: Mapping[str, K
         out.t_s.append(device.clock.now() - start)
         out.power_w.append(float(m.mean_power_w))
         out.temperature_c.append(device.temperature_c)
-        above_mean_w.append(m.judged_power_w(guard_sigma) - float(m.mean_power_w))
     out.duration_s = device.clock.now() - start
     if out.t_s:
         fit = fit_soak(out.t_s, out.power_w, out.temperature_c)
@@ -422,12 +419,6 @@ def soak(device: Device, workload: Any, batch_size: int, setting: Mapping[str, K
         out.steady_temperature_c, out.tau_s = fit.steady_temperature_c, fit.tau_s
         out.slope_w_per_k, out.extrapolated = fit.slope_w_per_k, fit.extrapolated
         out.tau_bounded = fit.tau_bounded
-    if out.stopped_over_budget and limit_w is not None:
-        # it does not hold the budget warm, whatever the fit: its 1-s average (with the guard band) crossed the
-        # limit, so its mean reached at least the limit less how far that figure reads above the mean (the step's
-        # ripple, as its windows measured it). Taken as the limit itself, the mean power of a setting whose ripple
-        # crossed it was counted up to 0.15 W high, and that rise carried to every setting per watt until another
-        # soak ran to its end
-        ripple_w = max(0.0, float(np.median(above_mean_w))) if above_mean_w else 0.0
-        out.steady_power_w = max(out.steady_power_w, limit_w - ripple_w) if out.t_s else float(limit_w)
+    if out.stopped_over_budget and limit_w is not None:  # it does not hold the budget warm, whatever the fit
+        out.steady_power_w = max(out.steady_power_w, limit_w) if out.t_s else float(limit_w)
     return out
