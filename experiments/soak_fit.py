@@ -10,6 +10,11 @@ with the twin's truth, which it never sees: the rise the fit reads over the sett
 (``Twin.expected`` at the start), against the rise to the warm board's (``Twin.steady_state``). A ratio over 1
 costs the search settings it could have certified (a larger margin), under 1 risks the budget.
 
+What this does not test: the twin's board temperature is itself first order (one time constant, the law the fit
+assumes), so the study measures how the fit reads that law through noisy windows and a thermal zone's steps, not
+whether a real board follows it. A real heatsink has a faster die-to-case stage beside the minutes-long one; its
+readings would bend earlier and the fit would read a shorter time constant.
+
     python experiments/soak_fit.py [--seeds 3]
 
 Ends with ``at SOAK_S s: rise read A-Bx the truth (rises of 0.02 W or more), worst error E W, mean M W, N of

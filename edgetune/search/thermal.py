@@ -13,10 +13,10 @@ state:
 
 1. the temperature approaches its steady value exponentially (first-order heat balance at a constant
    load): ``T(t) = T_ss - (T_ss - T_0) exp(-t / tau)``, fitted by least squares (``tau`` on a log grid up to
-   :data:`_MAX_TAU_S`, ``T_ss`` and ``T_0`` linear given ``tau``). A thermal zone reads in steps (1/32 K on
-   Orin, 1/2 K on Xavier, 1 K through NVML), and a board warming by a few of them shows where the temperature
-   crossed from one step to the next far better than where it lay within one, so the fit is made on those
-   crossings where the readings are coarse (:func:`_crossings`). A temperature with no curvature at all is
+   four times the soak and :data:`_MAX_TAU_S`, ``T_ss`` and ``T_0`` linear given ``tau``). A thermal zone
+   reads in steps (1/32 K on Orin, 1/2 K on Xavier, 1 K through NVML), and a board warming by a few of them
+   shows where the temperature crossed from one step to the next far better than where it lay within one, so
+   the fit is made on those crossings where the readings are coarse (:func:`_crossings`). A temperature with no curvature at all is
    extrapolated as far as the bound lets it (:attr:`SoakFit.tau_bounded`, said in the report);
 2. the power rises linearly with the temperature over a few kelvin (leakage): ``P = c + slope x T``, fitted
    over the windows, ``slope >= 0``;
@@ -102,7 +102,7 @@ SOAK_AFTER = 20
 _TAU_GRID_S = np.geomspace(10.0, 20_000.0, 240)
 #: at most this many times the soak's length is extrapolated, and at most :data:`_MAX_TAU_S`: a temperature that
 #: still rises in a straight line at the end of the soak (no curvature to fit) is taken to settle no later than
-#: this (a soak stopped over the budget after a minute is extrapolated over four, not twelve)
+#: this (a soak stopped over the budget after a minute is extrapolated over four minutes, not twelve)
 _MAX_TAU_PER_SOAK = 4.0
 #: ... s: twice a developer kit's time constant
 _MAX_TAU_S = 720.0
