@@ -203,6 +203,32 @@ def test_a_soak_of_one_time_constant_reads_a_half_kelvin_board_where_half_of_it_
     assert "the longest" not in full.describe()
 
 
+@pytest.mark.parametrize(("below_k", "over_w", "ran_half"), [(3.0, 0.12, True), (0.5, 0.15, False)])
+def test_a_soak_stopped_by_its_ripple_takes_its_mean_to_the_limit_less_the_ripple_once_it_ran_half_its_length(
+        below_k: float, over_w: float, ran_half: bool) -> None:
+    from edgetune.power import PowerMonitor
+    from edgetune.search.thermal import soak
+
+    # Orin Nano, chartransformer at batch 128: 0.6-s steps whose 1-s average reads about 0.2 W over their mean.
+    # The limit is over the warm board's mean power by less than that, so only the ripple crosses it
+    workload = load_workload("chartransformer")
+    device = open_device("sim:orin-nano", compute=False, seed=0)
+    twin = device.backend
+    setting = {"gpu_freq": 510000000}
+    warm = twin.steady_state(workload.cost, 128, setting)
+    twin.set_temperature(warm.temperature_c - below_k)
+    cool_w = twin.expected(workload.cost, 128, setting).power_w
+    limit = warm.power_w + over_w
+    with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+        s = soak(device, workload, 128, setting, monitor, cool_power_w=cool_w, limit_w=limit)
+    assert s.stopped_over_budget and (s.duration_s >= SOAK_S / 2) == ran_half
+    if ran_half:  # 3 K under: stopped after 325 s, its fit read the rise (the limit: twice it)
+        assert s.steady_power_w < limit - 0.1
+        assert s.rise_w == pytest.approx(warm.power_w - cool_w, abs=0.03)
+    else:  # 0.5 K under: stopped after 43 s, too few windows to trust the fit: the limit stands
+        assert s.duration_s < 60.0 and s.steady_power_w == pytest.approx(limit)
+
+
 # ---------------------------------------------------------------------------------------------- the margin
 
 
