@@ -25,11 +25,11 @@ class _StderrHandler(logging.StreamHandler):
         super().__init__(sys.stderr)
 
     @property  # type: ignore[override]
-    def stream(self):  # noqa: ANN201 - logging's own attribute
+    def stream(self):  # logging's own attribute
         return sys.stderr
 
     @stream.setter
-    def stream(self, _value) -> None:  # noqa: ANN001 - set by StreamHandler.__init__
+    def stream(self, _value) -> None:  # set by StreamHandler.__init__
         pass
 
 

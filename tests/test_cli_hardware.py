@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import os
 import shutil
@@ -164,7 +165,7 @@ def test_monitor_logs_csv_and_summarises(tmp_path):
     # thread take is the scheduler's business, so only "some, in time order, never above 200 Hz" is asserted
     t_s = [float(row["t_s"]) for row in rows]
     assert 2 <= len(rows) <= 205
-    assert all(b > a for a, b in zip(t_s, t_s[1:]))
+    assert all(b > a for a, b in itertools.pairwise(t_s))
     assert float(rows[-1]["total_w"]) == pytest.approx(5.080 * 0.936, abs=1e-3)
 
 

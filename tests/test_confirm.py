@@ -130,7 +130,7 @@ def test_an_edge_setting_within_the_reading_noise_of_the_line_is_measured_again(
     pick = [window(0, 6e8, 0.150, 9.0, se_w=0.01), window(3, 6e8, 0.150, 9.0, se_w=0.01, role=Role.CONFIRM)]
     edge = window(1, 1e9, 0.100, 9.895, se_w=0.01)  # 0.105 W inside: 0.015 W short, 1.5 se
     assert certified(pick[0], LIMIT_W, acc) and not certified(edge, LIMIT_W, acc)
-    kw = dict(limit_w=LIMIT_W, accuracy_w=acc)
+    kw = {"limit_w": LIMIT_W, "accuracy_w": acc}
     assert next_confirmation([*pick, edge], "time", **kw) == edge.candidate
     # its pooled windows still short of the accuracy, and within the noise: once more, up to 1 + repeats
     again = [window(4 + k, 1e9, 0.100, 9.890, se_w=0.01, role=Role.CONFIRM) for k in range(CONFIRM_REPEATS)]
@@ -149,7 +149,7 @@ def test_an_edge_setting_within_the_reading_noise_of_the_line_is_measured_again(
 def test_a_setting_soaked_itself_is_judged_by_the_margin_its_own_rise_sets():
     pick = [window(0, 6e8, 0.150, 9.0, se_w=0.01), window(3, 6e8, 0.150, 9.0, se_w=0.01, role=Role.CONFIRM)]
     edge = window(1, 1e9, 0.100, 9.895, se_w=0.01)  # 0.105 W inside the limit
-    kw = dict(limit_w=LIMIT_W, accuracy_w=0.2)  # the sensor's accuracy and a rise carried from another soak
+    kw = {"limit_w": LIMIT_W, "accuracy_w": 0.2}  # the sensor's accuracy and a rise carried from another soak
     # short of 0.2 W by 0.095 W, nine standard errors: neither certified nor worth a window
     assert next_confirmation([*pick, edge], "time", **kw) is None
     # its own soak measured less: it needs 0.1 W, holds it, and is the best (measured again as such)
@@ -168,7 +168,7 @@ def test_an_edge_held_on_average_but_not_by_its_guard_band_is_measured_again_one
     whose average held the budget and whose guard band alone crossed it is an edge too; one whose average was
     over the budget, or that was stopped over it, is never run again."""
     acc = 0.12
-    kw = dict(limit_w=LIMIT_W, accuracy_w=acc, guard_sigma=2.0)
+    kw = {"limit_w": LIMIT_W, "accuracy_w": acc, "guard_sigma": 2.0}
     pick = [window(0, 6e8, 0.150, 9.0), window(3, 6e8, 0.150, 9.0, role=Role.CONFIRM)]
     guarded = window(1, 1e9, 0.100, 9.930)  # 9.93 + 2 x 0.05 = 10.03 W judged: not held, by 0.6 se
     assert not guarded.feasible

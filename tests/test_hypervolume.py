@@ -7,8 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from edgetune.search.samplers.hypervolume import (expected_improvement, front, hypervolume, improvement,
-                                                  reference_point)
+from edgetune.search.samplers.hypervolume import (
+    expected_improvement,
+    front,
+    hypervolume,
+    improvement,
+    reference_point,
+)
 
 FRONT = np.array([[1.0, 5.0], [2.0, 3.0], [3.0, 1.0]])
 REF = np.array([4.0, 6.0])

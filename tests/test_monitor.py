@@ -211,7 +211,7 @@ def test_records_since_a_time_start_at_the_last_sample_before_it():
     sensor = AnalyticSensor(clock, lambda t: 4.0)
     with PowerMonitor(sensor, clock, rate_hz=50) as monitor:
         clock.advance(2.0)
-        t_all, p_all = monitor.records()
+        t_all, _ = monitor.records()
         t, p = monitor.records(since=1.01)
     assert t[0] <= 1.01 < t[1] and t[-1] == t_all[-1] and t.size == p.size < t_all.size
     assert np.array_equal(t, t_all[t_all >= t[0]])

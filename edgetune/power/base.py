@@ -51,8 +51,8 @@ __all__ = [
     "VirtualClock",
     "WorkloadCost",
     "format_value",
-    "summed_channels",
     "largest_at_most",
+    "summed_channels",
 ]
 
 

@@ -21,7 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgetune.power.base import DERIVED_PREFIX, Capability, Device, DeviceError, PowerReading, RealClock, WorkloadCost
+from edgetune.power.base import (
+    DERIVED_PREFIX,
+    Capability,
+    Device,
+    DeviceError,
+    PowerReading,
+    RealClock,
+    WorkloadCost,
+)
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, StateTracker
 from edgetune.power.sysfs import (

@@ -528,7 +528,7 @@ class _StepWatchdog:
         self.fired = False
         self.error: Exception | None = None
 
-    def __enter__(self) -> _StepWatchdog:
+    def __enter__(self) -> _StepWatchdog:  # noqa: PYI034 - Python 3.10 has no typing.Self
         self._handle = self._monitor.add_listener(self._on_sample)
         return self
 

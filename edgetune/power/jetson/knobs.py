@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from edgetune.power.base import Knob, KnobValue, KnobWriteError, ModeCaps, largest_at_most

@@ -17,8 +17,15 @@ import math
 
 import numpy as np
 
-__all__ = ["NADIR_FACTOR", "IDEAL_FACTOR", "expected_improvement", "front", "hypervolume", "improvement",
-           "reference_point"]
+__all__ = [
+    "IDEAL_FACTOR",
+    "NADIR_FACTOR",
+    "expected_improvement",
+    "front",
+    "hypervolume",
+    "improvement",
+    "reference_point",
+]
 
 #: the reference point is at least this factor times the front's nadir in each objective ...
 NADIR_FACTOR = 1.1
