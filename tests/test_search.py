@@ -1193,3 +1193,20 @@ def test_a_setting_that_held_the_budget_but_not_by_the_sensors_accuracy_is_follo
     proposed = {tuple(lv) for lv in s._levels(np.array(s._polish_candidates(None), dtype=np.int64))}
     assert proposed & below  # a step back from the edge is measured before the search stops
     assert s.should_stop(None, 0.01) is None
+
+
+def test_the_space_filling_start_settles_a_power_mode_whose_probes_ran_over_by_its_least_setting(workload):
+    """The start is blind, but not to what it measured: once every setting measured in a power mode ran over the
+    budget, the start's next setting in that mode is the mode's least one (as the model's proposals are,
+    :meth:`GuidedSampler._floor_first`), and once that ran over too, the mode is done. Before, the start went on
+    probing the mode at random (Orin Nano 15W at 5 W: three or four more settings at 5.5-9.1 W)."""
+    device = open_device("sim:orin-nano", compute=False, seed=0)
+    space = build_space(device, 32, (16, 32, 64, 128), ["power_mode", "gpu_freq", "emc_freq", "cpu_freq"])
+    budget_w = 5.0  # 7W holds it at its lowest clocks (4.71 W); 15W at none (its least setting: 5.44 W)
+    result = search(device, workload, space, budget_w, n_trials=8, soak_s=0.0, seed=0).run()
+    least = {"power_mode": "15W", **{k: min(space.knob_values[k]) for k in ("gpu_freq", "emc_freq", "cpu_freq")}}
+    start = sorted((r for r in result.measured if r.role != Role.CONFIRM), key=lambda r: r.number)[:6]
+    in15 = [r for r in start if r.candidate.knobs["power_mode"] == "15W"]
+    assert not in15[0].feasible  # the baseline probe, the board as found: 15W, over the budget
+    assert len(in15) == 2 and in15[1].candidate.knobs == least and in15[1].candidate.batch_size == 16
+    assert not in15[1].feasible
