@@ -54,8 +54,9 @@ improvement), the next at the whole time-energy front under the budget, by the h
 add to the measured front (:mod:`~edgetune.search.samplers.hypervolume`: in log space, over draws from the
 model's step time and power, a draw over the budget adding nothing, as a relative gain). The stopping rule
 asks both to fall under its threshold. Aiming the second at the least energy instead, as the first did, left
-the front between its two ends to chance: on the pareto benchmark, 23 of 36 rows reach a hypervolume ratio of
-0.95 against 21, 5 stay under 0.9 against 8 (``experiments/results/oracle_gap_pareto.txt``). Every proposal
+the front between its two ends to chance: on the pareto benchmark (at b0b376a), 23 of 36 rows reached a
+hypervolume ratio of 0.95 against 21, 5 stayed under 0.9 against 8 (``experiments/results/oracle_gap_pareto.txt``
+and its earlier headers). Every proposal
 on the hypervolume alone settled on a narrow stretch of front it could refine by fractions of a percent, and
 one search never found the fast settings (ratio 0).
 
