@@ -499,9 +499,10 @@ class GuidedSampler(BaseSampler):
         if not search_space:
             return {}
         scores = self._score(study, trial.number)
-        if scores is None:  # the space-filling start (a mode measured only over the budget: its least setting)
-            return self._params(self._floor_first(study, self._index(self._startup(study))))
-        return self._params(self._floor_first(study, self._index(self._propose(study, trial, scores))))
+        # the space-filling start before the first fit; a power mode measured only over the budget: its least
+        # setting, whichever proposed it
+        proposal = self._startup(study) if scores is None else self._propose(study, trial, scores)
+        return self._params(self._floor_first(study, self._index(proposal)))
 
     def _propose(self, study: Study, trial: FrozenTrial, scores: dict[str, np.ndarray]) -> dict[str, Any]:
         """The model's proposal (module docs), as Optuna params."""
@@ -898,14 +899,12 @@ class GuidedSampler(BaseSampler):
 
         ``time_s``: predicted time to target (steps x step time), s; ``p``, ``sp``: predicted power the budget
         is judged by and its std, W; ``st``: the step time's relative std; ``certain``: certain to fail."""
-        measured = []
-        for i, tt, pp in zip(m.idx, m.times, m.powers):
-            if self.budget_w is None or pp <= self._limit_w:
-                total = self._steps_table[int(self._levels(np.array([i]))[0, 0])] * tt
-                measured.append((math.log(total), math.log(total * pp)))
-        if not measured:
+        powers = np.array(m.powers, dtype=float)
+        held = powers <= self._limit_w if self.budget_w is not None else np.ones(powers.size, dtype=bool)
+        if not held.any():
             return None
-        pareto = hypervolume.front(np.array(measured))
+        total = self._steps_table[self._levels(np.array(m.idx, dtype=np.int64))[:, 0]] * np.array(m.times)
+        pareto = hypervolume.front(np.column_stack([np.log(total), np.log(total * powers)])[held])
         ref = hypervolume.reference_point(pareto)
         with np.errstate(all="ignore"):
             x = np.log(time_s)[:, None] + st[:, None] * _EHVI_DRAWS[None, :, 0]
