@@ -1046,6 +1046,44 @@ def test_a_power_mode_whose_probes_all_ran_over_the_budget_is_settled_by_its_lea
     assert s._floor_first(None, int(in15[-1])) == int(in15[-1])
 
 
+def test_power_modes_of_one_fixed_state_share_one_model_fitted_on_all_their_rows(workload):
+    """Power modes of the same fixed state (Xavier NX: all nine run 3 TPCs) run a setting within their caps
+    alike, so their measurements are of one physics: each mode's model is the one fitted on the rows of all
+    of them, clocks as they run; a mode with no row of its own has it too. Modes that gate GPU units apart
+    (Orin Nano 7W: 2 TPCs, 15W: 4) keep models of their own rows."""
+    from edgetune.search.samplers.guided import GuidedSampler
+
+    device = open_device("sim:xavier-nx", compute=False)
+    tuned = ["power_mode", "gpu_freq", "emc_freq", "cpu_freq", "cpu_cores"]
+    space = build_space(device, 32, (16, 32, 64, 128), tuned)
+    sampler = GuidedSampler(space, budget_w=8.0, seed=0)
+    cand, live = sampler._all_candidates(), sampler._live_groups().tolist()
+    assert len(live) == 3 and all(sampler._kin(g) == tuple(live) for g in live)
+    groups = sampler._group(cand)
+    rng = np.random.RandomState(0)
+    idx = np.concatenate([rng.choice(cand[groups == live[0]], 5, replace=False),
+                          rng.choice(cand[groups == live[1]], 4, replace=False)])  # none in the third mode
+    fitted = fit_on_twin(sampler, device.backend, workload, idx)
+    assert set(fitted.per_group) == set(live) and fitted.pooled is None and not fitted.borrowed
+    model = fitted.per_group[live[2]]
+    assert all(fitted.per_group[g] is model for g in live)
+    own = GuidedSampler(space, budget_w=8.0, seed=0, n_startup=5)
+    alone = fit_on_twin(own, device.backend, workload, idx[:5])  # the first mode's rows alone
+    rows = sampler._rows(idx, sampler._numeric_names)
+    assert not np.allclose(model.predict(rows).step_time_s, alone.per_group[live[0]].predict(rows).step_time_s)
+
+    nano = open_device("sim:orin-nano", compute=False)
+    space = build_space(nano, 32, (16, 32, 64, 128), ["power_mode", "gpu_freq", "emc_freq"])
+    sampler = GuidedSampler(space, budget_w=8.0, seed=0)
+    cand, live = sampler._all_candidates(), sampler._live_groups().tolist()
+    assert len(live) == 2 and all(sampler._kin(g) == (g,) for g in live)
+    groups = sampler._group(cand)
+    idx = np.concatenate([rng.choice(cand[groups == live[0]], 6, replace=False),
+                          rng.choice(cand[groups == live[1]], 2, replace=False)])
+    fitted = fit_on_twin(sampler, nano.backend, workload, idx)
+    assert set(fitted.per_group) == {live[0]} and fitted.pooled is not None  # 2 rows: the pooled model's
+
+
 def test_a_barely_measured_power_mode_borrows_the_best_measured_modes_model(workload):
     """A power mode with a model of its own on fewer than TRUSTED_GROUP_ROWS rows has its step time predicted
     by the mixture of that model and the best-measured mode's model corrected by its rows: where the two

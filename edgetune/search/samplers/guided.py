@@ -14,7 +14,15 @@ is kept within what the measurements imply (board power does not fall as the bat
 in one power mode), whatever the fit says, and its uncertainty is doubled: the fit is confident far from its
 measurements, where it can be wrong by several of its standard errors.
 
-A power mode with a model of its own on fewer than :data:`TRUSTED_GROUP_ROWS` measured settings has its
+Power modes of the same fixed state (:meth:`ModeCaps.peer`: the same GPU units, the same caps on knobs not
+tuned) run a setting within their caps alike, so their measurements are of one physics and each such mode's
+model is fitted on all their rows, clocks as they run (:meth:`GuidedSampler._kin`). Fitted on its own mode's
+rows only, Xavier NX mobilenet's model at 5.8 W (energy) had its optimum (204 MHz GPU, 1066 MHz memory, 192 MHz
+CPU, one core, in a mode it had 14 rows of) 34% slower than it is, because the rows that showed the GPU clock
+matters little there were measured in a peer mode with a higher CPU cap; it settled 15.99% from the oracle.
+Modes that gate GPU units apart (AGX Orin's, Orin NX's and Orin Nano's live modes) keep models of their own.
+
+A power mode with a model on fewer than :data:`TRUSTED_GROUP_ROWS` measured settings has its
 step time predicted by an equal mixture (in log space) of that model and the best-measured mode's model
 corrected by the mode's own rows: a roofline fitted on a handful of one mode's rows is sure of settings it
 never saw, and the disagreement of the two becomes doubt that sends a measurement there.
@@ -344,8 +352,13 @@ class GuidedSampler(BaseSampler):
         self._allowed = (None if space.rows is None else
                          np.unique(np.ravel_multi_index(tuple(space.row_levels.T), self._sizes)))
         self._mode_dim, self._peers, self._clamps, self._as_set = self._caps_maps()
+        # per level dimension some level of which runs below its value: each mode's cap on it (inf: none)
+        mode_caps = dict(space.mode_caps)
+        self._run_caps = {d: np.array([float(mode_caps[m].cap(space.knobs[d - 1][0]) or np.inf)
+                                       for m in space.knobs[self._mode_dim - 1][1]]) for d in self._as_set}
         self._candidates: np.ndarray | None = None
         self._groups: np.ndarray | None = None
+        self._kin_of: dict[int, tuple[int, ...]] = {}  # per group: its kin (_kin)
         self._cache: dict[str, Any] = {}
         self._models: dict[Any, Any] = {}  # the last fit's hardware models by their training rows
         self._borrowed: dict[int, tuple[Any, Any, Any]] = {}  # per mode: (its rows, the main model, the Transfer)
@@ -442,6 +455,26 @@ class GuidedSampler(BaseSampler):
             ok &= exact[modes, lv[:, d]]
         return ok
 
+    def _kin(self, group: int) -> tuple[int, ...]:
+        """The groups (power modes) whose measurements are of the same physics as ``group``'s, itself
+        included: modes of the same fixed state (:meth:`ModeCaps.peer`: the same GPU units, the same caps on
+        knobs not tuned) with every other named knob alike run a setting within both modes' caps alike, so
+        they differ only in how far their clocks go. Only ``group`` itself without known caps."""
+        if self._mode_dim is None or not self._named:
+            return (group,)
+        if group not in self._kin_of:
+            radix = [self._sizes[j + 1] for j in self._named]
+            at = self._named.index(self._mode_dim - 1)
+            mine = np.unravel_index(group, radix)
+            kin = []
+            for g in self._live_groups().tolist():
+                other = np.unravel_index(g, radix)
+                if g == group or (self._peers[mine[at], other[at]]
+                                  and all(a == b for k, (a, b) in enumerate(zip(mine, other)) if k != at)):
+                    kin.append(int(g))
+            self._kin_of[group] = tuple(sorted(set(kin) | {group}))
+        return self._kin_of[group]
+
     def _live_groups(self) -> np.ndarray:
         """The named-knob groups (power modes) that have candidates of their own."""
         if self._groups is None:
@@ -470,6 +503,8 @@ class GuidedSampler(BaseSampler):
         for j, n in enumerate(self.space.knob_names):
             if n in names:
                 cols[n] = self._tables[j + 1][lv[:, j + 1]]
+                if j + 1 in self._as_set:  # a level above its mode's cap runs at the cap
+                    cols[n] = np.minimum(cols[n], self._run_caps[j + 1][lv[:, self._mode_dim]])
         keys = list(cols)
         arrays = [cols[k].tolist() for k in keys]
         return [dict(zip(keys, vals)) for vals in zip(*arrays)]
@@ -646,9 +681,9 @@ class GuidedSampler(BaseSampler):
         """Fitted models on the measured settings (None before ``n_startup``); cached per measured set.
 
         Named knobs (power modes) change what the clocks mean: a mode caps the clocks under it and may gate
-        GPU units. So one model is fitted per named-knob combination with enough measurements (its physics
-        base then sees clocks only), and a pooled model (modes as ranks) covers the combinations that have
-        too few yet.
+        GPU units. So one model is fitted per named-knob combination whose kin (:meth:`_kin`: itself and the
+        modes that run its settings alike) has enough measurements (its physics base then sees clocks only,
+        as they run), and a pooled model (modes as ranks) covers the combinations that have too few yet.
         """
         measured = self._measured(study)
         idx, times, powers, peaks, oom = (measured.idx, measured.times, measured.powers, measured.peaks,
@@ -667,8 +702,10 @@ class GuidedSampler(BaseSampler):
         def fit(members: list[int], names: list[str]):
             # a power mode whose measurements did not change keeps its model: the fit is deterministic, so
             # refitting it on the same rows (most modes, each time one new setting is measured) would give
-            # the same model
+            # the same model; modes of one kin share theirs
             data = (tuple(names), tuple((idx[k], times[k], powers[k], peaks[k]) for k in members))
+            if data in kept:  # a mode's kin's model (_kin), fitted already
+                return kept[data]
             if data in previous:
                 kept[data] = previous[data]
                 return kept[data]
@@ -684,8 +721,10 @@ class GuidedSampler(BaseSampler):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                for g in np.unique(groups):
-                    members = [k for k, gg in enumerate(groups) if gg == g]
+                for g in np.union1d(groups, self._live_groups()):
+                    # a mode's model is fitted on its kin's rows too: modes of the same fixed state run a
+                    # setting alike, so their rows (clocks as they run) are measurements of one physics
+                    members = np.flatnonzero(np.isin(groups, self._kin(int(g)))).tolist()
                     if len(members) >= (self.min_group if self._named else _MIN_ROWS):
                         per_group[int(g)] = fit(members, self._numeric_names)
                 if len(per_group) < n_groups:
@@ -700,13 +739,14 @@ class GuidedSampler(BaseSampler):
         return value
 
     def _borrow(self, measured: _Measured, groups: np.ndarray, per_group: dict[int, Any]) -> dict[int, Any]:
-        """Per power mode whose own model has fewer than :data:`TRUSTED_GROUP_ROWS` rows: the model of the mode
-        with the most rows, corrected by this mode's measurements (a :class:`~edgetune.search.prior.Transfer`,
+        """Per power mode whose own model has fewer than :data:`TRUSTED_GROUP_ROWS` rows (its kin's,
+        :meth:`_kin`): the model of the mode with the most rows, not of its kin, corrected by this mode's kin's
+        measurements (a :class:`~edgetune.search.prior.Transfer`,
         as a prior study's model is corrected by a new board's). The modes share the physics of the workload
         (its kernels, memory traffic, host launches); what a mode changes (GPU units gated, the clocks'
         caps) is what the correction learns. :meth:`_predict` mixes its step time with the mode's own model's
         (:func:`_mixture`), so where the two disagree the search measures before trusting either."""
-        counts = {g: int(np.sum(groups == g)) for g in per_group}
+        counts = {g: int(np.isin(groups, self._kin(g)).sum()) for g in per_group}
         if len(counts) < 2:
             return {}
         from edgetune.search.prior import PriorModel
@@ -719,9 +759,9 @@ class GuidedSampler(BaseSampler):
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             for g, n in counts.items():
-                if g == main or n >= TRUSTED_GROUP_ROWS or n >= counts[main]:
-                    continue
-                sel = np.flatnonzero(groups == g)
+                if g in self._kin(main) or n >= TRUSTED_GROUP_ROWS or n >= counts[main]:
+                    continue  # the main model's own kin, or a model trusted on its own rows
+                sel = np.flatnonzero(np.isin(groups, self._kin(g)))
                 data = tuple((measured.idx[k], measured.times[k], measured.powers[k]) for k in sel)
                 previous = self._borrowed.get(g)
                 if previous is not None and previous[0] == data and previous[1] is per_group[main]:
