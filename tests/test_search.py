@@ -1248,3 +1248,45 @@ def test_the_space_filling_start_settles_a_power_mode_whose_probes_ran_over_by_i
     assert not in15[0].feasible  # the baseline probe, the board as found: 15W, over the budget
     assert len(in15) == 2 and in15[1].candidate.knobs == least and in15[1].candidate.batch_size == 16
     assert not in15[1].feasible
+
+
+def test_the_start_never_guesses_over_the_budget_and_stops_once_nothing_unmeasured_could_hold_it(workload):
+    """Before any model, a setting at or above a measured over-budget one (batch size and every numeric knob, in
+    its power mode) is certain to be over too. The space-filling start draws from the settings not certain to be
+    over, from the whole grid when its sample of 4096 has none; once every unmeasured setting is certain to be
+    over, the search stops. Before, the start fell back to blind guesses (Orin Nano cnn at 4.6 W, both modes'
+    least settings measured over what the sensor can certify: batch 1024 at 15W, 6.8 W, then batch 64 at 8.5 W)."""
+    from edgetune.power.knobs import Candidate
+    from edgetune.search.samplers.guided import GuidedSampler, _Measured
+
+    device = open_device("sim:orin-nano", compute=False)
+    tuned = ["power_mode", "gpu_freq", "emc_freq", "cpu_freq", "cpu_cores"]
+    space = build_space(device, 32, (16, 32, 64, 128, 256, 512, 1024), tuned)
+    least = {k: min(space.knob_values[k]) for k in tuned[1:]}
+
+    def at(mode, batch=16, **up):  # the mode's least setting, some knobs one level up
+        knobs = {k: space.knob_values[k][1] if k in up else v for k, v in least.items()}
+        return Candidate(batch, tuple({**knobs, "power_mode": mode}.items()))
+
+    def sampler_on(cands, powers, seed=0):
+        s = GuidedSampler(space, budget_w=4.6, seed=seed)
+        idx = [s._index(space.params(c)) for c in cands]
+        rows = _Measured(idx=idx, times=[0.07] * len(idx), powers=powers, peaks=powers, oom_batches=[])
+        s._measured = lambda study: rows
+        s._taken = lambda study: set(idx)
+        return s
+
+    # 15W's least setting over the budget; 7W's over it one level up in each knob and in the batch size: of the
+    # 7W settings only the least one is not certain to be over
+    over = [at("15W"), at("7W", batch=32)] + [at("7W", **{k: 1}) for k in tuned[1:]]
+    for seed in range(5):  # a sample of 4096 of its 13,986 candidates misses that one about 7 times in 10
+        s = sampler_on(over, [5.1] + [4.7] * (len(over) - 1), seed)
+        assert s.should_stop(None, 0.01) is None
+        got = space.candidate(s._startup(None))
+        assert (got.batch_size, got.knobs) == (16, at("7W").knobs)
+    # ... and once that one ran over what the sensor can certify too, nothing is left to measure
+    s = sampler_on(over + [at("7W")], [5.1] + [4.7] * (len(over) - 1) + [4.52])
+    assert s.should_stop(None, 0.01) == "every setting that could hold the budget has been measured"
+    # while a larger batch at 7W's least clocks is not known to be over, the search goes on
+    s = sampler_on(over[:1] + over[2:] + [at("7W")], [5.1] + [4.7] * (len(over) - 2) + [4.40])
+    assert s.should_stop(None, 0.01) is None
