@@ -470,13 +470,14 @@ class GuidedSampler(BaseSampler):
             radix = [self._sizes[j + 1] for j in self._named]
             at = self._named.index(self._mode_dim - 1)
             mine = np.unravel_index(group, radix)
-            kin = []
-            for g in self._live_groups().tolist():
+
+            def alike(g: int) -> bool:  # a peer mode (every mode is its own), every other named knob equal
                 other = np.unravel_index(g, radix)
-                if g == group or (self._peers[mine[at], other[at]]
-                                  and all(a == b for k, (a, b) in enumerate(zip(mine, other)) if k != at)):
-                    kin.append(int(g))
-            self._kin_of[group] = tuple(sorted(set(kin) | {group}))
+                return bool(self._peers[mine[at], other[at]]) and all(
+                    a == b for k, (a, b) in enumerate(zip(mine, other)) if k != at)
+
+            live = self._live_groups().tolist()
+            self._kin_of[group] = tuple(sorted({group} | {int(g) for g in live if alike(g)}))
         return self._kin_of[group]
 
     def _live_groups(self) -> np.ndarray:
