@@ -25,8 +25,9 @@ Each turn of :meth:`Search.run`:
    watt, carried to the budget's edge), and the loop goes on (the sampler may now see more to measure, the
    pick may move) until it stops again. A soak stopped over the budget (the pick does not hold it warm) saw
    too little to extrapolate from: the next pick is soaked too, on the board the first one warmed. Once a
-   soak ran to its end, the stop soaks the best setting that only the carried rise rules out, so that its
-   own rise judges it (:meth:`Search._soak_target`); :data:`MAX_SOAKS` in all. A search that has measured
+   soak ran to its end, the stop soaks the pick itself where it draws more than every setting soaked to its
+   end (a rise carried upward per watt understates it), else the best setting that only the carried rise
+   rules out, so that its own rise judges it (:meth:`Search._soak_target`); :data:`MAX_SOAKS` in all. A search that has measured
    20 settings, or all but the last quarter of ``n_trials``, unsoaked soaks its pick then
    (:func:`~edgetune.search.thermal.soak_reserve`), so that settings remain to re-aim with; and from
    the first soak on, every window's power is referred to the soaked pick's board temperature
@@ -98,6 +99,7 @@ from edgetune.search.thermal import (
     MAX_SOAKS,
     SOAK_S,
     ThermalSoak,
+    hottest_soaked_w,
     rise_for_w,
     soak,
     soak_reserve,
@@ -391,7 +393,10 @@ class Search:
 
     def _soak_target(self, study: optuna.Study) -> TrialRecord | None:
         """The setting to soak at the stop (module docs, step 6), or None: the pick while no soak ran to its
-        end (:meth:`_soak_due`); after one did, the best setting that only the carried rise rules out: it held
+        end (:meth:`_soak_due`); after one did, the pick where it was not soaked itself and draws more than
+        every setting soaked to its end by more than the sensor's accuracy
+        (:func:`~edgetune.search.thermal.hottest_soaked_w`: the rise carried to it per watt understates its
+        own); else the best setting that only the carried rise rules out: it held
         the limit by the sensor's accuracy, not by that plus the rise another setting measured per watt, it
         was not soaked itself, and it measured better than the best certified setting by more than the
         search's resolution (half its margin), or none is certified. Its own soak then judges it
@@ -411,6 +416,10 @@ class Search:
             assert r.outcome is not None
             return log_score(r.outcome, self.objective, self.cost)
 
+        best, hottest_w = result.best, hottest_soaked_w(self.soaks)
+        if (best is not None and hottest_w is not None and soaked_rise_w(self.soaks, best.candidate) is None
+                and limit_w - margin_w(best, limit_w) > hottest_w + accuracy_w):
+            return best  # hotter than every full soak: its rise carried per watt understates it (thermal docs)
         held = [r for r in result.settings if r.feasible and r.outcome is not None]
         bar = min((score(r) for r in held if result.certified(r)), default=math.inf) - self.margin / 2
         ruled_out = [r for r in held if not result.certified(r) and margin_w(r, limit_w) >= accuracy_w
