@@ -313,22 +313,28 @@ def test_a_soaked_setting_is_judged_by_its_own_rise_and_the_others_by_the_carrie
     assert soaked_rise_w([_soak(0.5, cool_c=35.0, slope=0.1), warm], soaked) == pytest.approx(0.2 + 0.1 * 2.0)
 
 
-def test_a_setting_only_the_carried_rise_rules_out_is_soaked_at_the_stop_and_judged_by_its_own(cnn) -> None:
+def _after_an_earlier_soak(cnn, budget: float, earlier: ThermalSoak, soak_s: float):
+    """``(twin, result)`` of a 16-setting AGX Orin search (batch 16-64, GPU and memory clocks) under ``budget``
+    whose study already holds ``earlier``, another worker's soak of another setting."""
     device = open_device("sim:orin-agx", compute=False, seed=0)
-    twin = device.backend
     space = small_space(device, batch_sizes=(16, 32, 64))
     storage = optuna.storages.InMemoryStorage()
-    budget = 13.0
     first = search(device, cnn, space, budget, n_trials=1, seed=0, storage=storage, soak_s=0.0)
     first.run()
+    records.write_soaks(first.study, [earlier.to_dict()])
+    return device.backend, search(device, cnn, space, budget, n_trials=16, seed=0, storage=storage,
+                                  soak_s=soak_s).run()
+
+
+def test_a_setting_only_the_carried_rise_rules_out_is_soaked_at_the_stop_and_judged_by_its_own(cnn) -> None:
+    budget = 13.0
     # an earlier soak (another worker's, of another setting at the budget's edge, so that no pick draws more)
     # measured 3% per watt: carried to the edge that is 0.37 W, more than the AGX Orin's settings under 13 W
     # rise (0.1-0.2 W)
     early = ThermalSoak(batch_size=64, setting={"gpu_freq": 306_000_000, "emc_freq": 204_000_000},
                         cool_power_w=12.9, duration_s=180.0, steady_power_w=12.9 * 1.03, extrapolated=True,
                         after_settings=1)
-    records.write_soaks(first.study, [early.to_dict()])
-    result = search(device, cnn, space, budget, n_trials=16, seed=0, storage=storage, soak_s=120.0).run()
+    twin, result = _after_an_earlier_soak(cnn, budget, early, soak_s=120.0)
     assert result.thermal_rise_w == pytest.approx(0.03 * (budget - result.accuracy_w) / 1.03)
     assert len(result.thermal_soaks) == 2  # the stop soaked the best setting that only the carried rise ruled out
     soaked = result.thermal_soaks[1]
@@ -424,21 +430,14 @@ def test_every_window_records_the_board_temperature_at_its_end(cnn) -> None:
 
 
 def test_a_pick_hotter_than_every_soaked_setting_is_soaked_itself_before_the_stop(cnn) -> None:
-    device = open_device("sim:orin-agx", compute=False, seed=0)
-    twin = device.backend
-    space = small_space(device, batch_sizes=(16, 32, 64))
-    storage = optuna.storages.InMemoryStorage()
     budget = 15.0
-    first = search(device, cnn, space, budget, n_trials=1, seed=0, storage=storage, soak_s=0.0)
-    first.run()
     # an earlier soak of a cool setting (another worker's) rose 0.2% per watt: carried per watt to the budget's
     # edge, 0.03 W; a setting near 15 W on the AGX Orin rises several times that (its rails run at higher
     # voltages, whose leakage climbs faster with the temperature)
     cool = ThermalSoak(batch_size=64, setting={"gpu_freq": 306_000_000, "emc_freq": 204_000_000},
                        cool_power_w=10.0, duration_s=360.0, steady_power_w=10.02, extrapolated=True,
                        after_settings=1)
-    records.write_soaks(first.study, [cool.to_dict()])
-    result = search(device, cnn, space, budget, n_trials=16, seed=0, storage=storage, soak_s=360.0).run()
+    twin, result = _after_an_earlier_soak(cnn, budget, cool, soak_s=360.0)
     pick = result.best
     assert pick is not None
     full = [s for s in result.thermal_soaks if not s.stopped_over_budget]
