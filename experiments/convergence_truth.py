@@ -56,15 +56,15 @@ were several times slower than one.
     python experiments/convergence_truth.py --replay   # score the stored table, no training
     python experiments/convergence_truth.py --seeds 3,4 --keep-warmup   # add seeds to the stored table
 
-Fifteen seeds per batch size: the table began with three, and the seeds of one batch size disagree by 10-25%, so a
-median of three could be a chimera of seeds (orin-nano mobilenet in the oracle benchmark: b 16's median from seed
-1's run, b 32's from seed 0's) and the benchmark's gaps of a few percent lay inside the truth's own spread
+Fifteen seeds per batch size: the table began with three, and the seeds of one batch size disagree by 10-25%, so
+a median of three could be a chimera of seeds (orin-nano mobilenet in the oracle benchmark: b 16's median from
+seed 1's run, b 32's from seed 0's) and the benchmark's gaps of a few percent lay inside the truth's own spread
 (experiments/results/oracle_gap.txt rescores such rows seed by seed). Seven seeds still left the oracle
-benchmark's worst rows (8-14%) inside that spread: cnn's steps at batch 32 fell in three clusters (about 18, 27 and
-43 steps), so the median of seven sat on a cluster's edge, b 32 won five of the seven seeds against b 16 and yet lost
-by 13.6% on the medians. Seeds 7-14 were added for that, before anything was scored with them. ``--seeds`` measures some seeds only and
-keeps the table's rows of the others; ``--keep-warmup`` keeps the stored B_noise instead of measuring it again
-(the built-in workloads carry that value).
+benchmark's worst rows (8-14%) inside that spread: cnn's steps at batch 32 fell in three clusters (about 18, 27
+and 43 steps), so the median of seven sat on a cluster's edge, b 32 won five of the seven seeds against b 16 and
+yet lost by 13.6% on the medians. Seeds 7-14 were added for that, before anything was scored with them.
+``--seeds`` measures some seeds only and keeps the table's rows of the others; ``--keep-warmup`` keeps the
+stored B_noise instead of measuring it again (the built-in workloads carry that value).
 
 Ends with ``steps error: X% | choice loss: Y%`` (targets X <= 20, Y <= 5).
 """

@@ -27,9 +27,9 @@ Each turn of :meth:`Search.run`:
    too little to extrapolate from: the next pick is soaked too, on the board the first one warmed. Once a
    soak ran to its end, the stop soaks the pick itself where it draws more than every setting soaked to its
    end (a rise carried upward per watt understates it), else the best setting that only the carried rise
-   rules out, so that its own rise judges it (:meth:`Search._soak_target`); :data:`MAX_SOAKS` in all. A search that has measured
-   20 settings, or all but the last quarter of ``n_trials``, unsoaked soaks its pick then
-   (:func:`~edgetune.search.thermal.soak_reserve`), so that settings remain to re-aim with; and from
+   rules out, so that its own rise judges it (:meth:`Search._soak_target`); :data:`MAX_SOAKS` in all. A
+   search that has measured 20 settings, or all but the last quarter of ``n_trials``, unsoaked soaks its
+   pick then (:func:`~edgetune.search.thermal.soak_reserve`), so that settings remain to re-aim with; and from
    the first soak on, every window's power is referred to the soaked pick's board temperature
    (:class:`~edgetune.search.thermal.ThermalReference`): the board stays warm after a soak, and its windows
    would otherwise pay the rise twice.

@@ -28,15 +28,15 @@ Every later judgement of the budget asks a setting to hold it by the sensor's ac
 its pick. The rise grows with the power a setting draws (its heat warms the board, and the warmth raises the
 leakage), so it is carried to the settings that compete at the budget per watt: the margin counts the rise of
 a setting that would reach the limit less the sensor's accuracy once warm, at the largest rise per watt of
-cool power a soak measured (:func:`thermal_rise_w`). A setting drawing less than the soaked one warms the board
-less, so for it the rise is on the safe side. One drawing more is not: the rise grows faster than the power,
-since the hotter setting runs its rails at higher voltages, whose leakage rises more per kelvin. On the
-simulated AGX Orin (cnn, energy at 22.1 W) a 14.9-W pick soaked 0.25 W of rise, carried per watt as 0.36 W to a
-21.1-W pick whose own rise was 1.14 W, and the pick drew 22.26 W warm. So a pick drawing more than every
-setting soaked to its end (:func:`hottest_soaked_w`), by more than the sensor's accuracy, is soaked itself
-before the search stops. Where the device reads no temperature, the rise is what the soak saw (a lower bound: the board
-had minutes more to warm), and the result says so. A soak that crosses the budget is stopped like any trial
-(safe profiling): its rise is at least what takes the setting to the budget (its mean to the budget less
+cool power a soak measured (:func:`thermal_rise_w`). A setting drawing less than the soaked one warms the
+board less, so for it the rise is on the safe side. One drawing more is not: the rise grows faster than the
+power, since the hotter setting runs its rails at higher voltages, whose leakage rises more per kelvin. On
+the simulated AGX Orin (cnn, energy at 22.1 W) a 14.9-W pick soaked 0.25 W of rise, carried per watt as
+0.36 W to a 21.1-W pick whose own rise was 1.14 W, and the pick drew 22.26 W warm. So a pick drawing more
+than every setting soaked to its end (:func:`hottest_soaked_w`), by more than the sensor's accuracy, is
+soaked itself before the search stops. Where the device reads no temperature, the rise is what the soak saw
+(a lower bound: the board had minutes more to warm), and the result says so. A soak that crosses the budget
+is stopped like any trial (safe profiling): its rise is at least what takes the setting to the budget (its mean to the budget less
 the step's ripple, once the soak ran half its length and its fit so had windows to read the rise:
 :func:`_stopped_floor_w`), and the search soaks its next
 pick too, on the board the first one warmed (:data:`MAX_SOAKS` in all), since a few windows are too few to
@@ -78,8 +78,8 @@ from edgetune.power.monitor import PowerMonitor
 from edgetune.search.trial import MeasurementProtocol, measure_setting
 
 __all__ = ["MAX_SOAKS", "SOAK_AFTER", "SOAK_CHUNK_S", "SOAK_RESERVE", "SOAK_S", "SoakFit", "ThermalReference",
-           "ThermalSoak", "fit_soak", "governing", "hottest_soaked_w", "rise_for_w", "soak", "soak_reserve", "soaked_rise_w",
-           "thermal_reference", "thermal_rise_w"]
+           "ThermalSoak", "fit_soak", "governing", "hottest_soaked_w", "rise_for_w", "soak", "soak_reserve",
+           "soaked_rise_w", "thermal_reference", "thermal_rise_w"]
 
 _log = get_logger(__name__)
 

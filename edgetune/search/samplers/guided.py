@@ -77,9 +77,9 @@ smallest batch size, every numeric knob at its lowest): over the budget there, t
 by one measurement instead of being probed lower setting by setting (:meth:`GuidedSampler._floor_first`). The
 space-filling start obeys the same rule: blind to the model, it is not blind to what it measured. Nor does it
 propose a setting certain to be over (at or above a measured over-budget one): where its sample of the grid
-holds only such settings, it draws from every other candidate of the grid, and where none is left the search stops
-before any model (:meth:`GuidedSampler._none_left_below`; Orin Nano cnn at 4.6 W: 4 settings and 0.2 device-s
-over the budget, against 6 and 1.7 s of blind guesses up to batch 1024, for the same pick). (Before, it
+holds only such settings, it draws from every other candidate of the grid, and where none is left the search
+stops before any model (:meth:`GuidedSampler._none_left_below`; Orin Nano cnn at 4.6 W: 4 settings and 0.2
+device-s over the budget, against 6 and 1.7 s of blind guesses up to batch 1024, for the same pick). (Before, it
 went on probing such a mode at random: on the energy benchmark's seed 1, 4.1 of xavier-nx chartransformer 5.1 W's
 5.2 device-seconds over the budget came from the start. With the rule: the largest over-budget total of one search
 went 3.7 -> 2.9 s (time, seed 0) and 5.2 -> 4.2 s (energy, seed 1); the time median 25 -> 24 settings, rows
