@@ -130,6 +130,17 @@ def summary_table(result: SearchResult) -> str:
                          f"--batch-size {edge.edge.candidate.batch_size} "
                          + " ".join(f"--set {k}={v}" for k, v in edge.edge.candidate.setting)
                          + " (best.json: knife_edge)")
+    tie = result.batch_tie
+    if tie is not None:
+        from edgetune.search.results import LAW_RATIO_PRECISION
+
+        other = tie.runner_up
+        lines.append(f"batch size: a tie under the convergence law: batch {other.candidate.batch_size} (trial "
+                     f"{other.number}, {_setting_text(other, units)}) is {tie.cost_pct:.1f}% behind by the law's "
+                     f"steps to target (S({other.candidate.batch_size}) / S({tie.pick.candidate.batch_size}) = "
+                     f"{tie.steps_ratio:.3f}), within the law's precision ({LAW_RATIO_PRECISION:.0%}); train both "
+                     f"to your target to decide: edgetune run --batch-size {other.candidate.batch_size} "
+                     + " ".join(f"--set {k}={v}" for k, v in other.candidate.setting) + " (best.json: batch_size_tie)")
     if result.simulated:
         lines.append(f"SIMULATED device ({result.device_description}); protocol: {result.protocol}")
     return "\n".join(lines)

@@ -703,6 +703,72 @@ def test_knife_edge_names_the_margin_and_the_pick_stays_on_the_safe_side(workloa
     assert f"over budget during search: {result.over_budget_s:.1f} s" in text
 
 
+def test_batch_tie_names_another_batch_size_within_the_laws_precision(workload):
+    """Two batch sizes whose best measured settings are closer by the law's steps than the law is precise are a
+    tie: best.json and the summary name the other one; a clear lead names none."""
+    import dataclasses
+
+    from edgetune.report import summary_table
+    from edgetune.search.efficiency import Outcome
+    from edgetune.search.results import LAW_RATIO_PRECISION, batch_tie, choose_best
+
+    device = open_device("sim:orin-nano", compute=False, seed=1)
+    result = search(device, workload, small_space(device), 8.5, sampler="random", n_trials=10, seed=1,
+                    soak_s=0.0).run()
+    measured = list(result.records)
+
+    def under(b_noise: float):
+        """The same measurements scored with the law at ``b_noise``: each window's outcome recomputed."""
+        target = TargetModel(1000.0, b_noise)
+
+        def rescored(r):
+            if r.outcome is None:
+                return r
+            m = r.measurement
+            return dataclasses.replace(r, outcome=Outcome.of(r.candidate.batch_size, m["step_time_s"],
+                                                             m["energy_per_sample_j"], target))
+
+        result.records, result.target = [rescored(r) for r in measured], target
+        result.best = choose_best(result)
+        return result
+
+    # each batch size's fastest certified step (the law's steps are alike within a batch size)
+    step = {}
+    for r in under(1.0).settings:
+        if r.feasible and r.outcome is not None and result.certified(r):
+            b = r.candidate.batch_size
+            step[b] = min(step.get(b, math.inf), r.measurement["step_time_s"])
+    b1, b2 = sorted(step)[:2]
+    t1, t2 = step[b1], step[b2]
+    assert t1 / b1 > t2 / b2  # the larger batch takes less time per sample, so some B_noise ties the two
+    tie_b_noise = (t2 - t1) / (t1 / b1 - t2 / b2)  # (1 + B/b1) t1 = (1 + B/b2) t2
+    seen = set()
+    for b_noise in (1.0, tie_b_noise * 0.99, tie_b_noise * 1.01, 1e4):
+        res = under(b_noise)
+        pick = res.best
+        others = [r for r in res.settings if r.feasible and r.outcome is not None and res.certified(r)
+                  and r.candidate.batch_size != pick.candidate.batch_size]
+        runner = min(others, key=lambda r: r.outcome.time_to_target_s)
+        cost_pct = (runner.outcome.time_to_target_s / pick.outcome.time_to_target_s - 1) * 100
+        tie = batch_tie(res)
+        assert (tie is not None) == (cost_pct < 100 * LAW_RATIO_PRECISION), (b_noise, cost_pct)
+        seen.add(tie is not None)
+        doc = best_json(res)["batch_size_tie"]
+        text = summary_table(res)
+        if tie is None:
+            assert doc is None and "a tie under the convergence law" not in text
+            continue
+        assert tie.runner_up.candidate == runner.candidate and tie.cost_pct == pytest.approx(cost_pct)
+        steps = TargetModel(1000.0, b_noise).steps
+        assert tie.steps_ratio == pytest.approx(steps(runner.candidate.batch_size) / steps(pick.candidate.batch_size))
+        assert doc["runner_up"]["batch_size"] == runner.candidate.batch_size
+        assert doc["cost_pct"] == pytest.approx(cost_pct) and doc["law_ratio_precision_pct"] == 5.0
+        assert (f"batch size: a tie under the convergence law: batch {runner.candidate.batch_size} (trial "
+                f"{runner.number}," in text)
+        assert f"edgetune run --batch-size {runner.candidate.batch_size} --set " in text
+    assert seen == {True, False}  # the law's B_noise near the tie makes one, far from it none
+
+
 def test_sensor_accuracy_counts_every_summed_channel():
     from edgetune.power.base import summed_channels
     from edgetune.search.results import SENSOR_ACCURACY_ABS_W, sensor_accuracy_w

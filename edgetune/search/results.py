@@ -27,9 +27,9 @@ from edgetune.search.records import TrialRecord
 from edgetune.search.space import SearchSpace
 from edgetune.search.thermal import ThermalSoak, governing, rise_for_w, thermal_rise_w
 
-__all__ = ["SENSOR_ACCURACY_ABS_W", "SENSOR_ACCURACY_REL", "TRIAL_COLUMNS", "KnifeEdge", "SearchResult", "best_json",
-           "certified", "choose_best", "knife_edge", "margin_w", "pareto_front", "sensor_accuracy_w",
-           "setting_with_units", "write_best", "write_trials_csv"]
+__all__ = ["LAW_OBJECTIVES", "LAW_RATIO_PRECISION", "SENSOR_ACCURACY_ABS_W", "SENSOR_ACCURACY_REL", "TRIAL_COLUMNS",
+           "BatchTie", "KnifeEdge", "SearchResult", "batch_tie", "best_json", "certified", "choose_best", "knife_edge",
+           "margin_w", "pareto_front", "sensor_accuracy_w", "setting_with_units", "write_best", "write_trials_csv"]
 
 #: a board power sensor's accuracy, relative part: the INA3221's maximum gain errors (shunt and bus voltage,
 #: 0.25 % each, TI datasheet SBOS576) add up in their product, the power, and its maximum bus offset (16 mV)
@@ -38,6 +38,15 @@ SENSOR_ACCURACY_REL = 0.0082
 #: ... and absolute part, W per channel summed into the total: the INA3221's maximum shunt offset (80 uV) over
 #: a 5 mOhm shunt at 5 V (the Jetson modules' rails; edgetune/power/profiles/SOURCES.md, "Sensor")
 SENSOR_ACCURACY_ABS_W = 0.08
+#: how well the convergence law S(b) = S_min (1 + B_noise / b) is taken to know the ratio of the steps to target
+#: of two batch sizes: on the built-in workloads, the law with each one's measured B_noise misses the median of
+#: fifteen seeds' steps by 2-3% at mobilenet's batch sizes 8 to 32 and by tens of percent elsewhere, and
+#: mobilenet's ratio S(16)/S(32) by 5% (experiments/results/convergence_truth.txt): two batch sizes closer
+#: than this by the law are a tie the measurements of the hardware cannot break (:class:`BatchTie`)
+LAW_RATIO_PRECISION = 0.05
+#: the objectives whose figures scale with the law's steps to target (throughput does not use it; pareto
+#: reports a front)
+LAW_OBJECTIVES = ("time", "energy", "cost")
 
 
 @dataclass
@@ -149,6 +158,11 @@ class SearchResult:
         return knife_edge(self)
 
     @property
+    def batch_tie(self) -> BatchTie | None:
+        """Another batch size is within the law's precision of the pick (:func:`batch_tie`)."""
+        return batch_tie(self)
+
+    @property
     def aborted_over_budget(self) -> int:
         """Trials stopped early because their live moving average crossed the budget."""
         return sum(r.aborted_over_budget for r in self.measured)
@@ -232,6 +246,47 @@ def knife_edge(result: SearchResult) -> KnifeEdge | None:
     return KnifeEdge(edge, margin_w(edge, limit_w), accuracy_w, result.rise_for_w(edge.candidate), safer,
                      margin_w(safer, limit_w) if safer else None,
                      _cost_pct(edge, safer, objective, result.cost) if safer else None)
+
+
+@dataclass(frozen=True)
+class BatchTie:
+    """The pick's batch size rests on the convergence law alone: the best setting measured at another batch
+    size (``runner_up``, holding the budget as the pick does) is behind the pick by less than
+    :data:`LAW_RATIO_PRECISION`, and that share is all the law's ratio of their steps to target would have to
+    be off by for the runner-up to win. The hardware's figures of both are measured; the steps are the law's.
+    Training both to the target settles it."""
+
+    pick: TrialRecord
+    runner_up: TrialRecord
+    cost_pct: float  # how much worse the runner-up is in the objective, by the law's steps, %
+    steps_ratio: float  # the law's steps to target of the runner-up's batch size over the pick's
+
+
+def batch_tie(result: SearchResult) -> BatchTie | None:
+    """A :class:`BatchTie` when the best measured setting of a batch size other than the pick's is within
+    :data:`LAW_RATIO_PRECISION` of the pick in the objective (None: a clear lead, no other batch size held
+    the budget, or an objective not in :data:`LAW_OBJECTIVES`). The runner-up is held to the pick's own
+    standard: certified where the pick is (:meth:`SearchResult.certified`)."""
+    pick = result.best
+    if result.objective not in LAW_OBJECTIVES or pick is None or pick.outcome is None:
+        return None
+    strict = result.certified(pick)
+    others = [r for r in _held(result)
+              if r.candidate.batch_size != pick.candidate.batch_size and (result.certified(r) or not strict)]
+    runner_up = _best_of(result, others)
+    if runner_up is None:
+        return None
+    cost_pct = _cost_pct(pick, runner_up, result.objective, result.cost)
+    if not cost_pct < 100.0 * LAW_RATIO_PRECISION:
+        return None
+    return BatchTie(pick, runner_up, cost_pct, runner_up.outcome.steps_to_target / pick.outcome.steps_to_target)
+
+
+def _batch_tie_json(tie: BatchTie | None, units: dict[str, str]) -> dict[str, Any] | None:
+    if tie is None:
+        return None
+    return {"runner_up": _plan(tie.runner_up, units), "cost_pct": tie.cost_pct, "steps_ratio": tie.steps_ratio,
+            "law_ratio_precision_pct": 100.0 * LAW_RATIO_PRECISION}
 
 
 def _knife_edge_json(edge: KnifeEdge | None) -> dict[str, Any] | None:
@@ -357,6 +412,9 @@ def best_json(result: SearchResult) -> dict[str, Any]:
         # the best setting as measured holds the budget by less than the sensor's accuracy plus the thermal rise
         # (null: a clear margin)
         "knife_edge": _knife_edge_json(knife_edge(result)),
+        # another batch size within the convergence law's precision of the pick (null: a clear lead): the law,
+        # not the measurements, chose between the two
+        "batch_size_tie": _batch_tie_json(batch_tie(result), units),
         # the pick trained at for minutes: how much more it draws on the warm board (null: not soaked); the
         # soak with the largest rise per watt, whose rise at the budget's edge the margin of every setting not
         # soaked itself includes (counted_rise_w; a soaked one counts its own), and how many soaks ran
