@@ -551,6 +551,11 @@ class Row:
     trajectory: list[tuple[float, float]] = field(default_factory=list)
     #: the pick's knob setting (None: nothing held the budget)
     chosen_setting: dict[str, Any] | None = None
+    #: the batch-size tie the search reported (best.json ``batch_size_tie``; None: none): the runner-up's batch
+    #: size, how far behind the pick the search's law put it (%), and its truth (the same objective, W)
+    tie_batch: int | None = None
+    tie_cost_pct: float = math.nan
+    tie_point: Point | None = None
 
     @property
     def pick_at(self) -> int:
@@ -580,6 +585,14 @@ class Row:
         if self.law is None or self.honest is None:
             return math.nan
         return (self._value(self.law) / self._value(self.honest) - 1.0) * 100.0
+
+    @property
+    def tie_gap_pct(self) -> float:
+        """The reported tie's runner-up against the honest oracle (nan: no tie reported): what training both
+        batch sizes to the target, as the report advises, would give, taking the better."""
+        if self.tie_point is None or self.honest is None:
+            return math.nan
+        return (self._value(self.tie_point) / self._value(self.honest) - 1.0) * 100.0
 
     @property
     def violation(self) -> bool:
@@ -656,6 +669,10 @@ def run_case(case: Case, truth: GridTruth, space: SearchSpace, workload: Any, st
               soak_rise_w=res.thermal_rise_w, soak_s=sum(s.duration_s for s in res.thermal_soaks),
               soaks=len(res.thermal_soaks),
               chosen_setting=dict(res.best.candidate.knobs) if res.best else None)
+    tie = res.batch_tie
+    if tie is not None:
+        row.tie_batch, row.tie_cost_pct = tie.runner_up.candidate.batch_size, tie.cost_pct
+        row.tie_point = truth.point(tie.runner_up.candidate.batch_size, tie.runner_up.candidate.knobs)
     if case.objective == "pareto":
         # the reported points that truly hold the budget, against the certifiable front (as the gaps are
         # against the honest oracle) and against the plain one, each with its own reference point

@@ -71,6 +71,7 @@ from benchlib import (
 )
 
 from edgetune.report import format_table
+from edgetune.search.results import LAW_RATIO_PRECISION
 
 
 def _fmt(p: Point | None, objective: str) -> str:
@@ -87,7 +88,8 @@ def _x(v: float) -> str:
 def table(rows: list[Row], objective: str) -> str:
     unit = "J" if objective == "energy" else "s"
     head = ["device", "workload", "budget W", "floor W", f"common {unit}", f"def-b {unit}", f"oracle {unit}",
-            f"honest {unit}", "honest W", f"chosen {unit}", "b", "true W", "gap %", "law gap %", "trials",
+            f"honest {unit}", "honest W", f"chosen {unit}", "b", "true W", "gap %", "law gap %", "tie b",
+            "tie law %", "tie gap %", "trials",
             "windows", "pick at", "over s",
             "x common", "x def-b", "oracle x common", "oracle x def-b"]
     if objective == "pareto":
@@ -101,7 +103,9 @@ def table(rows: list[Row], objective: str) -> str:
                 (f"{r.chosen.max_avg_w:.2f}" + (" OVER" if r.chosen.max_avg_w > r.case.budget_w else ""))
                 if r.chosen else "-",
                 f"{r.gap_pct:.2f}" if math.isfinite(r.gap_pct) else "MISS",
-                f"{r.law_gap_pct:.2f}" if math.isfinite(r.law_gap_pct) else "-", r.measured, r.windows, r.pick_at,
+                f"{r.law_gap_pct:.2f}" if math.isfinite(r.law_gap_pct) else "-", r.tie_batch or "-",
+                f"{r.tie_cost_pct:.2f}" if math.isfinite(r.tie_cost_pct) else "-",
+                f"{r.tie_gap_pct:.2f}" if math.isfinite(r.tie_gap_pct) else "-", r.measured, r.windows, r.pick_at,
                 f"{r.over_budget_s:.1f}",
                 _x(r.ratio(r.common)), _x(r.ratio(r.default_best)),
                 _x(r.ratio(r.common, r.oracle)), _x(r.ratio(r.default_best, r.oracle))]
@@ -133,6 +137,18 @@ def summary(rows: list[Row], objective: str) -> list[str]:
                      f"steps): worst {max(law):.2f}%, {len(bound)} of {len(rows)} rows over 3% ("
                      + (", ".join(f"{r.case.profile} {r.case.workload} {r.case.budget_w:.2f} W" for r in bound)
                         or "none") + "): no measurement of the hardware closes that part of a gap")
+    if objective != "pareto":
+        tied = [r for r in rows if r.tie_batch is not None]
+        over = [r for r in rows if r.gap_pct > 3.0]
+        told = [r for r in over if r.tie_batch is not None]
+        both = [min(r.gap_pct, r.tie_gap_pct) if r.tie_batch is not None else r.gap_pct for r in rows]
+        lines.append(f"batch-size ties reported (best.json batch_size_tie: another batch size within "
+                     f"{100 * LAW_RATIO_PRECISION:g}% of the pick by the law): {len(tied)} of {len(rows)} rows; of "
+                     f"the {len(over)} rows over 3%, {len(told)}"
+                     + (" (" + ", ".join(f"{r.case.profile} {r.case.workload} {r.case.budget_w:.2f} W: b "
+                                         f"{r.tie_batch} at {r.tie_gap_pct:.2f}%" for r in told) + ")" if told else "")
+                     + f"; the better of each reported tie (both trained to the target, as the report advises): "
+                       f"worst gap {max(both):.2f}%, {sum(g <= 3.0 for g in both)} of {len(rows)} rows within 3%")
     if objective == "pareto":
         ratios, plain = [r.hv_ratio for r in rows], [r.hv_plain for r in rows]
         lines.append(f"rows at a hypervolume ratio of 0.95 or more: {sum(x >= 0.95 for x in ratios)} of {len(rows)} "
