@@ -3,7 +3,8 @@
 For every simulated module (orin-agx, orin-nx, orin-nano, xavier-nx) and built-in workload, three budgets
 that bind (the unconstrained optimum draws more; the lowest sits 5% of the way from the lowest feasible
 budget to it), the search runs on the twin as on a board (``compute=False``: the twin times the steps) with
-its own convergence model (S_min 1000, B_noise 256), and ``experiments/benchlib.py`` scores its pick with
+its own convergence model (the law S_min (1 + B_noise / b) with each workload's measured B_noise,
+``Workload.b_noise``), and ``experiments/benchlib.py`` scores its pick with
 what the search never sees: the *measured* steps to target (``experiments/data/convergence/steps.csv``)
 times the twin's true step time (and mean power for energy), the budget judged on the true highest 1-s
 average. Power is scored at the thermal steady state of training at each setting (``Twin.steady_state``):
@@ -19,6 +20,11 @@ Reference points per row:
 * honest  - the best one that holds it by the INA3221's stated accuracy (0.08 W per summed channel +
             0.82 %, TI SBOS576 maxima): no search that certifies the budget from readings can do better.
             The gap is against it (negative: the pick beat it inside the sensor's error band).
+
+A search whose best setting at another batch size is within the law's precision of its pick by the law
+says so (best.json ``batch_size_tie``: the law, not the measurements, chose the batch size): the ``tie``
+columns give that runner-up's batch size, how far behind the law put it, and its true gap, what training
+both to the target, as the report advises, would give.
 
 The reference points (i) and (ii) are judged on the plain budget, the most favourable to them, so the
 speedups are not inflated. Batch sizes: the search's default ones (default/8 .. default x 8) inside the

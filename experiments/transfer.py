@@ -18,7 +18,10 @@ power sensor's stated accuracy: no search that certifies the budget from reading
               the budget) is printed below the table;
 * measured  - settings measured on the *target* board (baseline probes included; the prior's are not counted);
 * law gap   - the setting the search's own S(b) law ranks best with exact knowledge of the hardware, against
-              the same oracle: the part of a gap that no measurement of the hardware removes.
+              the same oracle: the part of a gap that no measurement of the hardware removes;
+* warm tie  - where the warm search reported a batch-size tie (best.json ``batch_size_tie``: its best setting
+              at another batch size within the law's precision of the pick, by the law), that batch size and
+              the setting's true gap: what training both to the target, as the report advises, would give.
 
 PowerTrain (Prashanthi et al., FGCS 2024) transfers a learned time/power model to a new device or workload
 after profiling about 50 power modes of it; the ``measured`` columns are the comparable figure here.
