@@ -39,10 +39,11 @@ SENSOR_ACCURACY_REL = 0.0082
 #: a 5 mOhm shunt at 5 V (the Jetson modules' rails; edgetune/power/profiles/SOURCES.md, "Sensor")
 SENSOR_ACCURACY_ABS_W = 0.08
 #: how well the convergence law S(b) = S_min (1 + B_noise / b) is taken to know the ratio of the steps to target
-#: of two batch sizes: on the built-in workloads, the law with each one's measured B_noise misses the median of
-#: fifteen seeds' steps by 2-3% at mobilenet's batch sizes 8 to 32 and by tens of percent elsewhere, and
-#: mobilenet's ratio S(16)/S(32) by 5% (experiments/results/convergence_truth.txt): two batch sizes closer
-#: than this by the law are a tie the measurements of the hardware cannot break (:class:`BatchTie`)
+#: of two batch sizes. Its best case on the built-in workloads, with each one's measured B_noise: it misses the
+#: median of fifteen seeds' steps by 2-3% at mobilenet's batch sizes 8 to 32, and their ratio S(16)/S(32) by 5%;
+#: elsewhere it misses by 7% to several times (experiments/results/convergence_truth.txt). Two batch sizes
+#: closer than this by the law are a tie that no measurement of the hardware breaks (:class:`BatchTie`), even
+#: where the law is at its best.
 LAW_RATIO_PRECISION = 0.05
 #: the objectives whose figures scale with the law's steps to target (throughput does not use it; pareto
 #: reports a front)
