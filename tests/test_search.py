@@ -742,7 +742,7 @@ def test_batch_tie_names_another_batch_size_within_the_laws_precision(workload):
     t1, t2 = step[b1], step[b2]
     assert t1 / b1 > t2 / b2  # the larger batch takes less time per sample, so some B_noise ties the two
     tie_b_noise = (t2 - t1) / (t1 / b1 - t2 / b2)  # (1 + B/b1) t1 = (1 + B/b2) t2
-    seen = set()
+    seen, tie_at = set(), None
     for b_noise in (1.0, tie_b_noise * 0.99, tie_b_noise * 1.01, 1e4):
         res = under(b_noise)
         pick = res.best
@@ -753,6 +753,8 @@ def test_batch_tie_names_another_batch_size_within_the_laws_precision(workload):
         tie = batch_tie(res)
         assert (tie is not None) == (cost_pct < 100 * LAW_RATIO_PRECISION), (b_noise, cost_pct)
         seen.add(tie is not None)
+        if tie is not None:
+            tie_at = b_noise
         doc = best_json(res)["batch_size_tie"]
         text = summary_table(res)
         if tie is None:
@@ -767,6 +769,14 @@ def test_batch_tie_names_another_batch_size_within_the_laws_precision(workload):
                 f"{runner.number}," in text)
         assert f"edgetune run --batch-size {runner.candidate.batch_size} --set " in text
     assert seen == {True, False}  # the law's B_noise near the tie makes one, far from it none
+    # steps that are a table's measured epochs to target (a trace replay's), not the law's: no tie is the law's
+    from edgetune.search.oracle import TableTarget
+
+    res = under(tie_at)
+    assert batch_tie(res) is not None
+    res.target = TableTarget(batch_sizes=tuple(res.space.batch_sizes))
+    assert not res.target.is_law and TargetModel().is_law
+    assert batch_tie(res) is None
 
 
 def test_sensor_accuracy_counts_every_summed_channel():

@@ -78,6 +78,12 @@ class TargetModel:
     def steps(self, batch_size: float) -> float:
         return steps_to_target(batch_size, self.s_min, self.b_noise)
 
+    @property
+    def is_law(self) -> bool:
+        """Whether the steps are the noise-scale law's (True here; a table's measured epochs to target are
+        not: :class:`edgetune.search.oracle.TableTarget`)."""
+        return True
+
 
 @dataclass(frozen=True)
 class Outcome:

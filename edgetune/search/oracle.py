@@ -100,6 +100,11 @@ class TableTarget(TargetModel):
     def steps(self, batch_size: float) -> float:
         return self.epochs(int(batch_size)) * self.samples_per_epoch / float(batch_size)
 
+    @property
+    def is_law(self) -> bool:
+        """The steps are the table's measured epochs to target (estimated between them), not a law's."""
+        return False
+
     def describe(self) -> dict[str, Any]:
         """JSON-ready: what ``best.json`` says in place of the noise-scale model."""
         known = self.known_epochs()

@@ -266,10 +266,12 @@ class BatchTie:
 def batch_tie(result: SearchResult) -> BatchTie | None:
     """A :class:`BatchTie` when the best measured setting of a batch size other than the pick's is within
     :data:`LAW_RATIO_PRECISION` of the pick in the objective (None: a clear lead, no other batch size held
-    the budget, or an objective not in :data:`LAW_OBJECTIVES`). The runner-up is held to the pick's own
-    standard: certified where the pick is (:meth:`SearchResult.certified`)."""
+    the budget, an objective not in :data:`LAW_OBJECTIVES`, or steps to target that are not the law's: a
+    table's measured epochs, :attr:`~edgetune.search.efficiency.TargetModel.is_law`). The runner-up is held to
+    the pick's own standard: certified where the pick is (:meth:`SearchResult.certified`)."""
     pick = result.best
-    if result.objective not in LAW_OBJECTIVES or pick is None or pick.outcome is None:
+    if (result.objective not in LAW_OBJECTIVES or not result.target.is_law or pick is None
+            or pick.outcome is None):
         return None
     strict = result.certified(pick)
     others = [r for r in _held(result)
