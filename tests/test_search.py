@@ -395,6 +395,20 @@ def test_pareto_objective_keeps_the_front_of_time_and_energy(workload, sampler):
     assert len(best_json(result)["pareto_front"]) == len(front)
 
 
+@pytest.mark.parametrize("objective, threshold", [("time", "0.50%"), ("pareto", "0.25%")])
+def test_the_stopping_rule_asks_a_front_for_a_quarter_of_the_margin(workload, objective, threshold):
+    """Half the 1% margin for one objective; a quarter for both pareto turns (a front's hypervolume reads a shift
+    of its ends several times over)."""
+    device = open_device("sim:orin-nano", compute=False, seed=2)
+    s = search(device, workload, small_space(device), 9.0, objective=objective, sampler="guided", n_trials=30,
+               seed=2, protocol=MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=1.0), soak_s=0.0,
+               guided_options={"min_trials_to_stop": 6, "stop_confirmations": 1})
+    result = s.run()
+    assert result.stop_reason.startswith("no unmeasured setting is expected to improve")
+    assert f" by {threshold} within the budget" in result.stop_reason
+    assert len(result.settings) < s.space.size
+
+
 def test_a_setting_is_never_measured_twice(workload, tmp_path):
     device = open_device("sim:orin-nano", compute=False)
     space = build_space(device, 32, [16, 32], ["gpu_freq"], {"gpu_freq": ["min", "max"]})
