@@ -552,7 +552,7 @@ class Row:
     #: the pick's knob setting (None: nothing held the budget)
     chosen_setting: dict[str, Any] | None = None
     #: the batch-size tie the search reported (best.json ``batch_size_tie``; None: none): the runner-up's batch
-    #: size, how far behind the pick the search's law put it (%), and its truth (the same objective, W)
+    #: size, how far behind the pick the search's law put it (%), and the runner-up's truth
     tie_batch: int | None = None
     tie_cost_pct: float = math.nan
     tie_point: Point | None = None
@@ -588,10 +588,13 @@ class Row:
 
     @property
     def tie_gap_pct(self) -> float:
-        """The reported tie's runner-up against the honest oracle (nan: no tie reported): what training both
-        batch sizes to the target, as the report advises, would give, taking the better."""
+        """The reported tie's runner-up against the honest oracle (nan: no tie reported; inf: its true 1-s
+        average is over the budget, so it is no choice): what training both batch sizes to the target, as the
+        report advises, would give, taking the better."""
         if self.tie_point is None or self.honest is None:
             return math.nan
+        if self.tie_point.max_avg_w > self.case.budget_w:
+            return math.inf
         return (self._value(self.tie_point) / self._value(self.honest) - 1.0) * 100.0
 
     @property

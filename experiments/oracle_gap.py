@@ -111,7 +111,8 @@ def table(rows: list[Row], objective: str) -> str:
                 f"{r.gap_pct:.2f}" if math.isfinite(r.gap_pct) else "MISS",
                 f"{r.law_gap_pct:.2f}" if math.isfinite(r.law_gap_pct) else "-", r.tie_batch or "-",
                 f"{r.tie_cost_pct:.2f}" if math.isfinite(r.tie_cost_pct) else "-",
-                f"{r.tie_gap_pct:.2f}" if math.isfinite(r.tie_gap_pct) else "-", r.measured, r.windows, r.pick_at,
+                f"{r.tie_gap_pct:.2f}" if math.isfinite(r.tie_gap_pct) else "OVER" if r.tie_gap_pct > 0 else "-",
+                r.measured, r.windows, r.pick_at,
                 f"{r.over_budget_s:.1f}",
                 _x(r.ratio(r.common)), _x(r.ratio(r.default_best)),
                 _x(r.ratio(r.common, r.oracle)), _x(r.ratio(r.default_best, r.oracle))]

@@ -160,7 +160,9 @@ def search(board: Board, workload, curve: MeasuredCurve, seed: int, *, prior=(),
     if tie is not None:
         other = truth.point(tie.runner_up.candidate.batch_size, tie.runner_up.candidate.knobs)
         honest = truth.best("time", truth.feasible(board.budget_w, honest=True))
-        scored["tie"] = (tie.runner_up.candidate.batch_size, (other.time_s / honest.time_s - 1.0) * 100)
+        # a runner-up whose true 1-s average is over the budget is no choice: inf
+        gap = (other.time_s / honest.time_s - 1.0) * 100 if other.max_avg_w <= board.budget_w else math.inf
+        scored["tie"] = (tie.runner_up.candidate.batch_size, gap)
     return {**scored, "measured": len(res.settings), "windows": len(res.measured), "wall": wall,
             "stop": res.stop_reason, "prior": len(mapped)}, res
 
