@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from fakes.jetson_tree import build_jetson
 from fakes.rapl_tree import build_rapl
+from fakes.terminal import edgetune_argv
 
 from edgetune.cli import main
 
@@ -203,10 +204,8 @@ def test_monitor_survives_bad_reads_and_counts_them(tmp_path):
 
 def test_monitor_ctrl_c_prints_summary(tmp_path):
     fake = build_jetson(tmp_path / "root", "nano")
-    # `python -m edgetune monitor`, with Ctrl-C delivered as in a terminal (a background job ignores it)
-    code = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-            "sys.argv = ['edgetune', 'monitor', '--device', 'jetson']; runpy.run_module('edgetune', run_name='__main__')")
-    proc = subprocess.Popen([sys.executable, "-c", code], env=_env(fake.root, tmp_path), cwd=REPO,
+    # `python -m edgetune monitor`, with Ctrl-C delivered as in a terminal (fakes/terminal.py)
+    proc = subprocess.Popen(edgetune_argv("monitor", "--device", "jetson"), env=_env(fake.root, tmp_path), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert "monitoring" in proc.stdout.readline()
     # the first live line says the loop runs and has samples: Ctrl-C then, however slow the machine is

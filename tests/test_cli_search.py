@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 import warnings
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from fakes.terminal import edgetune_argv
 from optuna.trial import TrialState
 
 from edgetune.cli import main
@@ -131,13 +131,8 @@ def test_a_study_file_damaged_mid_file_is_refused_in_one_line(tmp_path, capsys):
 def _spawn(helper: Path, out: Path, marker: Path, hang_after: int) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{helper}", HANG_AFTER=str(hang_after),
                HANG_MARKER=str(marker))
-    # `python -m edgetune search`, with Ctrl-C delivered as in a terminal: a child inherits an ignored SIGINT (a
-    # background job ignores it, and so the pytest workers of a CI run launched in the background), and Python then
-    # never raises KeyboardInterrupt: the worker slept through the signal
-    code = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-            "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); sys.argv[0] = 'edgetune'; "
-            "runpy.run_module('edgetune', run_name='__main__')")
-    argv = [sys.executable, "-c", code, "search", *FAST, "--workload", "helper_wl:build", "--budget", "10",
+    # `python -m edgetune search`, with Ctrl-C delivered as in a terminal (fakes/terminal.py)
+    argv = [*edgetune_argv("search"), *FAST, "--workload", "helper_wl:build", "--budget", "10",
             "--batch-sizes", "8,16", "--knobs", "gpu_freq", "--n-trials", "6", "--warmup-steps", "1",
             "--real-steps", "1", "-o", str(out)]
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
