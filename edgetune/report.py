@@ -126,10 +126,8 @@ def summary_table(result: SearchResult) -> str:
             lines.append(f"knife edge: the best measured setting ({where}) is {edge.margin_w:.3f} W under the "
                          f"budget, {within}: its true power may be "
                          f"over, so the pick is the next safer (margin {edge.safer_margin_w:.3f} W), "
-                         f"{edge.safer_cost_pct:+.1f}% {result.objective}; to run the edge setting: edgetune run "
-                         f"--batch-size {edge.edge.candidate.batch_size} "
-                         + " ".join(f"--set {k}={v}" for k, v in edge.edge.candidate.setting)
-                         + " (best.json: knife_edge)")
+                         f"{edge.safer_cost_pct:+.1f}% {result.objective}; to run the edge setting: "
+                         f"{_run_command(edge.edge)} (best.json: knife_edge)")
     tie = result.batch_tie
     if tie is not None:
         from edgetune.search.results import LAW_RATIO_PRECISION
@@ -139,11 +137,16 @@ def summary_table(result: SearchResult) -> str:
                      f"{other.number}, {_setting_text(other, units)}) is {tie.cost_pct:.1f}% behind by the law's "
                      f"steps to target (S({other.candidate.batch_size}) / S({tie.pick.candidate.batch_size}) = "
                      f"{tie.steps_ratio:.3f}), within the law's precision ({LAW_RATIO_PRECISION:.0%}); train both "
-                     f"to your target to decide: edgetune run --batch-size {other.candidate.batch_size} "
-                     + " ".join(f"--set {k}={v}" for k, v in other.candidate.setting) + " (best.json: batch_size_tie)")
+                     f"to your target to decide: {_run_command(other)} (best.json: batch_size_tie)")
     if result.simulated:
         lines.append(f"SIMULATED device ({result.device_description}); protocol: {result.protocol}")
     return "\n".join(lines)
+
+
+def _run_command(r: TrialRecord) -> str:
+    """The ``edgetune run`` line that trains at ``r``'s batch size and setting (knob values in their own units)."""
+    return (f"edgetune run --batch-size {r.candidate.batch_size} "
+            + " ".join(f"--set {k}={v}" for k, v in r.candidate.setting))
 
 
 def _no_baseline_why(result: SearchResult) -> str:
