@@ -121,7 +121,9 @@ def truth_of(board: Board, workload, curve: MeasuredCurve) -> GridTruth:
 
 
 def score(truth: GridTruth, budget_w: float, res, target: TargetModel) -> dict:
-    """The pick against the certifiable oracle and the plain one, the law's gap, the pick's true 1-s maximum."""
+    """The pick against the certifiable oracle and the plain one, the law's gap, the pick's true 1-s maximum, and
+    a reported batch-size tie's runner-up (``tie``: its batch size and gap; inf where its true 1-s average is
+    over the budget, so it is no choice)."""
     certifiable = truth.feasible(budget_w, honest=True)
     honest, plain = truth.best("time", certifiable), truth.best("time", truth.feasible(budget_w, honest=False))
     law = truth.law_best("time", certifiable, target)
@@ -133,9 +135,14 @@ def score(truth: GridTruth, budget_w: float, res, target: TargetModel) -> dict:
         return (p.time_s / oracle.time_s - 1.0) * 100
 
     pick = (res.best.candidate.batch_size, dict(res.best.candidate.knobs)) if res.best else None
-    return {"gap": gap(chosen, honest), "plain_gap": gap(chosen, plain), "law_gap": gap(law, honest),
-            "power": chosen.max_avg_w if chosen else math.nan,
-            "over": chosen is not None and chosen.max_avg_w > budget_w, "pick": pick}
+    out = {"gap": gap(chosen, honest), "plain_gap": gap(chosen, plain), "law_gap": gap(law, honest),
+           "power": chosen.max_avg_w if chosen else math.nan,
+           "over": chosen is not None and chosen.max_avg_w > budget_w, "pick": pick}
+    tie = res.batch_tie  # best.json's batch_size_tie: another batch size within the law's precision
+    if tie is not None:
+        other = truth.point(tie.runner_up.candidate.batch_size, tie.runner_up.candidate.knobs)
+        out["tie"] = (tie.runner_up.candidate.batch_size, gap(other, honest) if other.max_avg_w <= budget_w else math.inf)
+    return out
 
 
 def search(board: Board, workload, curve: MeasuredCurve, seed: int, *, prior=(), storage_url: str | None = None,
@@ -154,15 +161,7 @@ def search(board: Board, workload, curve: MeasuredCurve, seed: int, *, prior=(),
         wall = time.perf_counter() - t0
     finally:
         device.close()
-    truth = truth_of(board, workload, curve)
-    scored = score(truth, board.budget_w, res, target)
-    tie = res.batch_tie  # best.json's batch_size_tie: another batch size within the law's precision
-    if tie is not None:
-        other = truth.point(tie.runner_up.candidate.batch_size, tie.runner_up.candidate.knobs)
-        honest = truth.best("time", truth.feasible(board.budget_w, honest=True))
-        # a runner-up whose true 1-s average is over the budget is no choice: inf
-        gap = (other.time_s / honest.time_s - 1.0) * 100 if other.max_avg_w <= board.budget_w else math.inf
-        scored["tie"] = (tie.runner_up.candidate.batch_size, gap)
+    scored = score(truth_of(board, workload, curve), board.budget_w, res, target)
     return {**scored, "measured": len(res.settings), "windows": len(res.measured), "wall": wall,
             "stop": res.stop_reason, "prior": len(mapped)}, res
 
