@@ -467,7 +467,7 @@ def watch_proposals(monkeypatch, key: str) -> list[float]:
         params = original(self, study, trial, search_space)
         scores = self._score(study, trial.number)
         if scores is not None and np.any(np.isfinite(scores["acquisition"])):
-            k = int(np.flatnonzero(scores["idx"] == self._index(params))[0])
+            k = int(np.flatnonzero(scores["idx"] == self.grid.index(params))[0])
             seen.append(float(scores[key][k]))
         return params
 
@@ -479,19 +479,20 @@ def test_guided_sampler_keeps_predicted_power_within_what_the_measurements_imply
     """Power does not fall as the batch or a clock rises (in one power mode): a prediction is raised to the
     power of a measured setting below the candidate and lowered to that of a measured one above it that held
     the budget; one stopped over the budget bounds only from below."""
-    from edgetune.search.samplers.guided import GuidedSampler, _Measured, _within
+    from edgetune.search.samplers.guided import GuidedSampler, _within
+    from edgetune.search.samplers.models import Measured
 
     device = open_device("sim:orin-nano", compute=False)
     space = build_space(device, 32, (16, 32, 64), ["power_mode", "gpu_freq"], {"gpu_freq": ["306MHz", "510MHz", "max"]})
     sampler = GuidedSampler(space, budget_w=6.0)
 
     def at(b, mode, gpu):
-        return sampler._index(space.params(space.candidate({"batch_size_level": space.batch_sizes.index(b),
+        return sampler.grid.index(space.params(space.candidate({"batch_size_level": space.batch_sizes.index(b),
                                                             "power_mode_level": space.knob_values["power_mode"].index(mode),
                                                             "gpu_freq_level": gpu})))
 
-    measured = _Measured(idx=[at(32, "15W", 1), at(16, "15W", 2)], times=[0.1, 0.1], powers=[5.5, 6.4],
-                         peaks=[6.0, 7.0], oom_batches=[])
+    measured = Measured(idx=[at(32, "15W", 1), at(16, "15W", 2)], times=[0.1, 0.1], powers=[5.5, 6.4],
+                        peaks=[6.0, 7.0], oom_batches=[])
     cand = np.array([at(16, "15W", 0), at(64, "15W", 2), at(16, "15W", 1), at(64, "15W", 0), at(16, "7W", 0)])
     predicted = np.array([5.9, 6.0, 5.0, 5.0, 9.0])
     bounded = _within(predicted, *sampler._power_bounds(cand, measured))  # as the sampler's scoring does
@@ -524,20 +525,20 @@ def test_guided_sampler_candidates_are_settings_as_they_run():
     every = build_space(device, 32, (16, 32))
     assert dict(every.mode_caps) == caps
     sampler = GuidedSampler(every)
-    cand = [every.candidate(sampler._params(int(i))) for i in sampler._all_candidates()]
+    cand = [every.candidate(sampler.grid.params(int(i))) for i in sampler.grid.candidates()]
     modes = {c.knobs["power_mode"] for c in cand}
     assert "10W" not in modes and "15W" in modes  # 10W: 4 cores, lower CPU and EMC caps, the same GPU
     assert all(c.knobs[k] <= caps[c.knobs["power_mode"]].cap(k) for c in cand for k in ("gpu_freq", "cpu_cores"))
     assert len(cand) < every.size
     # every merged or clamped setting runs as its candidate does (the twin's noise-free truth)
-    some = np.random.default_rng(0).choice(sampler._n, 50, replace=False)
+    some = np.random.default_rng(0).choice(sampler.grid.n, 50, replace=False)
     for i in some:
-        raw, run = every.candidate(sampler._params(int(i))), every.candidate(sampler._params(int(sampler._canonical(np.array([i]))[0])))
+        raw, run = every.candidate(sampler.grid.params(int(i))), every.candidate(sampler.grid.params(int(sampler.grid.canonical(np.array([i]))[0])))
         assert device.backend.effective_clocks(dict(raw.setting)) == device.backend.effective_clocks(dict(run.setting))
         assert raw.batch_size == run.batch_size
     gpu_only = build_space(device, 32, (16, 32), ["power_mode", "gpu_freq"])
     sampler = GuidedSampler(gpu_only)
-    cand = [gpu_only.candidate(sampler._params(int(i))) for i in sampler._all_candidates()]
+    cand = [gpu_only.candidate(sampler.grid.params(int(i))) for i in sampler.grid.candidates()]
     assert {c.knobs["power_mode"] for c in cand} == set(gpu_only.knob_values["power_mode"])
     assert all(c.knobs["gpu_freq"] <= caps[c.knobs["power_mode"]].cap("gpu_freq") for c in cand)
 
@@ -559,10 +560,10 @@ def test_guided_sampler_measures_a_setting_two_power_modes_run_alike_once():
                                                                                         "MODE_20W_2CORE"))
     assert caps["MODE_10W_DESKTOP"].peer(caps["MODE_20W_2CORE"], tuned[1:])
     assert not caps["MODE_10W_DESKTOP"].within(caps["MODE_20W_2CORE"], tuned[1:])  # 4 cores against 2
-    assert sampler._index(a) == sampler._index(b)
+    assert sampler.grid.index(a) == sampler.grid.index(b)
     runs = set()
-    for i in sampler._all_candidates():
-        c = space.candidate(sampler._params(int(i)))
+    for i in sampler.grid.candidates():
+        c = space.candidate(sampler.grid.params(int(i)))
         state = (c.batch_size, device.backend.effective_clocks(dict(c.setting)))  # the gated TPCs too
         assert state not in runs
         runs.add(state)
@@ -585,20 +586,20 @@ def test_guided_sampler_keeps_apart_a_setting_one_mode_caps_between_two_levels()
     sampler = GuidedSampler(space)
 
     def index(f, mode):
-        return sampler._index(space.params(Candidate(16, (("gpu_freq", f), ("power_mode", mode)))))
+        return sampler.grid.index(space.params(Candidate(16, (("gpu_freq", f), ("power_mode", mode)))))
 
     assert index(510_000_000, "LOW") == index(510_000_000, "HIGH")
     assert index(918_000_000, "LOW") != index(918_000_000, "HIGH")  # runs at 714 MHz under LOW
-    assert sampler._all_candidates().size == 4
+    assert sampler.grid.candidates().size == 4
     # a setting both modes run bounds the power of either mode's settings above and below it: measured over
     # the budget at 510 MHz, LOW's own setting (918 MHz set, 714 run) draws at least as much
-    from edgetune.search.samplers.guided import _Measured
+    from edgetune.search.samplers.models import Measured
 
     sampler.budget_w = 10.0
     cand = np.array([index(306_000_000, "HIGH"), index(918_000_000, "LOW"), index(918_000_000, "HIGH")])
-    lo, hi = sampler._power_bounds(cand, _Measured([index(510_000_000, "LOW")], [0.1], [12.0], [12.0], []))
+    lo, hi = sampler._power_bounds(cand, Measured([index(510_000_000, "LOW")], [0.1], [12.0], [12.0], []))
     assert lo.tolist() == [-np.inf, 12.0, 12.0] and np.all(np.isinf(hi))
-    lo, hi = sampler._power_bounds(cand, _Measured([index(510_000_000, "HIGH")], [0.1], [8.0], [8.0], []))
+    lo, hi = sampler._power_bounds(cand, Measured([index(510_000_000, "HIGH")], [0.1], [8.0], [8.0], []))
     assert hi.tolist() == [8.0, np.inf, np.inf] and lo.tolist() == [-np.inf, 8.0, 8.0]
 
 
@@ -1079,12 +1080,12 @@ def test_a_knob_error_in_the_middle_of_a_step_propagates(workload, monkeypatch):
 def fit_on_twin(sampler, twin, workload, idx):
     """The guided sampler's fit on rows of the twin's noise-free figures at grid indices ``idx`` (a test of the
     model alone: no search runs)."""
-    from edgetune.search.samplers.guided import _Measured
+    from edgetune.search.samplers.models import Measured
 
     truth = [twin.expected(workload.cost, c.batch_size, c.knobs)
-             for c in (sampler.space.candidate(sampler._params(int(i))) for i in idx)]
-    rows = _Measured(idx=[int(i) for i in idx], times=[e.step_time_s for e in truth],
-                     powers=[e.power_w for e in truth], peaks=[e.power_w for e in truth], oom_batches=[])
+             for c in (sampler.space.candidate(sampler.grid.params(int(i))) for i in idx)]
+    rows = Measured(idx=[int(i) for i in idx], times=[e.step_time_s for e in truth],
+                    powers=[e.power_w for e in truth], peaks=[e.power_w for e in truth], oom_batches=[])
     sampler._measured = lambda study: rows
     return sampler._fit(None)
 
@@ -1112,26 +1113,26 @@ def test_a_power_mode_whose_probes_all_ran_over_the_budget_is_settled_by_its_lea
 
     def sampler_on(levels):
         s = GuidedSampler(space, budget_w=budget_w, seed=0)
-        idx = s._canonical(s._flat(np.array(levels)))
+        idx = s.grid.canonical(s.grid.flat(np.array(levels)))
         fit = fit_on_twin(s, twin, workload, idx)
         s._taken = lambda study: {int(i) for i in idx}
         return s, fit
 
     s, fit = sampler_on(measured)
     held = dict(zip(fit.measured.idx, np.array(fit.measured.powers) <= budget_w))
-    group = s._group(np.array(fit.measured.idx))
-    g15 = int(s._group(s._flat(np.array([lv(0, "15W", 0, 0, 0)])))[0])
+    group = s.grid.group(np.array(fit.measured.idx))
+    g15 = int(s.grid.group(s.grid.flat(np.array([lv(0, "15W", 0, 0, 0)])))[0])
     assert not any(h for i, h in held.items() if group[fit.measured.idx.index(i)] == g15)  # 15W: all over
-    floor = int(s._canonical(s._flat(np.array([lv(0, "15W", 0, 0, 0)])))[0])
-    cand = s._all_candidates()
-    in15 = cand[(s._group(cand) == g15) & ~np.isin(cand, fit.measured.idx)]
+    floor = int(s.grid.canonical(s.grid.flat(np.array([lv(0, "15W", 0, 0, 0)])))[0])
+    cand = s.grid.candidates()
+    in15 = cand[(s.grid.group(cand) == g15) & ~np.isin(cand, fit.measured.idx)]
     assert {s._floor_first(None, int(i)) for i in in15[:50]} == {floor}
-    in7 = cand[(s._group(cand) != g15) & ~np.isin(cand, fit.measured.idx)]
+    in7 = cand[(s.grid.group(cand) != g15) & ~np.isin(cand, fit.measured.idx)]
     assert all(s._floor_first(None, int(i)) == int(i) for i in in7[:50])  # 7W held the budget: the model's
     # measured over the budget, the least setting rules out the whole mode; nothing else is redirected
     s, _ = sampler_on(measured + [lv(0, "15W", 0, 0, 0)])
     scores = s._score(None, len(measured) + 1)
-    in_scored15 = s._group(scores["idx"]) == g15
+    in_scored15 = s.grid.group(scores["idx"]) == g15
     assert in_scored15.any() and not np.any(scores["possible"][in_scored15])
     assert s._floor_first(None, int(in15[-1])) == int(in15[-1])
 
@@ -1147,9 +1148,9 @@ def test_power_modes_of_one_fixed_state_share_one_model_fitted_on_all_their_rows
     tuned = ["power_mode", "gpu_freq", "emc_freq", "cpu_freq", "cpu_cores"]
     space = build_space(device, 32, (16, 32, 64, 128), tuned)
     sampler = GuidedSampler(space, budget_w=8.0, seed=0)
-    cand, live = sampler._all_candidates(), sampler._live_groups().tolist()
-    assert len(live) == 3 and all(sampler._kin(g) == tuple(live) for g in live)
-    groups = sampler._group(cand)
+    cand, live = sampler.grid.candidates(), sampler.grid.live_groups().tolist()
+    assert len(live) == 3 and all(sampler.grid.kin(g) == tuple(live) for g in live)
+    groups = sampler.grid.group(cand)
     rng = np.random.RandomState(0)
     idx = np.concatenate([rng.choice(cand[groups == live[0]], 5, replace=False),
                           rng.choice(cand[groups == live[1]], 4, replace=False)])  # none in the third mode
@@ -1159,15 +1160,15 @@ def test_power_modes_of_one_fixed_state_share_one_model_fitted_on_all_their_rows
     assert all(fitted.per_group[g] is model for g in live)
     own = GuidedSampler(space, budget_w=8.0, seed=0, n_startup=5)
     alone = fit_on_twin(own, device.backend, workload, idx[:5])  # the first mode's rows alone
-    rows = sampler._rows(idx, sampler._numeric_names)
+    rows = sampler.grid.rows(idx, sampler.grid.numeric_names)
     assert not np.allclose(model.predict(rows).step_time_s, alone.per_group[live[0]].predict(rows).step_time_s)
 
     nano = open_device("sim:orin-nano", compute=False)
     space = build_space(nano, 32, (16, 32, 64, 128), ["power_mode", "gpu_freq", "emc_freq"])
     sampler = GuidedSampler(space, budget_w=8.0, seed=0)
-    cand, live = sampler._all_candidates(), sampler._live_groups().tolist()
-    assert len(live) == 2 and all(sampler._kin(g) == (g,) for g in live)
-    groups = sampler._group(cand)
+    cand, live = sampler.grid.candidates(), sampler.grid.live_groups().tolist()
+    assert len(live) == 2 and all(sampler.grid.kin(g) == (g,) for g in live)
+    groups = sampler.grid.group(cand)
     idx = np.concatenate([rng.choice(cand[groups == live[0]], 6, replace=False),
                           rng.choice(cand[groups == live[1]], 2, replace=False)])
     fitted = fit_on_twin(sampler, nano.backend, workload, idx)
@@ -1185,20 +1186,20 @@ def test_a_barely_measured_power_mode_borrows_the_best_measured_modes_model(work
     twin = device.backend
     space = build_space(device, 32, (16, 32, 64, 128), ["power_mode", "gpu_freq", "emc_freq"])
     sampler = GuidedSampler(space, budget_w=9.0, seed=0)
-    cand = sampler._all_candidates()
+    cand = sampler.grid.candidates()
     modes = space.knob_values["power_mode"]
-    mode_of = np.array([modes[lv] for lv in sampler._levels(cand)[:, 1 + space.knob_names.index("power_mode")]])
+    mode_of = np.array([modes[lv] for lv in sampler.grid.levels(cand)[:, 1 + space.knob_names.index("power_mode")]])
     rng = np.random.RandomState(0)
     main_idx = rng.choice(cand[mode_of == "MAXN"], 16, replace=False)
     sparse = cand[mode_of == "15W"]
     sparse_idx = rng.choice(sparse, TRUSTED_GROUP_ROWS, replace=False)
 
     few = fit_on_twin(sampler, twin, workload, np.concatenate([main_idx, sparse_idx[:5]]))
-    g15 = int(sampler._group(sparse[:1])[0])
+    g15 = int(sampler.grid.group(sparse[:1])[0])
     assert set(few.borrowed) == {g15}  # MAXN, the best-measured mode, stands on its own model
-    rows = sampler._rows(sparse, sampler._numeric_names)
+    rows = sampler.grid.rows(sparse, sampler.grid.numeric_names)
     own = few.per_group[g15].predict(rows)
-    other = few.borrowed[g15].predict(rows, sampler._rows(sparse, sampler._pooled_names), sampler._group(sparse))
+    other = few.borrowed[g15].predict(rows, sampler.grid.rows(sparse, sampler.grid.pooled_names), sampler.grid.group(sparse))
     t, p, t_std, p_std = sampler._predict(few, sparse)
     assert np.allclose(t, np.sqrt(own.step_time_s * other[0]))
     assert np.all(t_std / t >= 0.5 * np.abs(np.log(own.step_time_s / other[0])) - 1e-12)
@@ -1219,8 +1220,8 @@ def test_a_borrowed_model_is_kept_while_its_mode_and_the_main_model_do_not_chang
     twin = device.backend
     space = build_space(device, 32, (16, 32, 64, 128), ["power_mode", "gpu_freq", "emc_freq"])
     sampler = GuidedSampler(space, budget_w=20.0, seed=0)
-    cand = sampler._all_candidates()
-    groups = sampler._group(cand)
+    cand = sampler.grid.candidates()
+    groups = sampler.grid.group(cand)
     live = sorted(set(groups.tolist()), key=lambda g: -int(np.sum(groups == g)))
     assert len(live) >= 3
     rng = np.random.RandomState(0)
@@ -1255,26 +1256,26 @@ def test_the_search_stops_only_once_the_best_settings_batch_neighbours_are_measu
         s._taken = lambda study: {int(i) for i in idx}
         return s
 
-    sizes = GuidedSampler(space)._sizes  # batch, gpu_freq, emc_freq levels
+    sizes = GuidedSampler(space).grid.sizes  # batch, gpu_freq, emc_freq levels
     top_e = sizes[2] - 1
     # batch 16 at every GPU clock, batch 32 at the lowest GPU clock only
     levels = [(1, g, e) for g in range(sizes[1]) for e in (0, top_e)] + [(2, 0, 0), (2, 0, top_e)]
-    s = sampler_on(GuidedSampler(space)._flat(np.array(levels)))
+    s = sampler_on(GuidedSampler(space).grid.flat(np.array(levels)))
     m = s._measured(None)
-    best = tuple(s._levels(np.array([s._best_measured(m.idx, m.times, m.powers, "time")[0]]))[0])
+    best = tuple(s.grid.levels(np.array([s._best_measured(m.idx, m.times, m.powers, "time")[0]]))[0])
     expected = sorted({(best[0] + d, *best[1:]) for d in (-1, 1) if 0 <= best[0] + d < sizes[0]} - set(levels))
     assert expected  # its knobs were measured at no other batch size
     near = s._polish_candidates(None)
-    assert sorted(tuple(lv) for lv in s._levels(np.array(near))) == expected
+    assert sorted(tuple(lv) for lv in s.grid.levels(np.array(near))) == expected
     assert s.should_stop(None, 0.01) is None
     trial = SimpleNamespace(number=len(levels))  # sample_relative reads only the trial's number
-    assert s.sample_relative(None, trial, space.distributions()) == s._params(near[0])
+    assert s.sample_relative(None, trial, space.distributions()) == s.grid.params(near[0])
     assert sampler_on(m.idx, polish=False).should_stop(None, 0.01) is not None  # the rule alone stops
     # a row of the neighbour's batch size one knob level away anchors the model there: no polish needed
     up = (best[0] + 1, max(best[1] - 1, 0) if best[1] else 1, best[2])
     assert up not in levels and up[0] < sizes[0]
-    anchored = sampler_on(np.concatenate([m.idx, GuidedSampler(space)._flat(np.array([up]))]))
-    polished = anchored._levels(np.array(anchored._polish_candidates(None), dtype=np.int64))
+    anchored = sampler_on(np.concatenate([m.idx, GuidedSampler(space).grid.flat(np.array([up]))]))
+    polished = anchored.grid.levels(np.array(anchored._polish_candidates(None), dtype=np.int64))
     assert all(lv[0] != up[0] for lv in polished)
 
     measured = list(m.idx)
@@ -1303,11 +1304,11 @@ def test_a_setting_that_held_the_budget_but_not_by_the_sensors_accuracy_is_follo
     twin = device.backend
     space = build_space(device, 32, (8, 16, 32), ["gpu_freq", "emc_freq"])
     probe = GuidedSampler(space)
-    top_g, top_e = probe._sizes[1] - 1, probe._sizes[2] - 1
+    top_g, top_e = probe.grid.sizes[1] - 1, probe.grid.sizes[2] - 1
     edge_lv = (1, top_g, top_e)
     levels = [edge_lv, (0, 0, 0), (1, 0, 0), (2, 0, 0), (1, 1, 0), (0, 1, top_e), (2, 0, top_e)]
-    idx = probe._flat(np.array(levels))
-    edge_w = twin.expected(workload.cost, 16, space.candidate(probe._params(int(idx[0]))).knobs).power_w
+    idx = probe.grid.flat(np.array(levels))
+    edge_w = twin.expected(workload.cost, 16, space.candidate(probe.grid.params(int(idx[0]))).knobs).power_w
     # the edge holds the budget by 0.05 W, inside the sensor's 0.1 W accuracy; the other rows draw far less
     s = GuidedSampler(space, budget_w=edge_w + 0.05, accuracy_w=0.1, seed=0, min_trials_to_stop=0, stop_gain=1.0,
                       stop_confirmations=1)
@@ -1316,9 +1317,9 @@ def test_a_setting_that_held_the_budget_but_not_by_the_sensors_accuracy_is_follo
     m = s._measured(None)
     assert max(p for p in m.powers if p != m.powers[0]) < s._limit_w < m.powers[0] <= s._budget_limit_w
     assert s._best_measured(m.idx, m.times, m.powers, "time", held_only=True)[0] == int(idx[0])
-    below = {tuple(lv) for lv in s._levels(s._below(int(idx[0])))}
+    below = {tuple(lv) for lv in s.grid.levels(s._below(int(idx[0])))}
     assert below == {(0, top_g, top_e), (1, top_g - 1, top_e), (1, top_g, top_e - 1)}
-    proposed = {tuple(lv) for lv in s._levels(np.array(s._polish_candidates(None), dtype=np.int64))}
+    proposed = {tuple(lv) for lv in s.grid.levels(np.array(s._polish_candidates(None), dtype=np.int64))}
     assert proposed & below  # a step back from the edge is measured before the search stops
     assert s.should_stop(None, 0.01) is None
 
@@ -1347,7 +1348,8 @@ def test_the_start_never_guesses_over_the_budget_and_stops_once_nothing_unmeasur
     over, the search stops. Before, the start fell back to blind guesses (Orin Nano cnn at 4.6 W, both modes'
     least settings measured over what the sensor can certify: batch 1024 at 15W, 6.8 W, then batch 64 at 8.5 W)."""
     from edgetune.power.knobs import Candidate
-    from edgetune.search.samplers.guided import GuidedSampler, _Measured
+    from edgetune.search.samplers.guided import GuidedSampler
+    from edgetune.search.samplers.models import Measured
 
     device = open_device("sim:orin-nano", compute=False)
     tuned = ["power_mode", "gpu_freq", "emc_freq", "cpu_freq", "cpu_cores"]
@@ -1360,8 +1362,8 @@ def test_the_start_never_guesses_over_the_budget_and_stops_once_nothing_unmeasur
 
     def sampler_on(cands, powers, seed=0):
         s = GuidedSampler(space, budget_w=4.6, seed=seed)
-        idx = [s._index(space.params(c)) for c in cands]
-        rows = _Measured(idx=idx, times=[0.07] * len(idx), powers=powers, peaks=powers, oom_batches=[])
+        idx = [s.grid.index(space.params(c)) for c in cands]
+        rows = Measured(idx=idx, times=[0.07] * len(idx), powers=powers, peaks=powers, oom_batches=[])
         s._measured = lambda study: rows
         s._taken = lambda study: set(idx)
         return s

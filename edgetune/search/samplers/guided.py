@@ -16,16 +16,18 @@ measurements, where it can be wrong by several of its standard errors.
 
 Power modes of the same fixed state (:meth:`ModeCaps.peer`: the same GPU units, the same caps on knobs not
 tuned) run a setting within their caps alike, so their measurements are of one physics and each such mode's
-model is fitted on all their rows, clocks as they run (:meth:`GuidedSampler._kin`). Fitted on its own mode's
-rows only, Xavier NX mobilenet's model at 5.8 W (energy) had its optimum (204 MHz GPU, 1066 MHz memory, 192 MHz
-CPU, one core, in a mode it had 14 rows of) 34% slower than it is, because the rows that showed the GPU clock
-matters little there were measured in a peer mode with a higher CPU cap; it settled 15.99% from the oracle.
-Modes that gate GPU units apart (AGX Orin's, Orin NX's and Orin Nano's live modes) keep models of their own.
+model is fitted on all their rows, clocks as they run (:meth:`Grid.kin`). Fitted on its own mode's rows only,
+Xavier NX mobilenet's model at 5.8 W (energy) had its optimum (204 MHz GPU, 1066 MHz memory, 192 MHz CPU, one
+core, in a mode it had 14 rows of) 34% slower than it is, because the rows that showed the GPU clock matters
+little there were measured in a peer mode with a higher CPU cap; it settled 15.99% from the oracle. Modes that
+gate GPU units apart (AGX Orin's, Orin NX's and Orin Nano's live modes) keep models of their own.
 
 A power mode with a model on fewer than :data:`TRUSTED_GROUP_ROWS` measured settings has its
 step time predicted by an equal mixture (in log space) of that model and the best-measured mode's model
 corrected by the mode's own rows: a roofline fitted on a handful of one mode's rows is sure of settings it
-never saw, and the disagreement of the two becomes doubt that sends a measurement there.
+never saw, and the disagreement of the two becomes doubt that sends a measurement there. The models live in
+:mod:`~edgetune.search.samplers.models` (:class:`ModelBank`), the grid and what its power modes cap in
+:mod:`~edgetune.search.samplers.grid` (:class:`Grid`).
 
 Where the space knows what each power mode caps (:attr:`SearchSpace.mode_caps`), the sampler searches the
 settings as they run: a clock set at or above its mode's cap is that cap, and a setting two modes of the
@@ -106,11 +108,8 @@ over the best setting the model predicts to hold it).
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -120,14 +119,15 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 from scipy.special import erf
 
-from edgetune.power.knobs import KNOBS
 from edgetune.search.efficiency import TargetModel, ZeusCost
 from edgetune.search.records import Observation, read_observation
 from edgetune.search.samplers import hypervolume
+from edgetune.search.samplers.grid import Grid
+from edgetune.search.samplers.models import TRUSTED_GROUP_ROWS, Fitted, Measured, ModelBank
 from edgetune.search.space import SearchSpace
 from edgetune.search.thermal import ThermalReference
 
-__all__ = ["GuidedSampler", "ObservationsFunc"]
+__all__ = ["TRUSTED_GROUP_ROWS", "GuidedSampler", "ObservationsFunc"]
 
 #: what a sampler learns from a trial (None: nothing, e.g. a trial told another's result)
 ObservationsFunc = Callable[[FrozenTrial], Observation | None]
@@ -141,12 +141,8 @@ _MIN_POWER_W = 1e-9  # floor of a predicted power in a ratio: the ratio stays fi
 #: standard normal draws (step time, power) of the pareto objective's expected hypervolume improvement: the
 #: same for every candidate and every fit (common random numbers), whatever the sampler's seed
 _EHVI_DRAWS = np.random.default_rng(20231).standard_normal((64, 2))
-_MODEL_SEED = 0  # the hardware model's GP optimiser: the same fit for the same rows, whatever the sampler seed
 _FIRST_PASS_SHARE = 2  # a sampled first pass scores 1/2 of max_candidates at random; neighbourhoods fill the rest
 _REFINE_TOP = 32  # candidates of a sampled first pass whose neighbourhoods the second pass scores
-_BATCH_STEPS = (-2, -1, 1, 2)  # neighbour levels in batch size: the optimum moves by octaves, two either way
-_KNOB_STEPS = (-1, 1)  # neighbour levels in a knob
-_MIN_ROWS = 2  # the hardware model's fit needs at least two measured rows
 #: the stopping rule's threshold as a share of the search's margin (GuidedSampler.stop_gain): an expected gain
 #: under half the improvement the search counts is not worth a measurement
 _STOP_GAIN_SHARE = 0.5
@@ -177,20 +173,9 @@ N_SPREAD = 4
 #: rows within 3% and median settings; chosen on that benchmark. Calibrating it online from the z-scores of the
 #: model's own forecasts widened it more (up to 5x) and took the median to 26.5 settings
 _POWER_STD_SCALE = 2.0
-#: a power mode's own model predicts its step time alone from this many measured settings of its own; below,
-#: its step time is the mixture of that model and the best-measured mode's model corrected by the mode's rows
-#: (GuidedSampler._borrow). A roofline of a dozen parameters fitted on 4-5 rows of one mode was sure of what it
-#: never saw: Orin NX mobilenet 7.9 W, its 15W mode's optimum (b 16, top memory clock) predicted at 0.105 +-
-#: 0.004 s for about 0.022 s, from three b 128 probes and two slow-memory settings, so it was never measured
-#: (23.68% from the oracle), while MAXN's model, fitted on 30 rows, knew such settings. On 300 unmeasured
-#: settings of that 15W mode (5 rows of its own, 20 of MAXN, 4 draws) the mixture's time error was 6-21%
-#: against the own model's 8-54%, and 92-100% of the truths lay within its 2 std against 17-71%. Power stays
-#: the mode's own (mixing it too widened the power doubt of modes over the budget everywhere, and the search
-#: spent its settings there: Orin AGX mobilenet 12.1 W went from 0 to 15.77%). 8 against 10 on the time
-#: benchmark: the same 31 of 36 rows within 3%, median 24 settings against 25
-TRUSTED_GROUP_ROWS = 8
-#: ... and one with a prior: the prior model has seen the space, so a few measurements of this board that
-#: agree with it (baseline probes included) are enough to trust its corrected predictions
+#: measured settings before the stopping rule may end a search with a prior: the prior model has seen the
+#: space, so a few measurements of this board that agree with it (baseline probes included) are enough to
+#: trust its corrected predictions
 PRIOR_MIN_TRIALS_TO_STOP = 6
 #: with a prior, this board's measurements after which its own hardware model takes over from the prior's
 #: corrected one (GuidedSampler.prior_handoff): a sibling module's or another mode's model is wrong in places a
@@ -219,47 +204,8 @@ def _norm_cdf(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + erf(z / math.sqrt(2.0)))
 
 
-def _mixture(m1: np.ndarray, s1: np.ndarray, m2: np.ndarray, s2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The equal mixture of two predictions (means and absolute std), in log space: the mean of the log means,
-    and a variance of the mean relative variance plus the half-difference squared, so two models that disagree
-    make the prediction as doubtful as their disagreement."""
-    l1, l2 = np.log(m1), np.log(m2)
-    var = 0.5 * ((s1 / m1) ** 2 + (s2 / m2) ** 2) + (0.5 * (l1 - l2)) ** 2
-    mean = np.exp(0.5 * (l1 + l2))
-    return mean, mean * np.sqrt(var)
-
-
 def _norm_pdf(z: np.ndarray) -> np.ndarray:
     return np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
-
-
-@dataclass(frozen=True)
-class _Measured:
-    """The measured settings a fit uses: grid indices with step time, judged and peak power (a setting
-    measured more than once: the means of its windows, the highest peak); and the batch levels that ran out
-    of memory."""
-
-    idx: list[int]
-    times: list[float]
-    powers: list[float]  # judged power (moving-average maximum plus the guard band), W
-    peaks: list[float]
-    oom_batches: list[int]
-    windows: tuple[int, ...] = ()  # windows pooled per setting (empty: one each)
-
-
-@dataclass(frozen=True)
-class _Fitted:
-    """Hardware models fitted on :attr:`measured`: one per named-knob group with enough rows, and a pooled
-    model (None once every group has its own)."""
-
-    measured: _Measured
-    per_group: dict[int, Any]
-    pooled: Any | None
-    transfer: Any | None = None  # with a prior: the prior model corrected by this board's measurements
-    #: per power mode with a model of its own on few rows: the best-measured mode's model corrected by this
-    #: mode's rows (a :class:`~edgetune.search.prior.Transfer`); its step time is mixed with the mode's own
-    #: (GuidedSampler._borrow)
-    borrowed: dict[int, Any] = dataclasses.field(default_factory=dict)
 
 
 class GuidedSampler(BaseSampler):
@@ -344,195 +290,31 @@ class GuidedSampler(BaseSampler):
         self._seed = seed
         self._rng = np.random.RandomState(seed)
         self._random = RandomSampler(seed=seed)
-        self._names = list(space.param_names())
-        self._sizes = tuple([len(space.batch_sizes)] + [len(v) for _, v in space.knobs])
-        self._n = int(np.prod(self._sizes))
-        knob_names = list(space.knob_names)
-        # per dimension: the number each level stands for (named values, i.e. power modes, by their rank)
-        self._tables = [np.array(space.batch_sizes, dtype=float)] + [
-            np.array([float(v) if not isinstance(v, str) else float(i + 1) for i, v in enumerate(values)])
-            for _, values in space.knobs]
-        # the knobs that group the space: a power mode caps the clocks under it (KnobRole.caps_others); any
-        # other named (categorical) knob is treated alike
-        self._named = [j for j, (name, v) in enumerate(space.knobs)
-                       if isinstance(v[0], str) or (name in KNOBS and KNOBS[name].role.caps_others)]
-        self._pooled_names = knob_names
-        self._numeric_names = [n for j, n in enumerate(knob_names) if j not in self._named]
-        # the level dimensions (batch size first) in which board power does not fall as the level rises
-        self._numeric_dims = [0] + [j + 1 for j in range(len(space.knobs)) if j not in self._named]
-        # a rows space (a table replay): only its rows are candidates, by flat grid index
-        self._allowed = (None if space.rows is None else
-                         np.unique(np.ravel_multi_index(tuple(space.row_levels.T), self._sizes)))
-        self._mode_dim, self._peers, self._clamps, self._as_set = self._caps_maps()
-        # per level dimension some level of which runs below its value: each mode's cap on it (inf: none)
-        mode_caps = dict(space.mode_caps)
-        self._run_caps = {d: np.array([float(mode_caps[m].cap(space.knobs[d - 1][0]) or np.inf)
-                                       for m in space.knobs[self._mode_dim - 1][1]]) for d in self._as_set}
-        self._candidates: np.ndarray | None = None
-        self._groups: np.ndarray | None = None
-        self._kin_of: dict[int, tuple[int, ...]] = {}  # per group: its kin (_kin)
-        self._cache: dict[str, Any] = {}
-        self._models: dict[Any, Any] = {}  # the last fit's hardware models by their training rows
-        self._borrowed: dict[int, tuple[Any, Any, Any]] = {}  # per mode: (its rows, the main model, the Transfer)
+        #: the space by flat grid index (levels, the settings as they run, power modes, neighbours)
+        self.grid = Grid(space)
+        self._cache: dict[str, Any] = {}  # the last score: its key and the scores
         self._stop_streak: list[Any] = []
+        prior_idx = np.array([self._candidate_index(o) for o in self.prior], dtype=np.int64)
+        #: the hardware models, refitted as measurements come
+        self.models = ModelBank(self.grid, min_group=min_group, n_startup=n_startup, prior=self.prior,
+                                prior_idx=prior_idx, prior_powers_w=[o.judged_power_w(guard_sigma) for o in self.prior],
+                                prior_handoff=prior_handoff)
         if self.prior:
-            per_group = np.bincount(self._group(self._prior_idx()))
+            per_group = np.bincount(self.grid.group(prior_idx))
             if per_group.max() < min_group:
                 raise ValueError(f"the prior has {len(self.prior)} measured settings in this space, at most "
                                  f"{int(per_group.max())} in one power mode; a warm start needs {min_group} in one: "
                                  f"search the earlier board longer (--n-trials), or drop --prior")
+
+    def _candidate_index(self, obs: Observation) -> int:
+        """Flat grid index of an observation's setting, as it runs."""
+        return self.grid.index(self.space.params(obs.candidate))
 
     @property
     def _steps_table(self) -> np.ndarray:
         """Steps to target per batch level, asked of the target each time: a table's target learns a batch
         size's convergence once it is measured."""
         return np.array([float(self.target.steps(b)) for b in self.space.batch_sizes])
-
-    def _all_candidates(self) -> np.ndarray:
-        """Flat indices of every candidate: the grid, or a rows space's rows; with the power modes' caps
-        known, only settings as they run (:meth:`_canonical`)."""
-        if self._candidates is None:
-            every = np.arange(self._n) if self._allowed is None else self._allowed
-            self._candidates = every[self._canonical(every) == every] if self._mode_dim is not None else every
-        return self._candidates
-
-    def _caps_maps(self) -> tuple[int | None, np.ndarray, dict[int, np.ndarray], dict[int, np.ndarray]]:
-        """What the space's power-mode caps make equal (:attr:`SearchSpace.mode_caps`).
-
-        Returns the power mode's level dimension (None: no caps known); per pair of modes whether the second
-        can run what the first runs (:meth:`ModeCaps.peer`: the same fixed state, the same caps on knobs
-        not tuned); per capped level dimension a (modes, levels) table of the level each level runs at (a
-        knob set at or above its mode's cap runs at the cap, so every level from the cap up is its lowest
-        such level); and per capped level dimension a (modes, levels) table of whether the level runs at
-        its own value under the mode (below the cap, or at a cap that is that level's value).
-        """
-        caps = dict(self.space.mode_caps)
-        j_mode = next((j for j, (name, values) in enumerate(self.space.knobs)
-                       if name in KNOBS and KNOBS[name].role.caps_others and all(v in caps for v in values)), None)
-        if j_mode is None:
-            return None, np.zeros((0, 0), dtype=bool), {}, {}
-        modes = [caps[v] for v in self.space.knobs[j_mode][1]]
-        tuned = self.space.knob_names
-        clamps: dict[int, np.ndarray] = {}
-        as_set: dict[int, np.ndarray] = {}
-        for j, (name, values) in enumerate(self.space.knobs):
-            if j == j_mode or isinstance(values[0], str):
-                continue
-            table = np.tile(np.arange(len(values)), (len(modes), 1))
-            exact = np.ones((len(modes), len(values)), dtype=bool)
-            for m, mode in enumerate(modes):
-                cap = mode.cap(name)
-                if cap is None:
-                    continue
-                at_or_above = [k for k, v in enumerate(values) if float(v) >= float(cap)]
-                if at_or_above:
-                    table[m, at_or_above] = at_or_above[0]
-                    exact[m, at_or_above] = False
-                    exact[m, at_or_above[0]] = float(values[at_or_above[0]]) == float(cap)
-            if np.any(table != np.arange(len(values))):
-                clamps[j + 1] = table
-            if not exact.all():  # some level runs below its value: above a cap, or at one between two levels
-                as_set[j + 1] = exact
-        peers = np.array([[a.peer(b, tuned) for b in modes] for a in modes], dtype=bool)
-        return j_mode + 1, peers, clamps, as_set
-
-    def _canonical(self, idx: np.ndarray) -> np.ndarray:
-        """Flat indices of the settings as they run: each capped level at its mode's cap at most, and the
-        mode the highest one that runs that setting the same (:meth:`_caps_maps`): a setting within the caps
-        of two modes of the same fixed state runs alike under both, so it is one candidate, not two (Xavier
-        NX's 10W desktop and 20W 2-core modes at the lowest clocks and one core; its nine modes hold three
-        of their own, and many settings of those three run under another as well)."""
-        idx = np.asarray(idx, dtype=np.int64)
-        if self._mode_dim is None or idx.size == 0:
-            return idx
-        lv = self._levels(idx)
-        mode = lv[:, self._mode_dim].copy()
-        for d, table in self._clamps.items():
-            lv[:, d] = table[mode, lv[:, d]]
-        settled = ~self._as_set_under(lv, mode)  # at a cap between two levels: only its own mode runs it so
-        out = mode.copy()
-        for other in range(len(self._peers) - 1, -1, -1):
-            hit = ~settled & self._peers[mode, other] & self._as_set_under(lv, np.full(len(lv), other))
-            out[hit] = other
-            settled |= hit
-        lv[:, self._mode_dim] = out
-        return self._flat(lv)
-
-    def _as_set_under(self, lv: np.ndarray, modes: np.ndarray) -> np.ndarray:
-        """Whether each row of levels ``lv`` runs at its own values under the power mode (level) beside it: no
-        cap of that mode below any of them (a level set at a cap that lies below its value runs at the cap;
-        :meth:`_caps_maps`)."""
-        ok = np.ones(len(lv), dtype=bool)
-        for d, exact in self._as_set.items():
-            ok &= exact[modes, lv[:, d]]
-        return ok
-
-    def _kin(self, group: int) -> tuple[int, ...]:
-        """The groups (power modes) whose measurements are of the same physics as ``group``'s, itself
-        included: modes of the same fixed state (:meth:`ModeCaps.peer`: the same GPU units, the same caps on
-        knobs not tuned) with every other named knob alike run a setting within both modes' caps alike, so
-        they differ only in how far their clocks go. Only ``group`` itself without known caps."""
-        if self._mode_dim is None or not self._named:
-            return (group,)
-        if group not in self._kin_of:
-            radix = [self._sizes[j + 1] for j in self._named]
-            at = self._named.index(self._mode_dim - 1)
-            mine = np.unravel_index(group, radix)
-
-            def alike(g: int) -> bool:  # a peer mode (every mode is its own), every other named knob equal
-                other = np.unravel_index(g, radix)
-                return bool(self._peers[mine[at], other[at]]) and all(
-                    a == b for k, (a, b) in enumerate(zip(mine, other)) if k != at)
-
-            live = self._live_groups().tolist()
-            self._kin_of[group] = tuple(sorted({group} | {int(g) for g in live if alike(g)}))
-        return self._kin_of[group]
-
-    def _live_groups(self) -> np.ndarray:
-        """The named-knob groups (power modes) that have candidates of their own."""
-        if self._groups is None:
-            self._groups = np.unique(self._group(self._all_candidates()))
-        return self._groups
-
-    # -- the grid, by flat index ----------------------------------------------------------------------
-    def _levels(self, idx: np.ndarray) -> np.ndarray:
-        """(k, dims) levels of flat grid indices (batch size first)."""
-        return np.stack(np.unravel_index(np.asarray(idx, dtype=np.int64), self._sizes), axis=1)
-
-    def _flat(self, levels: np.ndarray) -> np.ndarray:
-        return np.ravel_multi_index(tuple(np.asarray(levels).T), self._sizes)
-
-    def _index(self, params: dict[str, Any]) -> int:
-        """Flat index of Optuna params, as the setting runs (:meth:`_canonical`)."""
-        return int(self._canonical(self._flat(np.array([[int(params[n]) for n in self._names]])))[0])
-
-    def _candidate_index(self, obs: Observation) -> int:
-        return self._index(self.space.params(obs.candidate))
-
-    def _rows(self, idx: np.ndarray, names: list[str]) -> list[dict[str, float]]:
-        """Hardware-model rows (knob values and batch size) of grid indices, for the knobs in ``names``."""
-        lv = self._levels(idx)
-        cols = {"batch_size": self._tables[0][lv[:, 0]]}
-        for j, n in enumerate(self.space.knob_names):
-            if n in names:
-                cols[n] = self._tables[j + 1][lv[:, j + 1]]
-                if j + 1 in self._as_set:  # a level above its mode's cap runs at the cap
-                    cols[n] = np.minimum(cols[n], self._run_caps[j + 1][lv[:, self._mode_dim]])
-        keys = list(cols)
-        arrays = [cols[k].tolist() for k in keys]
-        return [dict(zip(keys, vals)) for vals in zip(*arrays)]
-
-    def _group(self, idx: np.ndarray) -> np.ndarray:
-        """Group id (the combination of named-knob levels) of grid indices; 0 where there are none."""
-        lv = self._levels(idx)
-        g = np.zeros(lv.shape[0], dtype=np.int64)
-        for j in self._named:
-            g = g * self._sizes[j + 1] + lv[:, j + 1]
-        return g
-
-    def _params(self, i: int) -> dict[str, int]:
-        lv = self._levels(np.array([i]))[0]
-        return {name: int(lv[j]) for j, name in enumerate(self._names)}
 
     # -- Optuna sampler interface -------------------------------------------------------------------
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -550,7 +332,7 @@ class GuidedSampler(BaseSampler):
         # the space-filling start before the first fit; a power mode measured only over the budget: its least
         # setting, whichever proposed it
         proposal = self._startup(study) if scores is None else self._propose(study, trial, scores)
-        return self._params(self._floor_first(study, self._index(proposal)))
+        return self.grid.params(self._floor_first(study, self.grid.index(proposal)))
 
     def _propose(self, study: Study, trial: FrozenTrial, scores: dict[str, np.ndarray]) -> dict[str, Any]:
         """The model's proposal (module docs), as Optuna params."""
@@ -563,13 +345,13 @@ class GuidedSampler(BaseSampler):
         if self._stop_streak:  # the model finds nothing left to pay: the best setting's neighbours first
             polish = self._polish_candidates(study)
             if polish:
-                return self._params(polish[0])
+                return self.grid.params(polish[0])
         acq = scores["acquisition"]
         lacking = self._lacking_groups(study, scores)
         if lacking and trial.number % 2 == 1:
             # every other proposal goes to the power mode measured least, until each has a model of its
             # own: a mode caps the clocks, so the pooled model cannot tell what a mode it barely saw does
-            in_group = self._group(scores["idx"]) == lacking[0]
+            in_group = self.grid.group(scores["idx"]) == lacking[0]
             focused = np.where(in_group, acq, -np.inf)
             if np.any(np.isfinite(focused)):
                 acq = focused
@@ -580,9 +362,9 @@ class GuidedSampler(BaseSampler):
                               scores["p_feas"], -np.inf)
             if not np.any(np.isfinite(safest)):
                 return self._startup(study)
-            return self._params(int(scores["idx"][int(np.argmax(safest))]))
+            return self.grid.params(int(scores["idx"][int(np.argmax(safest))]))
         k = int(np.argmax(np.where(np.isfinite(acq), acq, -np.inf)))
-        return self._params(int(scores["idx"][k]))
+        return self.grid.params(int(scores["idx"][k]))
 
     def _floor_first(self, study: Study, i: int) -> int:
         """``i``, or its power mode's least setting where every setting measured in that mode was over the
@@ -595,19 +377,17 @@ class GuidedSampler(BaseSampler):
         (the energy benchmark's Orin Nano mobilenet at 5.0 W: ten settings of the 15W mode, 4.9 device-s
         over the budget, where the mode's least setting draws 5.65 W).
         """
-        if self.budget_w is None or not self._named:
+        if self.budget_w is None or not self.grid.named:
             return i
         measured = self._measured(study)
         if not measured.idx:
             return i
-        group = self._group(np.array([i]))[0]
-        in_mode = self._group(np.array(measured.idx, dtype=np.int64)) == group
+        group = self.grid.group(np.array([i]))[0]
+        in_mode = self.grid.group(np.array(measured.idx, dtype=np.int64)) == group
         if not in_mode.any() or np.any(np.array(measured.powers)[in_mode] <= self._budget_limit_w):
             return i
-        lv = self._levels(np.array([i]))
-        lv[:, self._numeric_dims] = 0
-        floor = int(self._canonical(self._flat(lv))[0])
-        if floor == i or floor in self._taken(study) or not np.isin(floor, self._all_candidates()):
+        floor = self.grid.floor(i)
+        if floor == i or floor in self._taken(study) or not np.isin(floor, self.grid.candidates()):
             return i
         return floor
 
@@ -620,15 +400,15 @@ class GuidedSampler(BaseSampler):
         (probability at least ``min_feasible_p``, and within the over-budget allowance) lacks nothing: probing
         it would only run the board over the budget.
         """
-        if not self._named:
+        if not self.grid.named:
             return []
-        idx = list(self._measured(study).idx) + (self._prior_idx().tolist() if self.prior else [])
-        groups = self._group(np.array(idx, dtype=np.int64)) if idx else np.array([], dtype=np.int64)
-        counts = {int(g): int(np.sum(groups == g)) for g in self._live_groups()}
+        idx = list(self._measured(study).idx) + (self.models.prior_idx.tolist() if self.prior else [])
+        groups = self.grid.group(np.array(idx, dtype=np.int64)) if idx else np.array([], dtype=np.int64)
+        counts = {int(g): int(np.sum(groups == g)) for g in self.grid.live_groups()}
         lacking = [g for g, c in counts.items() if c < self.min_group]
         if scores is not None and lacking:
             open_ = scores["free"] & scores["plausible"]
-            plausible = set(np.unique(self._group(scores["idx"][open_])).tolist())
+            plausible = set(np.unique(self.grid.group(scores["idx"][open_])).tolist())
             lacking = [g for g in lacking if g in plausible]
         return sorted(lacking, key=lambda g: (counts[g], g))
 
@@ -637,8 +417,8 @@ class GuidedSampler(BaseSampler):
         """Grid points measured, being measured, or queued (a queued trial's setting: its observation)."""
         taken: set[int] = set()
         for t in study.get_trials(deepcopy=False):
-            if t.params and all(n in t.params for n in self._names):
-                taken.add(self._index(t.params))
+            if t.params and all(n in t.params for n in self.grid.names):
+                taken.add(self.grid.index(t.params))
             elif t.state == TrialState.WAITING:
                 obs = self.observations_func(t)
                 if obs is not None and self.space.contains(obs.candidate):
@@ -649,7 +429,7 @@ class GuidedSampler(BaseSampler):
         """A space-filling point: the sampled free setting (of ``among``, default every candidate) farthest
         (in normalised levels) from all taken."""
         taken = self._taken(study)
-        every = self._all_candidates() if among is None else among
+        every = self.grid.candidates() if among is None else among
         measured = self._measured(study)
         pool = self._rng.choice(every, min(every.size, _STARTUP_POOL), replace=False)
         safe = pool[~self._dominates_over(pool, measured)]  # never one certain to be over
@@ -660,18 +440,18 @@ class GuidedSampler(BaseSampler):
         free = np.array([i for i in pool if int(i) not in taken], dtype=np.int64)
         if free.size == 0:
             free = pool
-        scale = np.maximum(np.array(self._sizes, dtype=float) - 1, 1)
+        scale = np.maximum(np.array(self.grid.sizes, dtype=float) - 1, 1)
         if taken:
-            done = self._levels(np.array(sorted(taken))) / scale
-            cand = self._levels(free) / scale
+            done = self.grid.levels(np.array(sorted(taken))) / scale
+            cand = self.grid.levels(free) / scale
             d = np.min(np.abs(cand[:, None, :] - done[None, :, :]).sum(axis=2), axis=1)
             best = free[d >= np.max(d) - _TIE]
             i = int(self._rng.choice(best))
         else:
             i = int(self._rng.choice(free))
-        return self._params(i)
+        return self.grid.params(i)
 
-    def _measured(self, study: Study) -> _Measured:
+    def _measured(self, study: Study) -> Measured:
         oom_batches: list[int] = []
         windows: dict[int, list[tuple[float, float, float]]] = {}  # by grid index, in order of measurement
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
@@ -691,178 +471,17 @@ class GuidedSampler(BaseSampler):
         times = [float(np.mean([w[0] for w in windows[i]])) for i in idx]
         powers = [float(np.mean([w[1] for w in windows[i]])) for i in idx]
         peaks = [max(w[2] for w in windows[i]) for i in idx]
-        return _Measured(idx, times, powers, peaks, oom_batches, tuple(len(windows[i]) for i in idx))
+        return Measured(idx, times, powers, peaks, oom_batches, tuple(len(windows[i]) for i in idx))
 
     # -- the model ----------------------------------------------------------------------------------
-    def _fit(self, study: Study) -> _Fitted | None:
-        """Fitted models on the measured settings (None before ``n_startup``); cached per measured set.
+    def _fit(self, study: Study) -> Fitted | None:
+        """The hardware models fitted on the measured settings (:meth:`ModelBank.fit`: None before
+        ``n_startup``; the same object while the measured set is the same)."""
+        return self.models.fit(self._measured(study))
 
-        Named knobs (power modes) change what the clocks mean: a mode caps the clocks under it and may gate
-        GPU units. So one model is fitted per named-knob combination whose kin (:meth:`_kin`: itself and the
-        modes that run its settings alike) has enough measurements (its physics base then sees clocks only,
-        as they run), and a pooled model (modes as ranks) covers the combinations that have too few yet.
-        """
-        measured = self._measured(study)
-        idx, times, powers, peaks, oom = (measured.idx, measured.times, measured.powers, measured.peaks,
-                                          measured.oom_batches)
-        if self.prior and len(idx) < self.prior_handoff:
-            return self._fit_transfer(measured)
-        if len(idx) < self.n_startup:
-            return None
-        key = (tuple(idx), measured.windows, tuple(oom), tuple(powers))  # powers: a new thermal reference
-        if self._cache.get("key") == key:
-            return self._cache["value"]
-        from edgetune.predictors.hardware_model import HardwareModel
-
-        previous, kept = self._models, {}
-
-        def fit(members: list[int], names: list[str]):
-            # a power mode whose measurements did not change keeps its model: the fit is deterministic, so
-            # refitting it on the same rows (most modes, each time one new setting is measured) would give
-            # the same model; modes of one kin share theirs
-            data = (tuple(names), tuple((idx[k], times[k], powers[k], peaks[k]) for k in members))
-            if data in kept:  # a mode's kin's model (_kin), fitted already
-                return kept[data]
-            if data in previous:
-                kept[data] = previous[data]
-                return kept[data]
-            rows = self._rows(np.array([idx[k] for k in members]), names)
-            kept[data] = HardwareModel(random_state=_MODEL_SEED).fit(
-                rows, [times[k] for k in members], [powers[k] for k in members], [peaks[k] for k in members])
-            return kept[data]
-
-        groups = self._group(np.array(idx))
-        n_groups = self._live_groups().size if self._named else 1
-        per_group: dict[int, Any] = {}
-        pooled = None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                for g in np.union1d(groups, self._live_groups()):
-                    # a mode's model is fitted on its kin's rows too: modes of the same fixed state run a
-                    # setting alike, so their rows (clocks as they run) are measurements of one physics
-                    members = np.flatnonzero(np.isin(groups, self._kin(int(g)))).tolist()
-                    if len(members) >= (self.min_group if self._named else _MIN_ROWS):
-                        per_group[int(g)] = fit(members, self._numeric_names)
-                if len(per_group) < n_groups:
-                    # some power mode has too few measurements for a model of its own: the pooled model
-                    # covers it (only until every mode has its own; a fit costs about a second)
-                    pooled = fit(list(range(len(idx))), self._pooled_names)
-            except (ValueError, np.linalg.LinAlgError):
-                return None
-        value = _Fitted(measured, per_group, pooled, borrowed=self._borrow(measured, groups, per_group))
-        self._cache = {"key": key, "value": value}
-        self._models = kept
-        return value
-
-    def _borrow(self, measured: _Measured, groups: np.ndarray, per_group: dict[int, Any]) -> dict[int, Any]:
-        """Per power mode whose own model has fewer than :data:`TRUSTED_GROUP_ROWS` rows (its kin's,
-        :meth:`_kin`): the model of the mode with the most rows, not of its kin, corrected by this mode's kin's
-        measurements (a :class:`~edgetune.search.prior.Transfer`,
-        as a prior study's model is corrected by a new board's). The modes share the physics of the workload
-        (its kernels, memory traffic, host launches); what a mode changes (GPU units gated, the clocks'
-        caps) is what the correction learns. :meth:`_predict` mixes its step time with the mode's own model's
-        (:func:`_mixture`), so where the two disagree the search measures before trusting either."""
-        counts = {g: int(np.isin(groups, self._kin(g)).sum()) for g in per_group}
-        if len(counts) < 2:
-            return {}
-        from edgetune.search.prior import PriorModel
-
-        main = max(counts, key=lambda g: (counts[g], -g))
-        prior = PriorModel.of({main: per_group[main]}, main)
-        idx = np.array(measured.idx, dtype=np.int64)
-        out: dict[int, Any] = {}
-        kept: dict[int, tuple[Any, Any, Any]] = {}
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
-            warnings.simplefilter("ignore")
-            for g, n in counts.items():
-                if g in self._kin(main) or n >= TRUSTED_GROUP_ROWS or n >= counts[main]:
-                    continue  # the main model's own kin, or a model trusted on its own rows
-                sel = np.flatnonzero(np.isin(groups, self._kin(g)))
-                data = tuple((measured.idx[k], measured.times[k], measured.powers[k]) for k in sel)
-                previous = self._borrowed.get(g)
-                if previous is not None and previous[0] == data and previous[1] is per_group[main]:
-                    out[g] = previous[2]  # neither this mode's rows nor the main mode's model changed
-                else:
-                    out[g] = self._corrected(prior, idx[sel], [measured.times[k] for k in sel],
-                                             [measured.powers[k] for k in sel])
-                kept[g] = (data, per_group[main], out[g])
-        self._borrowed = kept
-        return out
-
-    def _corrected(self, prior: Any, idx: np.ndarray, times: Sequence[float], powers: Sequence[float]) -> Any:
-        """``prior`` (a :class:`~edgetune.search.prior.PriorModel`) corrected by the measured settings ``idx``,
-        their step times and judged powers: a :class:`~edgetune.search.prior.Transfer` over batch size and every
-        knob, each scaled by the log span of its values."""
-        from edgetune.search.prior import Transfer
-
-        names = ["batch_size", *self._pooled_names]
-        scale = np.array([np.ptp(np.log(np.maximum(t, 1e-12))) for t in self._tables])
-        return Transfer(prior, names, scale, self._rows(idx, self._numeric_names), self._rows(idx, self._pooled_names),
-                        self._group(idx), times, powers)
-
-    def _prior_idx(self) -> np.ndarray:
-        return np.array([self._candidate_index(o) for o in self.prior], dtype=np.int64)
-
-    def _fit_transfer(self, measured: _Measured) -> _Fitted:
-        """The prior model (fitted once) corrected by the measured settings; cached per measured set."""
-        from edgetune.search.prior import PriorModel
-
-        key = ("transfer", tuple(measured.idx), measured.windows, tuple(measured.oom_batches),
-               tuple(measured.powers))
-        if self._cache.get("key") == key:
-            return self._cache["value"]
-        if "prior_model" not in self._cache:
-            pidx = self._prior_idx()
-            self._cache["prior_model"] = PriorModel(
-                self._rows(pidx, self._numeric_names), self._group(pidx), [o.step_time_s for o in self.prior],
-                [o.judged_power_w(self.guard_sigma) for o in self.prior], min_rows=self.min_group)
-        transfer = self._corrected(self._cache["prior_model"], np.array(measured.idx, dtype=np.int64),
-                                   measured.times, measured.powers)
-        value = _Fitted(measured, {}, None, transfer)
-        self._cache = {"key": key, "value": value, "prior_model": self._cache["prior_model"]}
-        return value
-
-    def _predict(self, fitted: _Fitted, cand: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Step time, power and their std for grid indices ``cand``."""
-        if fitted.transfer is not None:
-            with warnings.catch_warnings(), np.errstate(all="ignore"):
-                warnings.simplefilter("ignore")
-                return fitted.transfer.predict(self._rows(cand, self._numeric_names),
-                                               self._rows(cand, self._pooled_names), self._group(cand))
-        per_group, pooled = fitted.per_group, fitted.pooled
-        out = [np.full(cand.size, np.nan) for _ in range(4)]
-        groups = self._group(cand)
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
-            warnings.simplefilter("ignore")
-            for g in np.unique(groups):
-                sel = np.flatnonzero(groups == g)
-                model = per_group.get(int(g))
-                rows = self._rows(cand[sel], self._numeric_names if model is not None else self._pooled_names)
-                pred = (model or pooled).predict(rows)
-                got = (pred.step_time_s, pred.power_w, pred.step_time_std, pred.power_std)
-                if int(g) in fitted.borrowed:
-                    other = fitted.borrowed[int(g)].predict(rows, self._rows(cand[sel], self._pooled_names),
-                                                            groups[sel])
-                    t, t_std = _mixture(got[0], got[2], other[0], other[2])
-                    got = (t, got[1], t_std, got[3])
-                for a, r in zip(out, got):
-                    a[sel] = r
-        return tuple(out)
-
-    def _neighbours(self, idx: np.ndarray) -> np.ndarray:
-        """Every setting one level up or down in one dimension (two in batch size) from ``idx``."""
-        lv = self._levels(idx)
-        out = [idx]
-        for d, size in enumerate(self._sizes):
-            for step in (_BATCH_STEPS if d == 0 else _KNOB_STEPS):
-                moved = lv.copy()
-                moved[:, d] += step
-                ok = (moved[:, d] >= 0) & (moved[:, d] < size)
-                if ok.any():
-                    out.append(self._flat(moved[ok]))
-        near = np.unique(self._canonical(np.concatenate(out)))
-        return near if self._allowed is None else near[np.isin(near, self._allowed)]
+    def _predict(self, fitted: Fitted, cand: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Step time, power and their std for grid indices ``cand`` (:meth:`ModelBank.predict`)."""
+        return self.models.predict(fitted, cand)
 
     # -- scoring ------------------------------------------------------------------------------------
     def _objective(self, number: int) -> str:
@@ -870,7 +489,7 @@ class GuidedSampler(BaseSampler):
             return "time" if number % 2 == 0 else "energy"
         return self.objective
 
-    def _evaluate(self, fitted: _Fitted, cand: np.ndarray, objective: str, taken: set[int]) -> dict[str, np.ndarray]:
+    def _evaluate(self, fitted: Fitted, cand: np.ndarray, objective: str, taken: set[int]) -> dict[str, np.ndarray]:
         m = fitted.measured
         idx, times, powers, oom = m.idx, m.times, m.powers, m.oom_batches
         t, p, t_std, p_std = self._predict(fitted, cand)
@@ -882,9 +501,9 @@ class GuidedSampler(BaseSampler):
         # model's doubt and the discrepancy's already
         scale = 1.0 if fitted.transfer is not None else _POWER_STD_SCALE
         sp = scale * np.maximum(np.nan_to_num(p_std, nan=np.inf), _MIN_RELATIVE_STD * np.abs(p))
-        lv = self._levels(cand)
+        lv = self.grid.levels(cand)
         steps = self._steps_table[lv[:, 0]]
-        batch = self._tables[0][lv[:, 0]]
+        batch = self.grid.tables[0][lv[:, 0]]
         with np.errstate(all="ignore"):
             if objective == "time":
                 log_score, s_log = np.log(steps * t), st
@@ -945,7 +564,7 @@ class GuidedSampler(BaseSampler):
                 "free": free, "best": best, "plausible": plausible, "expected_over_s": expected_over_s,
                 "possible": free & ~certain}
 
-    def _pareto_gain(self, m: _Measured, time_s: np.ndarray, p: np.ndarray, st: np.ndarray, sp: np.ndarray,
+    def _pareto_gain(self, m: Measured, time_s: np.ndarray, p: np.ndarray, st: np.ndarray, sp: np.ndarray,
                      certain: np.ndarray) -> np.ndarray | None:
         """The ``pareto`` objective's acquisition: each candidate's expected hypervolume improvement of the
         measured time-energy front under the budget (:mod:`~edgetune.search.samplers.hypervolume`, log space),
@@ -960,7 +579,7 @@ class GuidedSampler(BaseSampler):
         held = powers <= self._limit_w if self.budget_w is not None else np.ones(powers.size, dtype=bool)
         if not held.any():
             return None
-        total = self._steps_table[self._levels(np.array(m.idx, dtype=np.int64))[:, 0]] * np.array(m.times)
+        total = self._steps_table[self.grid.levels(np.array(m.idx, dtype=np.int64))[:, 0]] * np.array(m.times)
         pareto = hypervolume.front(np.column_stack([np.log(total), np.log(total * powers)])[held])
         ref = hypervolume.reference_point(pareto)
         with np.errstate(all="ignore"):
@@ -984,47 +603,14 @@ class GuidedSampler(BaseSampler):
         """What the model aims under: the budget with its tolerance, less the sensor's accuracy."""
         return self._budget_limit_w - self.accuracy_w
 
-    def _power_bounds(self, cand: np.ndarray, measured: _Measured) -> tuple[np.ndarray, np.ndarray]:
-        """What the measurements imply of the candidates' power (board power does not fall as the batch or a
-        numeric knob rises, in one power mode; across modes the caps and cores differ, so no order): at least
-        the power of any measured setting at or below the candidate in every such dimension, at most that of
-        any measured setting at or above it that held the budget (a setting stopped over the budget was
-        stopped as its average crossed: its full figure is unknown, so it bounds from below only). A setting
-        of another mode counts where the lower of the two runs alike under the higher one's mode
-        (:meth:`_runs_under`): a setting two modes both run is a candidate of one of them only. Returns the
-        lower and upper bounds, W (-inf and inf where nothing bounds)."""
-        lo = np.full(cand.size, -np.inf)
-        hi = np.full(cand.size, np.inf)
-        if not measured.idx or cand.size == 0:
-            return lo, hi
-        numeric = self._numeric_dims
-        cl, g = self._levels(cand), self._group(cand)
-        idx = np.array(measured.idx, dtype=np.int64)
-        ml, mg = self._levels(idx), self._group(idx)
-        lv, mv = cl[:, numeric], ml[:, numeric]
-        for k, pk in enumerate(measured.powers):
-            at_k = np.broadcast_to(ml[k], cl.shape)
-            below = (g == mg[k]) | self._runs_under(at_k, cl)
-            lo = np.where(below & np.all(lv >= mv[k], axis=1), np.maximum(lo, pk), lo)
-            if self.budget_w is None or pk <= self._budget_limit_w:
-                above = (g == mg[k]) | self._runs_under(cl, at_k)
-                hi = np.where(above & np.all(lv <= mv[k], axis=1), np.minimum(hi, pk), hi)
-        return lo, hi
+    def _power_bounds(self, cand: np.ndarray, measured: Measured) -> tuple[np.ndarray, np.ndarray]:
+        """What the measurements imply of the candidates' power, W (:meth:`Grid.power_bounds`; a setting
+        stopped over the budget bounds from below only): lower and upper bounds, -inf and inf where nothing
+        bounds."""
+        held_w = None if self.budget_w is None else self._budget_limit_w
+        return self.grid.power_bounds(cand, measured.idx, measured.powers, held_w)
 
-    def _runs_under(self, la: np.ndarray, lb: np.ndarray) -> np.ndarray:
-        """Whether each setting of levels ``la`` runs alike under the power mode of the setting of levels
-        ``lb`` beside it: a peer mode (:meth:`ModeCaps.peer`) whose caps leave each of its levels as set,
-        every other named knob the same. False everywhere without known caps."""
-        if self._mode_dim is None:
-            return np.zeros(len(la), dtype=bool)
-        mb = lb[:, self._mode_dim]
-        ok = self._peers[la[:, self._mode_dim], mb] & self._as_set_under(la, mb)
-        for j in self._named:
-            if j + 1 != self._mode_dim:
-                ok &= la[:, j + 1] == lb[:, j + 1]
-        return ok
-
-    def _dominates_over(self, cand: np.ndarray, measured: _Measured) -> np.ndarray:
+    def _dominates_over(self, cand: np.ndarray, measured: Measured) -> np.ndarray:
         """Candidates certain to be over the budget without a model: at or above a measured setting that was
         over it in batch size and every numeric knob, in the same power mode or one that runs that setting
         alike (:meth:`_power_bounds`)."""
@@ -1047,8 +633,8 @@ class GuidedSampler(BaseSampler):
             else:
                 ok = self._limit_w < pp <= self._budget_limit_w if held_only else pp <= self._limit_w
             if ok:
-                b = int(self._levels(np.array([i]))[0, 0])
-                steps, batch = self._steps_table[b], self._tables[0][b]
+                b = int(self.grid.levels(np.array([i]))[0, 0])
+                steps, batch = self._steps_table[b], self.grid.tables[0][b]
                 val = {"time": steps * tt, "energy": steps * tt * pp}.get(objective, tt / batch)
                 if objective == "cost":
                     assert self.cost is not None
@@ -1068,11 +654,11 @@ class GuidedSampler(BaseSampler):
         at other clocks is an extrapolation it can be sure of and wrong about (a transfer to Orin NX 15W, cnn:
         batch 32 at the top clocks predicted 0.0082 +- 0.0000 s from one batch-32 row at the lowest clocks,
         true 0.0064 s, so the search stopped at batch 16, 8.6% from the oracle)."""
-        near = np.concatenate([self._shifted(best, [0], step) for step in (-1, 1)])
-        done = self._levels(np.asarray(measured, dtype=np.int64))
+        near = np.concatenate([self.grid.shifted(best, [0], step) for step in (-1, 1)])
+        done = self.grid.levels(np.asarray(measured, dtype=np.int64))
 
         def anchored(i: int) -> bool:
-            lv = self._levels(np.array([i]))[0]
+            lv = self.grid.levels(np.array([i]))[0]
             at = done[done[:, 0] == lv[0]]
             return bool(np.any(np.all(np.abs(at[:, 1:] - lv[1:]) <= 1, axis=1)))
 
@@ -1089,7 +675,7 @@ class GuidedSampler(BaseSampler):
         out: list[tuple[float, int]] = []
         for k in range(2 if self.objective == "pareto" else 1):
             scores = self._score(study, k)  # k's parity picks the pareto objective
-            fitted = self._cache.get("value")
+            fitted = self.models.last
             if scores is None or fitted is None:
                 continue
             m = fitted.measured
@@ -1114,41 +700,29 @@ class GuidedSampler(BaseSampler):
         Orin Nano 7W, chartransformer: batch 8 at the lowest GPU clock and CPU 192 MHz held 7 W at a true 6.90 W,
         short of the certifiable line; CPU 115 MHz, never measured, was the oracle at 6.81 W, and the pick
         3.11% from it)."""
-        return self._shifted(edge, self._numeric_dims, -1)
-
-    def _shifted(self, index: int, dims: Sequence[int], step: int) -> np.ndarray:
-        """The settings ``step`` levels from grid index ``index`` in one of ``dims`` each (those inside the
-        grid), as they run (:meth:`_canonical`); ``index`` itself, and on a rows space anything not a row,
-        left out."""
-        lv = self._levels(np.array([index]))[0]
-        moved = [np.where(np.arange(lv.size) == d, lv + step, lv) for d in dims if 0 <= lv[d] + step < self._sizes[d]]
-        if not moved:
-            return np.array([], dtype=np.int64)
-        near = np.unique(self._canonical(self._flat(np.array(moved))))
-        near = near[near != index]
-        return near if self._allowed is None else near[np.isin(near, self._allowed)]
+        return self.grid.shifted(edge, self.grid.numeric_dims, -1)
 
     def _score(self, study: Study, number: int) -> dict[str, np.ndarray] | None:
         fitted = self._fit(study)
         if fitted is None:
             return None
         objective = self._objective(number)
-        key = (self._cache.get("key"), objective, self.accuracy_w)  # a soak moves the aim
+        key = (self.models.key, objective, self.accuracy_w)  # a soak moves the aim
         if self._cache.get("score_key") == key:
             return self._cache["score"]
         taken = self._taken(study)
-        if self._all_candidates().size <= self.max_candidates:
-            scores = self._evaluate(fitted, self._all_candidates(), objective, taken)
+        if self.grid.candidates().size <= self.max_candidates:
+            scores = self._evaluate(fitted, self.grid.candidates(), objective, taken)
         else:
             idx = np.array(fitted.measured.idx, dtype=np.int64)
             # a fresh sample per measured set, reproducible from the seed
             rng = np.random.RandomState(None if self._seed is None else self._seed + len(idx))
-            seeds = np.concatenate([idx, self._prior_idx()]) if self.prior else idx  # the prior's too
-            first = np.unique(np.concatenate([rng.choice(self._all_candidates(), self.max_candidates // _FIRST_PASS_SHARE, replace=False),
-                                              self._neighbours(seeds)]))
+            seeds = np.concatenate([idx, self.models.prior_idx]) if self.prior else idx  # the prior's too
+            first = np.unique(np.concatenate([rng.choice(self.grid.candidates(), self.max_candidates // _FIRST_PASS_SHARE, replace=False),
+                                              self.grid.neighbours(seeds)]))
             s1 = self._evaluate(fitted, first, objective, taken)
             top = first[np.argsort(-s1["acquisition"])[:_REFINE_TOP]]
-            second = np.setdiff1d(self._neighbours(self._neighbours(top)), first)
+            second = np.setdiff1d(self.grid.neighbours(self.grid.neighbours(top)), first)
             if second.size:
                 s2 = self._evaluate(fitted, second, objective, taken)
                 scores = {k: (np.concatenate([s1[k], s2[k]]) if isinstance(s1[k], np.ndarray) else s1[k])
@@ -1174,7 +748,7 @@ class GuidedSampler(BaseSampler):
         the fastest setting's expected improvement and the front's expected hypervolume improvement.
         """
         s = self._score(study, 0)
-        if s is not None and s["idx"].size == self._all_candidates().size and not s["possible"].any():
+        if s is not None and s["idx"].size == self.grid.candidates().size and not s["possible"].any():
             return "every setting that could hold the budget has been measured"
         if s is None and self._none_left_below(study):
             return "every setting that could hold the budget has been measured"
@@ -1192,7 +766,7 @@ class GuidedSampler(BaseSampler):
             if gain.size and float(np.max(gain)) >= threshold:
                 self._stop_streak = []
                 return None
-        key = self._cache.get("key")
+        key = self.models.key
         if key not in self._stop_streak:
             self._stop_streak.append(key)
         if len(self._stop_streak) < self.stop_confirmations or self._polish_candidates(study):
@@ -1214,9 +788,9 @@ class GuidedSampler(BaseSampler):
         measured = self._measured(study)
         if not measured.idx or not np.any(np.array(measured.powers) > self._limit_w):
             return False
-        every = self._all_candidates()
+        every = self.grid.candidates()
         free = every[~np.isin(every, np.array(sorted(self._taken(study)), dtype=np.int64))]
         return bool(np.all(self._dominates_over(free, measured)))
 
     def __repr__(self) -> str:
-        return f"GuidedSampler(grid={self._n}, objective={self.objective!r})"
+        return f"GuidedSampler(grid={self.grid.n}, objective={self.objective!r})"

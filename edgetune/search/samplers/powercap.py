@@ -74,7 +74,7 @@ class PowerCapSampler(GuidedSampler):
     def _startup(self, study: Study, among: np.ndarray | None = None) -> dict[str, Any]:
         taken = self._taken(study)
         for params in self.design():
-            if self._index(params) not in taken:
+            if self.grid.index(params) not in taken:
                 return params
         return super()._startup(study, among)
 
@@ -83,9 +83,9 @@ class PowerCapSampler(GuidedSampler):
         """Every setting one level from the best in the cap or in the batch size: caps above a batch size's
         saturation change nothing physical, so only measuring tells them apart (``measured`` rows nearby do not
         excuse a neighbour here)."""
-        near = self._neighbours(np.array([best]))
-        near = near[np.abs(self._levels(near) - self._levels(np.array([best]))[0]).max(axis=1) <= 1]
+        near = self.grid.neighbours(np.array([best]))
+        near = near[np.abs(self.grid.levels(near) - self.grid.levels(np.array([best]))[0]).max(axis=1) <= 1]
         return near[near != best]
 
     def __repr__(self) -> str:
-        return f"PowerCapSampler(grid={self._n}, objective={self.objective!r})"
+        return f"PowerCapSampler(grid={self.grid.n}, objective={self.objective!r})"
