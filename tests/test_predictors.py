@@ -58,19 +58,19 @@ def test_power_cap_physics_on_the_hard_tables(table, seed, bound):
 
 
 def test_power_cap_base_static_power_and_clock_floor():
-    from edgetune.predictors.hardware_model import _PowerCapBase
+    from edgetune.predictors.bases import PowerCapBase
 
     # free power 250 W at every batch size, static 75 W, the lowest clock draws 75 + 0.2 x 175 = 110 W;
     # time per sample: per-step part 0.1 / b slowing with exponent 0.5, per-sample part 0.01, alpha 1
     theta = np.array([250.0, 0.0, 5.0, 1.0, 1.0, 1.0, np.log(0.1), np.log(0.01), -30.0, 0.3, np.log(0.2), 0.5, 4.0])
     limits = np.array([400.0, 250.0, 200.0, 150.0, 110.0, 90.0, 70.0])
     x, b = np.full(limits.size, 5.0), np.full(limits.size, 32.0)
-    free, drawn, static = _PowerCapBase._power(theta, x, limits)
+    free, drawn, static = PowerCapBase._power(theta, x, limits)
     np.testing.assert_allclose(static, 75.0)
     assert drawn[0] == pytest.approx(250.0, rel=0.01)  # a limit above the free power changes nothing
     assert drawn[3] == pytest.approx(150.0, rel=0.01)  # a binding cap is met
     assert drawn[-1] == pytest.approx(110.0, rel=0.01) and drawn[-1] > limits[-1]  # below the floor: not met
-    step = _PowerCapBase._time(theta, b, free, drawn, static)
+    step = PowerCapBase._time(theta, b, free, drawn, static)
     assert np.all(np.diff(step) >= 0)
     # under the cap, dynamic power (above static) sets the clock: 150 W leaves 75 of 175 W -> 2.33x
     per_sample = 0.01 * 175.0 / (drawn[3] - 75.0)
@@ -194,7 +194,7 @@ def test_extrapolated_batch_sizes_are_reported_unsure_and_more_so_further_out():
 def test_power_cap_cv_refits_run_the_winning_start_only():
     # the cross-validated floor refits the base once per fold; a power-cap refit runs the full fit's winning
     # start alone (half the work), and its cost on the fold's rows is the same as from both starts
-    from edgetune.predictors.hardware_model import _PowerCapBase
+    from edgetune.predictors.bases import PowerCapBase
     t = load_table(os.path.join(ZEUS_TABLES, "a40_imagenet_resnet50.csv"))
     X, time_s, power = t.features(), t.step_time(), t.power_w
     train, _ = split(t, 12, seed=1)
@@ -205,8 +205,8 @@ def test_power_cap_cv_refits_run_the_winning_start_only():
     k = np.array([[X[i]["power_limit"]] for i in train]) / model.scale_
     keep = np.arange(train.size) % 4 != 0
     args = (k[keep], b[keep], time_s[train][keep] / b[keep], power[train][keep], float(model.scale_[0]))
-    one = _PowerCapBase.fit(*args, start_m=full.start_m)
-    both = _PowerCapBase.fit(*args)
+    one = PowerCapBase.fit(*args, start_m=full.start_m)
+    both = PowerCapBase.fit(*args)
     assert one.start_m == full.start_m
     ts_one, p_one = one.predict(k[~keep], b[~keep])
     ts_both, _ = both.predict(k[~keep], b[~keep])
