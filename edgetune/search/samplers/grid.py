@@ -300,4 +300,4 @@ class Grid:
         return lo, hi
 
     def __repr__(self) -> str:
-        return f"Grid(sizes={self.sizes}, candidates={self.candidates().size})"
+        return f"Grid(sizes={self.sizes}, settings={self.n})"

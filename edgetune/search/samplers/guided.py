@@ -292,12 +292,14 @@ class GuidedSampler(BaseSampler):
         self._random = RandomSampler(seed=seed)
         #: the space by flat grid index (levels, the settings as they run, power modes, neighbours)
         self.grid = Grid(space)
-        self._cache: dict[str, Any] = {}  # the last score: its key and the scores
+        self._score_key: Any = None  # what the last scores were computed for (_score)
+        self._scores: dict[str, np.ndarray] = {}
         self._stop_streak: list[Any] = []
         prior_idx = np.array([self._candidate_index(o) for o in self.prior], dtype=np.int64)
         #: the hardware models, refitted as measurements come
-        self.models = ModelBank(self.grid, min_group=min_group, n_startup=n_startup, prior=self.prior,
-                                prior_idx=prior_idx, prior_powers_w=[o.judged_power_w(guard_sigma) for o in self.prior],
+        self.models = ModelBank(self.grid, min_group=min_group, n_startup=n_startup, prior_idx=prior_idx,
+                                prior_times_s=[o.step_time_s for o in self.prior],
+                                prior_powers_w=[o.judged_power_w(guard_sigma) for o in self.prior],
                                 prior_handoff=prior_handoff)
         if self.prior:
             per_group = np.bincount(self.grid.group(prior_idx))
@@ -708,8 +710,8 @@ class GuidedSampler(BaseSampler):
             return None
         objective = self._objective(number)
         key = (self.models.key, objective, self.accuracy_w)  # a soak moves the aim
-        if self._cache.get("score_key") == key:
-            return self._cache["score"]
+        if self._score_key == key:
+            return self._scores
         taken = self._taken(study)
         if self.grid.candidates().size <= self.max_candidates:
             scores = self._evaluate(fitted, self.grid.candidates(), objective, taken)
@@ -729,8 +731,7 @@ class GuidedSampler(BaseSampler):
                           for k in s1}
             else:
                 scores = s1
-        self._cache["score_key"] = key
-        self._cache["score"] = scores
+        self._score_key, self._scores = key, scores
         return scores
 
     def should_stop(self, study: Study, margin: float) -> str | None:

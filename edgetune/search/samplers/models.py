@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from edgetune.search.records import Observation
 from edgetune.search.samplers.grid import Grid
 
 __all__ = ["TRUSTED_GROUP_ROWS", "Fitted", "Measured", "ModelBank", "mixture"]
@@ -94,23 +93,24 @@ class ModelBank:
         grid: the search space by flat index.
         min_group: measured settings (its kin's) a power mode needs before it gets a model of its own.
         n_startup: measured settings before the first fit (without a prior).
-        prior: observations of an earlier study mapped to this space, at grid indices ``prior_idx`` with judged
-            powers ``prior_powers_w``; prior_handoff: this board's measured settings after which its own
-            models replace the prior's corrected one.
+        prior_idx: the grid indices of an earlier study's measured settings mapped to this space (empty: no
+            prior), with their step times ``prior_times_s`` (s) and judged powers ``prior_powers_w`` (W);
+            prior_handoff: this board's measured settings after which its own models replace the prior's
+            corrected one.
 
     Attributes:
         key: what the last fit was fitted on (None before one): it changes whenever the fit may.
         last: the last fit (None before one).
     """
 
-    def __init__(self, grid: Grid, *, min_group: int, n_startup: int, prior: Sequence[Observation] = (),
-                 prior_idx: np.ndarray | None = None, prior_powers_w: Sequence[float] = (),
+    def __init__(self, grid: Grid, *, min_group: int, n_startup: int, prior_idx: Sequence[int] = (),
+                 prior_times_s: Sequence[float] = (), prior_powers_w: Sequence[float] = (),
                  prior_handoff: int = 0) -> None:
         self.grid = grid
         self.min_group = min_group
         self.n_startup = n_startup
-        self.prior = tuple(prior)
-        self.prior_idx = np.array([], dtype=np.int64) if prior_idx is None else prior_idx
+        self.prior_idx = np.asarray(prior_idx, dtype=np.int64)
+        self.prior_times_s = list(prior_times_s)
         self.prior_powers_w = list(prior_powers_w)
         self.prior_handoff = prior_handoff
         self.key: Any = None
@@ -130,7 +130,7 @@ class ModelBank:
         """
         idx, times, powers, peaks, oom = (measured.idx, measured.times, measured.powers, measured.peaks,
                                           measured.oom_batches)
-        if self.prior and len(idx) < self.prior_handoff:
+        if self.prior_idx.size and len(idx) < self.prior_handoff:
             return self._fit_transfer(measured)
         if len(idx) < self.n_startup:
             return None
@@ -241,7 +241,7 @@ class ModelBank:
         if self._prior_model is None:
             grid, pidx = self.grid, self.prior_idx
             self._prior_model = PriorModel(
-                grid.rows(pidx, grid.numeric_names), grid.group(pidx), [o.step_time_s for o in self.prior],
+                grid.rows(pidx, grid.numeric_names), grid.group(pidx), self.prior_times_s,
                 self.prior_powers_w, min_rows=self.min_group)
         transfer = self._corrected(self._prior_model, np.array(measured.idx, dtype=np.int64),
                                    measured.times, measured.powers)
