@@ -4,7 +4,7 @@ Trains the built-in workloads (their real models, optimizers and losses, from ``
 data that ships with the installed packages, at six batch sizes and fifteen seeds each, to a fixed validation
 target, with the learning rate rescaled from the workload's default batch size by the rule the runtime
 applies (``edgetune.tune``'s default ``lr_rule``), and records the optimizer steps to the target. Then it
-predicts the same curve from one warm-up at a single batch size, McCandlish et al.'s S(b) = S_min
+predicts the same curve from warm-ups at a single batch size, McCandlish et al.'s S(b) = S_min
 (1 + B_noise / b), and scores the prediction.
 
 Data (no download):
@@ -34,11 +34,15 @@ assuming steps never fall as the batch shrinks. The validation metric is not mon
 b=64 seed 0 read 0.897, 0.913 at steps 33, 37, then 0.863, 0.797, 0.723 at 42, 47, 52 - so that floor
 skipped first crossings and recorded later ones: 57.8 steps where the crossing is at 33.8.)
 
-Warm-up and prediction: one more run (seed 100, none of the measured seeds) at the workload's default batch
-size, each step split into 4 equal micro-batches whose gradients feed edgetune's estimator
+Warm-up and prediction: nine more runs (seeds 100-108, none of the measured seeds) at the workload's default
+batch size, each step split into 4 equal micro-batches whose gradients feed edgetune's estimator
 (``GradientNoiseScale(beta=0.99)``, its default, via ``measure_noise_scale_step``) until the target is
-reached; B_noise is the estimate at that point: with the bias correction, close to the ratio of the
-warm-up's mean |G|^2 and tr(Sigma) estimates. The same gradients also feed a ``beta=0.9`` estimator (the
+reached; a warm-up's B_noise is the estimate at that point: with the bias correction, close to the ratio of
+the warm-up's mean |G|^2 and tr(Sigma) estimates. The workload's B_noise is the median over the nine
+(:class:`~edgetune.predictors.convergence.MeasuredNoiseScale`). One warm-up is one draw: until 2026-12-05 the
+table held seed 100's alone, and warm-ups that differ only in their seed read cnn's B_noise 5-29 samples and
+mobilenet's 56-92. The nine seeds were fixed before any but seed 100 was run, and before any benchmark ran with
+their median. The same gradients also feed a ``beta=0.9`` estimator (the
 decay of ``search.efficiency.measure_b_noise``), reported for reference: in a first run that was the
 estimate used, and for the transformer it read 1.2 after 20 steps and 279 thirteen steps later (a ratio
 of two noisy ~10-step averages), so the longer average was taken instead. S_min comes from the median measured steps at the warm-up batch size,
@@ -55,6 +59,7 @@ were several times slower than one.
     python experiments/convergence_truth.py --quick    # one seed, three batch sizes, in a temporary folder
     python experiments/convergence_truth.py --replay   # score the stored table, no training
     python experiments/convergence_truth.py --seeds 3,4 --keep-warmup   # add seeds to the stored table
+    python experiments/convergence_truth.py --warmup-only   # measure B_noise again, keep the steps
 
 Fifteen seeds per batch size: the table began with three, and the seeds of one batch size disagree by 10-25%, so
 a median of three could be a chimera of seeds (orin-nano mobilenet in the oracle benchmark: b 16's median from
@@ -64,7 +69,8 @@ benchmark's worst rows (8-14%) inside that spread: cnn's steps at batch 32 fell 
 and 43 steps), so the median of seven sat on a cluster's edge, b 32 won five of the seven seeds against b 16 and
 yet lost by 13.6% on the medians. Seeds 7-14 were added for that, before anything was scored with them.
 ``--seeds`` measures some seeds only and keeps the table's rows of the others; ``--keep-warmup`` keeps the
-stored B_noise instead of measuring it again (the built-in workloads carry that value).
+stored B_noise instead of measuring it again (the built-in workloads carry that value); ``--warmup-only``
+measures the warm-ups alone and keeps the stored steps.
 
 Ends with ``steps error: X% | choice loss: Y%`` (targets X <= 20, Y <= 5).
 """
@@ -106,6 +112,7 @@ from edgetune.predictors.convergence import (
     load_b_noise,
     load_convergence,
     predict_from_warmup,
+    read_b_noise_rows,
     read_comment,
     read_convergence_rows,
     save_b_noise_rows,
@@ -123,7 +130,9 @@ RESULTS = HERE / "results" / "convergence_truth.txt"
 LR_RULE: str = inspect.signature(edgetune.tune).parameters["lr_rule"].default
 
 SEEDS = tuple(range(15))  # per batch size (module docs: why fifteen)
-WARMUP_SEED = 100  # the warm-up's own seed: the prediction uses none of the measured runs but S(b_w)'s median
+#: the warm-ups' own seeds (none of the measured runs'; the prediction uses those only through S(b_w)'s median).
+#: Nine, fixed before any but the first was run: one warm-up is one draw of B_noise (module docs)
+WARMUP_SEEDS = tuple(range(100, 109))
 WARMUP_MICRO_BATCHES = 4  # the estimator's small batch is b_w / 4, its big batch b_w
 GNS_BETA = 0.99  # GradientNoiseScale's default decay: with bias correction, about the warm-up's mean
 FAST_BETA = 0.9  # search.efficiency.measure_b_noise's decay (a ~10-step window), reported for reference
@@ -378,10 +387,8 @@ def train_to_target(exp: Experiment, data: Data, batch_size: int, seed: int, *,
 
 
 def measure_workload(exp: Experiment, seeds: tuple[int, ...], log: Callable[[str], None],
-                     keep: Callable[[list[ConvergenceRow]], None] = lambda rows: None, warmup: bool = True
-                     ) -> tuple[list[ConvergenceRow], NoiseScaleRow | None]:
-    """Steps to target at every batch size and seed (``keep`` gets the rows so far after each run), then the
-    warm-up that measures B_noise (None without ``warmup``)."""
+                     keep: Callable[[list[ConvergenceRow]], None] = lambda rows: None) -> list[ConvergenceRow]:
+    """Steps to target at every batch size and seed (``keep`` gets the rows so far after each run)."""
     data = DATA[exp.workload]()
     log(f"{exp.workload}: {data.description}; target {exp.metric} {'>=' if exp.higher_is_better else '<='} "
         f"{exp.target:g}")
@@ -394,16 +401,39 @@ def measure_workload(exp: Experiment, seeds: tuple[int, ...], log: Callable[[str
             log(f"  b={b:4d} seed={seed} lr={run.lr:.3g}: {run.steps:7.1f} steps "
                 f"({run.evaluations} evaluations, {run.wall_s:.0f} s)")
             keep(rows)
-    if not warmup:
-        return rows, None
+    return rows
+
+
+def measure_steps(exp: Experiment, seeds: tuple[int, ...], steps_path: Path) -> None:
+    """Measure ``seeds`` of ``exp`` into the table at ``steps_path``, written after every run; the table's
+    rows of other workloads and seeds are kept, and a stored table keeps its provenance with a line saying
+    which seeds were added when."""
+    others = ([r for r in read_convergence_rows(steps_path) if r.workload != exp.workload or r.seed not in seeds]
+              if steps_path.exists() else [])
+    note = (f"seeds {','.join(map(str, seeds))} of {exp.workload} added at commit {git_commit()}, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; torch {torch.__version__}, 1 thread")
+    added = read_comment(steps_path) + [note] if any(r.workload == exp.workload for r in others) else None
+
+    def keep(rows: list[ConvergenceRow]) -> None:
+        both = others + rows
+        save_convergence_rows(steps_path, both, added or provenance(list(dict.fromkeys(r.workload for r in both))))
+
+    measure_workload(exp, seeds, print, keep)
+
+
+def measure_warmups(exp: Experiment, seeds: tuple[int, ...], log: Callable[[str], None]) -> list[NoiseScaleRow]:
+    """One warm-up per seed at the workload's default batch size, each measuring B_noise to the target."""
+    data = DATA[exp.workload]()
     b_w = load_workload(exp.workload).default_batch_size
-    run = train_to_target(exp, data, b_w, WARMUP_SEED, noise_scale=_TwoRates(GNS_BETA, FAST_BETA))
-    log(f"  warm-up b={b_w} seed={WARMUP_SEED}: target after {run.steps:.1f} steps, B_noise {run.b_noise:.1f} "
-        f"(beta {GNS_BETA}; beta {FAST_BETA}: {run.b_noise_fast:.1f}, after {FIRST_STEPS} steps "
-        f"{run.b_noise_first_steps:.1f}), {run.wall_s:.0f} s")
-    noise = NoiseScaleRow(exp.workload, run.b_noise, GNS_BETA, b_w, WARMUP_MICRO_BATCHES, WARMUP_SEED, run.steps,
-                          FAST_BETA, run.b_noise_fast, FIRST_STEPS, run.b_noise_first_steps)
-    return rows, noise
+    rows = []
+    for seed in seeds:
+        run = train_to_target(exp, data, b_w, seed, noise_scale=_TwoRates(GNS_BETA, FAST_BETA))
+        log(f"  warm-up b={b_w} seed={seed}: target after {run.steps:.1f} steps, B_noise {run.b_noise:.1f} "
+            f"(beta {GNS_BETA}; beta {FAST_BETA}: {run.b_noise_fast:.1f}, after {FIRST_STEPS} steps "
+            f"{run.b_noise_first_steps:.1f}), {run.wall_s:.0f} s")
+        rows.append(NoiseScaleRow(exp.workload, run.b_noise, GNS_BETA, b_w, WARMUP_MICRO_BATCHES, seed, run.steps,
+                                  FAST_BETA, run.b_noise_fast, FIRST_STEPS, run.b_noise_first_steps))
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------- scoring
@@ -460,9 +490,15 @@ def score(steps_path: Path, b_noise_path: Path) -> list[Score]:
                          f"{predicted[i] * step_s[i]:.3f}"])
         s_min = anchor / (1 + n.b_noise / n.warmup_batch)
         print(f"\n{name}: {curve.metric} target {curve.target:g}, seeds {','.join(map(str, curve.seeds))}; "
-              f"B_noise {n.b_noise:.1f} (warm-up b={n.warmup_batch}, {n.micro_batches} micro-batches, beta "
-              f"{n.beta:g}, target after {n.warmup_steps:.1f} steps); S_min {s_min:.1f} from the median steps at "
-              f"b={n.warmup_batch}")
+              f"B_noise {n.b_noise:.1f}, the median of {len(n.runs)} warm-up(s) (b={n.warmup_batch}, "
+              f"{n.micro_batches} micro-batches, beta {n.beta:g}, target after {n.warmup_steps:.1f} steps, the "
+              f"median); S_min {s_min:.1f} from the median steps at b={n.warmup_batch}")
+        if len(n.runs) > 1:
+            print("  warm-ups (seed: B_noise): " + ", ".join(f"{r.warmup_seed}: {r.b_noise:.1f}" for r in n.runs))
+            for r in n.runs:
+                _, err_one, choice_one = judge(r.b_noise)
+                print(f"    seed {r.warmup_seed} alone: B_noise {r.b_noise:.1f}, steps error {100 * err_one:.1f}%, "
+                      f"choice loss {100 * choice_one.loss:.1f}%")
         print(format_table(["batch", "steps (median)", "min..max", "predicted", "error %", "twin step ms",
                             "time meas s", "time pred s"], rows))
         print(f"fastest to target: measured b={choice.measured_choice}, predicted b={choice.predicted_choice}: "
@@ -471,7 +507,7 @@ def score(steps_path: Path, b_noise_path: Path) -> list[Score]:
         if n.b_noise_fast >= 0:  # False for nan
             _, err_fast, choice_fast = judge(n.b_noise_fast)
             print(f"  reference, beta {n.fast_beta:g}: B_noise {n.b_noise_fast:.1f} (after {n.first_steps} steps "
-                  f"{n.b_noise_first_steps:.1f}): steps error {100 * err_fast:.1f}%, choice loss "
+                  f"{n.b_noise_first_steps:.1f}; medians over the warm-ups): steps error {100 * err_fast:.1f}%, choice loss "
                   f"{100 * choice_fast.loss:.1f}%")
         ok = np.isfinite(measured)
         if ok.sum() >= 2:
@@ -489,7 +525,8 @@ def machine_state() -> str:
 
 def provenance(workloads: list[str], noise: bool = False) -> list[str]:
     """The header comment of the measured table: what was trained on what, to which target, at which commit."""
-    lines = [("B_noise per workload, measured with edgetune's GradientNoiseScale during a warm-up to the target"
+    lines = [("B_noise per workload and warm-up seed, measured with edgetune's GradientNoiseScale during a warm-up "
+              "to the target; a workload's B_noise is the median over its warm-ups"
               if noise else "steps to a validation target per workload, batch size and seed (nan: not reached)"),
              (f"written by experiments/convergence_truth.py at commit {git_commit()}, "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; torch {torch.__version__}, 1 thread"),
@@ -507,9 +544,9 @@ def _seeds(text: str) -> tuple[int, ...]:
         seeds = tuple(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"seeds must be comma-separated integers, got {text!r}") from None
-    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0 or WARMUP_SEED in seeds:
-        raise argparse.ArgumentTypeError(f"seeds must be distinct, >= 0 and not the warm-up's {WARMUP_SEED}, "
-                                         f"got {text!r}")
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0 or set(seeds) & set(WARMUP_SEEDS):
+        raise argparse.ArgumentTypeError(f"seeds must be distinct, >= 0 and none of the warm-ups' "
+                                         f"{WARMUP_SEEDS[0]}-{WARMUP_SEEDS[-1]}, got {text!r}")
     return seeds
 
 
@@ -521,8 +558,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", nargs="+", choices=list(EXPERIMENTS), default=list(EXPERIMENTS))
     ap.add_argument("--seeds", type=_seeds, default=SEEDS,
                     help="comma-separated seeds to measure; the table's rows of other seeds are kept")
-    ap.add_argument("--keep-warmup", action="store_true",
-                    help="keep the stored B_noise instead of measuring the warm-up again")
+    warm = ap.add_mutually_exclusive_group()
+    warm.add_argument("--keep-warmup", action="store_true",
+                      help="keep the stored B_noise instead of measuring the warm-ups again")
+    warm.add_argument("--warmup-only", action="store_true",
+                      help="measure the warm-ups' B_noise only and keep the stored steps to target")
     ap.add_argument("--data-dir", type=Path, default=DATA_DIR, help="where the measured table is read/written")
     ap.add_argument("--results", type=Path, default=None,
                     help=f"also write the output to this file (default: {RESULTS} for a full measuring run)")
@@ -573,31 +613,20 @@ def run(args: argparse.Namespace) -> int:
                 quick = tuple(sorted({sizes[1], sizes[3], load_workload(name).default_batch_size}))
                 exp = Experiment(exp.workload, exp.metric, exp.target, quick, exp.max_samples)
                 seeds = seeds[:1]
-            # the other workloads' and seeds' measurements are kept; this one's rows are written after every run
-            others = ([r for r in read_convergence_rows(steps_path) if r.workload != name or r.seed not in seeds]
-                      if steps_path.exists() else [])
-
-            # seeds added to a stored table keep its provenance, with a line saying what was added when
-            note = (f"seeds {','.join(map(str, seeds))} of {name} added at commit {git_commit()}, "
-                    f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; torch {torch.__version__}, 1 thread")
-            added = (read_comment(steps_path) + [note] if any(r.workload == name for r in others) else None)
-
-            def keep(rows: list[ConvergenceRow], others: list[ConvergenceRow] = others,
-                     added: list[str] | None = added) -> None:
-                both = others + rows
-                comment = added or provenance(list(dict.fromkeys(r.workload for r in both)))
-                save_convergence_rows(steps_path, both, comment)
-
-            _, noise = measure_workload(exp, seeds, print, keep, warmup=not args.keep_warmup)
-            if noise is None:
+            if not args.warmup_only:
+                measure_steps(exp, seeds, steps_path)
+            if args.keep_warmup:
                 print(f"  wrote {steps_path}; kept {noise_path} ({time.perf_counter() - started:.0f} s so far; "
                       f"{machine_state()})", flush=True)
                 continue
-            noise_rows = [n for n in load_b_noise(noise_path).values() if n.workload != name] if noise_path.exists() else []
-            noise_rows.append(noise)
-            save_b_noise_rows(noise_path, noise_rows, provenance([n.workload for n in noise_rows], noise=True))
-            print(f"  wrote {steps_path} and {noise_path} ({time.perf_counter() - started:.0f} s so far; "
-                  f"{machine_state()})", flush=True)
+            warmups = measure_warmups(exp, WARMUP_SEEDS[:1] if args.quick else WARMUP_SEEDS, print)
+            noise_rows = ([n for n in read_b_noise_rows(noise_path) if n.workload != name]
+                          if noise_path.exists() else [])
+            noise_rows += warmups
+            save_b_noise_rows(noise_path, noise_rows,
+                              provenance(list(dict.fromkeys(n.workload for n in noise_rows)), noise=True))
+            print(f"  wrote {noise_path if args.warmup_only else f'{steps_path} and {noise_path}'} "
+                  f"({time.perf_counter() - started:.0f} s so far; {machine_state()})", flush=True)
     try:
         scores = score(steps_path, noise_path)
     except ConvergenceError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from edgetune.predictors.convergence import (
     ChoiceLoss,
     ConvergenceError,
     ConvergenceRow,
+    MeasuredNoiseScale,
     NoiseScaleRow,
     choice_loss,
     crossing_step,
@@ -20,6 +22,7 @@ from edgetune.predictors.convergence import (
     load_b_noise,
     load_convergence,
     predict_from_warmup,
+    read_b_noise_rows,
     read_comment,
     read_convergence_rows,
     save_b_noise_rows,
@@ -202,7 +205,42 @@ def test_b_noise_table_round_trips(tmp_path):
     row = NoiseScaleRow("cnn", 42.5, 0.99, 128, 4, 100, 33.3, 0.9, 60.0, 20, 12.0)
     path = tmp_path / "b_noise.csv"
     save_b_noise_rows(path, [row])
-    assert load_b_noise(path) == {"cnn": row}
+    assert read_b_noise_rows(path) == [row]
+    assert load_b_noise(path) == {"cnn": MeasuredNoiseScale("cnn", (row,))}
+    assert load_b_noise(path)["cnn"].b_noise == 42.5
+
+
+def _warmup(seed: int, b_noise: float, steps: float = 30.0, **changes) -> NoiseScaleRow:
+    return replace(NoiseScaleRow("cnn", b_noise, 0.99, 128, 4, seed, steps, 0.9, 2 * b_noise, 20, b_noise / 4),
+                   **changes)
+
+
+def test_a_workloads_b_noise_is_the_median_of_its_warmups(tmp_path):
+    # one warm-up is one draw (cnn's read 5-29 samples over nine seeds): the median, like the steps' over seeds
+    path = tmp_path / "b_noise.csv"
+    rows = [_warmup(102, 25.7, 86.0), _warmup(100, 13.2, 88.7), _warmup(101, 5.2, 90.3),
+            replace(_warmup(100, 60.0), workload="mobilenet", warmup_batch=128)]
+    save_b_noise_rows(path, rows)
+    noise = load_b_noise(path)
+    cnn = noise["cnn"]
+    assert cnn.seeds == (100, 101, 102)  # in seed order, whatever the file's
+    assert cnn.b_noise == 13.2 and cnn.warmup_steps == 88.7
+    assert cnn.b_noise_fast == 26.4 and cnn.b_noise_first_steps == pytest.approx(3.3)
+    assert (cnn.warmup_batch, cnn.micro_batches, cnn.beta, cnn.fast_beta, cnn.first_steps) == (128, 4, 0.99, 0.9, 20)
+    assert noise["mobilenet"].b_noise == 60.0
+    # a warm-up that reached the target before first_steps has no early estimate: the median of the others
+    save_b_noise_rows(path, [_warmup(100, 13.2), _warmup(101, 8.0, b_noise_first_steps=math.nan)])
+    assert load_b_noise(path)["cnn"].b_noise_first_steps == pytest.approx(3.3)
+
+
+def test_warmups_of_one_workload_must_be_distinct_and_alike(tmp_path):
+    path = tmp_path / "b_noise.csv"
+    save_b_noise_rows(path, [_warmup(100, 13.2), _warmup(100, 25.7)])
+    with pytest.raises(ConvergenceError, match=r"warm-up seed\(s\) \[100\] twice"):
+        load_b_noise(path)
+    save_b_noise_rows(path, [_warmup(100, 13.2), _warmup(101, 25.7, warmup_batch=64)])
+    with pytest.raises(ConvergenceError, match="different warmup_batch"):
+        load_b_noise(path)
 
 
 def test_rows_read_back_as_written(tmp_path):
@@ -224,7 +262,7 @@ def test_provenance_comment_is_kept_apart_from_the_rows(tmp_path):
     assert load_convergence(path)["cnn"].steps(8) == 110.0
     row = NoiseScaleRow("cnn", 42.5, 0.99, 128, 4, 100, 33.3, 0.9, 60.0, 20, 12.0)
     save_b_noise_rows(tmp_path / "b.csv", [row], ["estimator: GradientNoiseScale"])
-    assert load_b_noise(tmp_path / "b.csv") == {"cnn": row}
+    assert load_b_noise(tmp_path / "b.csv") == {"cnn": MeasuredNoiseScale("cnn", (row,))}
     # a bad value is reported at its line in the file, the comment lines counted
     path.write_text(path.read_text().replace(",8,0,", ",eight,0,", 1))
     with pytest.raises(ConvergenceError, match="line 6"):

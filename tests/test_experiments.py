@@ -264,3 +264,26 @@ def test_a_pick_rescored_with_other_steps_to_target_moves_with_its_batch_sizes_s
                                for bb, st in zip((16, 32, 64), row)))
     per_seed = seed_steps(table, curve)
     assert list(per_seed) == [0, 1] and per_seed[1] == (50.0, 30.0, 25.0) and math.isnan(per_seed[0][2])
+
+
+def test_convergence_truth_replay_predicts_from_the_median_warmup(tmp_path, capsys):
+    # the stored table's format, three warm-ups: the prediction uses their median and each is shown alone
+    import convergence_truth
+
+    from edgetune.predictors.convergence import NoiseScaleRow, save_b_noise_rows
+
+    (tmp_path / "steps.csv").write_text(
+        "workload,metric,target,batch_size,seed,lr,steps,evaluations,wall_s\n"
+        + "".join(f"cnn,accuracy,0.9,{b},{seed},0.1,{steps * (1 + seed / 10)},5,1.0\n"
+                  for seed in (0, 1, 2) for b, steps in ((32, 60.0), (64, 40.0), (128, 30.0))))
+    save_b_noise_rows(tmp_path / "b_noise.csv", [
+        NoiseScaleRow("cnn", value, 0.99, 128, 4, seed, 50.0, 0.9, 2 * value, 20, value / 2)
+        for seed, value in ((100, 64.0), (101, 8.0), (102, 32.0))])
+    assert convergence_truth.main(["--replay", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "B_noise 32.0, the median of 3 warm-up(s)" in out
+    assert "warm-ups (seed: B_noise): 100: 64.0, 101: 8.0, 102: 32.0" in out
+    assert "seed 101 alone: B_noise 8.0" in out
+    # S_min from the median steps at the warm-ups' batch: 33 / (1 + 32 / 128) = 26.4; at b 64 26.4 x 1.5
+    assert "S_min 26.4" in out and "39.6" in out
+    assert out.rstrip().splitlines()[-1].startswith("steps error: ")

@@ -12,7 +12,8 @@ module holds the pure pieces that check that law against real training runs
   steps measured there (S_min = S(b_w) / (1 + B_noise / b_w));
 * :func:`steps_error` and :func:`choice_loss` - how far the predicted curve is from the measured one, in
   steps and in time to target lost by choosing the batch size from the prediction;
-* :func:`load_convergence` / :func:`save_convergence_rows`, :func:`load_b_noise` - the measured table.
+* :func:`load_convergence` / :func:`save_convergence_rows`, :func:`load_b_noise` - the measured tables
+  (steps over seeds per batch size; B_noise over warm-up seeds, their median the workload's value).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "ConvergenceError",
     "ConvergenceRow",
     "MeasuredCurve",
+    "MeasuredNoiseScale",
     "NoiseScaleRow",
     "choice_loss",
     "crossing_step",
@@ -39,6 +41,7 @@ __all__ = [
     "load_b_noise",
     "load_convergence",
     "predict_from_warmup",
+    "read_b_noise_rows",
     "read_comment",
     "read_convergence_rows",
     "save_b_noise_rows",
@@ -207,7 +210,8 @@ CONVERGENCE_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ConvergenceR
 
 @dataclass(frozen=True)
 class NoiseScaleRow:
-    """B_noise of one workload, measured with :class:`~edgetune.predictors.GradientNoiseScale`.
+    """B_noise of one workload from one warm-up run (seed ``warmup_seed``), measured with
+    :class:`~edgetune.predictors.GradientNoiseScale`.
 
     Measured during a warm-up run at ``warmup_batch`` split into ``micro_batches`` equal micro-batches
     (the estimator's two batch sizes) until the validation target was reached after ``warmup_steps`` steps.
@@ -250,6 +254,70 @@ class MeasuredCurve:
         except ValueError:
             raise KeyError(f"{self.workload}: no measurement at batch size {batch_size}; "
                            f"measured: {', '.join(map(str, self.batch_sizes))}") from None
+
+
+@dataclass(frozen=True)
+class MeasuredNoiseScale:
+    """B_noise of one workload over its warm-up runs (one :class:`NoiseScaleRow` per seed): the median.
+
+    One warm-up is one draw: the same estimator over warm-ups that differ only in their seed reads cnn's B_noise
+    13-29 samples and mobilenet's 56-88 (``experiments/results/convergence_truth.txt``), so a workload's value
+    is the median over several, as its steps to target are the median over seeds.
+    """
+
+    workload: str
+    runs: tuple[NoiseScaleRow, ...]
+
+    @property
+    def b_noise(self) -> float:
+        """Median B_noise over the warm-ups, in samples."""
+        return float(np.median([r.b_noise for r in self.runs]))
+
+    @property
+    def b_noise_fast(self) -> float:
+        """Median of the warm-ups' estimates with the shorter memory ``fast_beta`` (for reference)."""
+        return float(np.median([r.b_noise_fast for r in self.runs]))
+
+    @property
+    def b_noise_first_steps(self) -> float:
+        """Median of the fast estimates after the first ``first_steps`` steps, over the warm-ups that ran that
+        long (``nan`` if none did; for reference)."""
+        values = [r.b_noise_first_steps for r in self.runs if math.isfinite(r.b_noise_first_steps)]
+        return float(np.median(values)) if values else math.nan
+
+    @property
+    def warmup_steps(self) -> float:
+        """Median steps the warm-ups took to reach the target."""
+        return float(np.median([r.warmup_steps for r in self.runs]))
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return tuple(r.warmup_seed for r in self.runs)
+
+    @property
+    def warmup_batch(self) -> int:
+        """The warm-ups' batch size (every warm-up of one workload shares its settings)."""
+        return self.runs[0].warmup_batch
+
+    @property
+    def micro_batches(self) -> int:
+        return self.runs[0].micro_batches
+
+    @property
+    def beta(self) -> float:
+        return self.runs[0].beta
+
+    @property
+    def fast_beta(self) -> float:
+        return self.runs[0].fast_beta
+
+    @property
+    def first_steps(self) -> int:
+        return self.runs[0].first_steps
+
+
+#: the warm-up settings the runs of one :class:`MeasuredNoiseScale` share
+_SHARED_WARMUP_FIELDS = ("warmup_batch", "micro_batches", "beta", "fast_beta", "first_steps")
 
 
 #: A line of a table file starting with this is a comment (provenance: data set, lr rule, target, commit).
@@ -316,7 +384,8 @@ def save_convergence_rows(path: str | os.PathLike, rows: Iterable[ConvergenceRow
 
 
 def save_b_noise_rows(path: str | os.PathLike, rows: Iterable[NoiseScaleRow], comment: Sequence[str] = ()) -> None:
-    """Write the per-workload noise scales as CSV, after ``comment`` lines as :func:`save_convergence_rows`."""
+    """Write the warm-ups' noise scales (one row per workload and warm-up seed) as CSV, after ``comment`` lines
+    as :func:`save_convergence_rows`."""
     _write_rows(path, rows, [f.name for f in fields(NoiseScaleRow)], comment)
 
 
@@ -368,6 +437,29 @@ def load_convergence(path: str | os.PathLike) -> dict[str, MeasuredCurve]:
     return curves
 
 
-def load_b_noise(path: str | os.PathLike) -> Mapping[str, NoiseScaleRow]:
-    """Workload -> its measured :class:`NoiseScaleRow` (raises :class:`ConvergenceError`)."""
-    return {row.workload: row for row in _read_rows(path, NoiseScaleRow)}
+def read_b_noise_rows(path: str | os.PathLike) -> list[NoiseScaleRow]:
+    """The warm-ups as written by :func:`save_b_noise_rows` (raises :class:`ConvergenceError`)."""
+    return _read_rows(path, NoiseScaleRow)
+
+
+def load_b_noise(path: str | os.PathLike) -> Mapping[str, MeasuredNoiseScale]:
+    """Workload -> its warm-ups as one :class:`MeasuredNoiseScale` (their median is the workload's B_noise).
+
+    Raises:
+        ConvergenceError: unreadable file, missing columns, a bad value, a warm-up seed twice for one workload,
+            or warm-ups of one workload with different settings (batch size, micro-batches, decays).
+    """
+    by_workload: dict[str, list[NoiseScaleRow]] = {}
+    for row in read_b_noise_rows(path):
+        by_workload.setdefault(row.workload, []).append(row)
+    for name, runs in by_workload.items():
+        seeds = [r.warmup_seed for r in runs]
+        if len(set(seeds)) != len(seeds):
+            raise ConvergenceError(f"{path}: workload {name!r} has warm-up seed(s) "
+                                   f"{sorted({s for s in seeds if seeds.count(s) > 1})} twice; keep one row each")
+        for field in _SHARED_WARMUP_FIELDS:
+            if len({getattr(r, field) for r in runs}) != 1:
+                raise ConvergenceError(f"{path}: workload {name!r} has warm-ups with different {field}; measure "
+                                       f"every warm-up of one workload alike")
+    return {name: MeasuredNoiseScale(name, tuple(sorted(runs, key=lambda r: r.warmup_seed)))
+            for name, runs in by_workload.items()}
