@@ -287,3 +287,16 @@ def test_convergence_truth_replay_predicts_from_the_median_warmup(tmp_path, caps
     # S_min from the median steps at the warm-ups' batch: 33 / (1 + 32 / 128) = 26.4; at b 64 26.4 x 1.5
     assert "S_min 26.4" in out and "39.6" in out
     assert out.rstrip().splitlines()[-1].startswith("steps error: ")
+
+
+def test_convergence_truth_refuses_warmup_seeds_as_measured_seeds_and_keep_with_warmup_only(capsys):
+    import convergence_truth
+
+    with pytest.raises(SystemExit) as exit_:
+        convergence_truth.main(["--seeds", "3,104", "--replay"])
+    assert exit_.value.code == 2
+    assert "none of the warm-ups' 100-108" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        convergence_truth.main(["--warmup-only", "--keep-warmup"])
+    assert exit_.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
