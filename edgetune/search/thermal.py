@@ -34,7 +34,8 @@ power, since the hotter setting runs its rails at higher voltages, whose leakage
 the simulated AGX Orin (cnn, energy at 22.1 W) a 14.9-W pick soaked 0.25 W of rise, carried per watt as
 0.36 W to a 21.1-W pick whose own rise was 1.14 W, and the pick drew 22.26 W warm. So a pick drawing more
 than every setting soaked to its end (:func:`hottest_soaked_w`), by more than the sensor's accuracy, is
-soaked itself before the search stops. Where the device reads no temperature, the rise is what the soak saw
+soaked itself before the search stops; for ``pareto``, whose whole front is offered, the hottest such point
+of the front. Where the device reads no temperature, the rise is what the soak saw
 (a lower bound: the board had minutes more to warm), and the result says so. A soak that crosses the budget
 is stopped like any trial (safe profiling): its rise is at least what takes the setting to the budget (its mean to the budget less
 the step's ripple, once the soak ran half its length and its fit so had windows to read the rise:
