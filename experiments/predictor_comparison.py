@@ -10,8 +10,10 @@ it (mean absolute percentage error), over several seeds. Tables:
 Candidates: the shipped :class:`~edgetune.predictors.HardwareModel` (physics base + residual GP), its base
 alone, a plain GP on (log batch size, knobs), gradient boosting, a generic non-negative linear model, and
 the median of the training rows (a model worse than that predicts nothing). Each table's figure is the mean
-MAPE over the seeds; the shipped model's worst seed per table is printed beside it. Prints one table per
-target (time, power) and a summary line with the issue's targets (issue 11 item 4): on the Zeus tables mean
+MAPE over the seeds; the shipped model's worst seed per table is printed beside it. Then the shipped model's
+doubt on the same splits: the share of held-out rows whose truth lies within two predicted std, with the
+residual GP's std alone and with the base's refit spread added (``predict(refit_spread=True)``). Prints one
+table per target (time, power) and a summary line with the issue's targets (issue 11 item 4): on the Zeus tables mean
 time MAPE <= 6%, mean power MAPE <= 4%, no table worse than 15% / 8%; on the twin's clock space, mean <= 8% /
 6%.
 
@@ -185,6 +187,27 @@ def cross_validate(make, data, k: int, seeds: int) -> tuple[float, float, float,
 
 
 SHIPPED = "physics+GP (shipped)"
+#: two standard deviations hold 95.4% of a normal error: a doubt that is honest covers about that share
+NOMINAL_COVERAGE = 0.954
+
+
+def coverage(data, k: int, seeds: int) -> tuple[float, float, float, float]:
+    """The shipped model's doubt against held-out rows: the share of rows whose log error lies within two
+    predicted (relative) std, time and power, with the residual GP's std alone and with the base's refit
+    spread added (``HardwareModel.predict(refit_spread=True)``); the same splits as :func:`cross_validate`."""
+    X, t, p = data
+    hits = {False: ([], []), True: ([], [])}
+    for seed in range(seeds):
+        order = np.random.default_rng(seed).permutation(len(X))
+        train, test = order[:k], order[k:]
+        model = HardwareModel().fit([X[i] for i in train], t[train], p[train])
+        for spread in (False, True):
+            pred = model.predict([X[i] for i in test], refit_spread=spread)
+            for out, truth, mean, std in ((hits[spread][0], t[test], pred.step_time_s, pred.step_time_std),
+                                          (hits[spread][1], p[test], pred.power_w, pred.power_std)):
+                out.append(np.mean(np.abs(np.log(truth / mean)) <= 2.0 * std / mean))
+    return (float(np.mean(hits[False][0])), float(np.mean(hits[False][1])), float(np.mean(hits[True][0])),
+            float(np.mean(hits[True][1])))
 
 
 def print_table(title: str, names: list[str], results: dict, col: int, worst_col: int | None = None) -> None:
@@ -224,6 +247,18 @@ def main() -> None:
         print_table("step time MAPE (%), twin clock space (mean over seeds)", list(twin), results, 0, 3)
         print_table("power MAPE (%), twin clock space (mean over seeds)", list(twin), results, 1, 4)
     print_table("mean fit time (CPU s)", list(zeus) + list(twin), results, 2)
+
+    names = list(zeus) + list(twin)
+    cover = {n: coverage(data, k, args.seeds) for n, data in {**zeus, **twin}.items()}
+    width = max(len(n) for n in names) + 2
+    print(f"\nshipped model's doubt: share of held-out rows within 2 predicted std (nominal {NOMINAL_COVERAGE:.1%})")
+    heads = ("time, GP std", "power, GP std", "time, + refit spread", "power, + refit spread")
+    print("table".ljust(width) + "".join(h.rjust(24) for h in heads))
+    for n in names:
+        print(n.ljust(width) + "".join(f"{v:24.1%}" for v in cover[n]))
+    for label, rows in (("mean, Zeus", list(zeus)), ("mean, twin", list(twin))):
+        if rows:
+            print(label.ljust(width) + "".join(f"{np.mean([cover[n][j] for n in rows]):24.1%}" for j in range(4)))
 
     zt = [results[(n, SHIPPED)][0] for n in zeus]
     zp = [results[(n, SHIPPED)][1] for n in zeus]

@@ -214,3 +214,42 @@ def test_power_cap_cv_refits_run_the_winning_start_only():
     assert np.all(np.isfinite(ts_one)) and np.all(p_one > 0)
     # the held-out time predictions of one start and of both agree within 5%
     assert np.sqrt(np.mean(np.log(ts_one / ts_both) ** 2)) < 0.05
+
+
+def covered(pred, time_s, power):
+    """The shares of true step times and powers within 2 predicted std of the prediction (log errors)."""
+    return (float(np.mean(np.abs(np.log(time_s / pred.step_time_s)) <= 2 * pred.step_time_std / pred.step_time_s)),
+            float(np.mean(np.abs(np.log(power / pred.power_w)) <= 2 * pred.power_std / pred.power_w)))
+
+
+def test_refit_spread_widens_the_doubt_between_rows_until_it_covers_held_out_truths():
+    # the GP's std is small next to the rows however the base splits what they show; the refits' spread
+    # shows where that split is open. On the twin, 10 rows: the GP alone covers 46-100% of the held-out
+    # times within 2 std, with the spread 81-100%, and the means do not move
+    X, time_s, power = twin_rows(80, seed=1)
+    for seed in range(3):
+        train, test = split(X, 10, seed)
+        model = HardwareModel().fit([X[i] for i in train], time_s[train], power[train])
+        assert len(model.refits_) == 4
+        rows = [X[i] for i in test]
+        gp, both = model.predict(rows), model.predict(rows, refit_spread=True)
+        assert np.array_equal(gp.step_time_s, both.step_time_s) and np.array_equal(gp.power_w, both.power_w)
+        assert np.all(both.step_time_std >= gp.step_time_std) and np.all(both.power_std >= gp.power_std)
+        assert np.any(both.step_time_std > 1.05 * gp.step_time_std)
+        # the spread is capped: a relative std of at most 20% on top of the GP's
+        assert np.all(np.hypot(gp.step_time_std / gp.step_time_s, 0.2) >= both.step_time_std / both.step_time_s - 1e-12)
+
+        (t_gp, p_gp), (t_both, p_both) = (covered(pred, time_s[test], power[test]) for pred in (gp, both))
+        assert t_both >= max(t_gp, 0.8) and p_both >= max(p_gp, 0.9)
+        assert t_both > t_gp or t_gp == 1.0
+
+
+def test_refit_spread_needs_the_cross_validation():
+    X, time_s, power = twin_rows(20, seed=2)
+    for model in (HardwareModel(cv_folds=0), HardwareModel(residual="none"),
+                  HardwareModel()):
+        n = 4 if model.cv_folds == 4 and model.residual == "gp" else 12  # 4 rows: no more rows than folds
+        model.fit(X[:n], time_s[:n], power[:n])
+        assert model.refits_ == []
+        a, b = model.predict(X[12:]), model.predict(X[12:], refit_spread=True)
+        assert np.array_equal(a.step_time_std, b.step_time_std) and np.array_equal(a.power_std, b.power_std)

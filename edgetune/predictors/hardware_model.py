@@ -61,6 +61,20 @@ The model has two layers, both fitted in log space (errors are relative, as the 
    trace of a GPU not in the repository) would be reported as sure as one in range; with it the guided
    sampler's expected improvement and stopping rule send a measurement there before trusting it.
 
+4. **Refit spread** (``predict(..., refit_spread=True)``): the spread of the :data:`CV_FOLDS` refits' predictions
+   (a grouped jackknife, (K - 1) / K x the sum of squared deviations of their log predictions, capped at the
+   square root of :data:`CV_VARIANCE_CAP`), added in quadrature. The GP's std is local: small next to the rows,
+   however the base splits what they show among its parts. Where the rows leave that split open, the refits
+   disagree (twin Orin AGX chartransformer, 30W mode: from a 192 MHz one-core row and a 115.2 MHz three-core row
+   the base read data loading where the twin has none, and put 115.2 MHz on one core 28% slower than the first,
+   for about 5%). On held-out rows (``experiments/predictor_comparison.py``: 10 training rows, 10 seeds) the
+   GP's std alone puts 77% (time) and 82% (power) of the truths within 2 std on the Zeus tables, 83% and 89%
+   on the twin's; with the refit spread 92% and 93%, 95% and 98%, about the 95.4% two std of a normal error
+   hold. Off by default, and the guided search does not
+   use it: its expected gains and stopping rule weigh the GP's std, and with the spread they measured 36.8 and
+   32.3 settings per search on the first 13 time and 15 energy rows of the oracle benchmark, against 28.5 and
+   27.2 (experiments/results/predictor_comparison.txt).
+
 ``experiments/predictor_comparison.py`` compares this against a plain GP, gradient boosting and the bases
 alone by cross-validation on the Zeus traces (and the twin where present) and records why this one stays.
 """
@@ -200,7 +214,8 @@ class HardwareModel(BaseEstimator):
 
     Fitted attributes: ``base_kind_``, ``base_model_``, ``time_gp_`` and ``power_gp_`` (``residual="gp"``),
     ``cv_var_`` (the base's cross-validated mean squared log error, time and power, capped at
-    :data:`CV_VARIANCE_CAP`; 0 where not cross-validated), ``time_spread_``, ``power_spread_``,
+    :data:`CV_VARIANCE_CAP`; 0 where not cross-validated), ``refits_`` (the cross-validation's refits of the
+    base, one per fold; empty where not cross-validated), ``time_spread_``, ``power_spread_``,
     ``peak_ratio_``, ``n_train_``.
 
     Example::
@@ -271,20 +286,24 @@ class HardwareModel(BaseEstimator):
         bt, bp = self._base_predict(k, b)
         rt, rp = np.log(t / bt), np.log(p / bp)
         self.cv_var_ = (0.0, 0.0)
+        self.refits_ = []
         if self.residual == "gp" and self.cv_folds and n > self.cv_folds:
             # how wrong the base is where it was not fitted: each fold predicted by a refit on the others
             # (the roofline started from the full fit; the power-cap base from its winning start, not its
             # optimum), as log ratios
             et, ep = np.zeros(n), np.zeros(n)
             fold = np.arange(n) % self.cv_folds
+            refits = []
             for f in range(self.cv_folds):
                 held = fold == f
                 refit = fit_base(np.flatnonzero(~held), self.base_model_)
+                refits.append(refit)
                 with np.errstate(all="ignore"):
                     ts, ps = refit.predict(k[held], b[held])
                 et[held], ep[held] = np.log(t[held] / (ts * b[held])), np.log(p[held] / ps)
             self.cv_var_ = tuple(float(min(np.nanmean(e**2), CV_VARIANCE_CAP)) if np.isfinite(np.nanmean(e**2))
                                  else CV_VARIANCE_CAP for e in (et, ep))
+            self.refits_ = refits
         if self.residual == "gp":
             Z = self._gp_inputs(k, b)
             with warnings.catch_warnings():
@@ -323,8 +342,27 @@ class HardwareModel(BaseEstimator):
         (ot, op), (kt, kp) = EXTRAPOLATION_STD_PER_OCTAVE, EXTRAPOLATION_STD_PER_SPAN
         return ot * octaves + kt * spans, op * octaves + kp * spans
 
-    def predict(self, X: Sequence[Mapping[str, float]]) -> Prediction:
-        """Predict every row of ``X`` (same knobs as in :meth:`fit`)."""
+    def _refits_std(self, k: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Relative std (time, power) of the refits' predictions: their grouped-jackknife spread in log
+        space, capped at the square root of :data:`CV_VARIANCE_CAP` (a refit that predicts nothing finite
+        counts as the cap)."""
+        K = len(self.refits_)
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            lt, lp = zip(*((np.log(ts * b), np.log(ps)) for ts, ps in (r.predict(k, b) for r in self.refits_)))
+        cap = math.sqrt(CV_VARIANCE_CAP)
+        out = []
+        for logs in (np.array(lt), np.array(lp)):
+            spread = np.sqrt((K - 1) / K * np.sum((logs - logs.mean(axis=0)) ** 2, axis=0))
+            out.append(np.minimum(np.nan_to_num(spread, nan=cap), cap))
+        return out[0], out[1]
+
+    def predict(self, X: Sequence[Mapping[str, float]], refit_spread: bool = False) -> Prediction:
+        """Predict every row of ``X`` (same knobs as in :meth:`fit`).
+
+        ``refit_spread``: add the spread of the cross-validation's refits to the std (module docs, 4): a doubt
+        that covers held-out rows as a std should, where the GP's alone is too sure between rows. No effect
+        on the means, nor where the fit was not cross-validated (``cv_folds=0``, ``residual="none"``, or no
+        more rows than folds)."""
         if not hasattr(self, "base_model_"):
             raise ValueError("this HardwareModel is not fitted yet; call fit first")
         _, M = _as_matrix(X, self.knobs_)
@@ -342,5 +380,8 @@ class HardwareModel(BaseEstimator):
             sp = np.full(b.size, self.power_spread_)
         xt, xp = self._extrapolation_std(k, b)
         st, sp = np.hypot(st, xt), np.hypot(sp, xp)
+        if refit_spread and self.refits_:
+            jt, jp = self._refits_std(k, b)
+            st, sp = np.hypot(st, jt), np.hypot(sp, jp)
         return Prediction(step_time_s=t, power_w=p, peak_power_w=p * self.peak_ratio_,
                           step_time_std=t * st, power_std=p * sp)
