@@ -113,5 +113,6 @@ def test_format_and_oom_detection():
     assert format_value(918_000_000, "Hz") == "918 MHz"
     assert format_value(1_497_600, "kHz") == "1.4976 GHz"
     assert format_value(4, "cores") == "4 cores"
+    assert format_value(1, "cores") == "1 core"
     assert is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert not is_out_of_memory(RuntimeError("shape mismatch"))

@@ -114,13 +114,20 @@ def summed_channels(total_label: str) -> int:
 
 
 def format_value(value: KnobValue, unit: str) -> str:
-    """Human form of a knob value: ``918000000, 'Hz'`` -> ``'918 MHz'``; strings pass through."""
+    """Human form of a knob value: ``918000000, 'Hz'`` -> ``'918 MHz'``, ``1, 'cores'`` -> ``'1 core'``;
+    strings pass through."""
     if isinstance(value, str):
         return value
     for name, scale in _SCALED_UNITS.get(unit, ()):
         if abs(value) >= scale:
             return f"{value / scale:g} {name}"
+    if unit in _PLURAL_UNITS and value == 1:
+        unit = _PLURAL_UNITS[unit]
     return f"{value:g} {unit}".strip()
+
+
+#: count units whose singular reads differently: ``1 core``, not ``1 cores``
+_PLURAL_UNITS = {"cores": "core"}
 
 
 _UNIT_SUFFIXES = {"ghz": 1e9, "mhz": 1e6, "khz": 1e3, "hz": 1.0, "kw": 1e3, "mw": 1e-3, "w": 1.0}
