@@ -414,6 +414,11 @@ class EfficiencySection:
                                 "workload's measured value; 256 for one without) or "
                                 f'"{MEASURE}" (from gradient norms during the warm-up)',
                                 flag=Flag("--b-noise", _flag_number_or_measure, group=MEASUREMENT))
+    b_noise_warmups: int = _key(5, _integer(1), f'with b_noise = "{MEASURE}": the warm-ups whose median it '
+                                "takes, each on the workload built again with the next seed (fresh batches and, "
+                                "unless the builder loads them, weights); one warm-up is one draw, which "
+                                "spreads several-fold",
+                                flag=Flag("--b-noise-warmups", _flag_int, group=MEASUREMENT))
     known_convergence: bool = _key(False, _boolean, "on trace:<table.csv>: the table's epochs to target of every "
                                    "batch size are known from the start (a recurring job); otherwise the search "
                                    "sees a batch size's only once it measured it",

@@ -38,6 +38,7 @@ def test_example_config_loads_back_with_every_default(tmp_path):
     ({"space.batch_sizes": [0, 8]}, "must hold whole numbers >= 1"),
     ({"budget.tolerance": 0.9}, "budget.tolerance must be <= 0.5"),
     ({"efficiency.b_noise": "lots"}, 'must be a number of samples > 0, "workload" or "measure"'),
+    ({"efficiency.b_noise_warmups": 0}, "efficiency.b_noise_warmups must be >= 1, got 0"),
     ({"protocol.real_steps": -1}, "protocol.real_steps must be >= 0"),
     ({"space.values": {"gpu_freq": []}}, "gpu_freq must be a non-empty list"),
 ])

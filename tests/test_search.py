@@ -100,6 +100,32 @@ def test_b_noise_measured_from_gradient_norms_is_positive():
     assert math.isfinite(value) and 0 < value < 1e4
 
 
+def test_b_noise_over_warmups_is_the_median_of_the_positive_ones():
+    from edgetune.search.efficiency import WarmupNoiseScale, measure_b_noise_warmups
+
+    nan = math.nan
+    assert WarmupNoiseScale((8.0, 3.0, nan, 40.0, 5.0), 20).b_noise == 6.5  # the median of 3, 5, 8, 40
+    assert WarmupNoiseScale((8.0, nan, nan, nan, nan), 20).positive == (8.0,)
+    assert math.isnan(WarmupNoiseScale((8.0, nan, nan, nan, nan), 20).b_noise)  # one positive of five: too few
+    assert WarmupNoiseScale((8.0,), 20).b_noise == 8.0  # one warm-up asked for, one had
+    assert math.isnan(WarmupNoiseScale((nan,), 20).b_noise)
+
+    def sign_task(seed):  # a learnable task: the label is the sign of the first input
+        torch.manual_seed(seed)
+
+        def make_batch(batch_size, generator):
+            x = torch.randn(batch_size, 16, generator=generator)
+            return x, (x[:, 0] > 0).long()
+
+        return Workload.from_model("sign", torch.nn.Linear(16, 2), make_batch, default_batch_size=32, seed=seed)
+
+    built = []
+    measured = measure_b_noise_warmups((built.append(s) or sign_task(s) for s in range(3)), 32, steps=10)
+    assert built == [0, 1, 2] and len(measured.estimates) == 3 and measured.steps == 10
+    assert len(set(measured.estimates)) == 3  # fresh weights and batches: three draws
+    assert measured.b_noise == sorted(measured.estimates)[1]
+
+
 def test_target_takes_the_workloads_measured_b_noise_and_falls_back_without_one():
     from edgetune.search.efficiency import FALLBACK_B_NOISE
 
@@ -880,16 +906,40 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, extra, message):
 def test_cli_budget_above_the_device_maximum_runs_unconstrained(tmp_path, capsys):
     argv = ["search", "--device", "sim:orin-nano", "--workload", "cnn", "--budget", "100", "--batch-sizes", "8",
             "--knobs", "gpu_freq", "--n-trials", "2", "--sampler", "random", "--measure-s", "0.5",
-            "--warmup-steps", "0", "--real-steps", "0", "--b-noise", "measure", "-o", str(tmp_path / "o")]
+            "--warmup-steps", "0", "--real-steps", "0", "--b-noise", "measure", "--b-noise-warmups", "2",
+            "-o", str(tmp_path / "o")]
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "no constraint binds; searching unconstrained" in captured.err
     best = json.loads((tmp_path / "o" / "best.json").read_text())
     assert best["budget_binds"] is False and best["budget_w"] == 100.0
-    # B_noise measured from gradient norms during the warm-up, and said so
-    assert best["target_model"]["b_noise_source"].startswith("measured from gradient norms")
-    assert best["target_model"]["b_noise"] > 0
-    assert "B_noise measured from gradient norms" in captured.err
+    # B_noise measured from gradient norms over two warm-ups, each from fresh weights, and said so
+    source = best["target_model"]["b_noise_source"]
+    assert source.startswith("measured from gradient norms: the median of 2 warm-up(s) of 20 steps"), source
+    line = next(ln for ln in captured.err.splitlines() if ln.startswith("B_noise measured from gradient norms"))
+    each = [float(v) for v in line.partition("(each warm-up: ")[2].rstrip(")").split(", ")]
+    assert len(each) == 2 and best["target_model"]["b_noise"] == pytest.approx(sum(each) / 2, abs=0.06)
+
+
+def test_cli_b_noise_never_positive_in_the_warmups_is_one_line_exit_2(tmp_path, capsys):
+    # a loss without gradient: no warm-up can tell B_noise, and the error says what each read and the fix
+    (tmp_path / "flat.py").write_text(
+        "import torch\n"
+        "from edgetune.workloads import Workload\n\n"
+        "def build(seed=0):\n"
+        "    def make_batch(batch_size, generator):\n"
+        "        x = torch.randn(batch_size, 8, generator=generator)\n"
+        "        return x, torch.zeros(batch_size, dtype=torch.long)\n"
+        "    return Workload.from_model('flat', torch.nn.Linear(8, 2), make_batch, default_batch_size=16,\n"
+        "                               loss_fn=lambda out, y: out.sum() * 0.0, seed=seed)\n")
+    argv = ["search", "--device", "sim:orin-nano", "--workload", f"{tmp_path / 'flat.py'}:build", "--budget", "10",
+            "--b-noise", "measure", "--b-noise-warmups", "3", "-o", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert ('not positive in enough of 3 warm-ups of 20 steps (not positive, not positive, not positive); '
+            "set efficiency.b_noise to a number of samples, or measure more warm-ups") in err[0]
+    assert not (tmp_path / "o").exists()  # nothing written
 
 
 # ---------------------------------------------------------------------------------------------- samplers

@@ -111,7 +111,8 @@ def search(args: argparse.Namespace) -> int:
         if device.max_power_w is not None and budget >= device.max_power_w:
             notes.append(f"note: budget {budget:g} W is at or above the most {device.name} can draw "
                          f"({device.max_power_w:.1f} W): no constraint binds; searching unconstrained")
-        target = trace.target if trace and trace.target else _target(cfg.efficiency, workload)
+        target = trace.target if trace and trace.target else _target(cfg.efficiency, workload, cfg.workload,
+                                                                       cfg.seed)
         study_name = cfg.study_name(device.name, workload.name)
         out = output_folder(cfg, device.name, workload.name)
         cfg = cfg.with_values(output=str(out))  # the default storage, study.db, lives in the study's folder
@@ -247,30 +248,42 @@ def measurement_protocol(section: ProtocolSection) -> MeasurementProtocol:
         raise UsageError(f"[protocol]: {exc}") from None
 
 
-#: warm-up steps whose gradient norms estimate B_noise (``efficiency.b_noise = "measure"``): the number
-#: measure_b_noise is written for; they train the model, so they are the warm-up, not extra work
+#: steps of each warm-up whose gradient norms estimate B_noise (``efficiency.b_noise = "measure"``): the
+#: number measure_b_noise is written for; the first warm-up trains the model, so it is the warm-up, not extra work
 B_NOISE_STEPS = 20
 
 
-def _target(section: EfficiencySection, workload) -> TargetModel:
-    """The steps-to-target model: B_noise the workload's, from the config, or measured in a warm-up."""
+def _target(section: EfficiencySection, workload, spec: str, seed: int) -> TargetModel:
+    """The steps-to-target model: B_noise the workload's, from the config, or measured over warm-ups (the
+    workload's own, then ``section.b_noise_warmups - 1`` copies built from ``spec`` with the next seeds)."""
+    import itertools
+
     from edgetune.config import MEASURE, WORKLOAD
-    from edgetune.search.efficiency import TargetModel, measure_b_noise
+    from edgetune.search.efficiency import TargetModel, measure_b_noise_warmups
+    from edgetune.workloads import WorkloadError, load_workload
 
     if section.b_noise == WORKLOAD:
         return TargetModel.for_workload(workload, section.s_min)
     if section.b_noise != MEASURE:
         return TargetModel(section.s_min, section.b_noise, "config")
-    how = f"measured from gradient norms over {B_NOISE_STEPS} warm-up steps"
+    n = section.b_noise_warmups
+    copies = (load_workload(spec, seed=seed + i) for i in range(1, n))
     try:
-        value = measure_b_noise(workload, workload.default_batch_size, steps=B_NOISE_STEPS)
-    except ValueError as exc:
+        measured = measure_b_noise_warmups(itertools.chain([workload], copies), workload.default_batch_size,
+                                           steps=B_NOISE_STEPS)
+    except (ValueError, WorkloadError) as exc:
         raise UsageError(f"efficiency.b_noise = \"{MEASURE}\": {exc}") from None
+    value = measured.b_noise
+    each = ", ".join(f"{v:.1f}" if v > 0 and math.isfinite(v) else "not positive" for v in measured.estimates)
     if not (value > 0 and math.isfinite(value)):
         raise UsageError(f"efficiency.b_noise = \"{MEASURE}\": the gradient noise scale of {workload.name} was "
-                         f"not positive after {B_NOISE_STEPS} warm-up steps; set efficiency.b_noise to a number "
-                         f"of samples")
-    print(f"B_noise {how}: {value:.0f} samples", file=sys.stderr)
+                         f"not positive in enough of {n} warm-ups of {B_NOISE_STEPS} steps ({each}); set "
+                         f"efficiency.b_noise to a number of samples, or measure more warm-ups "
+                         f"(efficiency.b_noise_warmups)")
+    how = (f"measured from gradient norms: the median of {n} warm-up(s) of {B_NOISE_STEPS} steps, each on the "
+           f"workload built with the next seed" if n > 1 else
+           f"measured from gradient norms over {B_NOISE_STEPS} warm-up steps")
+    print(f"B_noise {how}: {value:.0f} samples (each warm-up: {each})", file=sys.stderr)
     return TargetModel(section.s_min, value, how)
 
 
