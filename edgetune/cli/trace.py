@@ -282,12 +282,21 @@ def predict_eval(table: Table, train_size: int, seed: int) -> dict:
     started = time.perf_counter()
     model = HardwareModel(random_state=seed).fit([X[i] for i in train], t[train], p[train])
     fit_s = time.perf_counter() - started
-    pred = model.predict([X[i] for i in test])
+    rows = [X[i] for i in test]
+    pred = model.predict(rows)
     time_err = np.abs(pred.step_time_s / t[test] - 1.0)
     power_err = np.abs(pred.power_w / p[test] - 1.0)
+    # the doubt: the share of held-out truths within 2 predicted std, the GP's alone and with the refits' spread
+    coverage = {}
+    for spread in (False, True):
+        q = model.predict(rows, refit_spread=True) if spread else pred
+        coverage[spread] = tuple(float(np.mean(np.abs(np.log(truth / mean)) <= 2.0 * std / mean))
+                                 for truth, mean, std in ((t[test], q.step_time_s, q.step_time_std),
+                                                          (p[test], q.power_w, q.power_std)))
     return {"model": model, "train": train, "test": test, "fit_s": fit_s, "time_errors": time_err,
             "power_errors": power_err, "time_mape": float(time_err.mean() * 100),
-            "power_mape": float(power_err.mean() * 100)}
+            "power_mape": float(power_err.mean() * 100), "coverage": coverage[False],
+            "coverage_refit_spread": coverage[True]}
 
 
 def _cmd_predict_eval(args: argparse.Namespace) -> int:
@@ -305,6 +314,9 @@ def _cmd_predict_eval(args: argparse.Namespace) -> int:
     where = ", ".join(f"{k}={v:g}" for k, v in table.setting(row).items())
     print(f"evaluated on {len(result['test'])} held-out rows; worst time error "
           f"{result['time_errors'][worst] * 100:.1f}% at {where}, batch size {int(table.batch_size[row])}")
+    (tg, pg), (ts, ps) = result["coverage"], result["coverage_refit_spread"]
+    print(f"held-out rows within 2 predicted std (about 95% if the doubt is honest): time {tg:.0%}, power {pg:.0%} "
+          f"(the GP's std, which the search uses); time {ts:.0%}, power {ps:.0%} with the refits' spread")
     print(f"time MAPE: {result['time_mape']:.2f}% | power MAPE: {result['power_mape']:.2f}%")
     return 0
 
