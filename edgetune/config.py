@@ -59,6 +59,13 @@ OBJECTIVES = ("time", "energy", "throughput", "pareto", "cost")
 SAMPLERS = ("auto", "guided", "tpe", "gp", "random")
 #: ``efficiency.b_noise = "measure"``: measure the gradient noise scale during the warm-up
 MEASURE = "measure"
+#: ``efficiency.b_noise_warmups``: the warm-ups whose median ``b_noise = "measure"`` takes. One 20-step warm-up
+#: is one draw: nine of each built-in workload, differing only in their seed
+#: (experiments/data/convergence/b_noise.csv, ``b_noise_first_steps``), read cnn 3.0-12.3 samples and
+#: chartransformer 1.2-13.0, and three of mobilenet's nine nothing positive. The median of five of them spreads
+#: about half as much (std of its log over every five of the nine: cnn 0.57 -> 0.34, chartransformer 0.77 ->
+#: 0.34, mobilenet 0.20 -> 0.10).
+B_NOISE_WARMUPS = 5
 #: ``efficiency.b_noise = "workload"`` (the default): the workload's own measured B_noise
 WORKLOAD = "workload"
 #: the study's SQLite file in the output folder when no ``search.storage`` URL is given
@@ -414,8 +421,8 @@ class EfficiencySection:
                                 "workload's measured value; 256 for one without) or "
                                 f'"{MEASURE}" (from gradient norms during the warm-up)',
                                 flag=Flag("--b-noise", _flag_number_or_measure, group=MEASUREMENT))
-    b_noise_warmups: int = _key(5, _integer(1), f'with b_noise = "{MEASURE}": the warm-ups whose median it '
-                                "takes, each on the workload built again with the next seed (fresh batches and, "
+    b_noise_warmups: int = _key(B_NOISE_WARMUPS, _integer(1), f'with b_noise = "{MEASURE}": the warm-ups '
+                                "whose median it takes, each on the workload built again with the next seed (fresh batches and, "
                                 "unless the builder loads them, weights); one warm-up is one draw, which "
                                 "spreads several-fold",
                                 flag=Flag("--b-noise-warmups", _flag_int, group=MEASUREMENT))

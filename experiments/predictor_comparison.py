@@ -196,18 +196,15 @@ def coverage(data, k: int, seeds: int) -> tuple[float, float, float, float]:
     predicted (relative) std, time and power, with the residual GP's std alone and with the base's refit
     spread added (``HardwareModel.predict(refit_spread=True)``); the same splits as :func:`cross_validate`."""
     X, t, p = data
-    hits = {False: ([], []), True: ([], [])}
+    shares = []  # per seed: (time, power) with the GP's std, then (time, power) with the spread
     for seed in range(seeds):
         order = np.random.default_rng(seed).permutation(len(X))
         train, test = order[:k], order[k:]
         model = HardwareModel().fit([X[i] for i in train], t[train], p[train])
-        for spread in (False, True):
-            pred = model.predict([X[i] for i in test], refit_spread=spread)
-            for out, truth, mean, std in ((hits[spread][0], t[test], pred.step_time_s, pred.step_time_std),
-                                          (hits[spread][1], p[test], pred.power_w, pred.power_std)):
-                out.append(np.mean(np.abs(np.log(truth / mean)) <= 2.0 * std / mean))
-    return (float(np.mean(hits[False][0])), float(np.mean(hits[False][1])), float(np.mean(hits[True][0])),
-            float(np.mean(hits[True][1])))
+        rows = [X[i] for i in test]
+        shares.append([*model.predict(rows).within_std(t[test], p[test]),
+                       *model.predict(rows, refit_spread=True).within_std(t[test], p[test])])
+    return tuple(float(v) for v in np.mean(shares, axis=0))
 
 
 def print_table(title: str, names: list[str], results: dict, col: int, worst_col: int | None = None) -> None:

@@ -216,10 +216,14 @@ def test_power_cap_cv_refits_run_the_winning_start_only():
     assert np.sqrt(np.mean(np.log(ts_one / ts_both) ** 2)) < 0.05
 
 
-def covered(pred, time_s, power):
-    """The shares of true step times and powers within 2 predicted std of the prediction (log errors)."""
-    return (float(np.mean(np.abs(np.log(time_s / pred.step_time_s)) <= 2 * pred.step_time_std / pred.step_time_s)),
-            float(np.mean(np.abs(np.log(power / pred.power_w)) <= 2 * pred.power_std / pred.power_w)))
+def test_within_std_counts_the_truths_a_doubt_covers():
+    one = np.ones(4)
+    pred = Prediction(step_time_s=one, power_w=10 * one, peak_power_w=10 * one, step_time_std=0.1 * one,
+                      power_std=one)
+    # log errors 0, 0.1, 0.25, 0.5 against 2 std of 0.2 (time) and 0.2 (power, relative)
+    truth = np.exp([0.0, 0.1, 0.25, -0.5])
+    assert pred.within_std(truth, 10 * truth) == (0.5, 0.5)
+    assert pred.within_std(truth, 10 * truth, n_std=3.0) == (0.75, 0.75)
 
 
 def test_refit_spread_widens_the_doubt_between_rows_until_it_covers_held_out_truths():
@@ -239,7 +243,7 @@ def test_refit_spread_widens_the_doubt_between_rows_until_it_covers_held_out_tru
         # the spread is capped: a relative std of at most 20% on top of the GP's
         assert np.all(np.hypot(gp.step_time_std / gp.step_time_s, 0.2) >= both.step_time_std / both.step_time_s - 1e-12)
 
-        (t_gp, p_gp), (t_both, p_both) = (covered(pred, time_s[test], power[test]) for pred in (gp, both))
+        (t_gp, p_gp), (t_both, p_both) = (pred.within_std(time_s[test], power[test]) for pred in (gp, both))
         assert t_both >= max(t_gp, 0.8) and p_both >= max(p_gp, 0.9)
         assert t_both > t_gp or t_gp == 1.0
 

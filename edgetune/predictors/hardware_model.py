@@ -70,10 +70,10 @@ The model has two layers, both fitted in log space (errors are relative, as the 
    for about 5%). On held-out rows (``experiments/predictor_comparison.py``: 10 training rows, 10 seeds) the
    GP's std alone puts 77% (time) and 82% (power) of the truths within 2 std on the Zeus tables, 83% and 89%
    on the twin's; with the refit spread 92% and 93%, 95% and 98%, about the 95.4% two std of a normal error
-   hold. Off by default, and the guided search does not
-   use it: its expected gains and stopping rule weigh the GP's std, and with the spread they measured 36.8 and
-   32.3 settings per search on the first 13 time and 15 energy rows of the oracle benchmark, against 28.5 and
-   27.2 (experiments/results/predictor_comparison.txt).
+   hold. Off by default, and the guided search does not use it: its expected gains and stopping rule weigh the
+   GP's std, and with the spread they measured 36.8 and 32.3 settings per search on the first 13 time and 15
+   energy rows of the oracle benchmark, against 28.5 and 27.2 (experiments/results/predictor_comparison.txt).
+   :meth:`Prediction.within_std` counts the truths a doubt covers.
 
 ``experiments/predictor_comparison.py`` compares this against a plain GP, gradient boosting and the bases
 alone by cross-validation on the Zeus traces (and the twin where present) and records why this one stays.
@@ -141,6 +141,14 @@ class Prediction:
 
     def __len__(self) -> int:
         return int(self.step_time_s.size)
+
+    def within_std(self, step_time_s, power_w, n_std: float = 2.0) -> tuple[float, float]:
+        """The shares of the true ``step_time_s`` and ``power_w`` (one per row) whose log error lies within
+        ``n_std`` predicted relative std: about 95% at 2 std for a doubt that is honest."""
+        def share(truth, mean: np.ndarray, std: np.ndarray) -> float:
+            return float(np.mean(np.abs(np.log(np.asarray(truth, dtype=float) / mean)) <= n_std * std / mean))
+
+        return share(step_time_s, self.step_time_s, self.step_time_std), share(power_w, self.power_w, self.power_std)
 
 
 # ------------------------------------------------------------------------------------------ input checks

@@ -22,8 +22,9 @@ with max power the device's maximum power (Zeus: the GPU's largest power limit),
 own, :attr:`edgetune.workloads.Workload.b_noise`: the built-in workloads carry one measured on real data by
 ``experiments/convergence_truth.py``; a workload without one falls back to :data:`FALLBACK_B_NOISE`. Set a
 number from your own run, or use ``"measure"`` to estimate it from gradient norms during the warm-up steps
-(:class:`edgetune.predictors.GradientNoiseScale`): the median of :data:`B_NOISE_WARMUPS` warm-ups, each on the
-workload built again with another seed (:func:`measure_b_noise_warmups`), since one warm-up is one draw.
+(:class:`edgetune.predictors.GradientNoiseScale`): the median of ``efficiency.b_noise_warmups``
+(:data:`edgetune.config.B_NOISE_WARMUPS`) warm-ups, each on the workload built again with another seed
+(:func:`measure_b_noise_warmups`), since one warm-up is one draw.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = [
-    "B_NOISE_WARMUPS",
     "DIRECTIONS",
     "FALLBACK_B_NOISE",
     "Outcome",
@@ -52,12 +52,6 @@ __all__ = [
 #: report for small image classifiers early in training.
 FALLBACK_B_NOISE = 256.0
 
-#: warm-ups whose median ``b_noise = "measure"`` takes. One 20-step warm-up is one draw: nine of each built-in
-#: workload, differing only in their seed (experiments/data/convergence/b_noise.csv, ``b_noise_first_steps``),
-#: read cnn 3.0-12.3 samples and chartransformer 1.2-13.0, and three of mobilenet's nine nothing positive. The
-#: median of five of them spreads about half as much (std of its log over every five of the nine: cnn 0.57 ->
-#: 0.34, chartransformer 0.77 -> 0.34, mobilenet 0.20 -> 0.10).
-B_NOISE_WARMUPS = 5
 #: the fewest warm-ups with a positive estimate whose median is taken (fewer warm-ups: all of them)
 MIN_POSITIVE_WARMUPS = 2
 
@@ -257,8 +251,8 @@ def measure_b_noise_warmups(workloads: Iterable, batch_size: int, *, steps: int 
 
     Pass the workload the search trains first and copies built with other seeds after it
     (``load_workload(spec, seed=...)``: fresh batches, and fresh weights unless the builder loads them),
-    lazily if building one is costly: the estimate of one
-    warm-up is one draw, and its median over several is what :attr:`WarmupNoiseScale.b_noise` gives.
+    lazily if building one is costly: the estimate of one warm-up is one draw, and its median over several is
+    what :attr:`WarmupNoiseScale.b_noise` gives.
     Raises ValueError as :func:`measure_b_noise` does.
     """
     return WarmupNoiseScale(tuple(measure_b_noise(w, batch_size, steps=steps) for w in workloads), steps)
