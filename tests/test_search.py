@@ -314,6 +314,34 @@ def test_a_setting_whose_window_holds_the_budget_is_not_stopped_on_its_first_rea
     assert again.holds(limit_w, guard_sigma=2.0)
 
 
+def test_a_window_of_a_setting_already_running_is_judged_on_its_last_second_not_its_first_steps():
+    """The sensor samples a step's phases at a rate close to the step rate (10-ms steps, 6.6-ms updates), so
+    the first 50 ms of a window can read only the step's hot phase. A window that begins the setting is stopped
+    on them now and then (the clear-over rule: nothing else is known of it); the same windows continuing a
+    setting already running, as a thermal soak's do, read the setting's last second, which holds the budget by
+    0.3 W, and run to their end every time."""
+    cnn = load_workload("cnn")
+    setting = {"gpu_freq": 956_250_000, "emc_freq": 1_866_000_000, "cpu_freq": 1_344_000, "cpu_cores": 1,
+               "power_mode": "MODE_20W_6CORE"}
+    protocol = MeasurementProtocol(warmup_steps=0, measure_steps=1, measure_s=1.0, real_steps=0)
+
+    def windows(continued: bool) -> tuple[list, float]:
+        device = open_device("sim:xavier-nx", compute=False, seed=0)  # the same board, noise and steps each time
+        limit_w = device.backend.expected(cnn.cost, 32, setting).power_w + 0.3  # the hot phase: 0.5 W over
+        with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+            first = measure_setting(device, cnn, 32, setting, protocol, monitor)
+            since_s = device.clock.now() - first.duration_s if continued else None
+            return [measure_setting(device, cnn, 32, setting, protocol, monitor, limit_w=limit_w, guard_sigma=2.0,
+                                    running_since_s=since_s) for _ in range(40)], limit_w
+
+    fresh, limit_w = windows(continued=False)
+    continued, _ = windows(continued=True)
+    stopped = [i for i, m in enumerate(fresh) if m.aborted_over_budget]
+    assert stopped and all(fresh[i].duration_s < 0.1 and fresh[i].max_avg_power_w > limit_w for i in stopped)
+    assert not any(m.aborted_over_budget for m in continued)
+    assert all(m.holds(limit_w, guard_sigma=2.0) for m in continued)
+
+
 def test_a_stopped_trial_drops_its_clocks_and_cores_at_once(workload):
     """Stopped over the budget, the board goes to the least power its quick knobs allow (lowest clocks, one
     core; the power mode stays: a switch is slow), so the 1-s average falls as fast as it can: the wait before

@@ -401,8 +401,10 @@ def soak(device: Device, workload: Any, batch_size: int, setting: Mapping[str, K
     """Train at ``setting`` for ``duration_s`` device seconds in windows of ``chunk_s``, reading the board
     temperature after each, and fit the steady state (module docs). Each window is a
     :func:`~edgetune.search.trial.measure_setting` under ``limit_w``: one that crosses the budget ends the
-    soak. ``real_steps``: steps of each window that run the real training step on a virtual clock (the
-    soak's figures are the device's; the step itself was run by the search's windows already).
+    soak. The windows after the first continue the setting (``running_since_s``): the early stop reads its
+    power over the last budget window, not over the first steps of each window. ``real_steps``: steps of each
+    window that run the real training step on a virtual clock (the soak's figures are the device's; the step
+    itself was run by the search's windows already).
     ``cool_power_w``, ``cool_temperature_c``: the setting's mean power and board temperature over the search's
     windows (what the rise is counted from)."""
     protocol = MeasurementProtocol(warmup_steps=0, measure_steps=1, measure_s=chunk_s, real_steps=real_steps)
@@ -410,9 +412,13 @@ def soak(device: Device, workload: Any, batch_size: int, setting: Mapping[str, K
     out = ThermalSoak(batch_size=int(batch_size), setting=dict(setting), cool_power_w=float(cool_power_w),
                       duration_s=0.0, cool_temperature_c=cool_temperature_c, limit_w=limit_w)
     above_mean_w: list[float] = []  # how far each window's judged power (1-s maximum, guard band) read over its mean
+    running_since_s: float | None = None  # when the setting was applied: every later window continues it
     while device.clock.now() - start < duration_s:
+        t_window = device.clock.now()
         m = measure_setting(device, workload, batch_size, setting, protocol, monitor, limit_w=limit_w,
-                            guard_sigma=guard_sigma)
+                            guard_sigma=guard_sigma, running_since_s=running_since_s)
+        if running_since_s is None:
+            running_since_s = t_window + m.settle_s
         out.over_budget_s += m.over_budget_s
         if not m.ok:
             _log.warning("thermal soak stopped: %s", m.error)

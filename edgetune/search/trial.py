@@ -36,6 +36,11 @@ stopped settings whose whole window holds the budget (on the twin, 13 of 16 repe
 *clearly* over (its own average, after at least 0.05 s of it, less three standard errors of that average, is
 above the limit) is stopped at once, without waiting for the budget window's average to cross: that average
 is still mostly the power before the setting, and would stay over the limit for a second after the stop.
+A window of a setting already running (a thermal soak's later windows, ``running_since_s``) reads the setting's
+own average over the last budget window instead: its first steps alone are no measure of it. The sensor samples
+the step's phases at a rate close to the step rate, so a few dozen milliseconds of readings can lie all in its
+high phase: on the simulated Xavier NX (cnn at 9.3 W), 56 ms read 9.41 W where the setting's true 1-s average
+holds 8.98 W, and stopped the soak of a setting that held the budget.
 The measurement is then flagged :attr:`Measurement.aborted_over_budget`, its figures cover the steps run since the
 knobs were set, and it never holds the budget. A stopped trial drops the board to rest at once
 (:func:`rest_setting`: its clocks at their lowest, one online core; the power mode stays, a switch is slow),
@@ -322,6 +327,7 @@ def measure_setting(
     *,
     limit_w: float | None = None,
     guard_sigma: float = 0.0,
+    running_since_s: float | None = None,
 ) -> Measurement:
     """Set ``setting`` on ``device`` and measure ``workload``'s training step at ``batch_size``.
 
@@ -337,6 +343,10 @@ def measure_setting(
             ``guard_sigma`` standard errors) crosses it, and :attr:`Measurement.over_budget_s` is counted
             against it (module docs, safe profiling). None: no budget, no early stop.
         guard_sigma: the guard band of the early stop, in standard errors of one moving average.
+        running_since_s: the device time (``device.clock``) since which the board has run ``setting`` already,
+            as in a thermal soak's later windows: the early stop then reads the setting's own average over the
+            last budget window, not over the few steps since this window began (module docs). None: the
+            setting starts with this window.
 
     Returns:
         A :class:`Measurement`; ``ok=False`` for out-of-memory or a failed step (never raised).
@@ -370,6 +380,8 @@ def measure_setting(
                          avg_window_s=monitor.avg_window_s, settle_s=settle_s)
     window = f"measure-{id(result)}"
     t_set = clock.now()
+    # where the setting's own power began: this window, or earlier for a setting already running
+    t_own = t_set if running_since_s is None else min(t_set, float(running_since_s))
     window_open = False
     steps = real = warm = 0
     trigger_w = math.nan
@@ -380,11 +392,13 @@ def measure_setting(
         nonlocal trigger_w
         if limit_w is None:
             return False
-        own_s = clock.now() - t_set
+        own_s = clock.now() - t_own
         if own_s < _MIN_ABORT_SPAN_S:
             return False
-        times, watts = monitor.records(since=t_set - 1e-9)
-        own = watts[times >= t_set - 1e-9]
+        # a setting already running: its last budget window (the monitor keeps only a few seconds of history)
+        own_from = t_own if running_since_s is None else max(t_own, clock.now() - monitor.avg_window_s)
+        times, watts = monitor.records(since=own_from - 1e-9)
+        own = watts[times >= own_from - 1e-9]
         span_s = min(own_s, monitor.avg_window_s)
         own_avg = monitor.moving_average(span_s)
         # the standard error of that average (the readings' spread over the sensor updates it holds; 0 from
