@@ -168,14 +168,20 @@ def twin_datasets(rows: int = 300) -> dict[str, tuple[list[dict], np.ndarray, np
 # ------------------------------------------------------------------------------------------ evaluation
 
 
+def splits(n: int, k: int, seeds: int):
+    """One (train, test) index split of ``n`` rows per seed, ``k`` rows to train on: the same for every
+    candidate and for :func:`coverage`."""
+    for seed in range(seeds):
+        order = np.random.default_rng(seed).permutation(n)
+        yield order[:k], order[k:]
+
+
 def cross_validate(make, data, k: int, seeds: int) -> tuple[float, float, float, float, float]:
     """Mean time MAPE, power MAPE (%) over seeds, the mean fit time (CPU seconds of this process: the
     wall time on a shared machine counts other people's load), and the worst seed's time and power MAPE."""
     X, t, p = data
     et, ep, fit_s = [], [], []
-    for seed in range(seeds):
-        order = np.random.default_rng(seed).permutation(len(X))
-        train, test = order[:k], order[k:]
+    for train, test in splits(len(X), k, seeds):
         started = time.process_time()
         model = make().fit([X[i] for i in train], t[train], p[train])
         fit_s.append(time.process_time() - started)
@@ -197,9 +203,7 @@ def coverage(data, k: int, seeds: int) -> tuple[float, float, float, float]:
     spread added (``HardwareModel.predict(refit_spread=True)``); the same splits as :func:`cross_validate`."""
     X, t, p = data
     shares = []  # per seed: (time, power) with the GP's std, then (time, power) with the spread
-    for seed in range(seeds):
-        order = np.random.default_rng(seed).permutation(len(X))
-        train, test = order[:k], order[k:]
+    for train, test in splits(len(X), k, seeds):
         model = HardwareModel().fit([X[i] for i in train], t[train], p[train])
         rows = [X[i] for i in test]
         shares.append([*model.predict(rows).within_std(t[test], p[test]),

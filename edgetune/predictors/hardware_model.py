@@ -301,17 +301,15 @@ class HardwareModel(BaseEstimator):
             # optimum), as log ratios
             et, ep = np.zeros(n), np.zeros(n)
             fold = np.arange(n) % self.cv_folds
-            refits = []
             for f in range(self.cv_folds):
                 held = fold == f
                 refit = fit_base(np.flatnonzero(~held), self.base_model_)
-                refits.append(refit)
+                self.refits_.append(refit)
                 with np.errstate(all="ignore"):
                     ts, ps = refit.predict(k[held], b[held])
                 et[held], ep[held] = np.log(t[held] / (ts * b[held])), np.log(p[held] / ps)
             self.cv_var_ = tuple(float(min(np.nanmean(e**2), CV_VARIANCE_CAP)) if np.isfinite(np.nanmean(e**2))
                                  else CV_VARIANCE_CAP for e in (et, ep))
-            self.refits_ = refits
         if self.residual == "gp":
             Z = self._gp_inputs(k, b)
             with warnings.catch_warnings():
