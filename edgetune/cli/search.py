@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import math
 import re
 import sys
@@ -256,8 +257,6 @@ B_NOISE_STEPS = 20
 def _target(section: EfficiencySection, workload, spec: str, seed: int) -> TargetModel:
     """The steps-to-target model: B_noise the workload's, from the config, or measured over warm-ups (the
     workload's own, then ``section.b_noise_warmups - 1`` copies built from ``spec`` with the next seeds)."""
-    import itertools
-
     from edgetune.config import MEASURE, WORKLOAD
     from edgetune.search.efficiency import TargetModel, measure_b_noise_warmups
     from edgetune.workloads import WorkloadError, load_workload
