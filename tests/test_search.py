@@ -315,31 +315,58 @@ def test_a_setting_whose_window_holds_the_budget_is_not_stopped_on_its_first_rea
 
 
 def test_a_window_of_a_setting_already_running_is_judged_on_its_last_second_not_its_first_steps():
-    """The sensor samples a step's phases at a rate close to the step rate (10-ms steps, 6.6-ms updates), so
-    the first 50 ms of a window can read only the step's hot phase. A window that begins the setting is stopped
-    on them now and then (the clear-over rule: nothing else is known of it); the same windows continuing a
+    """The sensor samples a step's phases at a rate close to the step rate (10-ms steps, 6.6-ms updates, read
+    at 100 Hz), so the first 50 ms of a window can read only the step's hot phase. The same windows continuing a
     setting already running, as a thermal soak's do, read the setting's last second, which holds the budget by
     0.3 W, and run to their end every time."""
     cnn = load_workload("cnn")
     setting = {"gpu_freq": 956_250_000, "emc_freq": 1_866_000_000, "cpu_freq": 1_344_000, "cpu_cores": 1,
                "power_mode": "MODE_20W_6CORE"}
     protocol = MeasurementProtocol(warmup_steps=0, measure_steps=1, measure_s=1.0, real_steps=0)
-
-    def windows(continued: bool) -> tuple[list, float]:
-        device = open_device("sim:xavier-nx", compute=False, seed=0)  # the same board, noise and steps each time
-        limit_w = device.backend.expected(cnn.cost, 32, setting).power_w + 0.3  # the hot phase: 0.5 W over
-        with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
-            first = measure_setting(device, cnn, 32, setting, protocol, monitor)
-            since_s = device.clock.now() - first.duration_s if continued else None
-            return [measure_setting(device, cnn, 32, setting, protocol, monitor, limit_w=limit_w, guard_sigma=2.0,
-                                    running_since_s=since_s) for _ in range(40)], limit_w
-
-    fresh, limit_w = windows(continued=False)
-    continued, _ = windows(continued=True)
-    stopped = [i for i, m in enumerate(fresh) if m.aborted_over_budget]
-    assert stopped and all(fresh[i].duration_s < 0.1 and fresh[i].max_avg_power_w > limit_w for i in stopped)
+    device = open_device("sim:xavier-nx", compute=False, seed=0)
+    limit_w = device.backend.expected(cnn.cost, 32, setting).power_w + 0.3  # the hot phase: 0.5 W over
+    with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+        first = measure_setting(device, cnn, 32, setting, protocol, monitor)
+        since_s = device.clock.now() - first.duration_s
+        continued = [measure_setting(device, cnn, 32, setting, protocol, monitor, limit_w=limit_w, guard_sigma=2.0,
+                                     running_since_s=since_s) for _ in range(40)]
     assert not any(m.aborted_over_budget for m in continued)
     assert all(m.holds(limit_w, guard_sigma=2.0) for m in continued)
+
+
+def test_a_setting_is_clearly_over_only_once_its_readings_have_swept_the_steps_phases():
+    """A window that begins a setting knows nothing of it but its first readings. Read at a rate close to the
+    step rate, those can lie all in the step's hot phase (10.4-ms steps read at 100 Hz alias to 4 Hz), so the
+    clearly-over rule waits until they have swept every phase of the step: 40 windows of a setting that holds
+    the budget by 0.3 W all run to their end (2 of them were stopped in their first 0.1 s on the hot phase
+    alone before the rule waited). A setting clearly over is still stopped from rest before the budget
+    window's average crosses, after one sweep: no time over the budget."""
+    from edgetune.search.trial import phase_sweep_s
+
+    assert phase_sweep_s(0.2, [100.0, 1 / 0.0066]) == pytest.approx(0.2)  # a long step: one step sweeps it
+    assert phase_sweep_s(0.0094, [100.0]) == pytest.approx(1 / 6.38, rel=0.01)  # 106 Hz read at 100 Hz
+    assert phase_sweep_s(0.0066, [100.0, 1 / 0.0066]) == math.inf  # read at its own rate: one phase for ever
+    cnn = load_workload("cnn")
+    setting = {"gpu_freq": 956_250_000, "emc_freq": 1_866_000_000, "cpu_freq": 1_344_000, "cpu_cores": 1,
+               "power_mode": "MODE_20W_6CORE"}
+    protocol = MeasurementProtocol(warmup_steps=0, measure_steps=1, measure_s=1.0, real_steps=0)
+    device = open_device("sim:xavier-nx", compute=False, seed=0)
+    expected = device.backend.expected(cnn.cost, 32, setting)
+    sweep_s = phase_sweep_s(expected.step_time_s, [100.0, 1 / device.sensor.update_period_s])
+    assert 0.2 < sweep_s < 0.5
+    limit_w = expected.power_w + 0.3
+    with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+        fresh = [measure_setting(device, cnn, 32, setting, protocol, monitor, limit_w=limit_w, guard_sigma=2.0)
+                 for _ in range(40)]
+    assert not any(m.aborted_over_budget for m in fresh)
+    assert all(m.duration_s >= protocol.measure_s for m in fresh)
+    for seed in range(5):  # from rest, 2 W over: the budget window's average is far from crossing
+        device = open_device("sim:xavier-nx", compute=False, seed=seed)
+        with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+            over = measure_setting(device, cnn, 32, setting, protocol, monitor, limit_w=expected.power_w - 2.0,
+                                   guard_sigma=2.0)
+        assert over.aborted_over_budget and over.over_budget_s == 0.0
+        assert 0.5 * sweep_s < over.duration_s < 1.5 * sweep_s  # the sweep of the steps' own (jittered) times
 
 
 def test_a_stopped_trial_drops_its_clocks_and_cores_at_once(workload):

@@ -36,11 +36,17 @@ stopped settings whose whole window holds the budget (on the twin, 13 of 16 repe
 *clearly* over (its own average, after at least 0.05 s of it, less three standard errors of that average, is
 above the limit) is stopped at once, without waiting for the budget window's average to cross: that average
 is still mostly the power before the setting, and would stay over the limit for a second after the stop.
-A window of a setting already running (a thermal soak's later windows, ``running_since_s``) reads the setting's
-own average over the last budget window instead: its first steps alone are no measure of it. The sensor samples
-the step's phases at a rate close to the step rate, so a few dozen milliseconds of readings can lie all in its
-high phase: on the simulated Xavier NX (cnn at 9.3 W), 56 ms read 9.41 W where the setting's true 1-s average
-holds 8.98 W, and stopped the soak of a setting that held the budget.
+The sensor and the monitor sample the step's phases at rates close to the step rate, so a few dozen
+milliseconds of readings can lie all in its high phase, and their spread says nothing of the low one: on the
+simulated Xavier NX (cnn at 9.3 W), 56 ms read 9.41 W where the setting's true 1-s average holds 8.98 W, and
+stopped the soak of a setting that held the budget. So the clearly-over rule waits until the readings have
+swept every phase of the step (:func:`phase_sweep_s`: the period of the step rate's alias at the monitor's
+rate and at the sensor's, from the steps' own mean time): a 10.4-ms step read at 100 Hz takes 0.28 s, a step
+longer than two readings one step. Windows that begin a setting that holds the budget by 0.3 W were stopped 2
+times in 40 before the rule waited, never after; a setting 2 W over from rest is still stopped before the
+budget window's average crosses. A window of a setting already running (a thermal soak's later windows,
+``running_since_s``) reads the setting's own average over the last budget window: its first steps alone are no
+measure of it.
 The measurement is then flagged :attr:`Measurement.aborted_over_budget`, its figures cover the steps run since the
 knobs were set, and it never holds the budget. A stopped trial drops the board to rest at once
 (:func:`rest_setting`: its clocks at their lowest, one online core; the power mode stays, a switch is slow),
@@ -83,8 +89,8 @@ from edgetune.power.base import Device, KnobValue, PowerReading, is_out_of_memor
 from edgetune.power.knobs import KNOBS, KnobRole
 from edgetune.power.monitor import PowerMonitor, cumulative_energy_j, noise_max_excess_w, window_stats
 
-__all__ = ["Measurement", "MeasurementProtocol", "judged_power_w", "measure_setting", "over_limit_s", "settle",
-           "trailing_average_max_w"]
+__all__ = ["Measurement", "MeasurementProtocol", "judged_power_w", "measure_setting", "over_limit_s", "phase_sweep_s",
+           "settle", "trailing_average_max_w"]
 
 #: shortest span (s, device clock) of this setting's own power before a trial may be stopped over budget: a
 #: few sensor updates (INA3221: 6.6 ms) and more than one 100-Hz monitor sample, so one noisy reading cannot
@@ -306,6 +312,21 @@ def over_limit_s(t: np.ndarray, p: np.ndarray, t_from: float, t_to: float, windo
     return float(np.sum(np.where(avg > limit_w, hi - lo, 0.0)))
 
 
+def phase_sweep_s(step_s: float, rates_hz: Iterable[float]) -> float:
+    """Seconds of readings, taken at each of ``rates_hz``, that sweep every phase of a periodic step of
+    ``step_s``: the period of the step rate's alias at each rate, the longest of them (inf where a rate is a
+    multiple of the step rate: its readings keep one phase). A step much longer than the sampling interval is
+    swept within one step; a 9.4-ms step read at 100 Hz aliases to 6 Hz, so it takes 0.17 s."""
+    if not step_s > 0:
+        return math.inf
+    step_hz, longest = 1.0 / step_s, 0.0
+    for rate_hz in rates_hz:
+        cycles = step_hz / rate_hz
+        off = abs(cycles - round(cycles))  # the alias, in cycles per reading
+        longest = max(longest, math.inf if off < 1e-9 else 1.0 / (rate_hz * off))
+    return longest
+
+
 def _se_w(watts: np.ndarray, sensor_period_s: float, monitor: PowerMonitor, span_s: float | None = None) -> float:
     """Standard error of one average over ``span_s`` (default ``avg_window_s``) from the readings ``watts``
     (see :class:`Measurement`)."""
@@ -366,6 +387,9 @@ def measure_setting(
     cost = getattr(workload, "cost", None)
     real_limit = protocol.real_steps if (virtual and protocol.real_steps is not None) else None
     sensor_period_s = float(getattr(device.sensor, "update_period_s", 0.0) or 0.0)
+    # the rates the step's power is sampled at: the sensor's updates and the monitor's reads of them
+    sample_rates_hz = (monitor.rate_hz, *((1.0 / sensor_period_s,) if sensor_period_s > 0 else ()))
+    ran = [0]  # steps started since the setting was applied (warm-up included)
     last_loss = [math.nan]
 
     def real_step() -> Any:
@@ -405,8 +429,10 @@ def measure_setting(
         # fewer than two readings)
         own_se = _se_w(own, sensor_period_s, monitor, span_s)
         # clearly over: the setting's own average less _CLEAR_OVER_SIGMA standard errors of it is above the
-        # limit; its 1-s average will be
-        if clear and own.size >= 2 and own_avg - _CLEAR_OVER_SIGMA * own_se > limit_w:
+        # limit; its 1-s average will be. Only once the readings have swept every phase of the step (module
+        # docs): before, they may all lie in its hot phase, and their spread says nothing of the cool one
+        swept = ran[0] > 0 and own_s >= phase_sweep_s((clock.now() - t_set) / ran[0], sample_rates_hz)
+        if clear and swept and own.size >= 2 and own_avg - _CLEAR_OVER_SIGMA * own_se > limit_w:
             trigger_w = own_avg
             return True
         guard = guard_sigma * _se_w(own, sensor_period_s, monitor)
@@ -432,6 +458,7 @@ def measure_setting(
         # every step, cut most settings over the budget inside their first step, and the model fitted on
         # those times lost the search 8 of the oracle benchmark's 30 rows within 3%
         t_step = clock.now()
+        ran[0] += 1  # counted as it starts: the watchdog's checks in its middle see it too
         with _StepWatchdog(monitor, lambda: clock.now() - t_step >= _WATCH_AFTER_WINDOWS * monitor.avg_window_s
                            and over_limit(clear=False), lambda: _rest(device, setting)) as watchdog:
             device.run_step(fn, batch_size, cost)
