@@ -336,24 +336,26 @@ def test_a_window_of_a_setting_already_running_is_judged_on_its_last_second_not_
 
 def test_a_setting_is_clearly_over_only_once_its_readings_have_swept_the_steps_phases():
     """A window that begins a setting knows nothing of it but its first readings. Read at a rate close to the
-    step rate, those can lie all in the step's hot phase (10.4-ms steps read at 100 Hz alias to 4 Hz), so the
+    step rate, those can lie all in the step's hot phase (10.4-ms steps, 6.6-ms updates read at 100 Hz), so the
     clearly-over rule waits until they have swept every phase of the step: 40 windows of a setting that holds
     the budget by 0.3 W all run to their end (2 of them were stopped in their first 0.1 s on the hot phase
     alone before the rule waited). A setting clearly over is still stopped from rest before the budget
     window's average crosses, after one sweep: no time over the budget."""
     from edgetune.search.trial import phase_sweep_s
 
-    assert phase_sweep_s(0.2, [100.0, 1 / 0.0066]) == pytest.approx(0.2)  # a long step: one step sweeps it
-    assert phase_sweep_s(0.0094, [100.0]) == pytest.approx(1 / 6.38, rel=0.01)  # 106 Hz read at 100 Hz
-    assert phase_sweep_s(0.0066, [100.0, 1 / 0.0066]) == math.inf  # read at its own rate: one phase for ever
+    assert 0.15 < phase_sweep_s(0.2, 100.0, 0.0066) < 0.2  # a long step: about one step sweeps it
+    assert 0.1 < phase_sweep_s(0.0094, 100.0) < 0.2  # 106 Hz read at 100 Hz: a 6-Hz alias
+    assert phase_sweep_s(0.0066, 100.0, 0.0066) == math.inf  # updated at its own rate: one phase for ever
+    assert phase_sweep_s(0.0132, 100.0, 0.0066) == math.inf  # at half of it: two phases
+    assert phase_sweep_s(0.0132, 100.0) < 0.5  # the same step read without the sensor's hold
     cnn = load_workload("cnn")
     setting = {"gpu_freq": 956_250_000, "emc_freq": 1_866_000_000, "cpu_freq": 1_344_000, "cpu_cores": 1,
                "power_mode": "MODE_20W_6CORE"}
     protocol = MeasurementProtocol(warmup_steps=0, measure_steps=1, measure_s=1.0, real_steps=0)
     device = open_device("sim:xavier-nx", compute=False, seed=0)
     expected = device.backend.expected(cnn.cost, 32, setting)
-    sweep_s = phase_sweep_s(expected.step_time_s, [100.0, 1 / device.sensor.update_period_s])
-    assert 0.2 < sweep_s < 0.5
+    sweep_s = phase_sweep_s(expected.step_time_s, 100.0, device.sensor.update_period_s)
+    assert 0.1 < sweep_s < 0.5
     limit_w = expected.power_w + 0.3
     with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
         fresh = [measure_setting(device, cnn, 32, setting, protocol, monitor, limit_w=limit_w, guard_sigma=2.0)

@@ -40,11 +40,12 @@ The sensor and the monitor sample the step's phases at rates close to the step r
 milliseconds of readings can lie all in its high phase, and their spread says nothing of the low one: on the
 simulated Xavier NX (cnn at 9.3 W), 56 ms read 9.41 W where the setting's true 1-s average holds 8.98 W, and
 stopped the soak of a setting that held the budget. So the clearly-over rule waits until the readings have
-swept every phase of the step (:func:`phase_sweep_s`: the period of the step rate's alias at the monitor's
-rate and at the sensor's, from the steps' own mean time): a 10.4-ms step read at 100 Hz takes 0.28 s, a step
-longer than two readings one step. Windows that begin a setting that holds the budget by 0.3 W were stopped 2
-times in 40 before the rule waited, never after; a setting 2 W over from rest is still stopped before the
-budget window's average crosses. A window of a setting already running (a thermal soak's later windows,
+swept every phase of the step (:func:`phase_sweep_s`, from the steps' own mean time: until their phases leave no
+gap wider than an eighth of a step, each of the monitor's 100-Hz reads returning the sensor's last update): a
+10.4-ms step takes 0.14 s, a step of 0.2 s about one step, and a 13.2-ms step, read from 6.6-ms updates, never
+(two phases only: the budget window's rule stops it). Windows that begin a setting that holds the budget by
+0.3 W were stopped 2 times in 40 before the rule waited, never after; a setting 2 W over from rest is still
+stopped before the budget window's average crosses. A window of a setting already running (a thermal soak's later windows,
 ``running_since_s``) reads the setting's own average over the last budget window: its first steps alone are no
 measure of it.
 The measurement is then flagged :attr:`Measurement.aborted_over_budget`, its figures cover the steps run since the
@@ -76,6 +77,7 @@ baseline's first probe 1.30 -> 1.01 device-s over the budget).
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -312,19 +314,50 @@ def over_limit_s(t: np.ndarray, p: np.ndarray, t_from: float, t_to: float, windo
     return float(np.sum(np.where(avg > limit_w, hi - lo, 0.0)))
 
 
-def phase_sweep_s(step_s: float, rates_hz: Iterable[float]) -> float:
-    """Seconds of readings, taken at each of ``rates_hz``, that sweep every phase of a periodic step of
-    ``step_s``: the period of the step rate's alias at each rate, the longest of them (inf where a rate is a
-    multiple of the step rate: its readings keep one phase). A step much longer than the sampling interval is
-    swept within one step; a 9.4-ms step read at 100 Hz aliases to 6 Hz, so it takes 0.17 s."""
-    if not step_s > 0:
+#: the readings have swept a step's phases once no gap between their phases is wider than this share of a step
+_PHASE_GAP = 1.0 / 8.0
+#: the longest sweep computed (s); a longer one is inf (the readings keep to a few phases of the step)
+_SWEEP_HORIZON_S = 10.0
+#: offsets of the sensor's update instants against the monitor's reads tried (shares of an update period):
+#: the two clocks run apart, so their relative phase is unknown; the slowest sweep counts
+_SENSOR_OFFSETS = (0.0, 0.25, 0.5, 0.75)
+
+
+@functools.lru_cache(maxsize=512)
+def _sweep_s(step_s: float, monitor_rate_hz: float, sensor_period_s: float) -> float:
+    n = int(_SWEEP_HORIZON_S * monitor_rate_hz) + 1
+    t = np.arange(n) / monitor_rate_hz
+    longest = 0
+    for offset in _SENSOR_OFFSETS if sensor_period_s > 0 else (0.0,):
+        # the instant of the value each read returns: the sensor's last update (a read returns it until the next)
+        u = t if sensor_period_s <= 0 else (np.floor(t / sensor_period_s - offset) + offset) * sensor_period_s
+        phase = np.mod(u / step_s, 1.0)
+
+        def swept(m: int, phase: np.ndarray = phase) -> bool:
+            p = np.sort(phase[:m])
+            return max(float(np.max(np.diff(p), initial=0.0)), 1.0 - p[-1] + p[0]) <= _PHASE_GAP
+
+        if not swept(n):
+            return math.inf
+        lo, hi = 1, n  # the fewest reads that sweep: adding reads never widens a gap
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if swept(mid) else (mid + 1, hi)
+        longest = max(longest, lo)
+    return (longest - 1) / monitor_rate_hz
+
+
+def phase_sweep_s(step_s: float, monitor_rate_hz: float, sensor_period_s: float = 0.0) -> float:
+    """Seconds of readings that sweep every phase of a periodic step of ``step_s``: read at
+    ``monitor_rate_hz``, each read returning the sensor's last update (every ``sensor_period_s``; 0: a read
+    is its own sample), until no gap between the phases read exceeds :data:`_PHASE_GAP` of a step (inf past
+    :data:`_SWEEP_HORIZON_S`). A step much longer than the reading interval is swept within about one step;
+    a step close to the reading rate, or to a simple fraction of it, is not: its readings keep to a few phases
+    of it and drift through the others slowly (a 13.2-ms step read from 6.6-ms updates alternates between two
+    phases). Step jitter is left out, so this is the slow side."""
+    if not step_s > 0 or not monitor_rate_hz > 0:
         return math.inf
-    step_hz, longest = 1.0 / step_s, 0.0
-    for rate_hz in rates_hz:
-        cycles = step_hz / rate_hz
-        off = abs(cycles - round(cycles))  # the alias, in cycles per reading
-        longest = max(longest, math.inf if off < 1e-9 else 1.0 / (rate_hz * off))
-    return longest
+    return _sweep_s(round(float(step_s), 7), float(monitor_rate_hz), float(sensor_period_s))
 
 
 def _se_w(watts: np.ndarray, sensor_period_s: float, monitor: PowerMonitor, span_s: float | None = None) -> float:
@@ -387,8 +420,6 @@ def measure_setting(
     cost = getattr(workload, "cost", None)
     real_limit = protocol.real_steps if (virtual and protocol.real_steps is not None) else None
     sensor_period_s = float(getattr(device.sensor, "update_period_s", 0.0) or 0.0)
-    # the rates the step's power is sampled at: the sensor's updates and the monitor's reads of them
-    sample_rates_hz = (monitor.rate_hz, *((1.0 / sensor_period_s,) if sensor_period_s > 0 else ()))
     ran = [0]  # steps started since the setting was applied (warm-up included)
     last_loss = [math.nan]
 
@@ -431,7 +462,8 @@ def measure_setting(
         # clearly over: the setting's own average less _CLEAR_OVER_SIGMA standard errors of it is above the
         # limit; its 1-s average will be. Only once the readings have swept every phase of the step (module
         # docs): before, they may all lie in its hot phase, and their spread says nothing of the cool one
-        swept = ran[0] > 0 and own_s >= phase_sweep_s((clock.now() - t_set) / ran[0], sample_rates_hz)
+        swept = ran[0] > 0 and own_s >= phase_sweep_s((clock.now() - t_set) / ran[0], monitor.rate_hz,
+                                                              sensor_period_s)
         if clear and swept and own.size >= 2 and own_avg - _CLEAR_OVER_SIGMA * own_se > limit_w:
             trigger_w = own_avg
             return True
