@@ -45,9 +45,9 @@ gap wider than an eighth of a step, each of the monitor's 100-Hz reads returning
 10.4-ms step takes 0.14 s, a step of 0.2 s about one step, and a 13.2-ms step, read from 6.6-ms updates, never
 (two phases only: the budget window's rule stops it). Windows that begin a setting that holds the budget by
 0.3 W were stopped 2 times in 40 before the rule waited, never after; a setting 2 W over from rest is still
-stopped before the budget window's average crosses. A window of a setting already running (a thermal soak's later windows,
-``running_since_s``) reads the setting's own average over the last budget window: its first steps alone are no
-measure of it.
+stopped before the budget window's average crosses. A window of a setting already running (a thermal soak's
+later windows, ``running_since_s``) reads the setting's own average over the last budget window: its first
+steps alone are no measure of it.
 The measurement is then flagged :attr:`Measurement.aborted_over_budget`, its figures cover the steps run since the
 knobs were set, and it never holds the budget. A stopped trial drops the board to rest at once
 (:func:`rest_setting`: its clocks at their lowest, one online core; the power mode stays, a switch is slow),
@@ -462,9 +462,8 @@ def measure_setting(
         # clearly over: the setting's own average less _CLEAR_OVER_SIGMA standard errors of it is above the
         # limit; its 1-s average will be. Only once the readings have swept every phase of the step (module
         # docs): before, they may all lie in its hot phase, and their spread says nothing of the cool one
-        swept = ran[0] > 0 and own_s >= phase_sweep_s((clock.now() - t_set) / ran[0], monitor.rate_hz,
-                                                              sensor_period_s)
-        if clear and swept and own.size >= 2 and own_avg - _CLEAR_OVER_SIGMA * own_se > limit_w:
+        if (clear and own.size >= 2 and own_avg - _CLEAR_OVER_SIGMA * own_se > limit_w and ran[0] > 0
+                and own_s >= phase_sweep_s((clock.now() - t_set) / ran[0], monitor.rate_hz, sensor_period_s)):
             trigger_w = own_avg
             return True
         guard = guard_sigma * _se_w(own, sensor_period_s, monitor)
