@@ -1,0 +1,131 @@
+"""How far a one-second power window strays from the truth when the sensor samples a step at its own rate.
+
+A Jetson's INA3221 updates every 6.6 ms and the monitor reads it at 100 Hz; a small model's training step
+takes 6-10 ms. Sampled at a rate close to the step rate, the readings drift slowly through the step's phases
+(forward low, backward high) instead of landing on them at random, so a window's mean depends on the phase
+its readings happened to hold, and the readings' own spread, from which every window's standard error is
+computed (``Measurement.power_se_w``), does not see it.
+
+On each simulated Jetson (the twin: the same sensor rate, step phases and jitter as the search measures) this
+measures every power mode's GPU clocks at the mode's memory and CPU caps, for each workload's batch sizes,
+with ``--windows`` one-second windows each (``measure_setting``, as the search measures), and compares each
+window's mean with the twin's true mean power at that moment (``Twin.expected``: ground truth, for scoring
+only). Per setting it reports the step time, the time the readings take to sweep every phase of the step
+(:func:`edgetune.search.trial.phase_sweep_s`), the spread of the windows' errors and the mean standard error
+the windows reported; the ratio of the two is 1 for an honest standard error.
+
+Run: ``python experiments/sensor_aliasing.py`` (about a minute on one core). Output kept in
+``experiments/results/sensor_aliasing.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edgetune.power import PowerMonitor, open_device
+from edgetune.power.base import DeviceOutOfMemoryError
+from edgetune.search.trial import MeasurementProtocol, measure_setting, phase_sweep_s
+from edgetune.workloads import load_workload
+
+PROFILES = ("orin-agx", "orin-nx", "orin-nano", "xavier-nx")
+WORKLOADS = ("cnn", "mobilenet", "chartransformer")
+BATCH_SIZES = (2, 4, 8, 16, 32, 64, 128, 256)
+#: a standard error is called honest here when the windows' errors spread by at most this multiple of it
+HONEST_RATIO = 2.0
+
+
+def settings_of(device) -> list[dict]:
+    """Every power mode's GPU clocks (at most its cap) with memory, CPU clock and cores at the mode's caps."""
+    grid = device.backend.knob_grid()
+    out = []
+    for mode, caps in device.backend.mode_caps().items():
+        cap = dict(caps.max_values)
+        for gpu_hz in grid["gpu_freq"]:
+            if gpu_hz <= cap["gpu_freq"]:
+                out.append({**cap, "gpu_freq": gpu_hz, "power_mode": mode})
+    return out
+
+
+def measure(profile: str, workload_name: str, windows: int, seed: int) -> list[tuple]:
+    """(step s, sweep s, error sd W, mean reported se W, mean error W, mode, gpu Hz, batch) per setting."""
+    workload = load_workload(workload_name, seed=seed)
+    device = open_device(f"sim:{profile}", compute=False, seed=seed)
+    protocol = MeasurementProtocol(warmup_steps=1, measure_steps=1, measure_s=1.0, real_steps=0)
+    rows = []
+    with device.restoring(), PowerMonitor(device.sensor, device.clock, rate_hz=100.0) as monitor:
+        for setting in settings_of(device):
+            for b in BATCH_SIZES:
+                try:
+                    expected = device.backend.expected(workload.cost, b, setting)
+                except DeviceOutOfMemoryError:
+                    continue
+                if not expected.fits or expected.step_time_s > 0.5:  # a window holds two steps at least
+                    continue
+                errors, ses = [], []
+                for _ in range(windows):
+                    m = measure_setting(device, workload, b, setting, protocol, monitor)
+                    if not m.ok:
+                        break
+                    truth_w = device.backend.expected(workload.cost, b, setting).power_w  # at this temperature
+                    errors.append(m.mean_power_w - truth_w)
+                    ses.append(m.power_se_w)
+                if len(errors) < windows:
+                    continue
+                rows.append((expected.step_time_s, phase_sweep_s(expected.step_time_s, monitor.rate_hz, device.sensor.update_period_s),
+                             float(np.std(errors, ddof=1)), statistics.fmean(ses), statistics.fmean(errors),
+                             setting["power_mode"], setting["gpu_freq"], b))
+    return rows
+
+
+def _median(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.2f}" if xs else "-"
+
+
+def _pct(xs: list[float], q: float) -> str:
+    return f"{np.percentile(xs, q):.2f}" if xs else "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--windows", type=int, default=8, help="one-second windows per setting (default 8)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    t0, c0 = time.perf_counter(), time.process_time()
+    print(f"sensor aliasing: {args.windows} one-second windows per setting, seed {args.seed}; monitor 100 Hz")
+    print(f"{'board':<10} {'workload':<16} {'settings':>8} {'swept in 1 s':>12} {'ratio, swept':>13} "
+          f"{'ratio, not swept':>16} {'worst sd W':>10} {'its step ms':>11} {'its sweep s':>11}")
+    swept_ratios, slow_ratios, total, dishonest, dishonest_slow = [], [], 0, 0, 0
+    for profile in PROFILES:
+        for name in WORKLOADS:
+            rows = measure(profile, name, args.windows, args.seed)
+            if not rows:
+                continue
+            total += len(rows)
+            swept = [r[2] / r[3] for r in rows if r[1] <= 1.0 and r[3] > 0]
+            slow = [r[2] / r[3] for r in rows if r[1] > 1.0 and r[3] > 0]
+            dishonest += sum(1 for r in rows if r[3] > 0 and r[2] > HONEST_RATIO * r[3] and r[1] <= 1.0)
+            dishonest_slow += sum(1 for r in rows if r[3] > 0 and r[2] > HONEST_RATIO * r[3] and r[1] > 1.0)
+            swept_ratios += swept
+            slow_ratios += slow
+            worst = max(rows, key=lambda r: r[2])
+            print(f"{profile:<10} {name:<16} {len(rows):>8} {len(swept):>12} {_median(swept):>13} {_median(slow):>16} "
+                  f"{worst[2]:>10.3f} {worst[0] * 1e3:>11.2f} {worst[1]:>11.2f}")
+    print(f"windows' error sd / their reported standard error (median, 90th percentile): readings that sweep the "
+          f"step's phases within the window {_pct(swept_ratios, 50)}, {_pct(swept_ratios, 90)} ({len(swept_ratios)} "
+          f"settings); readings that do not {_pct(slow_ratios, 50)}, {_pct(slow_ratios, 90)} ({len(slow_ratios)} settings)")
+    print(f"timing: {time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU")
+    print(f"settings: {total} | not swept in 1 s: {len(slow_ratios)} | standard error under half the error's "
+          f"spread: {dishonest} of {len(swept_ratios)} swept, {dishonest_slow} of {len(slow_ratios)} not swept")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
