@@ -323,6 +323,12 @@ _SWEEP_HORIZON_S = 10.0
 _SENSOR_OFFSETS = (0.0, 0.25, 0.5, 0.75)
 
 
+def _swept(phase: np.ndarray) -> bool:
+    """Whether phases (shares of a step) leave no gap, round the step, wider than :data:`_PHASE_GAP`."""
+    p = np.sort(phase)
+    return max(float(np.max(np.diff(p), initial=0.0)), 1.0 - p[-1] + p[0]) <= _PHASE_GAP
+
+
 @functools.lru_cache(maxsize=512)
 def _sweep_s(step_s: float, monitor_rate_hz: float, sensor_period_s: float) -> float:
     n = int(_SWEEP_HORIZON_S * monitor_rate_hz) + 1
@@ -332,17 +338,12 @@ def _sweep_s(step_s: float, monitor_rate_hz: float, sensor_period_s: float) -> f
         # the instant of the value each read returns: the sensor's last update (a read returns it until the next)
         u = t if sensor_period_s <= 0 else (np.floor(t / sensor_period_s - offset) + offset) * sensor_period_s
         phase = np.mod(u / step_s, 1.0)
-
-        def swept(m: int, phase: np.ndarray = phase) -> bool:
-            p = np.sort(phase[:m])
-            return max(float(np.max(np.diff(p), initial=0.0)), 1.0 - p[-1] + p[0]) <= _PHASE_GAP
-
-        if not swept(n):
+        if not _swept(phase):
             return math.inf
         lo, hi = 1, n  # the fewest reads that sweep: adding reads never widens a gap
         while lo < hi:
             mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if swept(mid) else (mid + 1, hi)
+            lo, hi = (lo, mid) if _swept(phase[:mid]) else (mid + 1, hi)
         longest = max(longest, lo)
     return (longest - 1) / monitor_rate_hz
 
