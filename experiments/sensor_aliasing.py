@@ -24,6 +24,7 @@ import argparse
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgetune.power import PowerMonitor, open_device
-from edgetune.power.base import DeviceOutOfMemoryError
 from edgetune.search.trial import MeasurementProtocol, measure_setting, phase_sweep_s
 from edgetune.workloads import load_workload
 
@@ -54,8 +54,32 @@ def settings_of(device) -> list[dict]:
     return out
 
 
-def measure(profile: str, workload_name: str, windows: int, seed: int) -> list[tuple]:
-    """(step s, sweep s, error sd W, mean reported se W, mean error W, mode, gpu Hz, batch) per setting."""
+@dataclass(frozen=True)
+class SettingErrors:
+    """One setting's windows: their errors against the twin's true power and the standard error they reported."""
+
+    step_s: float
+    sweep_s: float  # phase_sweep_s of the step: the readings' time to see every phase of it
+    error_sd_w: float  # spread of the windows' mean power about the truth
+    se_w: float  # the mean standard error the windows reported
+    mean_error_w: float
+    power_mode: str
+    gpu_hz: int
+    batch_size: int
+
+    @property
+    def swept(self) -> bool:
+        """Whether the readings sweep the step's phases within one 1-s window."""
+        return self.sweep_s <= 1.0
+
+    @property
+    def ratio(self) -> float:
+        """The errors' spread in reported standard errors (1 for an honest one)."""
+        return self.error_sd_w / self.se_w
+
+
+def measure(profile: str, workload_name: str, windows: int, seed: int) -> list[SettingErrors]:
+    """Each setting of :func:`settings_of` at each batch size that fits, measured ``windows`` times."""
     workload = load_workload(workload_name, seed=seed)
     device = open_device(f"sim:{profile}", compute=False, seed=seed)
     protocol = MeasurementProtocol(warmup_steps=1, measure_steps=1, measure_s=1.0, real_steps=0)
@@ -63,10 +87,7 @@ def measure(profile: str, workload_name: str, windows: int, seed: int) -> list[t
     with device.restoring(), PowerMonitor(device.sensor, device.clock, rate_hz=100.0) as monitor:
         for setting in settings_of(device):
             for b in BATCH_SIZES:
-                try:
-                    expected = device.backend.expected(workload.cost, b, setting)
-                except DeviceOutOfMemoryError:
-                    continue
+                expected = device.backend.expected(workload.cost, b, setting)
                 if not expected.fits or expected.step_time_s > 0.5:  # a window holds two steps at least
                     continue
                 errors, ses = [], []
@@ -79,9 +100,10 @@ def measure(profile: str, workload_name: str, windows: int, seed: int) -> list[t
                     ses.append(m.power_se_w)
                 if len(errors) < windows:
                     continue
-                rows.append((expected.step_time_s, phase_sweep_s(expected.step_time_s, monitor.rate_hz, device.sensor.update_period_s),
-                             float(np.std(errors, ddof=1)), statistics.fmean(ses), statistics.fmean(errors),
-                             setting["power_mode"], setting["gpu_freq"], b))
+                sweep_s = phase_sweep_s(expected.step_time_s, monitor.rate_hz, device.sensor.update_period_s)
+                rows.append(SettingErrors(expected.step_time_s, sweep_s, float(np.std(errors, ddof=1)),
+                                          statistics.fmean(ses), statistics.fmean(errors), setting["power_mode"],
+                                          setting["gpu_freq"], b))
     return rows
 
 
@@ -105,19 +127,19 @@ def main(argv: list[str] | None = None) -> int:
     swept_ratios, slow_ratios, total, dishonest, dishonest_slow = [], [], 0, 0, 0
     for profile in PROFILES:
         for name in WORKLOADS:
-            rows = measure(profile, name, args.windows, args.seed)
+            rows = [r for r in measure(profile, name, args.windows, args.seed) if r.se_w > 0]
             if not rows:
                 continue
             total += len(rows)
-            swept = [r[2] / r[3] for r in rows if r[1] <= 1.0 and r[3] > 0]
-            slow = [r[2] / r[3] for r in rows if r[1] > 1.0 and r[3] > 0]
-            dishonest += sum(1 for r in rows if r[3] > 0 and r[2] > HONEST_RATIO * r[3] and r[1] <= 1.0)
-            dishonest_slow += sum(1 for r in rows if r[3] > 0 and r[2] > HONEST_RATIO * r[3] and r[1] > 1.0)
+            swept = [r.ratio for r in rows if r.swept]
+            slow = [r.ratio for r in rows if not r.swept]
+            dishonest += sum(1 for r in rows if r.swept and r.ratio > HONEST_RATIO)
+            dishonest_slow += sum(1 for r in rows if not r.swept and r.ratio > HONEST_RATIO)
             swept_ratios += swept
             slow_ratios += slow
-            worst = max(rows, key=lambda r: r[2])
+            worst = max(rows, key=lambda r: r.error_sd_w)
             print(f"{profile:<10} {name:<16} {len(rows):>8} {len(swept):>12} {_median(swept):>13} {_median(slow):>16} "
-                  f"{worst[2]:>10.3f} {worst[0] * 1e3:>11.2f} {worst[1]:>11.2f}")
+                  f"{worst.error_sd_w:>10.3f} {worst.step_s * 1e3:>11.2f} {worst.sweep_s:>11.2f}")
     print(f"windows' error sd / their reported standard error (median, 90th percentile): readings that sweep the "
           f"step's phases within the window {_pct(swept_ratios, 50)}, {_pct(swept_ratios, 90)} ({len(swept_ratios)} "
           f"settings); readings that do not {_pct(slow_ratios, 50)}, {_pct(slow_ratios, 90)} ({len(slow_ratios)} settings)")
