@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgetune.power import PowerMonitor, open_device
-from edgetune.search.trial import MeasurementProtocol, measure_setting, phase_sweep_s
+from edgetune.search.trial import SWEEP_WINDOW_CAP_S, MeasurementProtocol, measure_setting, phase_sweep_s
 from edgetune.workloads import load_workload
 
 PROFILES = ("orin-agx", "orin-nx", "orin-nano", "xavier-nx")
@@ -66,11 +66,18 @@ class SettingErrors:
     power_mode: str
     gpu_hz: int
     batch_size: int
+    span_s: float  # the span the windows' power was judged over (Measurement.judged_span_s)
 
     @property
     def swept(self) -> bool:
         """Whether the readings sweep the step's phases within one 1-s window."""
         return self.sweep_s <= 1.0
+
+    @property
+    def extended(self) -> bool:
+        """Whether the windows' power was judged over a span longer than 1 s (one sweep of the step's phases by
+        its measured, jittered mean time; the window ran that long)."""
+        return self.span_s > 1.0 + 1e-9
 
     @property
     def ratio(self) -> float:
@@ -90,7 +97,7 @@ def measure(profile: str, workload_name: str, windows: int, seed: int) -> list[S
                 expected = device.backend.expected(workload.cost, b, setting)
                 if not expected.fits or expected.step_time_s > 0.5:  # a window holds two steps at least
                     continue
-                errors, ses = [], []
+                errors, ses, spans = [], [], []
                 for _ in range(windows):
                     m = measure_setting(device, workload, b, setting, protocol, monitor)
                     if not m.ok:
@@ -98,12 +105,13 @@ def measure(profile: str, workload_name: str, windows: int, seed: int) -> list[S
                     truth_w = device.backend.expected(workload.cost, b, setting).power_w  # at this temperature
                     errors.append(m.mean_power_w - truth_w)
                     ses.append(m.power_se_w)
+                    spans.append(m.judged_span_s)
                 if len(errors) < windows:
                     continue
                 sweep_s = phase_sweep_s(expected.step_time_s, monitor.rate_hz, device.sensor.update_period_s)
                 rows.append(SettingErrors(expected.step_time_s, sweep_s, float(np.std(errors, ddof=1)),
                                           statistics.fmean(ses), statistics.fmean(errors), setting["power_mode"],
-                                          setting["gpu_freq"], b))
+                                          setting["gpu_freq"], b, statistics.fmean(spans)))
     return rows
 
 
@@ -125,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'board':<10} {'workload':<16} {'settings':>8} {'swept in 1 s':>12} {'ratio, swept':>13} "
           f"{'ratio, not swept':>16} {'worst sd W':>10} {'its step ms':>11} {'its sweep s':>11}")
     swept_ratios, slow_ratios, total, dishonest, dishonest_slow = [], [], 0, 0, 0
+    extended_ratios, never_ratios = [], []  # not swept in 1 s: the windows extended to one sweep, and the rest
+    spans = []  # the mean judged span of the settings whose windows were extended
     for profile in PROFILES:
         for name in WORKLOADS:
             rows = [r for r in measure(profile, name, args.windows, args.seed) if r.se_w > 0]
@@ -136,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
             dishonest += sum(1 for r in rows if r.swept and r.ratio > HONEST_RATIO)
             dishonest_slow += sum(1 for r in rows if not r.swept and r.ratio > HONEST_RATIO)
             swept_ratios += swept
+            extended_ratios += [r.ratio for r in rows if not r.swept and r.extended]
+            never_ratios += [r.ratio for r in rows if not r.swept and not r.extended]
+            spans += [r.span_s for r in rows if r.extended]
             slow_ratios += slow
             worst = max(rows, key=lambda r: r.error_sd_w)
             print(f"{profile:<10} {name:<16} {len(rows):>8} {len(swept):>12} {_median(swept):>13} {_median(slow):>16} "
@@ -143,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"windows' error sd / their reported standard error (median, 90th percentile): readings that sweep the "
           f"step's phases within the window {_pct(swept_ratios, 50)}, {_pct(swept_ratios, 90)} ({len(swept_ratios)} "
           f"settings); readings that do not {_pct(slow_ratios, 50)}, {_pct(slow_ratios, 90)} ({len(slow_ratios)} settings)")
+    print(f"of those not swept in 1 s: judged over one sweep, the window extended to it, {_pct(extended_ratios, 50)}, "
+          f"{_pct(extended_ratios, 90)} ({len(extended_ratios)} settings; mean spans {min(spans, default=1.0):.2f}-"
+          f"{max(spans, default=1.0):.2f} s, at most {SWEEP_WINDOW_CAP_S:g} s); judged over 1 s (their measured steps sweep in it) {_pct(never_ratios, 50)}, "
+          f"{_pct(never_ratios, 90)} ({len(never_ratios)} settings)")
     print(f"timing: {time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU")
     print(f"settings: {total} | not swept in 1 s: {len(slow_ratios)} | standard error under half the error's "
           f"spread: {dishonest} of {len(swept_ratios)} swept, {dishonest_slow} of {len(slow_ratios)} not swept")

@@ -372,6 +372,35 @@ def test_a_setting_is_clearly_over_only_once_its_readings_have_swept_the_steps_p
         assert 0.5 * sweep_s < over.duration_s < 1.5 * sweep_s  # the sweep of the steps' own (jittered) times
 
 
+def test_a_window_whose_readings_keep_to_a_few_phases_of_the_step_is_judged_over_one_sweep_of_them():
+    """Twin Orin AGX, mobilenet b 8 in MAXN at 1122 MHz: 13.2-ms steps, twice the INA3221's 6.6-ms update, so a
+    1-s window reads two phases of the step drifting slowly, and its mean errs by the step's ripple (before:
+    +0.26..+0.59 W, then -0.43 W, against a standard error of 0.11 W). The window now runs for one sweep of the
+    phases, is judged over it, and its standard error counts how unevenly the readings share the step's
+    phases: every window's error lies within 2.5 of it. A long step is judged over the budget window as before."""
+    from edgetune.search.trial import SWEEP_WINDOW_CAP_S, judged_span_s, phase_sweep_s, phase_unevenness
+
+    assert judged_span_s(0.2, 1.0, 100.0, 0.0066) == 1.0  # a step of a fifth of the window: its ripple is real
+    assert judged_span_s(0.0094, 1.0, 100.0, 0.0066) == 1.0  # swept within the window
+    assert judged_span_s(0.0132, 1.0, 100.0, 0.0066) == SWEEP_WINDOW_CAP_S  # two phases for ever: the cap
+    assert phase_unevenness(0.0132, SWEEP_WINDOW_CAP_S, 100.0, 0.0066) == pytest.approx(0.375, abs=1e-3)
+    assert phase_unevenness(0.0104, 1.0, 100.0, 0.0066) < 0.005  # swept: nearly even
+    mobilenet = load_workload("mobilenet")
+    device = open_device("sim:orin-agx", compute=False, seed=0)
+    setting = {**dict(device.backend.mode_caps()["MAXN"].max_values), "gpu_freq": 1_122_000_000, "power_mode": "MAXN"}
+    expected = device.backend.expected(mobilenet.cost, 8, setting)
+    assert 1.0 < phase_sweep_s(expected.step_time_s, 100.0, device.sensor.update_period_s) <= SWEEP_WINDOW_CAP_S
+    protocol = MeasurementProtocol(warmup_steps=1, measure_steps=1, measure_s=1.0, real_steps=0)
+    with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+        windows = [measure_setting(device, mobilenet, 8, setting, protocol, monitor) for _ in range(8)]
+        truth_w = device.backend.expected(mobilenet.cost, 8, setting).power_w
+        long_step = measure_setting(device, mobilenet, 256, setting, protocol, monitor)
+    for m in windows:
+        assert 1.0 < m.judged_span_s <= SWEEP_WINDOW_CAP_S and m.duration_s >= m.judged_span_s
+        assert abs(m.mean_power_w - truth_w) <= 2.5 * m.power_se_w
+    assert long_step.judged_span_s == 1.0 and long_step.duration_s < 1.5
+
+
 def test_a_stopped_trial_drops_its_clocks_and_cores_at_once(workload):
     """Stopped over the budget, the board goes to the least power its quick knobs allow (lowest clocks, one
     core; the power mode stays: a switch is slow), so the 1-s average falls as fast as it can: the wait before

@@ -53,11 +53,11 @@ def trial_line(rec: TrialRecord, n: int, n_trials: int, units: dict[str, str], o
     if rec.outcome is None:
         body = "out of memory" if rec.oom else f"failed ({(rec.error or m.get('error') or 'no error text')})"
     else:
-        window = m.get("avg_window_s") or 1.0
+        window = m.get("judged_span_s") or m.get("avg_window_s") or 1.0
         power = m.get("max_avg_power_w")
         step = m.get("step_time_s")
         body = (f"step {step * 1e3:.4g} ms, " if isinstance(step, (int, float)) else "") + (
-            f"{power:.2f} W max {window:g}-s avg, " if isinstance(power, (int, float)) and math.isfinite(power)
+            f"{power:.2f} W max {window:.3g}-s avg, " if isinstance(power, (int, float)) and math.isfinite(power)
             else "") + ("within budget" if rec.feasible else "over budget")
     tail = (f"; best so far #{best.number} ({_objective_text(best, objective)})" if best is not None
             else "; none within budget yet")

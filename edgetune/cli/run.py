@@ -166,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
         "peak_power_w": m.peak_power_w,
         "max_avg_power_w": m.max_avg_power_w,
         "avg_window_s": m.avg_window_s,
+        "judged_span_s": m.judged_span_s,
         "energy_j": m.energy_j,
         "energy_per_sample_j": m.energy_per_sample_j,
         "duration_s": m.duration_s,
@@ -190,7 +191,9 @@ def _format_report(r: dict, device: Device) -> str:
         ("samples/s", f"{r['samples_per_s']:.1f}"),
         ("mean power", f"{r['mean_power_w']:.2f} W"),
         ("peak power", f"{r['peak_power_w']:.2f} W"),
-        (f"{r['avg_window_s']:g}-s avg max", f"{r['max_avg_power_w']:.2f} W"),
+        (f"{r['judged_span_s']:.3g}-s avg max", f"{r['max_avg_power_w']:.2f} W"
+         + ("" if r["judged_span_s"] <= r["avg_window_s"] else
+            f" (averaged over one sweep of the step's phases, not {r['avg_window_s']:g} s)")),
         ("energy", f"{r['energy_j']:.2f} J over {r['duration_s']:.2f} s"),
         ("energy/sample", f"{r['energy_per_sample_j'] * 1e3:.3f} mJ"),
         ("power samples", f"{r['power_samples']} ({r['dropped_samples']} dropped)"),

@@ -21,6 +21,22 @@ execute the real training step (after the warm-up, which always does); the remai
 are timed by the twin without re-running the step. Every measurement records how many steps were real
 (:attr:`Measurement.real_steps`) so reports can say so.
 
+Readings that keep to a few phases of the step
+----------------------------------------------
+The monitor reads the sensor's last update (INA3221: every 6.6 ms) at 100 Hz, and a small model's step takes
+a few to a few dozen milliseconds, so the readings may drift through the step's phases slowly instead of
+landing on them at random: a 13.2-ms step read from 6.6-ms updates shows two phases only. A 1-s average of
+such readings errs by the phases it held, and the readings' spread does not show it (on the twins, 4% of
+settings; their 1-s windows erred by 1.52x their standard error, median, 3.85x at the 90th percentile, 44 of
+137 by more than 2x; ``experiments/results/sensor_aliasing.txt``). Where the step is at least
+:data:`_FLAT_STEPS_PER_WINDOW` times shorter than the budget window, its true moving average is flat, so once
+the window has run one budget window, :func:`judged_span_s` checks whether the readings swept the step's
+phases (:func:`phase_sweep_s`); where they did not, the window runs on for one sweep (at most
+:data:`SWEEP_WINDOW_CAP_S`) and its power figures are over that span (:attr:`Measurement.judged_span_s`). A
+sweep reaches every phase but not evenly, so the standard error of such a window is at least the readings'
+spread times the root of :func:`phase_unevenness`. Then 0.79x (median), 1.60x (90th percentile), 2 of 137
+beyond 2x. A window of a step whose readings sweep within the budget window is unchanged.
+
 Safe profiling
 --------------
 The budget a user sets protects the board, so the search must not run a setting over it for long just to
@@ -89,10 +105,16 @@ import numpy as np
 
 from edgetune.power.base import Device, KnobValue, PowerReading, is_out_of_memory
 from edgetune.power.knobs import KNOBS, KnobRole
-from edgetune.power.monitor import PowerMonitor, cumulative_energy_j, noise_max_excess_w, window_stats
+from edgetune.power.monitor import (
+    PowerMonitor,
+    cumulative_energy_j,
+    moving_average_max,
+    noise_max_excess_w,
+    window_stats,
+)
 
-__all__ = ["Measurement", "MeasurementProtocol", "judged_power_w", "measure_setting", "over_limit_s", "phase_sweep_s",
-           "settle", "trailing_average_max_w"]
+__all__ = ["SWEEP_WINDOW_CAP_S", "Measurement", "MeasurementProtocol", "judged_power_w", "judged_span_s", "measure_setting",
+           "over_limit_s", "phase_sweep_s", "phase_unevenness", "settle", "trailing_average_max_w"]
 
 #: shortest span (s, device clock) of this setting's own power before a trial may be stopped over budget: a
 #: few sensor updates (INA3221: 6.6 ms) and more than one 100-Hz monitor sample, so one noisy reading cannot
@@ -192,14 +214,19 @@ class Measurement:
         step_time_s: mean time per step.
         samples_per_s: throughput.
         mean_power_w, peak_power_w: mean and peak of the sampled board power.
-        max_avg_power_w: maximum of the moving average (window ``avg_window_s``): what a budget is judged by.
+        max_avg_power_w: maximum of the moving average over ``judged_span_s``: what a budget is judged by.
+        avg_window_s: the budget's averaging window (s).
+        judged_span_s: the span (s) of the moving average ``max_avg_power_w`` is the maximum of: the budget
+            window, or, where the readings do not sweep a short step's phases within it, one sweep of them
+            (:func:`judged_span_s`; the window then runs that long). The other power figures follow it.
         max_avg_noise_w: how far that maximum reads above the power's own from the sensor's reading noise
             alone (:func:`~edgetune.power.monitor.noise_max_excess_w`; 0 for a trial stopped over the budget):
             ``max_avg_power_w - max_avg_noise_w`` is what the margin to the budget is certified on.
-        power_se_w: standard error of one ``avg_window_s`` average of the sampled power: the sensor's noise and
+        power_se_w: standard error of one ``judged_span_s`` average of the sampled power: the sensor's noise and
             the step's ripple seen through its update instants make a measured average miss the true one
             by about this much (the std of the window's readings over the root of the sensor updates in one
-            averaging window).
+            averaging span; for a span longer than ``avg_window_s``, at least that std times the root of
+            :func:`phase_unevenness`: the readings share the step's phases unevenly, and their mean holds their bias).
         energy_j: energy over the window.
         energy_per_sample_j: energy / samples.
         samples: power samples in the window; dropped: sensor reads dropped in it.
@@ -236,6 +263,7 @@ class Measurement:
     max_avg_power_w: float = math.nan
     max_avg_noise_w: float = 0.0
     avg_window_s: float = 1.0
+    judged_span_s: float = 1.0
     power_se_w: float = 0.0
     energy_j: float = math.nan
     energy_per_sample_j: float = math.nan
@@ -318,6 +346,13 @@ def over_limit_s(t: np.ndarray, p: np.ndarray, t_from: float, t_to: float, windo
 _PHASE_GAP = 1.0 / 8.0
 #: the longest sweep computed (s); a longer one is inf (the readings keep to a few phases of the step)
 _SWEEP_HORIZON_S = 10.0
+#: a step at least this many times shorter than the budget window draws a flat average over it: only then may
+#: a window's power be judged over a longer span than the budget window (:func:`judged_span_s`); a longer step's
+#: own ripple moves the budget's average, and that is real
+_FLAT_STEPS_PER_WINDOW = 10
+#: the longest span (s) a window is extended to so that its readings sweep the step's phases: past it they keep
+#: to a few phases, and the window's standard error counts how unevenly they share them (:func:`phase_unevenness`)
+SWEEP_WINDOW_CAP_S = 6.0
 #: offsets of the sensor's update instants against the monitor's reads tried (shares of an update period):
 #: the two clocks run apart, so their relative phase is unknown; the slowest sweep counts
 _SENSOR_OFFSETS = (0.0, 0.25, 0.5, 0.75)
@@ -329,15 +364,22 @@ def _swept(phase: np.ndarray) -> bool:
     return max(float(np.max(np.diff(p), initial=0.0)), 1.0 - p[-1] + p[0]) <= _PHASE_GAP
 
 
-@functools.lru_cache(maxsize=512)
-def _sweep_s(step_s: float, monitor_rate_hz: float, sensor_period_s: float) -> float:
-    n = int(_SWEEP_HORIZON_S * monitor_rate_hz) + 1
+def _read_phases(step_s: float, monitor_rate_hz: float, sensor_period_s: float, n: int) -> list[np.ndarray]:
+    """The phases (shares of a step) of the values ``n`` reads return, one array per sensor offset tried."""
     t = np.arange(n) / monitor_rate_hz
-    longest = 0
+    out = []
     for offset in _SENSOR_OFFSETS if sensor_period_s > 0 else (0.0,):
         # the instant of the value each read returns: the sensor's last update (a read returns it until the next)
         u = t if sensor_period_s <= 0 else (np.floor(t / sensor_period_s - offset) + offset) * sensor_period_s
-        phase = np.mod(u / step_s, 1.0)
+        out.append(np.mod(u / step_s, 1.0))
+    return out
+
+
+@functools.lru_cache(maxsize=512)
+def _sweep_s(step_s: float, monitor_rate_hz: float, sensor_period_s: float) -> float:
+    n = int(_SWEEP_HORIZON_S * monitor_rate_hz) + 1
+    longest = 0
+    for phase in _read_phases(step_s, monitor_rate_hz, sensor_period_s, n):
         if not _swept(phase):
             return math.inf
         lo, hi = 1, n  # the fewest reads that sweep: adding reads never widens a gap
@@ -359,6 +401,39 @@ def phase_sweep_s(step_s: float, monitor_rate_hz: float, sensor_period_s: float 
     if not step_s > 0 or not monitor_rate_hz > 0:
         return math.inf
     return _sweep_s(round(float(step_s), 7), float(monitor_rate_hz), float(sensor_period_s))
+
+
+def phase_unevenness(step_s: float, span_s: float, monitor_rate_hz: float, sensor_period_s: float = 0.0) -> float:
+    """How unevenly ``span_s`` of readings share a step's phases: the sum over the step's shares of
+    :data:`_PHASE_GAP` of (the share of readings in it - its share of the step)^2, the most over the sensor offsets
+    tried (:func:`phase_sweep_s`'s reads). 0: every phase read equally; 0.375: two phases only (a 13.2-ms step
+    read from 6.6-ms updates). Where the step's power differs between its phases by a spread of ``sd``, a mean of
+    such readings misses the step's by about ``sd * sqrt(unevenness)``."""
+    if not step_s > 0 or not monitor_rate_hz > 0:
+        return 1.0
+    n = max(1, int(span_s * monitor_rate_hz) + 1)
+    bins = round(1.0 / _PHASE_GAP)
+    worst = 0.0
+    for p in _read_phases(float(step_s), float(monitor_rate_hz), float(sensor_period_s), n):
+        # a phase a rounding error short of a share's edge is at the edge (13.2-ms steps, 6.6-ms updates: 0, 0.5)
+        share = np.bincount(np.floor(np.mod(p + 1e-6, 1.0) / _PHASE_GAP).astype(int), minlength=bins)[:bins] / n
+        worst = max(worst, float(np.sum((share - 1.0 / bins) ** 2)))
+    return worst
+
+
+def judged_span_s(step_s: float, avg_window_s: float, monitor_rate_hz: float, sensor_period_s: float = 0.0) -> float:
+    """The span (s) over which a window's budget power is averaged: the budget window ``avg_window_s``, or one
+    sweep of the step's phases (:func:`phase_sweep_s`, at most :data:`SWEEP_WINDOW_CAP_S`) for a step at least
+    :data:`_FLAT_STEPS_PER_WINDOW` times shorter than the window whose readings do not sweep within it.
+
+    Such a step's true moving average is flat (a hundred steps per window), but a measured one holds the few
+    phases its readings kept to, so it errs by the step's ripple: on the twins, 4% of settings, their 1-s
+    windows erring by 1.5x their standard error (median; 3.9x at the 90th percentile), by up to 0.6 W
+    (``experiments/results/sensor_aliasing.txt``). Averaged over one sweep, it reads every phase."""
+    if not step_s > 0 or step_s * _FLAT_STEPS_PER_WINDOW > avg_window_s:
+        return float(avg_window_s)
+    sweep_s = phase_sweep_s(step_s, monitor_rate_hz, sensor_period_s)
+    return float(avg_window_s) if sweep_s <= avg_window_s else min(sweep_s, SWEEP_WINDOW_CAP_S)
 
 
 def _se_w(watts: np.ndarray, sensor_period_s: float, monitor: PowerMonitor, span_s: float | None = None) -> float:
@@ -433,7 +508,7 @@ def measure_setting(
         return None
 
     result = Measurement(batch_size=int(batch_size), setting=dict(applied), ok=False,
-                         avg_window_s=monitor.avg_window_s, settle_s=settle_s)
+                         avg_window_s=monitor.avg_window_s, judged_span_s=monitor.avg_window_s, settle_s=settle_s)
     window = f"measure-{id(result)}"
     t_set = clock.now()
     # where the setting's own power began: this window, or earlier for a setting already running
@@ -510,6 +585,8 @@ def measure_setting(
             monitor.begin_window(window)
             window_open = True
             t0 = clock.now()
+            span_s, sized = monitor.avg_window_s, False  # the span the window's power is judged over
+            extend_s = 0.0  # how long the window must run for that span
             while steps < protocol.max_steps:
                 is_real = real_limit is None or real < real_limit
                 over = run_step(real_step if is_real else timed_only)
@@ -519,8 +596,17 @@ def measure_setting(
                     on_step(steps)
                 if over:
                     break
-                long_enough = clock.now() - t0 >= max(protocol.measure_s, monitor.min_measure_s)
+                long_enough = clock.now() - t0 >= max(protocol.measure_s, monitor.min_measure_s, extend_s)
                 if steps >= protocol.measure_steps and long_enough:
+                    if not sized and clock.now() - t0 >= monitor.avg_window_s:
+                        # once: readings that do not sweep the step's phases within the budget window are
+                        # judged over one sweep, and the window runs on until it holds one (module docs)
+                        sized = True
+                        span_s = judged_span_s((clock.now() - t0) / steps, monitor.avg_window_s, monitor.rate_hz,
+                                               sensor_period_s)
+                        extend_s = span_s if span_s > monitor.avg_window_s else 0.0
+                        if clock.now() - t0 < extend_s:
+                            continue
                     break
             t1 = clock.now()
             stats = monitor.end_window(window)
@@ -574,6 +660,17 @@ def measure_setting(
     result.samples = int(stats.samples)
     result.dropped = int(stats.dropped)
     result.power_se_w = _se_w(watts[in_window], sensor_period_s, monitor)
+    if not result.aborted_over_budget and span_s > monitor.avg_window_s:
+        # judged over one sweep of the step's phases (judged_span_s): its maximum average, the noise in that
+        # maximum and its standard error are over that span; readings that never sweep count the phases they read
+        tw, pw = times[in_window], watts[in_window]
+        result.judged_span_s = span_s
+        result.max_avg_power_w = moving_average_max(tw, pw, span_s)
+        result.max_avg_noise_w = noise_max_excess_w(tw, pw, span_s)
+        result.power_se_w = _se_w(pw, sensor_period_s, monitor, span_s)
+        if pw.size >= 2:  # the readings' uneven share of the step's phases, the readings' spread for the ripple's
+            uneven = phase_unevenness(duration / steps, span_s, monitor.rate_hz, sensor_period_s)
+            result.power_se_w = max(result.power_se_w, float(np.std(pw, ddof=1)) * math.sqrt(uneven))
     result.loss = last_loss[0]
     temperature_c = device.temperature_c
     result.temperature_c = None if temperature_c is None else float(temperature_c)
