@@ -426,7 +426,7 @@ def judged_span_s(step_s: float, avg_window_s: float, monitor_rate_hz: float, se
     sweep of the step's phases (:func:`phase_sweep_s`, at most :data:`SWEEP_WINDOW_CAP_S`) for a step at least
     :data:`_FLAT_STEPS_PER_WINDOW` times shorter than the window whose readings do not sweep within it.
 
-    Such a step's true moving average is flat (a hundred steps per window), but a measured one holds the few
+    Such a step's true moving average is flat (ten steps or more per window), but a measured one holds the few
     phases its readings kept to, so it errs by the step's ripple: on the twins, 4% of settings, their 1-s
     windows erring by 1.5x their standard error (median; 3.9x at the 90th percentile), by up to 0.6 W
     (``experiments/results/sensor_aliasing.txt``). Averaged over one sweep, it reads every phase."""
