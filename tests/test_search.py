@@ -537,6 +537,7 @@ def test_a_setting_is_never_measured_twice(workload, tmp_path):
     path = write_trials_csv(result, tmp_path / "trials.csv")
     rows = list(csv.DictReader(path.open()))
     assert len(rows) == len(result.measured) and {"batch_size", "gpu_freq", "step_time_s", "max_avg_power_w"} <= set(rows[0])
+    assert all(float(row["judged_span_s"]) >= 1.0 for row in rows)  # the span each window's power was judged over
     assert sum(row["role"] == "confirm" for row in rows) == len(again)
 
 

@@ -338,7 +338,7 @@ MEASURED_KEYS = ("step_time_s", "samples_per_s", "mean_power_w", "peak_power_w",
                  "energy_per_sample_j")
 TRIAL_COLUMNS = (
     "trial", "role", "worker", "batch_size", "ok", "oom", "feasible", "step_time_s", "samples_per_s",
-    "mean_power_w", "peak_power_w", "max_avg_power_w", "max_avg_noise_w", "power_se_w", "energy_j",
+    "mean_power_w", "peak_power_w", "max_avg_power_w", "max_avg_noise_w", "power_se_w", "judged_span_s", "energy_j",
     "energy_per_sample_j", "duration_s", "steps", "real_steps", "time_to_target_s", "energy_to_target_j",
     "aborted_over_budget", "stopped_mid_step", "over_budget_s", "settle_s", "error",
 )
@@ -457,7 +457,7 @@ def write_trials_csv(result: SearchResult, path: str | Path) -> Path:
                    "ok": m.get("ok"), "oom": m.get("oom"), "feasible": r.feasible, "error": m.get("error") or ""}
             row.update(r.candidate.knobs)
             for k in ("step_time_s", "samples_per_s", "mean_power_w", "peak_power_w", "max_avg_power_w",
-                      "max_avg_noise_w", "power_se_w", "energy_j", "energy_per_sample_j", "duration_s",
+                      "max_avg_noise_w", "power_se_w", "judged_span_s", "energy_j", "energy_per_sample_j", "duration_s",
                       "steps", "real_steps", "aborted_over_budget", "stopped_mid_step", "over_budget_s",
                       "settle_s"):
                 v = m.get(k)
