@@ -35,6 +35,21 @@ def test_run_table_says_simulation_and_restores(capsys):
     assert "1-s avg max" in out and "energy/sample" in out and "knobs restored" in out
 
 
+def test_a_step_read_at_a_few_of_its_phases_runs_one_sweep_and_says_so(capsys):
+    """13.2-ms steps read from 6.6-ms updates (twin Orin AGX, mobilenet b 8 in MAXN at 1122 MHz): the window
+    runs past the steps asked for, until the readings have swept the step's phases, and the table says its
+    power is averaged over that sweep, not over the budget's 1 s."""
+    args = ["run", "--device", "sim:orin-agx", "--workload", "mobilenet", "--batch-size", "8", "--steps", "80",
+            "--warmup", "1", "--set", "power_mode=MAXN", "--set", "gpu_freq=1122000000", "--set", "emc_freq=max",
+            "--set", "cpu_freq=max", "--set", "cpu_cores=max"]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["judged_span_s"] > out["avg_window_s"] == 1.0
+    assert out["duration_s"] >= out["judged_span_s"] and out["steps"] > 80
+    assert main(args) == 0
+    assert "averaged over one sweep of the step's phases, not 1 s" in capsys.readouterr().out
+
+
 def test_lower_gpu_clock_draws_less_power(capsys):
     figures = {}
     for value in ("min", "max"):

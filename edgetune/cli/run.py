@@ -114,7 +114,8 @@ def register(subparsers) -> None:
     p.add_argument("--set", dest="assignments", action="append", type=parse_assignment, default=[],
                    metavar="KNOB=VALUE", help="set a knob (repeatable): a value in its unit, with a unit, min or max")
     p.add_argument("--steps", type=steps_int, default=DEFAULT_STEPS,
-                   help=f"measured training steps (default {DEFAULT_STEPS})")
+                   help=f"measured training steps (default {DEFAULT_STEPS}; more where the power sensor reads a "
+                        "short, regular step at only a few of its phases: the window then runs one sweep of them)")
     p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP_STEPS,
                    help=f"warm-up steps before measuring (default {DEFAULT_WARMUP_STEPS})")
     p.add_argument("--seed", type=int, default=SCHEMA["seed"].default,
