@@ -113,8 +113,8 @@ from edgetune.power.monitor import (
     window_stats,
 )
 
-__all__ = ["SWEEP_WINDOW_CAP_S", "Measurement", "MeasurementProtocol", "judged_power_w", "judged_span_s", "measure_setting",
-           "over_limit_s", "phase_sweep_s", "phase_unevenness", "settle", "trailing_average_max_w"]
+__all__ = ["SWEEP_WINDOW_CAP_S", "Measurement", "MeasurementProtocol", "judged_power_w", "judged_span_s",
+           "measure_setting", "over_limit_s", "phase_sweep_s", "phase_unevenness", "settle", "trailing_average_max_w"]
 
 #: shortest span (s, device clock) of this setting's own power before a trial may be stopped over budget: a
 #: few sensor updates (INA3221: 6.6 ms) and more than one 100-Hz monitor sample, so one noisy reading cannot
@@ -416,7 +416,8 @@ def phase_unevenness(step_s: float, span_s: float, monitor_rate_hz: float, senso
     worst = 0.0
     for p in _read_phases(float(step_s), float(monitor_rate_hz), float(sensor_period_s), n):
         # a phase a rounding error short of a share's edge is at the edge (13.2-ms steps, 6.6-ms updates: 0, 0.5)
-        share = np.bincount(np.floor(np.mod(p + 1e-6, 1.0) / _PHASE_GAP).astype(int), minlength=bins)[:bins] / n
+        share = np.bincount(np.minimum(np.floor(np.mod(p + 1e-6, 1.0) / _PHASE_GAP).astype(int), bins - 1),
+                            minlength=bins) / n
         worst = max(worst, float(np.sum((share - 1.0 / bins) ** 2)))
     return worst
 
@@ -513,6 +514,7 @@ def measure_setting(
     t_set = clock.now()
     # where the setting's own power began: this window, or earlier for a setting already running
     t_own = t_set if running_since_s is None else min(t_set, float(running_since_s))
+    span_s = 0.0  # the span the window's power is judged over (judged_span_s); 0 until it has run one budget window
     window_open = False
     steps = real = warm = 0
     trigger_w = math.nan
@@ -585,8 +587,6 @@ def measure_setting(
             monitor.begin_window(window)
             window_open = True
             t0 = clock.now()
-            span_s, sized = monitor.avg_window_s, False  # the span the window's power is judged over
-            extend_s = 0.0  # how long the window must run for that span
             while steps < protocol.max_steps:
                 is_real = real_limit is None or real < real_limit
                 over = run_step(real_step if is_real else timed_only)
@@ -596,16 +596,14 @@ def measure_setting(
                     on_step(steps)
                 if over:
                     break
-                long_enough = clock.now() - t0 >= max(protocol.measure_s, monitor.min_measure_s, extend_s)
+                long_enough = clock.now() - t0 >= max(protocol.measure_s, monitor.min_measure_s, span_s)
                 if steps >= protocol.measure_steps and long_enough:
-                    if not sized and clock.now() - t0 >= monitor.avg_window_s:
+                    if not span_s and clock.now() - t0 >= monitor.avg_window_s:
                         # once: readings that do not sweep the step's phases within the budget window are
                         # judged over one sweep, and the window runs on until it holds one (module docs)
-                        sized = True
                         span_s = judged_span_s((clock.now() - t0) / steps, monitor.avg_window_s, monitor.rate_hz,
                                                sensor_period_s)
-                        extend_s = span_s if span_s > monitor.avg_window_s else 0.0
-                        if clock.now() - t0 < extend_s:
+                        if clock.now() - t0 < span_s:
                             continue
                     break
             t1 = clock.now()
@@ -659,16 +657,17 @@ def measure_setting(
     result.energy_per_sample_j = float(stats.energy_j) / (batch_size * steps)
     result.samples = int(stats.samples)
     result.dropped = int(stats.dropped)
-    result.power_se_w = _se_w(watts[in_window], sensor_period_s, monitor)
-    if not result.aborted_over_budget and span_s > monitor.avg_window_s:
+    extended = not result.aborted_over_budget and span_s > monitor.avg_window_s
+    result.power_se_w = _se_w(watts[in_window], sensor_period_s, monitor, span_s if extended else None)
+    if extended:
         # judged over one sweep of the step's phases (judged_span_s): its maximum average, the noise in that
-        # maximum and its standard error are over that span; readings that never sweep count the phases they read
+        # maximum and its standard error are over that span, the error at least what the readings' uneven share
+        # of the step's phases leaves in their mean
         tw, pw = times[in_window], watts[in_window]
         result.judged_span_s = span_s
         result.max_avg_power_w = moving_average_max(tw, pw, span_s)
         result.max_avg_noise_w = noise_max_excess_w(tw, pw, span_s)
-        result.power_se_w = _se_w(pw, sensor_period_s, monitor, span_s)
-        if pw.size >= 2:  # the readings' uneven share of the step's phases, the readings' spread for the ripple's
+        if pw.size >= 2:  # the readings' spread stands for the ripple's
             uneven = phase_unevenness(duration / steps, span_s, monitor.rate_hz, sensor_period_s)
             result.power_se_w = max(result.power_se_w, float(np.std(pw, ddof=1)) * math.sqrt(uneven))
     result.loss = last_loss[0]
