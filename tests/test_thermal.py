@@ -14,6 +14,7 @@ from edgetune.search import records
 from edgetune.search.results import best_json, certified, margin_w
 from edgetune.search.space import build_space
 from edgetune.search.thermal import SOAK_CHUNK_S, SOAK_S, ThermalSoak, fit_soak, thermal_reference
+from edgetune.search.trial import judged_power_w
 from edgetune.workloads import load_workload
 from tests.test_search import search, small_space
 
@@ -135,6 +136,16 @@ def test_the_search_soaks_its_pick_and_holds_the_budget_on_the_warm_board(cnn) -
     doc = best_json(result)["thermal_soak"]
     assert doc["rise_w"] == pytest.approx(soak.rise_w) and "thermal soak of batch" in doc["summary"]
     assert doc["batch_size"] in (16, 32, 64) and len(doc["t_s"]) == len(doc["temperature_c"]) > 4
+    # it keeps how far the pick's judged power (1-s maximum, guard band) read over its mean in its search windows
+    # (the mean over the windows before the soak: the first few of that setting's, in the order measured)
+    first = result.thermal_soaks[0]
+    windows = sorted((r for r in s.records(as_measured=True) if r.measured and r.measurement
+                      and r.candidate == Candidate.of(first.batch_size, first.setting)), key=lambda r: r.number)
+    excess = [judged_power_w(r.measurement["max_avg_power_w"], r.measurement["power_se_w"], s.guard_sigma)
+              - r.measurement["mean_power_w"] for r in windows]
+    before = [float(np.mean(excess[:n])) for n in range(1, len(excess) + 1)]
+    assert first.cool_excess_w == pytest.approx(min(before, key=lambda e: abs(e - first.cool_excess_w)))
+    assert 0.0 < first.cool_excess_w < 1.0
     # the study keeps it: a resume judges with the same rise and does not soak again
     stored = records.read_soaks(optuna.load_study(study_name="test", storage=storage))
     assert max(d["rise_w"] for d in stored) == pytest.approx(soak.rise_w) and len(stored) == len(result.thermal_soaks)
@@ -285,7 +296,14 @@ def test_a_stopped_soak_counts_what_it_proved_once_another_ran_to_its_end() -> N
     complete = _soak(0.2, cool_w=19.6, cool_c=None)
     assert thermal_rise_w([stopped]) == pytest.approx(0.9)  # alone, its extrapolation is all there is
     assert thermal_rise_w([stopped, complete]) == pytest.approx(0.3)  # it proved 20.3 - 20.0 W of its mean
-    stopped.power_w = []  # stopped in its first window: it proved nothing it did not extrapolate
+    # stopped in its first window: its stop proved a 1-s average (with the guard band) at the limit, so a mean at
+    # least the limit less how far its judged power read over its mean in the search's windows (0.15 W)
+    stopped.power_w, stopped.cool_excess_w = [], 0.15
+    assert thermal_rise_w([stopped, complete]) == pytest.approx(20.4 - 0.15 - 20.0)
+    assert thermal_rise_w([stopped]) == pytest.approx(0.9)  # with no complete soak, its extrapolation stands
+    stopped.cool_excess_w = 0.6  # a ripple and guard band wider than the distance to the limit: nothing proved
+    assert thermal_rise_w([stopped, complete]) == pytest.approx(0.2)
+    stopped.cool_excess_w = None  # not known (a study stored before it was kept): the extrapolation stands
     assert thermal_rise_w([stopped, complete]) == pytest.approx(0.9)
 
 

@@ -107,7 +107,7 @@ from edgetune.search.thermal import (
     thermal_reference,
     thermal_rise_w,
 )
-from edgetune.search.trial import Measurement, MeasurementProtocol, measure_setting
+from edgetune.search.trial import Measurement, MeasurementProtocol, judged_power_w, measure_setting
 
 __all__ = ["AUTO_SAMPLER", "CONSTRAINT", "Search", "SearchError", "SearchResult", "TrialRecord", "make_sampler",
            "open_storage"]
@@ -126,6 +126,17 @@ _log = get_logger(__name__)
 #: the least constraint violation (W) told for a trial stopped over the budget: positive, so Optuna counts it
 #: infeasible, even where its short record's judged power fell a hair under the limit
 _ABORTED_CONSTRAINT_W = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class _CoolWindows:
+    """A setting's search windows before its soak, as measured: its mean power (W), the board temperature
+    (degC; None where a window read none) and how far its judged power read over its mean (W; None: no
+    window), each the mean over the windows (:func:`~edgetune.search.thermal.soak`'s ``cool_*``)."""
+
+    power_w: float
+    temperature_c: float | None
+    excess_w: float | None
 
 
 class Search:
@@ -457,11 +468,12 @@ class Search:
         cand = target.candidate
         if soaked_rise_w(self.soaks, cand) is not None:
             return False
-        cool_w, cool_c = self._cool(study, cand)
+        cool = self._cool(study, cand)
         real_steps = 0 if self.device.has(Capability.VIRTUAL_CLOCK) else None
         new = soak(self.device, self.workload, cand.batch_size, cand.knobs, self._monitor,
-                   cool_power_w=cool_w, cool_temperature_c=cool_c, limit_w=self._limit_w(),
-                   guard_sigma=self.guard_sigma, duration_s=self.soak_s, real_steps=real_steps)
+                   cool_power_w=cool.power_w, cool_temperature_c=cool.temperature_c,
+                   cool_excess_w=cool.excess_w, limit_w=self._limit_w(), guard_sigma=self.guard_sigma,
+                   duration_s=self.soak_s, real_steps=real_steps)
         new.after_settings = self._measured_count(study)
         self.soaks.append(new)
         records.write_soaks(study, [s.to_dict() for s in self.soaks])
@@ -469,15 +481,19 @@ class Search:
         self._aim_sampler(study)
         return True
 
-    def _cool(self, study: optuna.Study, cand: Candidate) -> tuple[float, float | None]:
-        """``cand``'s mean power (W) and board temperature (degC; None: not read) over its search windows, as
-        measured (what a soak's rise is counted from)."""
+    def _cool(self, study: optuna.Study, cand: Candidate) -> _CoolWindows:
+        """``cand``'s search windows, as measured: what a soak's rise is counted from."""
         ms = [r.measurement for r in self.records(study, as_measured=True)
               if r.measured and r.ok and r.candidate == cand and r.measurement]
         power_w = [float(m["mean_power_w"]) for m in ms if m.get("mean_power_w") is not None]
         temps_c = [float(m["temperature_c"]) for m in ms if m.get("temperature_c") is not None]
-        return (sum(power_w) / len(power_w) if power_w else math.nan,
-                sum(temps_c) / len(temps_c) if temps_c and len(temps_c) == len(ms) else None)
+        excess_w = [judged_power_w(float(m["max_avg_power_w"]), float(m.get("power_se_w") or 0.0), self.guard_sigma)
+                    - float(m["mean_power_w"]) for m in ms
+                    if m.get("max_avg_power_w") is not None and m.get("mean_power_w") is not None]
+        return _CoolWindows(power_w=sum(power_w) / len(power_w) if power_w else math.nan,
+                            temperature_c=sum(temps_c) / len(temps_c) if temps_c and len(temps_c) == len(ms)
+                            else None,
+                            excess_w=sum(excess_w) / len(excess_w) if excess_w else None)
 
     def _aim_sampler(self, study: optuna.Study) -> None:
         """Tell a sampler that reads them the margin and the thermal reference the soaks set."""

@@ -46,7 +46,9 @@ extrapolate from. A setting soaked itself is judged by its own rise, not the car
 carried rise rules out, so that a soak of another setting does not decide a knife edge.
 The stretch that was stopped is not fitted: it is not a window but the moment before the stop. Once a soak
 ran to its end, a stopped one counts only what it proved (up to the highest mean power of its windows), not
-what it extrapolated from the few windows before its stop.
+what it extrapolated from the few windows before its stop; one stopped in its first window proved a mean of at
+least the limit less how far its setting's judged power read over its mean in the search's windows
+(:attr:`ThermalSoak.cool_excess_w`).
 
 The rise is counted from the board temperature of the pick's search windows. After a soak the board stays
 warm for minutes, so the windows measured then read high by the leakage of those extra kelvin, and judged
@@ -217,6 +219,9 @@ class ThermalSoak:
             not read): the temperature ``cool_power_w`` and so the rise are counted from.
         limit_w: the budget the soak ran under, W (None: none).
         after_settings: settings the search had measured when it soaked.
+        cool_excess_w: how far the setting's judged power (its 1-s maximum with the guard band) read over its
+            mean power in the search's windows, W, their mean (None: not known): the most its mean can lie
+            below the limit when a 1-s average crosses it (what a soak stopped in its first window proves).
     """
 
     batch_size: int
@@ -237,6 +242,7 @@ class ThermalSoak:
     cool_temperature_c: float | None = None
     limit_w: float | None = None
     after_settings: int = 0
+    cool_excess_w: float | None = None
 
     @property
     def rise_w(self) -> float:
@@ -272,11 +278,24 @@ def _proven_w(soak: ThermalSoak) -> float:
     """The rise a soak stopped over the budget proved, W: up to the highest mean power of its windows, from its
     cool power (its steady mean power is at least that; the rest of :attr:`ThermalSoak.rise_w` is extrapolated
     from the few windows before the stop). The limit it crossed bounds the 1-s average, which runs above the
-    mean by the step's ripple, so it proves less of the mean. A soak stopped in its first window proved
-    nothing that it did not extrapolate: its rise stands."""
+    mean by the step's ripple, so it proves less of the mean.
+
+    A soak stopped in its first window has no window: what it proved is the stop itself, a 1-s average (with
+    the guard band) at the limit, so a mean at least the limit less how far the setting's judged power read
+    over its mean in the search's windows (:attr:`ThermalSoak.cool_excess_w`; the soak's 5-s windows take
+    their maximum over more 1-s averages, so they read further over the mean, and this bound is the higher).
+    Taken as the limit itself, such a stop governed every setting's margin: the stop's ripple and guard band
+    were counted as rise. On the oracle benchmark (time, seed 0) a third soak, of a knife-edge setting that
+    drew 10.25 W warm at a 10.4-W budget, started on the board the soak before had warmed and was stopped after
+    4 s. Counted up to the limit, its 0.28 W (0.35 W from the reference temperature) ruled out the optimum,
+    whose own rise was 0.17 W and whose margin was 0.41 W, for a pick 3.2% slower (Orin NX
+    chartransformer). Where the excess is not known (a study stored before it was kept), the rise stands."""
     seen = [float(p) for p in soak.power_w if math.isfinite(float(p))]
     if not seen:
-        return soak.rise_w
+        if soak.limit_w is None or soak.cool_excess_w is None or not math.isfinite(soak.cool_excess_w):
+            return soak.rise_w
+        stop_w = float(soak.limit_w) - max(0.0, float(soak.cool_excess_w))
+        return max(0.0, min(stop_w, soak.steady_power_w) - soak.cool_power_w)
     return max(0.0, min(max(seen), soak.steady_power_w) - soak.cool_power_w)
 
 
@@ -397,7 +416,7 @@ def thermal_reference(soaks: Sequence[ThermalSoak]) -> ThermalReference | None:
 def soak(device: Device, workload: Any, batch_size: int, setting: Mapping[str, KnobValue], monitor: PowerMonitor,
          *, cool_power_w: float, limit_w: float | None, guard_sigma: float = 0.0, duration_s: float = SOAK_S,
          chunk_s: float = SOAK_CHUNK_S, real_steps: int | None = 0,
-         cool_temperature_c: float | None = None) -> ThermalSoak:
+         cool_temperature_c: float | None = None, cool_excess_w: float | None = None) -> ThermalSoak:
     """Train at ``setting`` for ``duration_s`` device seconds in windows of ``chunk_s``, reading the board
     temperature after each, and fit the steady state (module docs). Each window is a
     :func:`~edgetune.search.trial.measure_setting` under ``limit_w``: one that crosses the budget ends the
@@ -406,11 +425,13 @@ def soak(device: Device, workload: Any, batch_size: int, setting: Mapping[str, K
     window that run the real training step on a virtual clock (the soak's figures are the device's; the step
     itself was run by the search's windows already).
     ``cool_power_w``, ``cool_temperature_c``: the setting's mean power and board temperature over the search's
-    windows (what the rise is counted from)."""
+    windows (what the rise is counted from); ``cool_excess_w``: how far its judged power read over its mean
+    there (:attr:`ThermalSoak.cool_excess_w`)."""
     protocol = MeasurementProtocol(warmup_steps=0, measure_steps=1, measure_s=chunk_s, real_steps=real_steps)
     start = device.clock.now()
     out = ThermalSoak(batch_size=int(batch_size), setting=dict(setting), cool_power_w=float(cool_power_w),
-                      duration_s=0.0, cool_temperature_c=cool_temperature_c, limit_w=limit_w)
+                      duration_s=0.0, cool_temperature_c=cool_temperature_c, limit_w=limit_w,
+                      cool_excess_w=cool_excess_w)
     above_mean_w: list[float] = []  # how far each window's judged power (1-s maximum, guard band) read over its mean
     running_since_s: float | None = None  # when the setting was applied: every later window continues it
     while device.clock.now() - start < duration_s:
