@@ -1104,6 +1104,39 @@ def test_baseline_probes_from_the_lowest_clock_up_and_a_given_up_probe_does_not_
     assert done.done and done.found.candidate.knobs["gpu_freq"] == gpu[1]
 
 
+def test_baseline_probes_no_clock_above_the_found_power_modes_cap():
+    from edgetune.search.baseline import Baseline
+    from edgetune.search.records import Role, TrialRecord
+    from edgetune.search.space import build_space
+
+    # the Orin NX as found runs its 15W mode, which caps the GPU at 612 MHz: 714-918 MHz run at 612 MHz there
+    device = open_device("sim:orin-nx", compute=False)
+    assert device.settings()["power_mode"] == "15W"
+    space = build_space(device, 32, [32, 128], None, {})
+    assert max(space.knob_values["gpu_freq"]) == 918_000_000 and "power_mode" in space.knob_names
+    baseline = Baseline(space, 128, device.settings(), limit_w=10.0)
+    assert baseline.lowered_values() == [306_000_000, 408_000_000, 510_000_000, 612_000_000]
+
+    def probe(n: int, cand, power_w: float) -> TrialRecord:
+        return TrialRecord(n, "COMPLETE", cand, Role.BASELINE, True,
+                           {"ok": True, "oom": False, "max_avg_power_w": power_w}, None, power_w <= 10.0)
+
+    # the twin's b 128 draws 7.3 W at 306 MHz and 8.8 W at 612 MHz: all hold 10 W, and the cap ends the probes
+    # (one probe: bisection; then the line through two)
+    probes: list[TrialRecord] = []
+    while (nxt := baseline.state(probes).next_probe) is not None:
+        gpu = nxt.knobs["gpu_freq"]
+        assert gpu <= 612_000_000 and nxt.knobs["power_mode"] == "15W"
+        probes.append(probe(len(probes), nxt, 7.3 + 1.5 * (gpu - 306e6) / 306e6))
+    found = baseline.state(probes).found
+    assert found is not None and found.candidate.knobs["gpu_freq"] == 612_000_000
+    assert [r.candidate.knobs["gpu_freq"] for r in probes] == [306_000_000, 510_000_000, 612_000_000]
+    # where the mode is not tuned (no caps in the space), every value is probed as before
+    untuned = build_space(device, 32, [32, 128], ["gpu_freq"], {})
+    assert Baseline(untuned, 128, device.settings(), limit_w=10.0).lowered_values() == \
+        list(untuned.knob_values["gpu_freq"])
+
+
 def test_a_power_limit_baseline_starts_at_the_highest_limit():
     from edgetune.search.baseline import Baseline
     from edgetune.search.records import Role, TrialRecord

@@ -5,7 +5,8 @@ until the power fits (on a GPU with a power limit instead of a clock knob: lower
 other knobs as the device was found. :class:`Baseline` finds that setting with few measurements, and safely
 (the budget protects the board: a probe far over it draws that power for a whole trial).
 
-A clock is probed from its *lowest* value up (if that does not hold the budget, nothing does). Once two
+A clock is probed from its *lowest* value up (if that does not hold the budget, nothing does), and never above
+the cap the power mode as found sets on it (:meth:`Baseline.lowered_values`). Once two
 probes are measured, the next is the highest value whose power, interpolated linearly in the knob's value
 between the probes that bracket the budget (extrapolated from the two highest that held it, before one did
 not), holds it: power is convex in the clock, so the chord overestimates it and these probes mostly hold.
@@ -88,11 +89,32 @@ class Baseline:
                          None)
 
     def lowered_values(self) -> list[KnobValue]:
-        """The values the lowered knob takes, ascending (a rows space: in rows at the baseline batch size)."""
+        """The values the lowered knob takes, ascending (a rows space: in rows at the baseline batch size).
+
+        Under the power mode as found, where it caps the lowered knob (:attr:`SearchSpace.mode_caps`), the
+        values up to the first at or above the cap: every higher one runs at it (nvpmodel clamps the clock), so
+        common practice cannot set them, and probing them measures the same setting again. On the Orin NX,
+        found in its 15W mode (GPU capped at 612 MHz), a b-128 baseline under a 10-W budget probed 816 and
+        918 MHz after 612 MHz and read the same 8.8 W: two of a warm start's 15 settings."""
         assert self.knob is not None
-        if self.space.rows is None:
-            return list(self.space.knob_values[self.knob])
-        return sorted({r.knobs[self.knob] for r in self.space.rows if r.batch_size == self.batch_size})
+        if self.space.rows is not None:
+            return sorted({r.knobs[self.knob] for r in self.space.rows if r.batch_size == self.batch_size})
+        values = list(self.space.knob_values[self.knob])
+        cap = self._found_cap()
+        if cap is None or isinstance(values[0], str):
+            return values
+        below = [v for v in values if float(v) < float(cap)]
+        return below + [v for v in values if float(v) >= float(cap)][:1]
+
+    def _found_cap(self) -> KnobValue | None:
+        """The cap the power mode as found sets on the lowered knob (None: no tuned power mode whose caps are
+        known, or it does not cap that knob)."""
+        caps = dict(self.space.mode_caps)
+        mode = knob_of_role(self.space.knob_names, KnobRole.POWER_MODE)
+        if not caps or mode is None or self.knob is None:
+            return None
+        found = self._grid_candidate(None).knobs[mode]  # as found (the nearest allowed value: class docs)
+        return caps[found].cap(self.knob) if found in caps else None
 
     def candidate(self, lowered_value: KnobValue | None) -> Candidate:
         """The baseline's batch size with the lowered knob at ``lowered_value``, the others as found (the
