@@ -175,6 +175,14 @@ class ModeCaps:
         """The largest value ``knob`` runs at under this mode (None: not capped)."""
         return dict(self.max_values).get(knob)
 
+    def capped_from(self, knob: str, values: Sequence[KnobValue]) -> int | None:
+        """The index in ``values`` (ascending numbers) of the first at or above ``knob``'s cap: it and every
+        higher value run at the cap under this mode (None: not capped, or every value runs below the cap)."""
+        cap = self.cap(knob)
+        if cap is None:
+            return None
+        return next((k for k, v in enumerate(values) if float(v) >= float(cap)), None)
+
     def peer(self, other: ModeCaps, tuned: Sequence[str]) -> bool:
         """True when a setting of the ``tuned`` knobs within both modes' caps runs alike under both.
 

@@ -34,7 +34,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from edgetune.power.base import KnobValue
+from edgetune.power.base import KnobValue, ModeCaps
 from edgetune.power.knobs import KNOBS, Candidate, KnobRole, knob_of_role
 from edgetune.search.records import Role, TrialRecord
 from edgetune.search.space import LEVEL, SearchSpace
@@ -100,21 +100,17 @@ class Baseline:
         if self.space.rows is not None:
             return sorted({r.knobs[self.knob] for r in self.space.rows if r.batch_size == self.batch_size})
         values = list(self.space.knob_values[self.knob])
-        cap = self._found_cap()
-        if cap is None or isinstance(values[0], str):
-            return values
-        below = [v for v in values if float(v) < float(cap)]
-        return below + [v for v in values if float(v) >= float(cap)][:1]
+        found = self._found_caps()
+        first = None if found is None or isinstance(values[0], str) else found.capped_from(self.knob, values)
+        return values if first is None else values[:first + 1]
 
-    def _found_cap(self) -> KnobValue | None:
-        """The cap the power mode as found sets on the lowered knob (None: no tuned power mode whose caps are
-        known, or it does not cap that knob)."""
+    def _found_caps(self) -> ModeCaps | None:
+        """What the power mode as found caps (None: no tuned power mode whose caps are known)."""
         caps = dict(self.space.mode_caps)
         mode = knob_of_role(self.space.knob_names, KnobRole.POWER_MODE)
-        if not caps or mode is None or self.knob is None:
+        if not caps or mode is None:
             return None
-        found = self._grid_candidate(None).knobs[mode]  # as found (the nearest allowed value: class docs)
-        return caps[found].cap(self.knob) if found in caps else None
+        return caps.get(self._grid_candidate(None).knobs[mode])  # as found (the nearest allowed value: class docs)
 
     def candidate(self, lowered_value: KnobValue | None) -> Candidate:
         """The baseline's batch size with the lowered knob at ``lowered_value``, the others as found (the

@@ -147,14 +147,11 @@ class Grid:
             table = np.tile(np.arange(len(values)), (len(modes), 1))
             exact = np.ones((len(modes), len(values)), dtype=bool)
             for m, mode in enumerate(modes):
-                cap = mode.cap(name)
-                if cap is None:
-                    continue
-                at_or_above = [k for k, v in enumerate(values) if float(v) >= float(cap)]
-                if at_or_above:
-                    table[m, at_or_above] = at_or_above[0]
-                    exact[m, at_or_above] = False
-                    exact[m, at_or_above[0]] = float(values[at_or_above[0]]) == float(cap)
+                first = mode.capped_from(name, values)
+                if first is not None:
+                    table[m, first:] = first
+                    exact[m, first:] = False
+                    exact[m, first] = float(values[first]) == float(mode.cap(name))
             if np.any(table != np.arange(len(values))):
                 clamps[j + 1] = table
             if not exact.all():  # some level runs below its value: above a cap, or at one between two levels
