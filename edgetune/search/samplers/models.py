@@ -48,9 +48,9 @@ _MIN_ROWS = 2  # the hardware model's fit needs at least two measured rows
 #: so its own model put the mode's optimum (batch 16, GPU 510 MHz, memory 2133 MHz) at 13.1 +- 1.7 ms for
 #: 9.3 ms, and it was never measured (7.80% from the oracle); the borrowed model said 8.6 +- 2.0 ms. 12 against
 #: 8 (seeds 0-2, experiments/results/oracle_gap*.txt): that row and Orin NX cnn 9.6 W (energy, 4.41%) at the
-#: oracle, time's worst row at seed 0 4.73 -> 0.00%, for about half a measured setting more per search; always
-#: borrowing (no count of rows trusted) gave the same energy rows at seed 0 and time's seed 2 the same gaps for 29
-#: more settings in all
+#: oracle, time's seed-0 knife edge (AGX Orin chartransformer 13.1 W) 4.73 -> 0.00%, for about half a measured
+#: setting more per search (the time median 0.5-1 higher); always borrowing (no count of rows trusted) gave the
+#: same energy rows at seed 0 and time's seed 2 the same gaps for 29 more settings in all
 TRUSTED_GROUP_ROWS = 12
 
 
