@@ -617,6 +617,22 @@ def test_guided_sampler_keeps_predicted_power_within_what_the_measurements_imply
     assert bounded[4] == 9.0  # another power mode: no order across modes
 
 
+def test_guided_sampler_stopping_floor_follows_the_objective():
+    """Without a prior, the stopping rule may end a search from 16 measured settings where its score is step time
+    alone, and from 20 where power enters it (its score carries the power model's error too); an explicit floor
+    wins over both."""
+    from edgetune.search.efficiency import ZeusCost
+    from edgetune.search.samplers.guided import MIN_TRIALS_TO_STOP, TIME_MIN_TRIALS_TO_STOP, GuidedSampler
+
+    device = open_device("sim:orin-nano", compute=False)
+    space = build_space(device, 32, (16, 32), ["gpu_freq"], {"gpu_freq": ["306MHz", "max"]})
+    floors = {o: GuidedSampler(space, objective=o, budget_w=6.0, cost=ZeusCost(0.5, 15.0) if o == "cost" else None)
+              .min_trials_to_stop for o in ("time", "throughput", "energy", "cost", "pareto")}
+    assert (TIME_MIN_TRIALS_TO_STOP, MIN_TRIALS_TO_STOP) == (16, 20)
+    assert floors == {"time": 16, "throughput": 16, "energy": 20, "cost": 20, "pareto": 20}
+    assert GuidedSampler(space, objective="time", min_trials_to_stop=20).min_trials_to_stop == 20
+
+
 def test_guided_sampler_never_proposes_a_confidently_infeasible_setting(workload, monkeypatch):
     proposals = watch_proposals(monkeypatch, "p_feas")
     device = open_device("sim:orin-nano", compute=False, seed=2)
