@@ -104,8 +104,9 @@ SOAK_RESERVE = 0.25
 #: ... or once it has measured this many settings, where that comes first: where the guided sampler's stopping
 #: rule may first end a search without a prior whose objective involves power (``MIN_TRIALS_TO_STOP``; a
 #: ``time`` search may stop from 16 on, and one that stops before 20 soaks its pick at the stop), so that the
-#: moved margin re-aims the search while it goes on. Soaked at 30 of 40 (or at the stop where that came first), the re-aim came after the
-#: first stop: on the oracle benchmark the median search measured 3 more settings after it, up to 15 more.
+#: moved margin re-aims the search while it goes on. Soaked at 30 of 40 (or at the stop where that came
+#: first), the re-aim came after the first stop: on the oracle benchmark the median search measured 3 more
+#: settings after it, up to 15 more.
 #: Soaked at 7 of a warm start's 15 settings (half), a transfer case lost its way (experiments/results/transfer.txt)
 SOAK_AFTER = 20
 #: the time constants the temperature fit tries, s (log grid): a few seconds to hours
