@@ -109,8 +109,7 @@ def per_setting(observations: Iterable[Observation]) -> tuple[Observation, ...]:
             windows[0], step_time_s=float(np.mean([o.step_time_s for o in windows])),
             max_avg_power_w=float(np.mean([o.max_avg_power_w for o in windows])),
             power_se_w=float(np.mean([o.power_se_w for o in windows])),
-            peak_power_w=max(o.peak_power_w for o in windows), feasible=all(o.feasible for o in windows),
-            stopped_over_budget=all(o.stopped_over_budget for o in windows)))
+            peak_power_w=max(o.peak_power_w for o in windows), feasible=all(o.feasible for o in windows)))
     return tuple(out)
 
 
@@ -202,8 +201,7 @@ def map_to_space(observations: Sequence[Observation], space: SearchSpace,
         if cand not in out:
             out[cand] = Observation(cand, measured=True, ok=True, step_time_s=obs.step_time_s,
                                     max_avg_power_w=obs.max_avg_power_w, power_se_w=obs.power_se_w,
-                                    peak_power_w=obs.peak_power_w, feasible=False,
-                                    stopped_over_budget=obs.stopped_over_budget)
+                                    peak_power_w=obs.peak_power_w, feasible=False)
     return tuple(out.values())
 
 
@@ -223,12 +221,10 @@ class PriorModel:
         rows: per prior setting, knob values (power modes left out) and ``batch_size``.
         groups: per prior setting, its power-mode group in the new space.
         step_time_s, power_w: what the prior device measured (power: as the budget is judged).
-        power_lower_bound: per prior setting, its power is a lower bound (stopped over the budget; default none).
     """
 
     def __init__(self, rows: Sequence[Mapping[str, float]], groups: Sequence[int], step_time_s: Sequence[float],
-                 power_w: Sequence[float], *, min_rows: int = 4,
-                 power_lower_bound: Sequence[bool] | None = None) -> None:
+                 power_w: Sequence[float], *, min_rows: int = 4) -> None:
         from edgetune.predictors.hardware_model import HardwareModel
 
         groups = np.asarray(groups, dtype=np.int64)
@@ -239,8 +235,7 @@ class PriorModel:
                 sel = np.flatnonzero(groups == g)
                 if sel.size >= min_rows:
                     self.models[int(g)] = HardwareModel(random_state=_GP_SEED).fit(
-                        [rows[i] for i in sel], [step_time_s[i] for i in sel], [power_w[i] for i in sel],
-                        power_lower_bound=None if power_lower_bound is None else [power_lower_bound[i] for i in sel])
+                        [rows[i] for i in sel], [step_time_s[i] for i in sel], [power_w[i] for i in sel])
         if not self.models:
             raise PriorError(f"the prior has {len(rows)} usable settings; at least {min_rows} in one power mode "
                              f"are needed")

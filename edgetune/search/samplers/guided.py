@@ -314,7 +314,6 @@ class GuidedSampler(BaseSampler):
         self.models = ModelBank(self.grid, min_group=min_group, n_startup=n_startup, prior_idx=prior_idx,
                                 prior_times_s=[o.step_time_s for o in self.prior],
                                 prior_powers_w=[o.judged_power_w(guard_sigma) for o in self.prior],
-                                prior_power_lower_bound=[o.stopped_over_budget for o in self.prior],
                                 prior_handoff=prior_handoff)
         if self.prior:
             per_group = np.bincount(self.grid.group(prior_idx))

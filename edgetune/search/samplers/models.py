@@ -103,8 +103,7 @@ class ModelBank:
         min_group: measured settings (its kin's) a power mode needs before it gets a model of its own.
         n_startup: measured settings before the first fit (without a prior).
         prior_idx: the grid indices of an earlier study's measured settings mapped to this space (empty: no
-            prior), with their step times ``prior_times_s`` (s), judged powers ``prior_powers_w`` (W) and
-            whether each power is only a lower bound ``prior_power_lower_bound`` (stopped over the budget);
+            prior), with their step times ``prior_times_s`` (s) and judged powers ``prior_powers_w`` (W);
             prior_handoff: this board's measured settings after which its own models replace the prior's
             corrected one.
 
@@ -115,7 +114,6 @@ class ModelBank:
 
     def __init__(self, grid: Grid, *, min_group: int, n_startup: int, prior_idx: Sequence[int] = (),
                  prior_times_s: Sequence[float] = (), prior_powers_w: Sequence[float] = (),
-                 prior_power_lower_bound: Sequence[bool] = (),
                  prior_handoff: int = 0) -> None:
         self.grid = grid
         self.min_group = min_group
@@ -123,7 +121,6 @@ class ModelBank:
         self.prior_idx = np.asarray(prior_idx, dtype=np.int64)
         self.prior_times_s = list(prior_times_s)
         self.prior_powers_w = list(prior_powers_w)
-        self.prior_power_lower_bound = list(prior_power_lower_bound)
         self.prior_handoff = prior_handoff
         self.key: Any = None
         self.last: Fitted | None = None
@@ -256,8 +253,7 @@ class ModelBank:
             grid, pidx = self.grid, self.prior_idx
             self._prior_model = PriorModel(
                 grid.rows(pidx, grid.numeric_names), grid.group(pidx), self.prior_times_s,
-                self.prior_powers_w, min_rows=self.min_group,
-                power_lower_bound=self.prior_power_lower_bound or None)
+                self.prior_powers_w, min_rows=self.min_group)
         transfer = self._corrected(self._prior_model, np.array(measured.idx, dtype=np.int64),
                                    measured.times, measured.powers)
         value = Fitted(measured, {}, None, transfer)
