@@ -257,30 +257,3 @@ def test_refit_spread_needs_the_cross_validation():
         assert model.refits_ == []
         a, b = model.predict(X[12:]), model.predict(X[12:], refit_spread=True)
         assert np.array_equal(a.step_time_std, b.step_time_std) and np.array_equal(a.power_std, b.power_std)
-
-
-def test_powers_known_only_from_below_count_where_the_law_falls_under_them():
-    # a trial stopped over the budget reads its moving average at the crossing, with the second before the
-    # setting still in it: the hottest rows read low. Fitted as measurements they bend the law; fitted one-sided
-    # the model stays above them and nearer the truth where it was not measured
-    X, time_s, power = twin_rows(60, seed=3)
-    train, test = np.arange(14), np.arange(14, 60)
-    hot = train[np.argsort(power[train])[-4:]]
-    read = power.copy()
-    read[hot] *= 0.85
-    bound = np.isin(train, hot)
-    rows = [X[i] for i in train]
-    exact = HardwareModel().fit(rows, time_s[train], read[train])
-    one_sided = HardwareModel().fit(rows, time_s[train], read[train], power_lower_bound=bound)
-    at_hot = [X[i] for i in hot]
-    assert np.all(one_sided.predict(at_hot).power_w >= 0.98 * read[hot])
-    assert mape(one_sided.predict(at_hot).power_w, power[hot]) < mape(exact.predict(at_hot).power_w, power[hot])
-    held = [X[i] for i in test]
-    assert mape(one_sided.predict(held).power_w, power[test]) < mape(exact.predict(held).power_w, power[test])
-    # the step times are measurements either way: the time law is the same
-    assert np.allclose(one_sided.predict(held).step_time_s, exact.predict(held).step_time_s)
-    # no bound is the plain fit
-    plain = HardwareModel().fit(rows, time_s[train], read[train], power_lower_bound=np.zeros(14, dtype=bool))
-    assert np.array_equal(plain.predict(held).power_w, exact.predict(held).power_w)
-    with pytest.raises(ValueError, match="power_lower_bound has 3 values for 14 rows"):
-        HardwareModel().fit(rows, time_s[train], read[train], power_lower_bound=[True, False, True])

@@ -743,25 +743,6 @@ def test_guided_search_ends_once_every_setting_that_could_hold_the_budget_is_mea
     assert len(result.measured) < 40
 
 
-def test_guided_sampler_fits_a_stopped_trials_power_as_a_lower_bound(workload):
-    """A trial stopped over the budget read its moving average at the crossing: the sampler's fit takes that
-    power as a lower bound, and every other measured power as a measurement."""
-    device = open_device("sim:orin-nano", compute=False, seed=5)
-    space = mode_space(device)
-    s = search(device, workload, space, 6.5, sampler="guided", n_trials=12, seed=5,
-               protocol=MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=1.0))
-    result = s.run()
-    stopped = {(r.candidate.batch_size, tuple(sorted(r.candidate.knobs.items()))) for r in result.measured
-               if r.ok and r.aborted_over_budget}
-    assert stopped, "the budget should stop some measured settings"
-    sampler = s.study.sampler
-    measured = sampler._measured(s.study)
-    assert len(measured.power_lower_bound) == len(measured.idx)
-    for i, bound in zip(measured.idx, measured.power_lower_bound):
-        cand = space.candidate(sampler.grid.params(i))
-        assert bound == ((cand.batch_size, tuple(sorted(cand.knobs.items()))) in stopped)
-
-
 def test_guided_sampler_never_measures_a_setting_above_one_that_was_over_the_budget(workload):
     """Board power does not fall when the batch or a clock rises: in the same power mode, a setting at or
     above a measured over-budget one in every numeric knob is over too, and is never measured."""

@@ -192,16 +192,13 @@ class RooflineBase:
 
     @staticmethod
     def fit(names: Sequence[str], k: np.ndarray, scale: np.ndarray, b: np.ndarray, t_step: np.ndarray,
-            p: np.ndarray, start: np.ndarray | None = None,
-            power_lower_bound: np.ndarray | None = None) -> RooflineBase:
+            p: np.ndarray, start: np.ndarray | None = None) -> RooflineBase:
         """Fit in two stages: the time law on the step times alone, then the power terms with it fixed.
 
         The power terms use the time law's parts (GPU share, bytes moved, fill), so a joint fit lets power
         pull the time law: it traded up to a third of the time accuracy at unmeasured settings for a
         slightly closer power fit (twin Orin Nano mobilenet, 7W mode: 0.0464 s predicted for 0.0351 s).
         ``start``: one start from these parameters (a refit on a subset) instead of the default starts.
-        ``power_lower_bound``: rows whose power is a lower bound; their power residual counts only where the
-        law falls under it.
         """
         R = _Roofline
         c = _roofline_inputs(names, k, scale, b)
@@ -215,10 +212,8 @@ class RooflineBase:
             return np.concatenate([np.log(RooflineBase._time(th, c)["step"]) - lt, prior(th, _ROOFLINE_TIME)])
 
         def power_residuals(th: np.ndarray) -> np.ndarray:
-            r = np.log(RooflineBase._power(th, c, RooflineBase._time(th, c))) - lp
-            if power_lower_bound is not None:
-                r = np.where(power_lower_bound, np.minimum(r, 0.0), r)
-            return np.concatenate([r, prior(th, _ROOFLINE_POWER)])
+            power = RooflineBase._power(th, c, RooflineBase._time(th, c))
+            return np.concatenate([np.log(power) - lp, prior(th, _ROOFLINE_POWER)])
 
         # bounds: amplitudes over many decades (log scale); the shapes within their physical ranges
         lo = _vector({**dict.fromkeys(_ROOFLINE_AMPLITUDES, -30.0), R.LOG_B_HALF: -10.0, R.P: 1.0,

@@ -75,16 +75,6 @@ The model has two layers, both fitted in log space (errors are relative, as the 
    energy rows of the oracle benchmark, against 28.5 and 27.2 (experiments/results/predictor_comparison.txt).
    :meth:`Prediction.within_std` counts the truths a doubt covers.
 
-5. **Powers known only from below** (``fit(..., power_lower_bound=...)``): a trial stopped as the budget's moving
-   average crossed the budget read that average at the crossing, and the average still held the second before
-   the setting was applied, so the power it gives is a lower bound (twin Orin AGX chartransformer, 25.3 W:
-   32.0 W true, 29.3 W read). Fitted as a measurement, such rows bent the law's power terms: the model put a
-   setting of a never-measured memory clock at 25.3 +- 0.8 W for 23.1 W true, and the search never measured
-   what was the oracle (5.4% from it). The roofline's power stage, the residual GP and the cross-validation
-   count such a row only where the prediction falls under it (a one-sided residual): the same search then put
-   that setting at 23.4 +- 0.2 W and picked its neighbour (CPU 1.50 GHz, not 1.65), 0.32% from the oracle. The
-   other bases fit such a row as measured.
-
 ``experiments/predictor_comparison.py`` compares this against a plain GP, gradient boosting and the bases
 alone by cross-validation on the Zeus traces (and the twin where present) and records why this one stays.
 """
@@ -251,13 +241,8 @@ class HardwareModel(BaseEstimator):
         self.cv_folds = cv_folds
 
     # sklearn convention: fitted attributes end with "_"
-    def fit(self, X: Sequence[Mapping[str, float]], step_time_s, power_w, peak_power_w=None,
-            power_lower_bound=None) -> HardwareModel:
-        """Fit on rows ``X`` (knob values plus ``batch_size``) and their measured time and power.
-
-        ``power_lower_bound``: per row, whether its power is only a lower bound (a trial stopped as its
-        moving average crossed the budget; None: every power is a measurement). Such a row counts only
-        where a prediction falls under it (module docs, 5)."""
+    def fit(self, X: Sequence[Mapping[str, float]], step_time_s, power_w, peak_power_w=None) -> HardwareModel:
+        """Fit on rows ``X`` (knob values plus ``batch_size``) and their measured time and power."""
         if self.base not in BASES:
             raise ValueError(f"base must be one of {', '.join(BASES)}, got {self.base!r}")
         if self.residual not in ("gp", "none"):
@@ -268,9 +253,6 @@ class HardwareModel(BaseEstimator):
             raise ValueError("need at least 2 measured rows to fit")
         t = _as_target(step_time_s, n, "step_time_s")
         p = _as_target(power_w, n, "power_w")
-        bound = np.zeros(n, dtype=bool) if power_lower_bound is None else np.asarray(power_lower_bound, dtype=bool)
-        if bound.shape != (n,):
-            raise ValueError(f"power_lower_bound has {bound.size} values for {n} rows of X")
         b = M[:, -1]
         self.knobs_ = names
         self.scale_ = M[:, :-1].max(axis=0) if names else np.zeros(0)
@@ -305,13 +287,12 @@ class HardwareModel(BaseEstimator):
                                              None if full is None else full.start_m)
                 if kind == "frequency":
                     return RooflineBase.fit(roles, k[sel], self.scale_, b[sel], t[sel], p[sel],
-                                             None if full is None else full.theta, bound[sel])
+                                             None if full is None else full.theta)
                 return GenericBase.fit(k[sel], b[sel], t[sel] / b[sel], p[sel])
 
         self.base_model_ = fit_base(np.arange(n))
         bt, bp = self._base_predict(k, b)
         rt, rp = np.log(t / bt), np.log(p / bp)
-        rp = np.where(bound, np.maximum(rp, 0.0), rp)  # a lower bound the base clears says nothing more
         self.cv_var_ = (0.0, 0.0)
         self.refits_ = []
         if self.residual == "gp" and self.cv_folds and n > self.cv_folds:
@@ -327,7 +308,6 @@ class HardwareModel(BaseEstimator):
                 with np.errstate(all="ignore"):
                     ts, ps = refit.predict(k[held], b[held])
                 et[held], ep[held] = np.log(t[held] / (ts * b[held])), np.log(p[held] / ps)
-                ep[held] = np.where(bound[held], np.maximum(ep[held], 0.0), ep[held])
             self.cv_var_ = tuple(float(min(np.nanmean(e**2), CV_VARIANCE_CAP)) if np.isfinite(np.nanmean(e**2))
                                  else CV_VARIANCE_CAP for e in (et, ep))
         if self.residual == "gp":

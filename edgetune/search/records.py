@@ -152,9 +152,6 @@ class Observation:
         feasible: the measurement held the budget as the search judged it.
         temperature_c: the board temperature at the window's end, degC (None: not read): a sampler refers
             the power to the study's thermal reference with it (:class:`~edgetune.search.thermal.ThermalReference`).
-        stopped_over_budget: the trial was stopped as its moving average crossed the budget (safe profiling), so
-            ``max_avg_power_w`` is a lower bound of the setting's power: the average still held the second
-            before the setting was applied.
     """
 
     candidate: Candidate
@@ -167,7 +164,6 @@ class Observation:
     peak_power_w: float = math.nan
     feasible: bool = False
     temperature_c: float | None = None
-    stopped_over_budget: bool = False
 
     def judged_power_w(self, guard_sigma: float = 0.0) -> float:
         """The power the budget is judged by (:func:`~edgetune.search.trial.judged_power_w`)."""
@@ -185,8 +181,7 @@ class Observation:
                    max_avg_power_w=float(m.get("max_avg_power_w", math.nan)),
                    power_se_w=float(m.get("power_se_w", 0.0)), peak_power_w=float(m.get("peak_power_w", math.nan)),
                    feasible=feasible,
-                   temperature_c=None if m.get("temperature_c") is None else float(m["temperature_c"]),
-                   stopped_over_budget=bool(m.get("aborted_over_budget")))
+                   temperature_c=None if m.get("temperature_c") is None else float(m["temperature_c"]))
 
 
 # ---------------------------------------------------------------------------------------------- writers

@@ -482,15 +482,12 @@ class GuidedSampler(BaseSampler):
             # the power the budget is judged by, referred to the study's board temperature (a soak's)
             offset_w = self.thermal.offset_w(obs.temperature_c) if self.thermal is not None else 0.0
             windows.setdefault(self._candidate_index(obs), []).append(
-                (obs.step_time_s, obs.judged_power_w(self.guard_sigma) - offset_w, obs.peak_power_w,
-                 obs.stopped_over_budget))
+                (obs.step_time_s, obs.judged_power_w(self.guard_sigma) - offset_w, obs.peak_power_w))
         idx = list(windows)
         times = [float(np.mean([w[0] for w in windows[i]])) for i in idx]
         powers = [float(np.mean([w[1] for w in windows[i]])) for i in idx]
         peaks = [max(w[2] for w in windows[i]) for i in idx]
-        # a setting stopped over the budget in every window: its power a lower bound (the fit's one-sided rows)
-        bound = tuple(all(w[3] for w in windows[i]) for i in idx)
-        return Measured(idx, times, powers, peaks, oom_batches, tuple(len(windows[i]) for i in idx), bound)
+        return Measured(idx, times, powers, peaks, oom_batches, tuple(len(windows[i]) for i in idx))
 
     # -- the model ----------------------------------------------------------------------------------
     def _fit(self, study: Study) -> Fitted | None:

@@ -68,8 +68,7 @@ def mixture(m1: np.ndarray, s1: np.ndarray, m2: np.ndarray, s2: np.ndarray) -> t
 class Measured:
     """The measured settings a fit uses: grid indices with step time, judged and peak power (a setting
     measured more than once: the means of its windows, the highest peak); and the batch levels that ran out
-    of memory. ``power_lower_bound``: per setting, whether each of its windows was stopped over the budget,
-    so its power is a lower bound (empty: none was)."""
+    of memory."""
 
     idx: list[int]
     times: list[float]
@@ -77,7 +76,6 @@ class Measured:
     peaks: list[float]
     oom_batches: list[int]
     windows: tuple[int, ...] = ()  # windows pooled per setting (empty: one each)
-    power_lower_bound: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -139,7 +137,6 @@ class ModelBank:
         """
         idx, times, powers, peaks, oom = (measured.idx, measured.times, measured.powers, measured.peaks,
                                           measured.oom_batches)
-        bound = measured.power_lower_bound or (False,) * len(idx)
         if self.prior_idx.size and len(idx) < self.prior_handoff:
             return self._fit_transfer(measured)
         if len(idx) < self.n_startup:
@@ -156,7 +153,7 @@ class ModelBank:
             # a power mode whose measurements did not change keeps its model: the fit is deterministic, so
             # refitting it on the same rows (most modes, each time one new setting is measured) would give
             # the same model; modes of one kin share theirs
-            data = (tuple(names), tuple((idx[k], times[k], powers[k], peaks[k], bound[k]) for k in members))
+            data = (tuple(names), tuple((idx[k], times[k], powers[k], peaks[k]) for k in members))
             if data in kept:  # a mode's kin's model (Grid.kin), fitted already
                 return kept[data]
             if data in previous:
@@ -164,8 +161,7 @@ class ModelBank:
                 return kept[data]
             rows = grid.rows(np.array([idx[k] for k in members]), names)
             kept[data] = HardwareModel(random_state=_MODEL_SEED).fit(
-                rows, [times[k] for k in members], [powers[k] for k in members], [peaks[k] for k in members],
-                power_lower_bound=[bound[k] for k in members])
+                rows, [times[k] for k in members], [powers[k] for k in members], [peaks[k] for k in members])
             return kept[data]
 
         groups = grid.group(np.array(idx))
