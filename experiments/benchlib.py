@@ -556,6 +556,10 @@ class Row:
     tie_batch: int | None = None
     tie_cost_pct: float = math.nan
     tie_point: Point | None = None
+    #: the knife edge the search reported (best.json ``knife_edge``: its best held setting holds the budget by
+    #: less than the sensor's accuracy and the thermal rise, so the pick is a safer one; None: none, or no safer
+    #: setting, so the pick is the edge): the edge's truth
+    edge_point: Point | None = None
 
     @property
     def pick_at(self) -> int:
@@ -596,6 +600,22 @@ class Row:
         if self.tie_point.max_avg_w > self.case.budget_w:
             return math.inf
         return (self._value(self.tie_point) / self._value(self.honest) - 1.0) * 100.0
+
+    @property
+    def edge_over(self) -> bool:
+        """The reported knife edge's true 1-s average is over the budget: taken instead of the pick, it would
+        violate the budget (False: no edge reported)."""
+        return self.edge_point is not None and self.edge_point.max_avg_w > self.case.budget_w
+
+    @property
+    def edge_gap_pct(self) -> float:
+        """The reported knife edge against the honest oracle, as a user who takes it instead of the pick gets
+        it (nan: no edge reported; inf: its true 1-s average is over the budget, so taking it violates it)."""
+        if self.edge_point is None or self.honest is None:
+            return math.nan
+        if self.edge_over:
+            return math.inf
+        return (self._value(self.edge_point) / self._value(self.honest) - 1.0) * 100.0
 
     @property
     def violation(self) -> bool:
@@ -676,6 +696,9 @@ def run_case(case: Case, truth: GridTruth, space: SearchSpace, workload: Any, st
     if tie is not None:
         row.tie_batch, row.tie_cost_pct = tie.runner_up.candidate.batch_size, tie.cost_pct
         row.tie_point = truth.point(tie.runner_up.candidate.batch_size, tie.runner_up.candidate.knobs)
+    edge = res.knife_edge
+    if edge is not None and edge.safer is not None:
+        row.edge_point = truth.point(edge.edge.candidate.batch_size, edge.edge.candidate.knobs)
     if case.objective == "pareto":
         # the reported points that truly hold the budget, against the certifiable front (as the gaps are
         # against the honest oracle) and against the plain one, each with its own reference point

@@ -213,6 +213,16 @@ def test_gap_speedups_and_violation_of_a_row() -> None:
     assert e.ratio(e.common) == pytest.approx(200 / 90)
 
 
+def test_a_reported_knife_edge_is_scored_as_a_user_who_takes_it_gets_it() -> None:
+    honest = Point(10.0, 100.0, 9.8, 9.8, True)
+    r = _row(Point(10.5, 90.0, 9.5, 9.5, True), honest)
+    assert math.isnan(r.edge_gap_pct) and not r.edge_over  # none reported
+    r.edge_point = Point(9.9, 95.0, 9.95, 9.9, True)  # faster, inside the sensor's band, under the budget
+    assert r.edge_gap_pct == pytest.approx(-1.0) and not r.edge_over
+    r.edge_point = Point(9.7, 95.0, 10.05, 10.0, True)  # its true 1-s average is over the 10-W budget
+    assert r.edge_over and math.isinf(r.edge_gap_pct) and not r.violation  # the pick itself holds
+
+
 def test_law_gap_and_when_the_pick_was_found() -> None:
     honest = Point(10.0, 100.0, 9.8, 9.8, True)
     r = _row(Point(10.5, 90.0, 9.0, 9.0, True), honest)
