@@ -633,6 +633,27 @@ def test_guided_sampler_stopping_floor_follows_the_objective():
     assert GuidedSampler(space, objective="time", min_trials_to_stop=20).min_trials_to_stop == 20
 
 
+def test_guided_sampler_stops_on_one_quiet_fit_only_where_the_score_is_step_time_alone():
+    """Without a prior, one fit that finds nothing left worth measuring ends a search whose score is step time
+    alone; where power enters the score, or a prior's model steers the search, two in a row must; an explicit
+    count wins over both."""
+    from edgetune.power.knobs import Candidate
+    from edgetune.search.efficiency import ZeusCost
+    from edgetune.search.records import Observation
+    from edgetune.search.samplers.guided import STOP_CONFIRMATIONS, TIME_STOP_CONFIRMATIONS, GuidedSampler
+
+    device = open_device("sim:orin-nano", compute=False)
+    space = build_space(device, 32, (16, 32), ["gpu_freq"], {"gpu_freq": ["306MHz", "max"]})
+    counts = {o: GuidedSampler(space, objective=o, budget_w=6.0, cost=ZeusCost(0.5, 15.0) if o == "cost" else None)
+              .stop_confirmations for o in ("time", "throughput", "energy", "cost", "pareto")}
+    assert (TIME_STOP_CONFIRMATIONS, STOP_CONFIRMATIONS) == (1, 2)
+    assert counts == {"time": 1, "throughput": 1, "energy": 2, "cost": 2, "pareto": 2}
+    assert GuidedSampler(space, objective="time", stop_confirmations=2).stop_confirmations == 2
+    prior = [Observation(Candidate(b, (("gpu_freq", f),)), measured=True, ok=True, step_time_s=0.1,
+                         max_avg_power_w=5.0) for b in (16, 32) for f in space.knob_values["gpu_freq"]]
+    assert GuidedSampler(space, objective="time", prior=prior, min_group=2).stop_confirmations == 2
+
+
 def test_guided_sampler_never_proposes_a_confidently_infeasible_setting(workload, monkeypatch):
     proposals = watch_proposals(monkeypatch, "p_feas")
     device = open_device("sim:orin-nano", compute=False, seed=2)
