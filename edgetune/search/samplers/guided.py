@@ -178,9 +178,9 @@ _TIME_OBJECTIVES = ("time", "throughput")
 #: hovers at the threshold stopped on one quiet fit short of its pick (energy benchmark, seed 0: orin-nano
 #: chartransformer 7.2 W 0.00 -> 3.16%; experiments/results/oracle_gap_energy.txt)
 STOP_CONFIRMATIONS = 2
-#: ... and where the objective is step time alone and there is no prior: one quiet fit. The time benchmark's
-#: picks rest on the step-time model, which a soak does not move, and its second fit mostly confirmed the
-#: first: at seeds 0 and 2-6 each kept its rows within 3% and its worst gap, with 0.6-1.3 fewer settings per
+#: ... and where the objective is step time alone and there is no prior: one quiet fit. A time score carries
+#: the step-time model's error alone, and on the time benchmark the second fit mostly confirmed the first: at
+#: seeds 0 and 2-6 each kept its rows within 3% and its worst gap, with 0.6-1.3 fewer settings per
 #: search, and every median fell under 25 (23-24, from 23.5-25; experiments/results/oracle_gap.txt)
 TIME_STOP_CONFIRMATIONS = 1
 #: measured settings after the space-filling start that are still placed space-filling, among the settings
