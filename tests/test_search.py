@@ -617,38 +617,32 @@ def test_guided_sampler_keeps_predicted_power_within_what_the_measurements_imply
     assert bounded[4] == 9.0  # another power mode: no order across modes
 
 
-def test_guided_sampler_stopping_floor_follows_the_objective():
+def test_guided_sampler_stopping_rule_follows_the_objective():
     """Without a prior, the stopping rule may end a search from 16 measured settings where its score is step time
-    alone, and from 20 where power enters it (its score carries the power model's error too); an explicit floor
-    wins over both."""
-    from edgetune.search.efficiency import ZeusCost
-    from edgetune.search.samplers.guided import MIN_TRIALS_TO_STOP, TIME_MIN_TRIALS_TO_STOP, GuidedSampler
-
-    device = open_device("sim:orin-nano", compute=False)
-    space = build_space(device, 32, (16, 32), ["gpu_freq"], {"gpu_freq": ["306MHz", "max"]})
-    floors = {o: GuidedSampler(space, objective=o, budget_w=6.0, cost=ZeusCost(0.5, 15.0) if o == "cost" else None)
-              .min_trials_to_stop for o in ("time", "throughput", "energy", "cost", "pareto")}
-    assert (TIME_MIN_TRIALS_TO_STOP, MIN_TRIALS_TO_STOP) == (16, 20)
-    assert floors == {"time": 16, "throughput": 16, "energy": 20, "cost": 20, "pareto": 20}
-    assert GuidedSampler(space, objective="time", min_trials_to_stop=20).min_trials_to_stop == 20
-
-
-def test_guided_sampler_stops_on_one_quiet_fit_only_where_the_score_is_step_time_alone():
-    """Without a prior, one fit that finds nothing left worth measuring ends a search whose score is step time
-    alone; where power enters the score, or a prior's model steers the search, two in a row must; an explicit
-    count wins over both."""
+    alone, and from 20 where power enters it (its score carries the power model's error too); and one fit that
+    finds nothing left worth measuring ends a step-time search, where two in a row must end the others, or a
+    search a prior's model steers. An explicit floor or count wins."""
     from edgetune.power.knobs import Candidate
     from edgetune.search.efficiency import ZeusCost
     from edgetune.search.records import Observation
-    from edgetune.search.samplers.guided import STOP_CONFIRMATIONS, TIME_STOP_CONFIRMATIONS, GuidedSampler
+    from edgetune.search.samplers.guided import (
+        MIN_TRIALS_TO_STOP,
+        STOP_CONFIRMATIONS,
+        TIME_MIN_TRIALS_TO_STOP,
+        TIME_STOP_CONFIRMATIONS,
+        GuidedSampler,
+    )
 
     device = open_device("sim:orin-nano", compute=False)
     space = build_space(device, 32, (16, 32), ["gpu_freq"], {"gpu_freq": ["306MHz", "max"]})
-    counts = {o: GuidedSampler(space, objective=o, budget_w=6.0, cost=ZeusCost(0.5, 15.0) if o == "cost" else None)
-              .stop_confirmations for o in ("time", "throughput", "energy", "cost", "pareto")}
+    samplers = {o: GuidedSampler(space, objective=o, budget_w=6.0, cost=ZeusCost(0.5, 15.0) if o == "cost" else None)
+                for o in ("time", "throughput", "energy", "cost", "pareto")}
+    assert (TIME_MIN_TRIALS_TO_STOP, MIN_TRIALS_TO_STOP) == (16, 20)
     assert (TIME_STOP_CONFIRMATIONS, STOP_CONFIRMATIONS) == (1, 2)
-    assert counts == {"time": 1, "throughput": 1, "energy": 2, "cost": 2, "pareto": 2}
-    assert GuidedSampler(space, objective="time", stop_confirmations=2).stop_confirmations == 2
+    assert {o: (s.min_trials_to_stop, s.stop_confirmations) for o, s in samplers.items()} == {
+        "time": (16, 1), "throughput": (16, 1), "energy": (20, 2), "cost": (20, 2), "pareto": (20, 2)}
+    explicit = GuidedSampler(space, objective="time", min_trials_to_stop=20, stop_confirmations=2)
+    assert (explicit.min_trials_to_stop, explicit.stop_confirmations) == (20, 2)
     prior = [Observation(Candidate(b, (("gpu_freq", f),)), measured=True, ok=True, step_time_s=0.1,
                          max_avg_power_w=5.0) for b in (16, 32) for f in space.knob_values["gpu_freq"]]
     assert GuidedSampler(space, objective="time", prior=prior, min_group=2).stop_confirmations == 2
