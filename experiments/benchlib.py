@@ -590,16 +590,21 @@ class Row:
             return math.nan
         return (self._value(self.law) / self._value(self.honest) - 1.0) * 100.0
 
+    def _taken_gap_pct(self, point: Point | None) -> float:
+        """``point`` against the honest oracle, as a user who takes it instead of the pick gets it (nan: none;
+        inf: its true 1-s average is over the budget, so it is no choice)."""
+        if point is None or self.honest is None:
+            return math.nan
+        if point.max_avg_w > self.case.budget_w:
+            return math.inf
+        return (self._value(point) / self._value(self.honest) - 1.0) * 100.0
+
     @property
     def tie_gap_pct(self) -> float:
         """The reported tie's runner-up against the honest oracle (nan: no tie reported; inf: its true 1-s
         average is over the budget, so it is no choice): what training both batch sizes to the target, as the
         report advises, would give, taking the better."""
-        if self.tie_point is None or self.honest is None:
-            return math.nan
-        if self.tie_point.max_avg_w > self.case.budget_w:
-            return math.inf
-        return (self._value(self.tie_point) / self._value(self.honest) - 1.0) * 100.0
+        return self._taken_gap_pct(self.tie_point)
 
     @property
     def edge_over(self) -> bool:
@@ -611,11 +616,7 @@ class Row:
     def edge_gap_pct(self) -> float:
         """The reported knife edge against the honest oracle, as a user who takes it instead of the pick gets
         it (nan: no edge reported; inf: its true 1-s average is over the budget, so taking it violates it)."""
-        if self.edge_point is None or self.honest is None:
-            return math.nan
-        if self.edge_over:
-            return math.inf
-        return (self._value(self.edge_point) / self._value(self.honest) - 1.0) * 100.0
+        return self._taken_gap_pct(self.edge_point)
 
     @property
     def violation(self) -> bool:

@@ -159,9 +159,7 @@ def summary(rows: list[Row], objective: str) -> list[str]:
                                          f"{r.tie_batch} at {r.tie_gap_pct:.2f}%" for r in told) + ")" if told else "")
                      + f"; the better of each reported tie (both trained to the target, as the report advises): "
                        f"worst gap {max(both):.2f}%, {sum(g <= 3.0 for g in both)} of {len(rows)} rows within 3%")
-    if objective != "pareto":
         edged = [r for r in rows if r.edge_point is not None]
-        over = [r for r in rows if r.gap_pct > 3.0]
         told = [r for r in over if r.edge_point is not None]
         taken = [r.edge_gap_pct if r.edge_point is not None else r.gap_pct for r in rows]
         held = [g for g in taken if math.isfinite(g)]

@@ -306,15 +306,15 @@ class GuidedSampler(BaseSampler):
         self.prior = tuple(o for o in prior if o.ok and space.contains(o.candidate))
         self.cost = cost
         self.polish = polish
+        # the stopping rule's defaults: a prior's, else by whether the score is step time alone
+        time_only = objective in _TIME_OBJECTIVES and not self.prior
         if min_trials_to_stop is None and self.prior:
             min_trials_to_stop = PRIOR_MIN_TRIALS_TO_STOP
         elif min_trials_to_stop is None:
-            time_only = objective in _TIME_OBJECTIVES
             min_trials_to_stop = TIME_MIN_TRIALS_TO_STOP if time_only else MIN_TRIALS_TO_STOP
         self.min_trials_to_stop = min_trials_to_stop
         if stop_confirmations is None:
-            one_quiet_fit = objective in _TIME_OBJECTIVES and not self.prior
-            stop_confirmations = TIME_STOP_CONFIRMATIONS if one_quiet_fit else STOP_CONFIRMATIONS
+            stop_confirmations = TIME_STOP_CONFIRMATIONS if time_only else STOP_CONFIRMATIONS
         self.stop_confirmations = stop_confirmations
         self.observations_func = observations_func or read_observation
         self._seed = seed
