@@ -171,7 +171,8 @@ def test_the_corrected_prior_is_sure_where_this_board_measured_and_keeps_its_dou
 
 def test_warm_search_probes_the_modes_the_prior_never_saw_and_hands_off_to_this_boards_model(tmp_path, cnn):
     """Orin Nano's study knows its 7W and 15W modes (mapped by watts to Orin NX's 10W and 15W); Orin NX's 25W
-    and MAXN get measurements of their own, and after PRIOR_HANDOFF of them the board's own model proposes."""
+    and MAXN get measurements of their own, and after PRIOR_HANDOFF of them the board's own model proposes,
+    the prior's corrected model still predicting the modes it saw that this board has too few rows of."""
     from edgetune.search.samplers.guided import PRIOR_HANDOFF
 
     knobs = ["gpu_freq", "power_mode"]
@@ -188,8 +189,21 @@ def test_warm_search_probes_the_modes_the_prior_never_saw_and_hands_off_to_this_
     for mode in unseen:
         assert sum(r.candidate.knobs["power_mode"] == mode for r in own) >= 4, mode  # min_group
     assert len({r.candidate for r in own}) >= PRIOR_HANDOFF
-    fitted = warm.study.sampler._fit(warm.study)
+    sampler = warm.study.sampler
+    fitted = sampler._fit(warm.study)
     assert fitted is not None and fitted.transfer is None  # this board's own model, not the prior's
+    # ... for the modes that have one: a mode the prior measured and this board barely did keeps the prior's
+    # model, corrected by every measurement of this board, where a cold search has its pooled model
+    prior_modes = set(sampler.models._prior().models)
+    unfitted = {int(g) for g in sampler.grid.live_groups()} - set(fitted.per_group)
+    assert fitted.prior_groups == unfitted & prior_modes and fitted.prior_groups
+    cand = sampler.grid.candidates()
+    cand = cand[np.isin(sampler.grid.group(cand), sorted(fitted.prior_groups))][:50]
+    grid = sampler.grid
+    expected = fitted.prior_fill.predict(grid.rows(cand, grid.numeric_names), grid.rows(cand, grid.pooled_names),
+                                         grid.group(cand))
+    for got, want in zip(sampler.models.predict(fitted, cand), expected):
+        np.testing.assert_allclose(got, want)
 
 
 # ---------------------------------------------------------------------------------------------- cost

@@ -100,7 +100,8 @@ given an ``observations_func`` that knows the objective's measurements.
 With ``prior`` observations (an earlier study of another board, mapped to this space by
 :mod:`edgetune.search.prior`) the model is the prior's hardware model corrected by this board's own
 measurements (:class:`~edgetune.search.prior.Transfer`): it is used from the first proposal until this board
-has :data:`PRIOR_HANDOFF` measurements of its own, when this board's own model takes over; a power mode the
+has :data:`PRIOR_HANDOFF` measurements of its own, when this board's own models take over (a power mode the
+prior measured keeps the corrected prior model until it has a model of its own); a power mode the
 prior measured needs no measurements of its own (one it never saw does); and the stopping rule may end the
 search after :data:`PRIOR_MIN_TRIALS_TO_STOP` measurements. The prior is never a measurement: the incumbent
 and the budget are this board's measurements alone (before one holds the budget, expected improvement is taken

@@ -11,7 +11,12 @@ points:
   model corrected by this mode's rows (:class:`~edgetune.search.prior.Transfer`), whose step time is mixed with
   the mode's own (:func:`mixture`): where the two disagree, the doubt sends a measurement there;
 - with a prior (an earlier study of another board), the prior's model corrected by this board's measurements,
-  until this board has ``prior_handoff`` measurements of its own.
+  until this board has ``prior_handoff`` measurements of its own; after that, for the power modes the prior
+  measured that have no model of their own yet, in place of the pooled model. The pooled model knows such a
+  mode from a handful of this board's rows; the prior's from its own (a warm search capped at 15 settings on
+  Orin NX 15W, mobilenet, from Orin Nano 10W: its 14th setting went to a 15W-mode setting at the slowest memory
+  clock, 11x slower per step than the pick, and the search settled 3.28% from the oracle; with the prior's model there,
+  2.09%; experiments/results/transfer.txt).
 
 A mode whose rows did not change keeps its model (the fit is deterministic), so each new measurement refits
 one mode, not all.
@@ -91,6 +96,11 @@ class Fitted:
     #: mode's rows (a :class:`~edgetune.search.prior.Transfer`); its step time is mixed with the mode's own
     #: (ModelBank._borrow)
     borrowed: dict[int, Any] = dataclasses.field(default_factory=dict)
+    #: with a prior, once this board's own models have taken over: the prior's model corrected by every
+    #: measurement of this board, for the power modes the prior measured that have no model of their own yet
+    #: (:attr:`prior_groups`), in place of the pooled model
+    prior_fill: Any | None = None
+    prior_groups: frozenset[int] = frozenset()
 
 
 class ModelBank:
@@ -177,13 +187,20 @@ class ModelBank:
                     members = np.flatnonzero(np.isin(groups, grid.kin(int(g)))).tolist()
                     if len(members) >= (self.min_group if grid.named else _MIN_ROWS):
                         per_group[int(g)] = fit(members, grid.numeric_names)
-                if len(per_group) < n_groups:
+                unfitted = [int(g) for g in grid.live_groups()] if grid.named else [0]
+                unfitted = [g for g in unfitted if g not in per_group]
+                # ... a mode the prior measured keeps the prior's model, corrected by this board's rows
+                prior_groups = frozenset(g for g in unfitted if self.prior_idx.size
+                                         and g in self._prior().models)
+                prior_fill = self._transfer(measured) if prior_groups else None
+                if len(per_group) < n_groups and len(unfitted) > len(prior_groups):
                     # some power mode has too few measurements for a model of its own: the pooled model
                     # covers it (only until every mode has its own; a fit costs about a second)
                     pooled = fit(list(range(len(idx))), grid.pooled_names)
             except (ValueError, np.linalg.LinAlgError):
                 return None
-        value = Fitted(measured, per_group, pooled, borrowed=self._borrow(measured, groups, per_group))
+        value = Fitted(measured, per_group, pooled, borrowed=self._borrow(measured, groups, per_group),
+                       prior_fill=prior_fill, prior_groups=prior_groups)
         self.key, self.last = key, value
         self._models = kept
         return value
@@ -236,23 +253,31 @@ class ModelBank:
         return Transfer(prior, names, scale, grid.rows(idx, grid.numeric_names), grid.rows(idx, grid.pooled_names),
                         grid.group(idx), times, powers)
 
-    def _fit_transfer(self, measured: Measured) -> Fitted:
-        """The prior model (fitted once) corrected by the measured settings; the same object while the
-        measured set is the same."""
+    def _prior(self) -> Any:
+        """The prior's models, one per power mode it measured (fitted once; a
+        :class:`~edgetune.search.prior.PriorModel`)."""
         from edgetune.search.prior import PriorModel
 
-        key = ("transfer", tuple(measured.idx), measured.windows, tuple(measured.oom_batches),
-               tuple(measured.powers))
-        if self.key == key and self.last is not None:
-            return self.last
         if self._prior_model is None:
             grid, pidx = self.grid, self.prior_idx
             self._prior_model = PriorModel(
                 grid.rows(pidx, grid.numeric_names), grid.group(pidx), self.prior_times_s,
                 self.prior_powers_w, min_rows=self.min_group)
-        transfer = self._corrected(self._prior_model, np.array(measured.idx, dtype=np.int64),
-                                   measured.times, measured.powers)
-        value = Fitted(measured, {}, None, transfer)
+        return self._prior_model
+
+    def _transfer(self, measured: Measured) -> Any:
+        """The prior's model corrected by the measured settings."""
+        return self._corrected(self._prior(), np.array(measured.idx, dtype=np.int64), measured.times,
+                               measured.powers)
+
+    def _fit_transfer(self, measured: Measured) -> Fitted:
+        """The prior model (fitted once) corrected by the measured settings; the same object while the
+        measured set is the same."""
+        key = ("transfer", tuple(measured.idx), measured.windows, tuple(measured.oom_batches),
+               tuple(measured.powers))
+        if self.key == key and self.last is not None:
+            return self.last
+        value = Fitted(measured, {}, None, self._transfer(measured))
         self.key, self.last = key, value
         return value
 
@@ -272,6 +297,12 @@ class ModelBank:
             for g in np.unique(groups):
                 sel = np.flatnonzero(groups == g)
                 model = per_group.get(int(g))
+                if model is None and int(g) in fitted.prior_groups:
+                    got = fitted.prior_fill.predict(grid.rows(cand[sel], grid.numeric_names),
+                                                    grid.rows(cand[sel], grid.pooled_names), groups[sel])
+                    for a, r in zip(out, got):
+                        a[sel] = r
+                    continue
                 rows = grid.rows(cand[sel], grid.numeric_names if model is not None else grid.pooled_names)
                 pred = (model or pooled).predict(rows)
                 got = (pred.step_time_s, pred.power_w, pred.step_time_std, pred.power_std)
