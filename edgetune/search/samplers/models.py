@@ -187,13 +187,12 @@ class ModelBank:
                     members = np.flatnonzero(np.isin(groups, grid.kin(int(g)))).tolist()
                     if len(members) >= (self.min_group if grid.named else _MIN_ROWS):
                         per_group[int(g)] = fit(members, grid.numeric_names)
-                unfitted = [int(g) for g in grid.live_groups()] if grid.named else [0]
-                unfitted = [g for g in unfitted if g not in per_group]
+                unfitted = {int(g) for g in grid.live_groups()} if grid.named else {0}
+                unfitted -= set(per_group)
                 # ... a mode the prior measured keeps the prior's model, corrected by this board's rows
-                prior_groups = frozenset(g for g in unfitted if self.prior_idx.size
-                                         and g in self._prior().models)
+                prior_groups = frozenset(unfitted & set(self._prior().models)) if self.prior_idx.size else frozenset()
                 prior_fill = self._transfer(measured) if prior_groups else None
-                if len(per_group) < n_groups and len(unfitted) > len(prior_groups):
+                if len(per_group) < n_groups and unfitted - prior_groups:
                     # some power mode has too few measurements for a model of its own: the pooled model
                     # covers it (only until every mode has its own; a fit costs about a second)
                     pooled = fit(list(range(len(idx))), grid.pooled_names)
@@ -300,17 +299,15 @@ class ModelBank:
                 if model is None and int(g) in fitted.prior_groups:
                     got = fitted.prior_fill.predict(grid.rows(cand[sel], grid.numeric_names),
                                                     grid.rows(cand[sel], grid.pooled_names), groups[sel])
-                    for a, r in zip(out, got):
-                        a[sel] = r
-                    continue
-                rows = grid.rows(cand[sel], grid.numeric_names if model is not None else grid.pooled_names)
-                pred = (model or pooled).predict(rows)
-                got = (pred.step_time_s, pred.power_w, pred.step_time_std, pred.power_std)
-                if int(g) in fitted.borrowed:
-                    other = fitted.borrowed[int(g)].predict(rows, grid.rows(cand[sel], grid.pooled_names),
-                                                            groups[sel])
-                    t, t_std = mixture(got[0], got[2], other[0], other[2])
-                    got = (t, got[1], t_std, got[3])
+                else:
+                    rows = grid.rows(cand[sel], grid.numeric_names if model is not None else grid.pooled_names)
+                    pred = (model or pooled).predict(rows)
+                    got = (pred.step_time_s, pred.power_w, pred.step_time_std, pred.power_std)
+                    if int(g) in fitted.borrowed:
+                        other = fitted.borrowed[int(g)].predict(rows, grid.rows(cand[sel], grid.pooled_names),
+                                                                groups[sel])
+                        t, t_std = mixture(got[0], got[2], other[0], other[2])
+                        got = (t, got[1], t_std, got[3])
                 for a, r in zip(out, got):
                     a[sel] = r
         return tuple(out)
