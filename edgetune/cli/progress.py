@@ -135,6 +135,7 @@ class RunProgress:
         self.terminal = is_terminal(self.stream)
         self.every = max(1, math.ceil(steps * RUN_LINE_FRACTION))
         self._next_line = self.every
+        self._past_said = False
         self.bar = tqdm(total=steps, desc=what, unit="step", file=self.stream, leave=False,
                         disable=not self.terminal)
 
@@ -146,9 +147,20 @@ class RunProgress:
 
     def __call__(self, done: int) -> None:
         if self.terminal:
+            self.bar.total = max(self.bar.total, done)  # the window runs on past the steps asked (a sweep)
             self.bar.update(done - self.bar.n)
             return
         if done >= self._next_line or done == self.steps:
-            print(f"edgetune: {self.what}: step {done}/{self.steps}", file=self.stream, flush=True)
+            print(f"edgetune: {self.what}: {self._counted(done)}", file=self.stream, flush=True)
             while self._next_line <= done:
                 self._next_line += self.every
+
+    def _counted(self, done: int) -> str:
+        """``step 8/80``; past the steps asked, why the window runs on (the first time) or how far past."""
+        if done <= self.steps:
+            return f"step {done}/{self.steps}"
+        if not self._past_said:
+            self._past_said = True
+            return (f"step {done} ({self.steps} asked; measuring on until the power readings have swept the "
+                    f"step's phases)")
+        return f"step {done} (past the {self.steps} asked)"
