@@ -96,6 +96,9 @@ def test_output_flag_is_the_folder_itself(tmp_path, capsys):
 
 def _first_search(out: Path) -> dict[str, bytes]:
     assert main(["search", *FAST, "--budget", "10", "--n-trials", "2", "-o", str(out)]) == 0
+    # the search closed its storage: the write-ahead log is folded into study.db, not left for the garbage
+    # collector to write into whatever file lies there later
+    assert not (out / "study.db-wal").exists()
     return {name: (out / name).read_bytes() for name in ("best.json", "trials.csv")}
 
 

@@ -78,6 +78,7 @@ def search(args: argparse.Namespace) -> int:
     from edgetune.search.oracle import prepare_trace
     from edgetune.search.records import Role
     from edgetune.search.space import SpaceError, build_space
+    from edgetune.search.storage import close_storage
     from edgetune.search.study import Search, SearchError, open_storage
     from edgetune.workloads import WorkloadError, load_workload
 
@@ -86,6 +87,7 @@ def search(args: argparse.Namespace) -> int:
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
     device = open_device(cfg.device, seed=cfg.seed, known_convergence=cfg.efficiency.known_convergence)
+    storage = None
     try:
         try:
             # a trace: its batch sizes, its convergence as the search may see it, its untuned batch size
@@ -171,6 +173,8 @@ def search(args: argparse.Namespace) -> int:
                 interrupted = s.result("interrupted (Ctrl-C)")
     finally:
         device.close()
+        if storage is not None:
+            close_storage(storage)
     # what the plots and the runtime need beyond the study: the guard band, and the workload's step cost
     extra = {"guard_sigma": cfg.budget.guard_sigma,
              "workload_cost": None if trace else dataclasses.asdict(workload.cost)}

@@ -39,8 +39,8 @@ from edgetune.log import get_logger
 from edgetune.power.state import pid_alive
 from edgetune.search import records
 
-__all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "SearchError", "check_sqlite_file", "heartbeat",
-           "open_storage", "recover_dead_workers", "redact", "retry_callback", "worker_id"]
+__all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "SearchError", "check_sqlite_file", "close_storage",
+           "heartbeat", "open_storage", "recover_dead_workers", "redact", "retry_callback", "worker_id"]
 
 _log = get_logger(__name__)
 
@@ -84,6 +84,17 @@ def _postgres_driver(url: str) -> str:
         if importlib.util.find_spec(module) is not None:
             return f"{dialect}://{rest}"
     raise SearchError("a PostgreSQL storage needs a driver: pip install 'edgetune[postgres]' (psycopg2-binary)")
+
+
+def close_storage(storage: optuna.storages.BaseStorage) -> None:
+    """Close an RDB storage's pooled connections now (a journal file has none to close).
+
+    Closing the last connection to an SQLite file folds its write-ahead log into it. Left to the garbage
+    collector, that happens at some later moment, in a process that goes on (a caller running ``edgetune
+    search`` twice, the tests): a study file replaced in between could then be written into."""
+    engine = getattr(storage, "engine", None)
+    if engine is not None:
+        engine.dispose()
 
 
 def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_INTERVAL_S, grace_s: int | None = None,
