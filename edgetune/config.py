@@ -426,6 +426,11 @@ class EfficiencySection:
                                 "unless the builder loads them, weights); one warm-up is one draw, which "
                                 "spreads several-fold",
                                 flag=Flag("--b-noise-warmups", _flag_int, group=MEASUREMENT))
+    steps_to_target: str = _key("", _text(nonempty=False), "a CSV of your own training runs to the target (columns "
+                                "batch_size, steps; optional workload): their median steps per batch size "
+                                "replace the noise-scale law (between them interpolated, outside them the law "
+                                "fitted to them)", example='"runs.csv"', default_text="none: the law",
+                                flag=Flag("--steps-to-target", metavar="CSV", group=MEASUREMENT))
     known_convergence: bool = _key(False, _boolean, "on trace:<table.csv>: the table's epochs to target of every "
                                    "batch size are known from the start (a recurring job); otherwise the search "
                                    "sees a batch size's only once it measured it",

@@ -259,12 +259,23 @@ B_NOISE_STEPS = 20
 
 
 def _target(section: EfficiencySection, workload, spec: str, seed: int) -> TargetModel:
-    """The steps-to-target model: B_noise the workload's, from the config, or measured over warm-ups (the
-    workload's own, then ``section.b_noise_warmups - 1`` copies built from ``spec`` with the next seeds)."""
+    """The steps-to-target model: the user's runs (``efficiency.steps_to_target``), else the law with B_noise
+    the workload's, from the config, or measured over warm-ups (the workload's own, then
+    ``section.b_noise_warmups - 1`` copies built from ``spec`` with the next seeds)."""
     from edgetune.config import MEASURE, WORKLOAD
     from edgetune.search.efficiency import TargetModel, measure_b_noise_warmups
+    from edgetune.search.runs_target import RunsTarget, RunsTargetError
     from edgetune.workloads import WorkloadError, load_workload
 
+    if section.steps_to_target:
+        try:
+            runs = RunsTarget.from_csv(section.steps_to_target, workload.name)
+        except RunsTargetError as exc:
+            raise UsageError(f"efficiency.steps_to_target: {exc}") from None
+        steps = ", ".join(f"b {b}: {m:.4g}" for b, m in runs.medians.items())
+        print(f"steps to target from your runs ({section.steps_to_target}; median per batch size): {steps}",
+              file=sys.stderr)
+        return runs
     if section.b_noise == WORKLOAD:
         return TargetModel.for_workload(workload, section.s_min)
     if section.b_noise != MEASURE:

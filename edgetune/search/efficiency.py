@@ -99,8 +99,14 @@ class TargetModel:
     @property
     def is_law(self) -> bool:
         """Whether the steps are the noise-scale law's (True here; a table's measured epochs to target are
-        not: :class:`edgetune.search.oracle.TableTarget`)."""
+        not, :class:`edgetune.search.oracle.TableTarget`, nor are the user's runs,
+        :class:`edgetune.search.runs_target.RunsTarget`)."""
         return True
+
+    def describe(self) -> dict:
+        """JSON-ready: ``best.json``'s ``target_model``."""
+        return {"s_min": self.s_min, "b_noise": self.b_noise, "b_noise_source": self.b_noise_source,
+                "formula": "steps(b) = s_min * (1 + b_noise / b)  (McCandlish et al. 2018)"}
 
 
 @dataclass(frozen=True)

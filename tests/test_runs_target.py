@@ -1,0 +1,114 @@
+"""Steps to target from the user's own runs (``efficiency.steps_to_target``): read, interpolated, searched."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from edgetune.cli import main
+from edgetune.search.runs_target import RunsTarget, RunsTargetError
+
+HERE = Path(__file__).resolve().parent
+STEPS_CSV = HERE.parent / "experiments" / "data" / "convergence" / "steps.csv"
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_repeats_count_by_their_median_and_a_missed_run_as_infinitely_many_steps(tmp_path):
+    runs = _write(tmp_path / "runs.csv", "# my runs\nbatch_size,steps,seed\n16,400,0\n16,300,1\n16,,2\n"
+                                         "32,200,0\n32,220,1\n64,nan,0\n64,inf,1\n64,150,2\n")
+    t = RunsTarget.from_csv(runs)
+    assert t.medians == {16: 400.0, 32: 210.0, 64: math.inf}
+    assert t.steps(16) == 400.0 and t.steps(32) == 210.0
+    assert t.steps(64) == math.inf and t.steps(128) == math.inf  # most runs missed: never picked, nor beyond
+    assert t.steps(48) == math.inf  # next to a miss: not trusted to reach the target
+    # between two measured batch sizes: a power law between the neighbours
+    assert t.steps(24) == pytest.approx(400.0 * (210.0 / 400.0) ** math.log2(24 / 16))
+    assert not t.is_law
+
+
+def test_outside_the_runs_the_law_fitted_to_them_carries_the_nearest_one_on():
+    # steps = 100 (1 + 64 / b) exactly: the fit recovers S_min and B_noise
+    law = {b: 100.0 * (1 + 64.0 / b) for b in (16, 32, 64)}
+    t = RunsTarget.from_runs({b: [s] for b, s in law.items()}, source="law runs")
+    assert t.s_min == pytest.approx(100.0) and t.b_noise == pytest.approx(64.0)
+    assert t.steps(8) == pytest.approx(100.0 * (1 + 64.0 / 8))
+    assert t.steps(256) == pytest.approx(100.0 * (1 + 64.0 / 256))
+    # a curve the law cannot follow is followed inside the runs' span, not bent to the law
+    t = RunsTarget.from_runs({8: [105.2], 16: [37.6], 32: [26.9]}, source="cnn")
+    assert (t.steps(8), t.steps(16)) == (105.2, 37.6)
+    assert t.steps(8) / t.steps(16) > 2.5  # more than any S_min (1 + B / b) allows between 8 and 16
+    assert t.steps(4) > t.steps(8)
+
+
+def test_the_measured_convergence_table_serves_as_it_is_one_workload_at_a_time():
+    cnn = RunsTarget.from_csv(STEPS_CSV, "cnn")
+    chars = RunsTarget.from_csv(STEPS_CSV, "chartransformer")
+    assert cnn.medians != chars.medians and {8, 16, 32, 64} <= set(cnn.medians)
+    assert all(len(seeds) >= 10 for _, seeds in cnn.runs)  # fifteen seeds per batch size: repeats
+    described = cnn.describe()
+    assert described["source"] == "measured runs" and described["steps_to_target"]["16"] == cnn.medians[16]
+
+
+@pytest.mark.parametrize(
+    "text, workload, message",
+    [
+        ("batch_size,seed\n16,0\n", None, "missing column(s) steps"),
+        ("batch_size,steps\n16,100\n32,abc\n", None, "line 3: batch_size '32' or steps 'abc' is not a number"),
+        ("batch_size,steps\n16,100\n16,120\n", None, "at 1 batch size(s) where most runs reached it"),
+        ("batch_size,steps\n16,100\n32,\n", None, "at 1 batch size(s)"),
+        ("batch_size,steps\n16,-5\n32,100\n", None, "must be positive"),
+        ("batch_size,steps\n0,5\n32,100\n", None, "batch size 0 is not a positive integer"),
+        ("workload,batch_size,steps\nbert,16,5\nbert,32,4\n", "cnn", "no run of workload 'cnn' (it has bert)"),
+    ],
+)
+def test_a_runs_file_that_cannot_serve_is_refused_saying_why(tmp_path, text, workload, message):
+    with pytest.raises(RunsTargetError) as err:
+        RunsTarget.from_csv(_write(tmp_path / "runs.csv", text), workload)
+    assert message in str(err.value)
+
+
+SEARCH = ["search", "--device", "sim:orin-nano", "--workload", "cnn", "--batch-sizes", "16,32", "--knobs",
+          "gpu_freq", "--budget", "10", "--objective", "energy", "--measure-s", "0.5", "--real-steps", "0",
+          "--n-trials", "14", "--confirm", "0", "--soak-s", "0"]
+
+
+def test_the_runs_decide_the_batch_size_and_best_json_says_where_the_steps_came_from(tmp_path, capsys):
+    """The same space searched twice: the runs that make batch 16 four times slower to converge pick 32,
+    those that make 32 four times slower pick 16; each pick's energy to target is its measured energy per
+    sample x batch x the runs' steps."""
+    picks = {}
+    for slow in (16, 32):
+        runs = _write(tmp_path / f"slow{slow}.csv", "batch_size,steps\n" + "".join(
+            f"{b},{400 if b == slow else 100}\n" for b in (16, 32)))
+        out = tmp_path / f"out{slow}"
+        assert main([*SEARCH, "--steps-to-target", str(runs), "-o", str(out)]) == 0
+        assert "steps to target from your runs" in capsys.readouterr().err
+        best = json.loads((out / "best.json").read_text())
+        assert best["target_model"]["source"] == "measured runs"
+        assert best["target_model"]["steps_to_target"] == {"16": 400.0 if slow == 16 else 100.0,
+                                                           "32": 400.0 if slow == 32 else 100.0}
+        b = best["batch_size"]
+        m = best["measured"]
+        assert best["predicted"]["energy_to_target_j"] == pytest.approx(
+            best["predicted"]["steps_to_target"] * m["energy_per_sample_j"] * b)
+        picks[slow] = b
+    assert picks == {16: 32, 32: 16}
+
+
+def test_search_with_a_bad_runs_file_is_one_line_and_writes_nothing(tmp_path, capsys):
+    runs = _write(tmp_path / "runs.csv", "batch,steps\n16,100\n")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        raise SystemExit(main([*SEARCH, "--steps-to-target", str(runs), "-o", str(out)]))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("edgetune: error: efficiency.steps_to_target: ") and "batch_size" in err[-1]
+    assert not any("Traceback" in line for line in err)
+    assert not (out / "best.json").exists()
