@@ -86,6 +86,7 @@ __all__ = [
     "pareto_points",
     "run_case",
     "span",
+    "split_runs",
     "steps_at",
 ]
 
@@ -632,11 +633,12 @@ class Row:
         return self._value(reference) / self._value(of)
 
 
-def _search(case: Case, space: SearchSpace, workload: Any, sampler: str, n_trials: int, seed: int):
+def _search(case: Case, space: SearchSpace, workload: Any, sampler: str, n_trials: int, seed: int,
+            target: TargetModel):
     device = open_device(f"sim:{case.profile}", seed=seed, compute=False)
     try:
         s = Search(device, workload, space, budget_w=case.budget_w, objective=case.objective,
-                   target=TargetModel.for_workload(workload), protocol=PROTOCOL, sampler=sampler, n_trials=n_trials,
+                   target=target, protocol=PROTOCOL, sampler=sampler, n_trials=n_trials,
                    seed=seed,
                    study_name=f"{case.profile}-{case.workload}-{case.budget_w}",
                    storage=optuna.storages.InMemoryStorage())
@@ -670,8 +672,10 @@ def trajectory(truth: GridTruth, result: Any, objective: str) -> list[tuple[floa
 
 
 def run_case(case: Case, truth: GridTruth, space: SearchSpace, workload: Any, start: Mapping[str, Any],
-             sampler: str = "auto", n_trials: int = 40, seed: int = 0) -> Row:
-    """Run one search and score it."""
+             sampler: str = "auto", n_trials: int = 40, seed: int = 0, target: TargetModel | None = None) -> Row:
+    """Run one search and score it; ``target``: the search's steps to target (default: the law with the
+    workload's measured B_noise). The ``law`` reference is that target's own best on the true hardware."""
+    target = TargetModel.for_workload(workload) if target is None else target
     budget = case.budget_w
     default_b = workload.default_batch_size
     plain = truth.feasible(budget, honest=False)
@@ -679,7 +683,7 @@ def run_case(case: Case, truth: GridTruth, space: SearchSpace, workload: Any, st
     at_default = plain & (truth.batch_size == default_b)
     objective = "time" if case.objective == "pareto" else case.objective
     t0, c0 = time.perf_counter(), time.process_time()
-    res = _search(case, space, workload, sampler, n_trials, seed)
+    res = _search(case, space, workload, sampler, n_trials, seed, target)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     chosen = truth.point(res.best.candidate.batch_size, res.best.candidate.knobs) if res.best else None
     row = Row(case=case, floor_w=truth.floor_w(),
@@ -687,7 +691,7 @@ def run_case(case: Case, truth: GridTruth, space: SearchSpace, workload: Any, st
               default_best=truth.best(objective, at_default), oracle=truth.best(objective, plain),
               honest=truth.best(objective, honest_mask), chosen=chosen,
               chosen_batch=res.best.candidate.batch_size if res.best else None,
-              law=truth.law_best(objective, honest_mask, TargetModel.for_workload(workload)),
+              law=truth.law_best(objective, honest_mask, target),
               measured=len(res.settings), windows=len(res.measured), stop=res.stop_reason, wall_s=wall, cpu_s=cpu,
               over_budget_s=res.over_budget_s, trajectory=trajectory(truth, res, objective),
               soak_rise_w=res.thermal_rise_w, soak_s=sum(s.duration_s for s in res.thermal_soaks),
@@ -714,6 +718,33 @@ def run_case(case: Case, truth: GridTruth, space: SearchSpace, workload: Any, st
 # ---------------------------------------------------------------------------------------------- setup
 
 
+def split_runs(table: Path, held_out: int, scorer_path: Path) -> dict[str, dict[int, list[float]]]:
+    """Split the measured convergence table by seed: the runs of each workload's first ``held_out`` seeds
+    (sorted) are returned per batch size, what a user who trained that many runs per batch size would hand the
+    search (``efficiency.steps_to_target``); the other seeds' runs are written to ``scorer_path``, the truth
+    the search is scored on. The two share no run."""
+    from edgetune.predictors.convergence import read_comment, save_convergence_rows
+
+    rows = read_convergence_rows(table)
+    given: dict[str, dict[int, list[float]]] = {}
+    kept = []
+    for name in sorted({r.workload for r in rows}):
+        seeds = sorted({r.seed for r in rows if r.workload == name})
+        if len(seeds) <= held_out:
+            raise ValueError(f"{table}: {name} has {len(seeds)} seeds; hold out fewer than that")
+        first = set(seeds[:held_out])
+        for r in rows:
+            if r.workload != name:
+                continue
+            if r.seed in first:
+                given.setdefault(name, {}).setdefault(r.batch_size, []).append(r.steps)
+            else:
+                kept.append(r)
+    save_convergence_rows(scorer_path, kept, [*read_comment(table),
+                                              f"scorer's part: every workload's seeds after its first {held_out}"])
+    return given
+
+
 @dataclass
 class Bench:
     """Everything the cases of one run share: workloads, curves, spaces, truths, start settings."""
@@ -723,6 +754,8 @@ class Bench:
     spaces: dict[tuple[str, str], SearchSpace]
     truths: dict[tuple[str, str], GridTruth]
     starts: dict[str, dict[str, Any]]
+    #: the searches' steps to target per workload where not the law (``RunsTarget``: held-out runs)
+    targets: dict[str, TargetModel] = field(default_factory=dict)
 
     @classmethod
     def load(cls, devices: Sequence[str], workload_names: Sequence[str], table: Path, seed: int = 0) -> Bench:
@@ -749,7 +782,7 @@ class Bench:
     def run(self, case: Case, sampler: str, n_trials: int, seed: int) -> Row:
         key = (case.profile, case.workload)
         return run_case(case, self.truths[key], self.spaces[key], self.workloads[case.workload],
-                        self.starts[case.profile], sampler, n_trials, seed)
+                        self.starts[case.profile], sampler, n_trials, seed, self.targets.get(case.workload))
 
     def run_all(self, cases: Sequence[Case], sampler: str, n_trials: int, seed: int, jobs: int = 1,
                 on_row: Any = None) -> list[Row]:

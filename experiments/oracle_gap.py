@@ -42,6 +42,13 @@ can certify, and a certifying search's front scores 0 there).
 
     python experiments/oracle_gap.py [--objective time|energy|pareto] [--sampler auto] [--n-trials 40]
                                      [--devices orin-nano,...] [--workloads cnn,...] [--table steps.csv]
+                                     [--held-out-runs K [--search-law]]
+
+``--held-out-runs K`` asks what the user's own runs (``efficiency.steps_to_target``) are worth in place of the
+law: each workload's first K seeds in the table go to the search as its runs (:class:`RunsTarget`, median per
+batch size), and the scorer's truth is the median of the other seeds alone, so search and scorer share no run.
+``--search-law`` keeps the law on that same scorer, for the side-by-side. The ``law gap`` column is then the
+gap of the search's own convergence model (runs or law) with exact hardware knowledge.
 
 Ends with ``worst gap: X% | mean gap: M% | speedup vs common practice: A-Bx | vs best knobs at default
 batch: C-Dx | budget violations: N | trials: T | over budget during search: S s`` (T: the most settings any
@@ -56,6 +63,7 @@ import argparse
 import math
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -77,10 +85,12 @@ from benchlib import (
     median,
     seed_spread,
     span,
+    split_runs,
 )
 
 from edgetune.report import format_table
 from edgetune.search.results import LAW_RATIO_PRECISION
+from edgetune.search.runs_target import RunsTarget
 
 
 def _fmt(p: Point | None, objective: str) -> str:
@@ -230,12 +240,28 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--table", type=Path, default=CONVERGENCE_TABLE, help="the measured convergence table")
     ap.add_argument("--jobs", type=int, default=1, help="searches run in parallel processes (rows unchanged)")
+    ap.add_argument("--held-out-runs", type=int, default=0, metavar="K",
+                    help="each workload's first K seeds' runs in --table go to the search as the user's own runs "
+                         "(efficiency.steps_to_target) and the scorer's truth is the other seeds' median "
+                         "(0: the law and every seed, the benchmark's default)")
+    ap.add_argument("--search-law", action="store_true",
+                    help="with --held-out-runs: the search keeps the law (the same scorer, side by side)")
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0, c0 = time.perf_counter(), time.process_time()
     state0 = machine_state()
+    truth_table = args.table
     try:
-        bench = Bench.load(args.devices.split(","), args.workloads.split(","), args.table, args.seed)
+        given: dict = {}
+        if args.held_out_runs > 0:
+            scratch = tempfile.TemporaryDirectory()
+            truth_table = Path(scratch.name) / f"{args.table.stem}-after-{args.held_out_runs}-seeds.csv"
+            given = split_runs(args.table, args.held_out_runs, truth_table)
+        bench = Bench.load(args.devices.split(","), args.workloads.split(","), truth_table, args.seed)
+        if given and not args.search_law:
+            bench.targets = {n: RunsTarget.from_runs(given[n], source=f"{args.table.name}, first "
+                                                                       f"{args.held_out_runs} seed(s)")
+                             for n in bench.workloads}
     except (OSError, ValueError) as exc:
         print(f"oracle_gap: {exc}", file=sys.stderr)
         return 2
@@ -250,12 +276,21 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - t0
     # this process's CPU time, plus the searches' where they ran in child processes
     cpu = time.process_time() - c0 + (sum(r.cpu_s for r in rows) if args.jobs > 1 else 0.0)
+    law = (f"S_min (1 + B_noise / b) with each workload's B_noise (Workload.b_noise: "
+           f"{', '.join(sorted(f'{n} {wl.b_noise:g}' for n, wl in bench.workloads.items()))})")
+    if bench.targets:
+        model = (f"the user's runs (efficiency.steps_to_target): each workload's first {args.held_out_runs} seed(s) "
+                 f"in {args.table.name}, median per batch size (" + "; ".join(
+                     f"{n} " + ", ".join(f"b {b} {m:.4g}" for b, m in t.medians.items())
+                     for n, t in sorted(bench.targets.items())) + "); the law gap column is theirs")
+    else:
+        model = law
+    scorer = (f"measured steps ({args.table.name}, the seeds after each workload's first {args.held_out_runs}, "
+              f"none of the search's runs)" if args.held_out_runs else f"measured steps ({args.table.name})")
     print(f"objective: {args.objective}; sampler: {args.sampler}; n_trials: {args.n_trials}; seed {args.seed}; "
-          f"the search's target model: S_min (1 + B_noise / b) with each workload's B_noise (Workload.b_noise: "
-          f"{', '.join(sorted(f'{n} {wl.b_noise:g}' for n, wl in bench.workloads.items()))}); scorer: "
-          f"measured steps ({args.table.name}) x the twin's true step time; power, energy and the budget at the thermal "
-          f"steady state of training at each setting (Twin.steady_state; the search measures a board near its idle "
-          f"temperature)")
+          f"the search's target model: {model}; scorer: {scorer} x the twin's true step time; power, energy and "
+          f"the budget at the thermal steady state of training at each setting (Twin.steady_state; the search "
+          f"measures a board near its idle temperature)")
     print(f"honest margin: {INA3221_ACCURACY.offset_w:.3f} W per summed channel + "
           f"{100 * INA3221_ACCURACY.relative:.2f} % ({INA3221_ACCURACY.source})")
     print(f"machine at start: {state0}")
@@ -266,7 +301,7 @@ def main(argv=None) -> int:
           f"searches {sum(r.wall_s for r in rows):.0f} s wall / {sum(r.cpu_s for r in rows):.0f} s CPU, "
           f"{len(rows)} searches in {max(1, args.jobs)} process(es); machine at end: {machine_state()}")
     if args.objective != "pareto":
-        for line in truth_spread(rows, bench, args.table, args.objective):
+        for line in truth_spread(rows, bench, truth_table, args.objective):
             print(line)
     for line in summary(rows, args.objective):
         print(line)

@@ -23,6 +23,7 @@ from benchlib import (
     hypervolume_2d,
     max_window_average_w,
     pareto_points,
+    split_runs,
     steady_mean_w,
     steps_at,
 )
@@ -30,7 +31,9 @@ from benchlib import (
 from edgetune.power.base import WorkloadCost
 from edgetune.power.sim import Twin
 from edgetune.power.sim.physics import FORWARD_SHARE
-from edgetune.predictors.convergence import MeasuredCurve
+from edgetune.predictors.convergence import MeasuredCurve, read_convergence_rows
+
+CONVERGENCE = Path(__file__).resolve().parents[1] / "experiments" / "data" / "convergence" / "steps.csv"
 
 # ---------------------------------------------------------------------------------------------- steps
 
@@ -60,6 +63,24 @@ def test_steps_reject_a_malformed_curve() -> None:
 
 def _curve(sizes, steps) -> MeasuredCurve:
     return MeasuredCurve("cnn", "accuracy", 0.9, tuple(sizes), tuple(steps), tuple(steps), tuple(steps), (0,))
+
+
+def test_held_out_runs_share_no_run_with_the_scorers_truth(tmp_path) -> None:
+    """--held-out-runs K: each workload's first K seeds go to the search, the rest make the scorer's table."""
+    scorer = tmp_path / "scorer.csv"
+    given = split_runs(CONVERGENCE, 3, scorer)
+    every = read_convergence_rows(CONVERGENCE)
+    kept = read_convergence_rows(scorer)
+    for name in ("cnn", "chartransformer", "mobilenet"):
+        seeds = sorted({r.seed for r in every if r.workload == name})
+        assert {r.seed for r in kept if r.workload == name} == set(seeds[3:])
+        mine = [r for r in every if r.workload == name and r.seed in seeds[:3]]
+        assert sum(len(v) for v in given[name].values()) == len(mine)
+        for b, steps in given[name].items():
+            assert sorted(steps, key=str) == sorted((r.steps for r in mine if r.batch_size == b), key=str)
+    assert len(kept) + sum(len(v) for g in given.values() for v in g.values()) == len(every)
+    with pytest.raises(ValueError, match="hold out fewer"):
+        split_runs(CONVERGENCE, 99, tmp_path / "none.csv")
 
 
 def test_benchmark_batch_sizes_are_the_default_space_inside_the_measured_range() -> None:
