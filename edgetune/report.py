@@ -130,14 +130,19 @@ def summary_table(result: SearchResult) -> str:
                          f"{_run_command(edge.edge)} (best.json: knife_edge)")
     tie = result.batch_tie
     if tie is not None:
-        from edgetune.search.results import LAW_RATIO_PRECISION
-
         other = tie.runner_up
-        lines.append(f"batch size: a tie under the convergence law: batch {other.candidate.batch_size} (trial "
-                     f"{other.number}, {_setting_text(other, units)}) is {tie.cost_pct:.1f}% behind by the law's "
-                     f"steps to target (S({other.candidate.batch_size}) / S({tie.pick.candidate.batch_size}) = "
-                     f"{tie.steps_ratio:.3f}), within the law's precision ({LAW_RATIO_PRECISION:.0%}); train both "
-                     f"to your target to decide: {_run_command(other)} (best.json: batch_size_tie)")
+        ratio = (f"S({other.candidate.batch_size}) / S({tie.pick.candidate.batch_size}) = "
+                 f"{tie.steps_ratio:.3f}")
+        if result.target.is_law:
+            how = (f"a tie under the convergence law: batch {other.candidate.batch_size} (trial {other.number}, "
+                   f"{_setting_text(other, units)}) is {tie.cost_pct:.1f}% behind by the law's steps to target "
+                   f"({ratio}), within the law's precision ({tie.precision:.0%})")
+        else:
+            how = (f"a tie under your runs: batch {other.candidate.batch_size} (trial {other.number}, "
+                   f"{_setting_text(other, units)}) is {tie.cost_pct:.1f}% behind by your runs' median steps to "
+                   f"target ({ratio}), within what their spread tells apart ({tie.precision:.0%})")
+        lines.append(f"batch size: {how}; train both to your target to decide: {_run_command(other)} "
+                     f"(best.json: batch_size_tie)")
     if result.simulated:
         lines.append(f"SIMULATED device ({result.device_description}); protocol: {result.protocol}")
     return "\n".join(lines)

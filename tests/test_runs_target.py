@@ -99,7 +99,35 @@ def test_the_runs_decide_the_batch_size_and_best_json_says_where_the_steps_came_
         assert best["predicted"]["energy_to_target_j"] == pytest.approx(
             best["predicted"]["steps_to_target"] * m["energy_per_sample_j"] * b)
         picks[slow] = b
+        assert best["batch_size_tie"] is None  # four times the steps: a clear lead
     assert picks == {16: 32, 32: 16}
+
+
+def test_runs_that_cannot_tell_two_batch_sizes_apart_report_a_tie(tmp_path, capsys):
+    """Runs whose seeds spread eightfold at each batch size know the ratio of the two medians to no better
+    than about +-100%: whichever batch size wins on the hardware, the other is a tie to train and see."""
+    runs = _write(tmp_path / "spread.csv", "batch_size,steps\n16,50\n16,400\n16,100\n32,30\n32,300\n32,100\n")
+    out = tmp_path / "out"
+    assert main([*SEARCH, "--steps-to-target", str(runs), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    tie = json.loads((out / "best.json").read_text())["batch_size_tie"]
+    precision = RunsTarget.from_csv(runs).ratio_precision(16, 32)
+    assert precision > 1.0 and tie["steps_from"] == "runs" and "law_ratio_precision_pct" not in tie
+    assert tie["ratio_precision_pct"] == pytest.approx(100 * precision) and tie["cost_pct"] < 100 * precision
+    assert f"batch size: a tie under your runs: batch {tie['runner_up']['batch_size']} " in text
+
+
+def test_the_runs_precision_is_their_spread_and_the_laws_where_they_cannot_tell():
+    spread = 0.1
+    runs = {16: [100.0, 100.0 * math.exp(spread), 100.0 * math.exp(-spread)], 32: [80.0], 64: [50.0, 50.0]}
+    t = RunsTarget.from_runs(runs)
+    se16 = math.sqrt(math.pi / 2) * spread / math.sqrt(3)
+    assert t.log_se(16) == pytest.approx(se16)
+    assert t.log_se(32) == pytest.approx(0.05 / math.sqrt(2))  # one run: the law's share
+    assert t.log_se(64) == 0.0  # identical runs
+    assert t.log_se(24) == pytest.approx(se16)  # between two measured: the larger of theirs
+    assert t.log_se(128) == pytest.approx(0.05 / math.sqrt(2))  # beyond the runs
+    assert t.ratio_precision(16, 32) == pytest.approx(math.hypot(se16, 0.05 / math.sqrt(2)))
 
 
 def test_search_with_a_bad_runs_file_is_one_line_and_writes_nothing(tmp_path, capsys):

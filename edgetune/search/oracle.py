@@ -105,6 +105,10 @@ class TableTarget(TargetModel):
         """The steps are the table's measured epochs to target (estimated between them), not a law's."""
         return False
 
+    def ratio_precision(self, batch_size: int, other: int) -> float:
+        """NaN: no tie is claimed on a table's epochs to target (they are the replay's truth)."""
+        return math.nan
+
     def describe(self) -> dict[str, Any]:
         """JSON-ready: what ``best.json`` says in place of the noise-scale model."""
         known = self.known_epochs()

@@ -21,7 +21,7 @@ from typing import Any
 from edgetune.power.base import format_value
 from edgetune.power.knobs import Candidate, knob_unit
 from edgetune.search.confirm import certified, margin_w, pick_score, pool_windows
-from edgetune.search.efficiency import TargetModel, ZeusCost, scalar_score
+from edgetune.search.efficiency import LAW_RATIO_PRECISION, TargetModel, ZeusCost, scalar_score
 from edgetune.search.oracle import oracle_fields
 from edgetune.search.records import TrialRecord
 from edgetune.search.space import SearchSpace
@@ -38,13 +38,6 @@ SENSOR_ACCURACY_REL = 0.0082
 #: ... and absolute part, W per channel summed into the total: the INA3221's maximum shunt offset (80 uV) over
 #: a 5 mOhm shunt at 5 V (the Jetson modules' rails; edgetune/power/profiles/SOURCES.md, "Sensor")
 SENSOR_ACCURACY_ABS_W = 0.08
-#: how well the convergence law S(b) = S_min (1 + B_noise / b) is taken to know the ratio of the steps to target
-#: of two batch sizes. Its best case on the built-in workloads, with each one's measured B_noise: it misses the
-#: median of fifteen seeds' steps by 2-3% at mobilenet's batch sizes 8 to 32, and their ratio S(16)/S(32) by 5%;
-#: elsewhere it misses by 7% to several times (experiments/results/convergence_truth.txt). Two batch sizes
-#: closer than this by the law are a tie that no measurement of the hardware breaks (:class:`BatchTie`), even
-#: where the law is at its best.
-LAW_RATIO_PRECISION = 0.05
 #: the objectives whose figures scale with the law's steps to target (throughput does not use it; pareto
 #: reports a front)
 LAW_OBJECTIVES = ("time", "energy", "cost")
@@ -160,7 +153,7 @@ class SearchResult:
 
     @property
     def batch_tie(self) -> BatchTie | None:
-        """Another batch size is within the law's precision of the pick (:func:`batch_tie`)."""
+        """Another batch size is within the steps' precision of the pick (:func:`batch_tie`)."""
         return batch_tie(self)
 
     @property
@@ -251,27 +244,28 @@ def knife_edge(result: SearchResult) -> KnifeEdge | None:
 
 @dataclass(frozen=True)
 class BatchTie:
-    """The pick's batch size rests on the convergence law alone: the best setting measured at another batch
-    size (``runner_up``, holding the budget as the pick does) is behind the pick by less than
-    :data:`LAW_RATIO_PRECISION`, and that share is all the law's ratio of their steps to target would have to
-    be off by for the runner-up to win. The hardware's figures of both are measured; the steps are the law's.
-    Training both to the target settles it."""
+    """The pick's batch size rests on the steps to target alone: the best setting measured at another batch
+    size (``runner_up``, holding the budget as the pick does) is behind the pick by less than the steps'
+    precision (``precision``: the law's :data:`LAW_RATIO_PRECISION`, or the user's runs' own spread,
+    :meth:`~edgetune.search.runs_target.RunsTarget.ratio_precision`), and that share is all the ratio of
+    their steps to target would have to be off by for the runner-up to win. The hardware's figures of both
+    are measured; the steps are the law's or the runs'. Training both to the target settles it."""
 
     pick: TrialRecord
     runner_up: TrialRecord
-    cost_pct: float  # how much worse the runner-up is in the objective, by the law's steps, %
-    steps_ratio: float  # the law's steps to target of the runner-up's batch size over the pick's
+    cost_pct: float  # how much worse the runner-up is in the objective, by the steps to target, %
+    steps_ratio: float  # the steps to target of the runner-up's batch size over the pick's
+    precision: float = LAW_RATIO_PRECISION  # the relative precision of that ratio
 
 
 def batch_tie(result: SearchResult) -> BatchTie | None:
     """A :class:`BatchTie` when the best measured setting of a batch size other than the pick's is within
-    :data:`LAW_RATIO_PRECISION` of the pick in the objective (None: a clear lead, no other batch size held
-    the budget, an objective not in :data:`LAW_OBJECTIVES`, or steps to target that are not the law's: a
-    table's measured epochs, :attr:`~edgetune.search.efficiency.TargetModel.is_law`). The runner-up is held to
-    the pick's own standard: certified where the pick is (:meth:`SearchResult.certified`)."""
+    the steps' precision of the pick in the objective (:meth:`TargetModel.ratio_precision`; None: a clear
+    lead, no other batch size held the budget, an objective not in :data:`LAW_OBJECTIVES`, or steps to target
+    that claim no tie: a table's measured epochs). The runner-up is held to the pick's own standard:
+    certified where the pick is (:meth:`SearchResult.certified`)."""
     pick = result.best
-    if (result.objective not in LAW_OBJECTIVES or not result.target.is_law or pick is None
-            or pick.outcome is None):
+    if result.objective not in LAW_OBJECTIVES or pick is None or pick.outcome is None:
         return None
     strict = result.certified(pick)
     others = [r for r in _held(result)
@@ -279,17 +273,22 @@ def batch_tie(result: SearchResult) -> BatchTie | None:
     runner_up = _best_of(result, others)
     if runner_up is None:
         return None
+    precision = result.target.ratio_precision(pick.candidate.batch_size, runner_up.candidate.batch_size)
     cost_pct = _cost_pct(pick, runner_up, result.objective, result.cost)
-    if not cost_pct < 100.0 * LAW_RATIO_PRECISION:
+    if not cost_pct < 100.0 * precision:
         return None
-    return BatchTie(pick, runner_up, cost_pct, runner_up.outcome.steps_to_target / pick.outcome.steps_to_target)
+    return BatchTie(pick, runner_up, cost_pct, runner_up.outcome.steps_to_target / pick.outcome.steps_to_target,
+                    precision)
 
 
-def _batch_tie_json(tie: BatchTie | None, units: dict[str, str]) -> dict[str, Any] | None:
+def _batch_tie_json(tie: BatchTie | None, units: dict[str, str], law: bool = True) -> dict[str, Any] | None:
     if tie is None:
         return None
-    return {"runner_up": _plan(tie.runner_up, units), "cost_pct": tie.cost_pct, "steps_ratio": tie.steps_ratio,
-            "law_ratio_precision_pct": 100.0 * LAW_RATIO_PRECISION}
+    doc = {"runner_up": _plan(tie.runner_up, units), "cost_pct": tie.cost_pct, "steps_ratio": tie.steps_ratio,
+           "ratio_precision_pct": 100.0 * tie.precision, "steps_from": "law" if law else "runs"}
+    if law:  # the key best.json has carried since ties were first reported
+        doc["law_ratio_precision_pct"] = 100.0 * tie.precision
+    return doc
 
 
 def _knife_edge_json(edge: KnifeEdge | None) -> dict[str, Any] | None:
@@ -415,7 +414,7 @@ def best_json(result: SearchResult) -> dict[str, Any]:
         "knife_edge": _knife_edge_json(knife_edge(result)),
         # another batch size within the convergence law's precision of the pick (null: a clear lead): the law,
         # not the measurements, chose between the two
-        "batch_size_tie": _batch_tie_json(batch_tie(result), units),
+        "batch_size_tie": _batch_tie_json(batch_tie(result), units, result.target.is_law),
         # the pick trained at for minutes: how much more it draws on the warm board (null: not soaked); the
         # soak with the largest rise per watt, whose rise at the budget's edge the margin of every setting not
         # soaked itself includes (counted_rise_w; a soaked one counts its own), and how many soaks ran

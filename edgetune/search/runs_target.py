@@ -34,12 +34,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgetune.search.efficiency import TargetModel
+from edgetune.search.efficiency import LAW_RATIO_PRECISION, TargetModel
 
 __all__ = ["RunsTarget", "RunsTargetError"]
 
 #: lines of a runs file that start with this are comments
 COMMENT_PREFIX = "#"
+#: standard error of a sample's median over its mean's, for a normal sample (sqrt(pi / 2))
+MEDIAN_SE_FACTOR = math.sqrt(math.pi / 2.0)
 
 
 class RunsTargetError(ValueError):
@@ -173,6 +175,32 @@ class RunsTarget(TargetModel):
     def is_law(self) -> bool:
         """The steps are measured runs' (interpolated between them), not the law's."""
         return False
+
+    def log_se(self, batch_size: int) -> float:
+        """Standard error of the log of the median steps at ``batch_size``: 1.2533 (the median's efficiency on
+        a normal sample) x the runs' standard deviation of log steps / sqrt(runs), over the runs that reached
+        the target. Where the runs cannot tell (one run, or a batch size not measured and not between two
+        that can), half the law's precision in quadrature (:data:`LAW_RATIO_PRECISION` / sqrt 2); between two
+        measured batch sizes, the larger of theirs."""
+        unknown = LAW_RATIO_PRECISION / math.sqrt(2.0)
+        runs = dict(self.runs)
+        b = int(batch_size)
+        if b in runs:
+            reached = [math.log(s) for s in runs[b] if math.isfinite(s)]
+            if len(reached) < 2:
+                return unknown
+            return MEDIAN_SE_FACTOR * statistics.stdev(reached) / math.sqrt(len(runs[b]))
+        sizes = sorted(runs)
+        if b < sizes[0] or b > sizes[-1]:
+            return unknown
+        k = next(i for i, s in enumerate(sizes) if s > b)
+        return max(self.log_se(sizes[k - 1]), self.log_se(sizes[k]))
+
+    def ratio_precision(self, batch_size: int, other: int) -> float:
+        """How well the runs know ``steps(other) / steps(batch_size)``: the two medians' log standard errors in
+        quadrature (:meth:`log_se`). Five runs of the built-in cnn, whose seeds differ up to 3x at one batch
+        size, know the ratio of batch 16's steps to 32's to about 20%; consistent runs to a few percent."""
+        return math.hypot(self.log_se(batch_size), self.log_se(other))
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready: what ``best.json`` says in place of the noise-scale model."""
