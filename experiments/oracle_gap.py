@@ -135,7 +135,7 @@ def table(rows: list[Row], objective: str) -> str:
     return format_table(head, out)
 
 
-def summary(rows: list[Row], objective: str) -> list[str]:
+def summary(rows: list[Row], objective: str, runs: bool = False) -> list[str]:
     trials = max(r.measured for r in rows)
     violations = sum(r.violation for r in rows)
     over_s = max(r.over_budget_s for r in rows)  # the largest total of any one search (issue 13: <= 5 s)
@@ -153,7 +153,8 @@ def summary(rows: list[Row], objective: str) -> list[str]:
               f"vs best knobs at default batch: {span(default_b)} (median {median(default_b):.2f})")]
     if law and objective != "pareto":
         bound = [r for r in rows if r.law_gap_pct > 3.0]
-        lines.append(f"law gap (the search's own S(b) law with exact hardware knowledge, against the measured "
+        lines.append(f"law gap (the search's own {'runs' if runs else 'S(b) law'} with exact hardware knowledge, "
+                     f"against the measured "
                      f"steps): worst {max(law):.2f}%, {len(bound)} of {len(rows)} rows over 3% ("
                      + (", ".join(f"{r.case.profile} {r.case.workload} {r.case.budget_w:.2f} W" for r in bound)
                         or "none") + "): no measurement of the hardware closes that part of a gap")
@@ -162,8 +163,10 @@ def summary(rows: list[Row], objective: str) -> list[str]:
         over = [r for r in rows if r.gap_pct > 3.0]
         told = [r for r in over if r.tie_batch is not None]
         both = [min(r.gap_pct, r.tie_gap_pct) if r.tie_batch is not None else r.gap_pct for r in rows]
+        within = ("what the runs' spread tells apart, by the runs" if runs else
+                  f"{100 * LAW_RATIO_PRECISION:g}% of the pick by the law")
         lines.append(f"batch-size ties reported (best.json batch_size_tie: another batch size within "
-                     f"{100 * LAW_RATIO_PRECISION:g}% of the pick by the law): {len(tied)} of {len(rows)} rows; of "
+                     f"{within}): {len(tied)} of {len(rows)} rows; of "
                      f"the {len(over)} rows over 3%, {len(told)}"
                      + (" (" + ", ".join(f"{r.case.profile} {r.case.workload} {r.case.budget_w:.2f} W: b "
                                          f"{r.tie_batch} at {r.tie_gap_pct:.2f}%" for r in told) + ")" if told else "")
@@ -303,7 +306,7 @@ def main(argv=None) -> int:
     if args.objective != "pareto":
         for line in truth_spread(rows, bench, truth_table, args.objective):
             print(line)
-    for line in summary(rows, args.objective):
+    for line in summary(rows, args.objective, runs=bool(bench.targets)):
         print(line)
     return 0
 
