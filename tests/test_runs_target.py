@@ -140,3 +140,23 @@ def test_search_with_a_bad_runs_file_is_one_line_and_writes_nothing(tmp_path, ca
     assert err[-1].startswith("edgetune: error: efficiency.steps_to_target: ") and "batch_size" in err[-1]
     assert not any("Traceback" in line for line in err)
     assert not (out / "best.json").exists()
+
+
+def test_a_study_resumed_with_other_steps_to_target_is_refused_and_left_as_it_was(tmp_path, capsys):
+    """Each trial's time and energy to target are the runs': resuming with other runs, or with the law, would
+    rank trials scored two ways. The same runs resume it."""
+    runs = _write(tmp_path / "runs.csv", "batch_size,steps\n16,400\n32,100\n")
+    other = _write(tmp_path / "other.csv", "batch_size,steps\n16,100\n32,400\n")
+    out = tmp_path / "out"
+    base = [a for a in SEARCH if a not in ("--n-trials", "14")] + ["-o", str(out)]
+    short = [*base, "--n-trials", "2"]
+    assert main([*short, "--steps-to-target", str(runs)]) == 0
+    kept = (out / "best.json").read_bytes()
+    capsys.readouterr()
+    for argv in ([*short, "--steps-to-target", str(other)], short):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert "was made with a different steps_to_target" in err[-1] and len(err[-1].splitlines()) == 1
+        assert (out / "best.json").read_bytes() == kept
+    assert main([*base, "--n-trials", "3", "--steps-to-target", str(runs)]) == 0
+    assert "resuming study" in capsys.readouterr().err

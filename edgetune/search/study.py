@@ -82,6 +82,7 @@ from edgetune.search.results import (
     pareto_front,
     sensor_accuracy_w,
 )
+from edgetune.search.runs_target import RunsTarget
 from edgetune.search.samplers import AUTO_SAMPLER, make_sampler
 from edgetune.search.space import Candidate, SearchSpace
 from edgetune.search.storage import (
@@ -309,6 +310,10 @@ class Search:
                     "workload": getattr(self.workload, "name", str(self.workload)), "device": self.device.name}
         if self.cost is not None:  # only for the cost objective: other studies' identities stay as they were
             identity["eta"] = self.cost.eta
+        if isinstance(self.target, RunsTarget):
+            # the user's runs (efficiency.steps_to_target): each trial's time and energy to target are theirs, so
+            # a study resumed with other runs, or with the law, would rank trials scored two ways
+            identity["steps_to_target"] = self.target.describe()["steps_to_target"]
         return identity
 
     def _check_identity(self, study: optuna.Study) -> None:
@@ -319,7 +324,7 @@ class Search:
             records.write_identity(study, identity, tolerance=self.tolerance, window_s=self.window_s,
                                    target={"s_min": self.target.s_min, "b_noise": self.target.b_noise})
         elif stored != identity:
-            diff = sorted(k for k in identity if stored.get(k) != identity[k])
+            diff = sorted(k for k in identity.keys() | stored.keys() if stored.get(k) != identity.get(k))
             raise SearchError(f"study {self.study_name!r} in {redact(self.storage_url)} was made with a "
                               f"different {', '.join(diff)}; use another --study-name or --output to start anew")
 
