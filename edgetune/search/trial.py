@@ -544,8 +544,11 @@ def measure_setting(
                 and own_s >= phase_sweep_s((clock.now() - t_set) / ran[0], monitor.rate_hz, sensor_period_s)):
             trigger_w = own_avg
             return True
-        guard = guard_sigma * _se_w(own, sensor_period_s, monitor)
-        if monitor.moving_average() + guard <= limit_w:
+        # the budget window's average and its standard error: once the setting has run one window, its own
+        # (computed once: this runs after every step, and on a slow edge CPU the step waits for it)
+        full = span_s == monitor.avg_window_s
+        guard = guard_sigma * (own_se if full else _se_w(own, sensor_period_s, monitor))
+        if (own_avg if full else monitor.moving_average()) + guard <= limit_w:
             return False
         # judged over: its own average plus the guard band, less _STOP_SIGMA standard errors of that average
         # (a short average is noisier than the window's; checked after every step, its noise alone would
