@@ -22,9 +22,10 @@ from edgetune.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
-# a fast search: one batch size, one knob, short windows, the twin times all but the warm-up step
+# a fast search: one batch size, one knob, short windows, the twin times all but the warm-up step, no thermal soak
+# (its 360 simulated seconds were half of such a search's CPU time; tests/test_thermal.py tests it)
 FAST = ["--device", "sim:orin-nano", "--workload", "cnn", "--batch-sizes", "8", "--knobs", "gpu_freq",
-        "--sampler", "random", "--measure-s", "0.5", "--real-steps", "0"]
+        "--sampler", "random", "--measure-s", "0.5", "--real-steps", "0", "--soak-s", "0"]
 
 # A user workload for the process tests: after HANG_AFTER batches it writes HANG_MARKER and waits to be
 # interrupted or killed (a step mid-measurement); with RAISE_IN_STEP set every step raises.
