@@ -255,7 +255,7 @@ class BatchTie:
     runner_up: TrialRecord
     cost_pct: float  # how much worse the runner-up is in the objective, by the steps to target, %
     steps_ratio: float  # the steps to target of the runner-up's batch size over the pick's
-    precision: float = LAW_RATIO_PRECISION  # the relative precision of that ratio
+    precision: float  # the relative precision of that ratio (TargetModel.ratio_precision)
 
 
 def batch_tie(result: SearchResult) -> BatchTie | None:

@@ -27,11 +27,12 @@ they decide nothing inside the measured span.
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import os
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from edgetune.search.efficiency import LAW_RATIO_PRECISION, TargetModel
@@ -69,7 +70,6 @@ class RunsTarget(TargetModel):
     b_noise_source: str = "measured runs"
     runs: tuple[tuple[int, tuple[float, ...]], ...] = ()
     source: str = ""
-    _medians: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @classmethod
     def from_runs(cls, runs: Mapping[int, Sequence[float]], source: str = "measured runs") -> RunsTarget:
@@ -101,7 +101,7 @@ class RunsTarget(TargetModel):
         sizes = ", ".join(map(str, reached))
         return cls(s_min=fit.s_min, b_noise=fit.b_noise,
                    b_noise_source=f"steps to target measured at batch sizes {sizes} ({source})",
-                   runs=tuple(sorted(clean.items())), source=source, _medians=medians)
+                   runs=tuple(sorted(clean.items())), source=source)
 
     @classmethod
     def from_csv(cls, path: str | os.PathLike, workload: str | None = None) -> RunsTarget:
@@ -144,10 +144,10 @@ class RunsTarget(TargetModel):
                                   f"add its runs, or leave the workload column out")
         return cls.from_runs(runs, source=name)
 
-    @property
+    @functools.cached_property
     def medians(self) -> dict[int, float]:
         """Median steps to target per measured batch size (inf: most runs missed the target)."""
-        return self._medians or {b: _median_steps(s) for b, s in self.runs}
+        return {b: _median_steps(s) for b, s in self.runs}
 
     def steps(self, batch_size: float) -> float:
         medians = self.medians
