@@ -11,11 +11,14 @@ import pytest
 
 from edgetune.predictors import steps_to_target
 from edgetune.predictors.convergence import (
+    CONVERGENCE_COLUMNS,
     ChoiceLoss,
     ConvergenceError,
     ConvergenceRow,
     MeasuredNoiseScale,
     NoiseScaleRow,
+    append_convergence_row,
+    check_appendable,
     choice_loss,
     crossing_step,
     geometric_schedule,
@@ -55,12 +58,38 @@ def test_crossing_exactly_at_an_evaluation_and_at_the_first_one():
     assert crossing_step([7, 8], [0.95, 0.97], 0.9, higher_is_better=True) == 7.0
 
 
+def test_a_diverged_evaluation_beside_the_crossing_gives_the_evaluations_own_step():
+    assert crossing_step([10, 20], [math.nan, 0.5], 1.0, higher_is_better=False) == 20.0
+    assert crossing_step([10, 20], [math.inf, 0.5], 1.0, higher_is_better=False) == 20.0
+    assert math.isnan(crossing_step([10, 20], [0.5, math.nan], 0.9, higher_is_better=True))
+
+
 def test_crossing_rejects_mismatched_or_unsorted_input():
     with pytest.raises(ValueError, match="same length"):
         crossing_step([1, 2], [0.1], 0.5, higher_is_better=True)
     with pytest.raises(ValueError, match="increasing"):
         crossing_step([2, 1], [0.1, 0.2], 0.5, higher_is_better=True)
     assert math.isnan(crossing_step([], [], 0.5, higher_is_better=True))
+
+
+def test_rows_are_appended_never_rewritten_and_a_foreign_table_is_refused(tmp_path):
+    path = tmp_path / "runs.csv"
+    check_appendable(path)
+    (tmp_path / "other.csv").write_text("batch_size,steps\n32,40\n")
+    with pytest.raises(ConvergenceError, match="not a runs table's"):
+        check_appendable(tmp_path / "other.csv")
+    with pytest.raises(ConvergenceError, match="no folder"):
+        check_appendable(tmp_path / "missing" / "runs.csv")
+    with pytest.raises(ConvergenceError, match="is a folder"):
+        check_appendable(tmp_path)
+    first = ConvergenceRow("toy", "accuracy", 0.9, 32, 0, 0.05, 40.5, 10, 1.0)
+    append_convergence_row(path, first, comment=["provenance"])
+    append_convergence_row(path, ConvergenceRow("toy", "accuracy", 0.9, 64, 1, 0.1, math.nan, 5, 2.0))
+    text = path.read_text()
+    assert text.startswith("# provenance\n") and text.count(",".join(CONVERGENCE_COLUMNS)) == 1
+    rows = read_convergence_rows(path)
+    assert rows[0] == first and rows[1].batch_size == 64 and math.isnan(rows[1].steps)
+    check_appendable(path)  # its own table takes more rows
 
 
 # ------------------------------------------------------------------------------------------ schedule

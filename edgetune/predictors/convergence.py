@@ -13,12 +13,15 @@ module holds the pure pieces that check that law against real training runs
 * :func:`steps_error` and :func:`choice_loss` - how far the predicted curve is from the measured one, in
   steps and in time to target lost by choosing the batch size from the prediction;
 * :func:`load_convergence` / :func:`save_convergence_rows`, :func:`load_b_noise` - the measured tables
-  (steps over seeds per batch size; B_noise over warm-up seeds, their median the workload's value).
+  (steps over seeds per batch size; B_noise over warm-up seeds, their median the workload's value);
+  :func:`append_convergence_row` adds one run to such a table (``edgetune.tune(runs_file=...)`` records the
+  user's own runs this way, in the format ``edgetune search --steps-to-target`` reads).
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -35,6 +38,8 @@ __all__ = [
     "MeasuredCurve",
     "MeasuredNoiseScale",
     "NoiseScaleRow",
+    "append_convergence_row",
+    "check_appendable",
     "choice_loss",
     "crossing_step",
     "geometric_schedule",
@@ -63,8 +68,9 @@ def crossing_step(steps: Sequence[float], values: Sequence[float], target: float
 
     Between the last evaluation short of the target and the first one at or past it the metric is taken
     as linear in the step, so the answer is not tied to the evaluation grid; reached at the first
-    evaluation, the answer is that step (nothing earlier was seen). ``nan`` when the target is never
-    reached. Accuracy wants ``higher_is_better=True``, a loss ``False``.
+    evaluation, or next to one that is not finite (a diverged loss), the answer is that step. ``nan`` when
+    the target is never reached (a ``nan`` value never reaches it). Accuracy wants ``higher_is_better=True``,
+    a loss ``False``.
     """
     s = np.asarray(steps, dtype=float)
     v = np.asarray(values, dtype=float)
@@ -81,6 +87,8 @@ def crossing_step(steps: Sequence[float], values: Sequence[float], target: float
     if k == 0:
         return float(s[0])
     m0, m1 = margin[k - 1], margin[k]  # m0 < 0 <= m1
+    if not (math.isfinite(m0) and math.isfinite(m1)):
+        return float(s[k])  # a diverged evaluation (nan, inf) beside it: nothing to interpolate by
     return float(s[k - 1] + (s[k] - s[k - 1]) * (-m0) / (m1 - m0))
 
 
@@ -393,6 +401,58 @@ def save_b_noise_rows(path: str | os.PathLike, rows: Iterable[NoiseScaleRow], co
     """Write the warm-ups' noise scales (one row per workload and warm-up seed) as CSV, after ``comment`` lines
     as :func:`save_convergence_rows`."""
     _write_rows(path, rows, [f.name for f in fields(NoiseScaleRow)], comment)
+
+
+def _header(path: str | os.PathLike) -> list[str] | None:
+    """The column names of a table file (its first line that is not a comment); None: no such line."""
+    with open(path, newline="") as f:
+        for text in f:
+            if not text.startswith(COMMENT_PREFIX) and text.strip():
+                return next(csv.reader([text]))
+    return None
+
+
+def check_appendable(path: str | os.PathLike) -> None:
+    """Raise :class:`ConvergenceError` (one line) unless :func:`append_convergence_row` can add to ``path``:
+    a new file in an existing, writable folder, or a table whose columns are :data:`CONVERGENCE_COLUMNS`.
+
+    Checked before a run starts, so a run is never trained for a file that cannot take its row.
+    """
+    name = os.fspath(path)
+    if os.path.isdir(name):
+        raise ConvergenceError(f"{name} is a folder; name a CSV file for the runs (runs.csv)")
+    if not os.path.exists(name):
+        folder = os.path.dirname(os.path.abspath(name))
+        if not os.path.isdir(folder):
+            raise ConvergenceError(f"cannot write {name}: no folder {folder}; create it first")
+        if not os.access(folder, os.W_OK):
+            raise ConvergenceError(f"cannot write {name}: folder {folder} is not writable")
+        return
+    try:
+        header = _header(name)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConvergenceError(f"cannot read {name}: {getattr(exc, 'strerror', None) or exc}") from None
+    if header is not None and tuple(header) != CONVERGENCE_COLUMNS:
+        raise ConvergenceError(f"{name} has the columns {','.join(header)}, not a runs table's "
+                               f"({','.join(CONVERGENCE_COLUMNS)}); name a new file, edgetune writes its header")
+    if not os.access(name, os.W_OK):
+        raise ConvergenceError(f"cannot write {name}: it is read-only")
+
+
+def append_convergence_row(path: str | os.PathLike, row: ConvergenceRow, comment: Sequence[str] = ()) -> None:
+    """Add one run to the table at ``path``; a new (or empty) file first gets ``comment`` and the header.
+
+    Earlier rows are never rewritten: the row goes to the end of the file in one write (with several runs
+    appending to one table at once, each row stays whole). Call :func:`check_appendable` first.
+    """
+    with open(path, "a", newline="") as f:
+        buffer = io.StringIO()
+        if f.tell() == 0:
+            buffer.writelines(f"{COMMENT_PREFIX} {part}".rstrip() + "\n"
+                              for line in comment for part in str(line).splitlines() or [""])
+            csv.writer(buffer).writerow(CONVERGENCE_COLUMNS)
+        csv.writer(buffer).writerow([_fmt(getattr(row, c)) for c in CONVERGENCE_COLUMNS])
+        f.write(buffer.getvalue())
 
 
 def read_comment(path: str | os.PathLike) -> list[str]:
