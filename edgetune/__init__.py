@@ -7,7 +7,7 @@ the embedded default is a simulated Jetson (``sim:<profile>``), always labelled 
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "tune"]
+__all__ = ["Target", "__version__", "tune"]
 
 
 def __getattr__(name: str):
@@ -16,4 +16,8 @@ def __getattr__(name: str):
         from edgetune.runtime.api import tune
 
         return tune
+    if name == "Target":
+        from edgetune.runtime.target import Target
+
+        return Target
     raise AttributeError(f"module 'edgetune' has no attribute {name!r}")

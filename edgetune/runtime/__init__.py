@@ -10,6 +10,7 @@
 * :mod:`~edgetune.runtime.guard` - the budget guard's control law (pure) and the knob ladder;
 * :mod:`~edgetune.runtime.ladder_guard` - the guard's state over a run (ladder, power model, law state);
 * :mod:`~edgetune.runtime.online` - online tuning when there is no plan;
+* :mod:`~edgetune.runtime.target` - the training target: steps, time and energy to it, the runs file;
 * :mod:`~edgetune.runtime.accounting` - energy, time and power per step and epoch, budget violations;
 * :mod:`~edgetune.runtime.loader` - the batch loader whose batch size can change between steps;
 * :mod:`~edgetune.runtime.adapters` - PyTorch Lightning and Hugging Face Trainer callbacks.
@@ -21,7 +22,9 @@ from edgetune.runtime.controller import Tuner
 from edgetune.runtime.guard import GuardParams
 from edgetune.runtime.online import OnlineOptions
 from edgetune.runtime.plan import Plan, PlanError, load_plan
-from edgetune.runtime.settings import GuardSettings, LoaderSettings, RecordSettings
+from edgetune.runtime.settings import GuardSettings, LoaderSettings, RecordSettings, TargetSettings
+from edgetune.runtime.target import Target, TargetOutcome
 
 __all__ = ["EpochRecord", "GuardParams", "GuardSettings", "LoaderSettings", "OnlineOptions", "Plan", "PlanError",
-           "RecordSettings", "RunSummary", "StepRecord", "Tuner", "Violation", "load_plan", "tune"]
+           "RecordSettings", "RunSummary", "StepRecord", "Target", "TargetOutcome", "TargetSettings", "Tuner",
+           "Violation", "load_plan", "tune"]

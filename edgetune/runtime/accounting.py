@@ -24,12 +24,16 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edgetune.power.base import PowerReading, PowerSensor
 from edgetune.power.monitor import cumulative_energy_j
 from edgetune.runtime.guard import GuardMove
+
+if TYPE_CHECKING:
+    from edgetune.runtime.target import TargetOutcome
 
 __all__ = ["Accounting", "EpochRecord", "RunSummary", "SampleTap", "StepRecord", "Violation"]
 
@@ -216,6 +220,7 @@ class RunSummary:
         guard_moves: how many moves of each kind the guard made (the batch-size halvings and doublings too).
         batch_size, setting: what was in force at the end.
         knobs_restored: whether every knob was back at its original value after exit.
+        target: steps, time and energy to the training target (``tune(target=...)``); None without one.
     """
 
     device: str
@@ -236,6 +241,7 @@ class RunSummary:
     setting: dict = field(default_factory=dict)
     knobs_restored: bool | None = None
     guard_moves: dict[GuardMove, int] = field(default_factory=dict)
+    target: TargetOutcome | None = None
 
     @property
     def time_over_s(self) -> float:
@@ -272,6 +278,8 @@ class RunSummary:
             lines.append(f"guard: {moves.get(GuardMove.TRIP, 0)} trip(s), {moves.get(GuardMove.CLIMB, 0)} climb(s), "
                          f"{moves.get(GuardMove.UNDO_CLIMB, 0)} climb(s) undone (clock capped){batch}")
         lines.extend(t for t in texts if t.startswith("online: settled"))
+        if self.target is not None:
+            lines.append(self.target.line())
         setting = ", ".join(f"{k}={v}" for k, v in self.setting.items())
         lines.append(f"final: batch size {self.batch_size}; {setting or 'no knobs set'}; knobs restored: "
                      f"{'yes' if self.knobs_restored else 'no' if self.knobs_restored is False else 'n/a'}")

@@ -26,6 +26,12 @@ Hugging Face::
     trainer = Trainer(model, args, train_dataset=ds, callbacks=[HFTrainerCallback(budget_w=10, plan=plan)])
     trainer.train()
 
+A training target (``target=edgetune.Target("val_acc", 0.9)``, with ``runs_file=`` to record the run for
+``edgetune search --steps-to-target``) is read from the framework's own validation metrics: Lightning's
+``trainer.callback_metrics`` after each validation (what ``self.log`` logged), the Hugging Face Trainer's
+evaluation metrics (``accuracy`` is found as ``eval_accuracy`` too). Once it is reached the callback stops
+training (``trainer.should_stop``, ``control.should_training_stop``).
+
 The Hugging Face ``Trainer`` has no hook for an exception inside ``train()``; the callback restores the
 knobs at the end of training and, failing that, when the interpreter exits. Wrap ``trainer.train()`` in
 ``with callback:`` to restore on an exception at once.
@@ -35,15 +41,19 @@ from __future__ import annotations
 
 import atexit
 import types
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from edgetune.log import get_logger
 from edgetune.runtime.api import tune
 from edgetune.runtime.controller import Tuner
 from edgetune.runtime.plan import load_plan
 
 __all__ = ["HFTrainerCallback", "LightningCallback"]
+
+_log = get_logger(__name__)
 
 
 def _innermost(optimizer: Any) -> torch.optim.Optimizer:
@@ -69,6 +79,7 @@ class _Adapter:
         self.tuner: Tuner | None = None
         self._summary = None
         self._atexit = False
+        self._target_missing_noted = False
 
     def _start(self, model: torch.nn.Module, optimizer: Any, batch_size: int | None) -> None:
         self.tuner = tune(model, _innermost(optimizer), batch_size=batch_size, budget_w=self.budget_w,
@@ -77,6 +88,21 @@ class _Adapter:
         if not self._atexit:
             atexit.register(self._stop)
             self._atexit = True
+
+    def _report(self, metrics: Mapping[str, Any], prefix: str = "") -> bool:
+        """Report the target's metric from the framework's validation metrics (``metric``, else ``prefix +
+        metric``); True once the target is reached (the callback then stops training)."""
+        target = self.options.get("target")
+        if self.tuner is None or target is None:
+            return False
+        value = metrics.get(target.metric, metrics.get(prefix + target.metric))
+        if value is None:
+            if not self._target_missing_noted:
+                self._target_missing_noted = True
+                _log.warning("target metric %r is not among the validation metrics (%s): log it under that name",
+                             target.metric, ", ".join(sorted(map(str, metrics))) or "none")
+            return False
+        return self.tuner.report(float(value.item() if hasattr(value, "item") else value))
 
     def _stop(self, exc: BaseException | None = None) -> None:
         tuner, self.tuner = self.tuner, None
@@ -124,6 +150,10 @@ def LightningCallback(**kwargs: Any):  # a class factory: Lightning is imported 
             if self.tuner is not None:
                 self.tuner.end_epoch()
 
+        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+            if not trainer.sanity_checking and self._report(trainer.callback_metrics):
+                trainer.should_stop = True
+
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             tuner = self.tuner
             self._stop()
@@ -157,6 +187,10 @@ def HFTrainerCallback(**kwargs: Any):  # a class factory: transformers is import
         def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if self.tuner is not None:
                 self.tuner.end_epoch()
+
+        def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kw: Any) -> None:
+            if self._report(metrics or {}, prefix="eval_"):
+                control.should_training_stop = True
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             tuner = self.tuner

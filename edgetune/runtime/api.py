@@ -17,7 +17,8 @@ from edgetune.runtime.controller import Tuner
 from edgetune.runtime.guard import GuardParams
 from edgetune.runtime.online import OnlineOptions
 from edgetune.runtime.plan import Plan
-from edgetune.runtime.settings import GuardSettings, LoaderSettings, RecordSettings
+from edgetune.runtime.settings import GuardSettings, LoaderSettings, RecordSettings, TargetSettings
+from edgetune.runtime.target import Target
 
 __all__ = ["tune"]
 
@@ -25,17 +26,20 @@ __all__ = ["tune"]
 def tune(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
          dataset: Any = None, batch_size: int | None = None, budget_w: float | None = None,
          device: str | Device = "auto", plan: str | os.PathLike | Plan | None = None,
-         online: bool | Mapping[str, Any] | None = None, lr_rule: str = "linear", resize_at: str = "step",
+         online: bool | Mapping[str, Any] | None = None, lr_rule: str = "linear",
+         lr_batch_size: int | None = None, resize_at: str = "step",
          seed: int = 0, shuffle: bool = True, drop_last: bool = False, cost: WorkloadCost | None = None,
          log: str | os.PathLike | None = None, budget_file: str | os.PathLike | None = None,
          guard: bool | GuardParams = True, monitor_rate_hz: float | None = None,
          print_summary: bool | TextIO = True, keep_trace: bool = False,
          loader_options: Mapping[str, Any] | None = None,
-         device_options: Mapping[str, Any] | None = None) -> Tuner:
+         device_options: Mapping[str, Any] | None = None, target: Target | None = None,
+         runs_file: str | os.PathLike | None = None, workload: str | None = None) -> Tuner:
     """Wrap a PyTorch training loop: apply a tuned plan (or tune online), keep power under the budget.
 
     The keyword arguments are grouped into the :class:`Tuner`'s settings (:class:`LoaderSettings`,
-    :class:`GuardSettings`, :class:`RecordSettings`, :class:`~edgetune.runtime.online.OnlineOptions`).
+    :class:`GuardSettings`, :class:`RecordSettings`, :class:`TargetSettings`,
+    :class:`~edgetune.runtime.online.OnlineOptions`).
 
     Args:
         model: the model being trained (its first step's cost is measured for the twin).
@@ -51,6 +55,9 @@ def tune(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer 
             :class:`~edgetune.runtime.online.OnlineOptions` as a mapping (``batch_sizes``,
             ``steps_per_candidate``, ``warmup_steps``, ``max_candidates``, ``b_noise``, ``margin``).
         lr_rule: learning-rate scaling rule when the batch size changes (``linear``, ``sqrt``, ``none``).
+        lr_batch_size: the batch size the optimizer's learning rate was set for: a run starting at another
+            batch size (the plan's) scales the rate to it by ``lr_rule`` first. Default: the rate is used as
+            given at the starting batch size.
         resize_at: when batch-size changes take effect: ``step`` (next step) or ``epoch`` (next epoch).
         seed, shuffle, drop_last: the loader's sampling.
         cost: the step's cost for the twin, instead of measuring it from the first step.
@@ -62,6 +69,15 @@ def tune(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer 
         keep_trace: keep every power sample with its 1-s average in ``tuner.accounting`` (for plots).
         loader_options: passed to ``torch.utils.data.DataLoader`` (``num_workers``, ``collate_fn`` ...).
         device_options: passed to ``open_device`` (``seed`` of the twin ...).
+        target: the validation target the run trains to (``edgetune.Target("accuracy", 0.9)``); call
+            ``tuner.report(value)`` after each evaluation (it returns True once the target is reached). The
+            summary then gives the steps to the target (interpolated between evaluations) with the device time
+            and energy of the training steps up to it.
+        runs_file: a CSV to append the run's steps to the target to (one row per run; a run that ends without
+            reaching the target is recorded as one that missed it; none for a run cut short by an exception
+            or Ctrl-C, or whose batch size changed). Runs at a few batch sizes make the table that
+            ``edgetune search --steps-to-target runs.csv`` ranks batch sizes by, instead of the noise-scale law.
+        workload: the workload name the row carries (as ``edgetune search`` names it; default: the plan's).
 
     Example, on the simulated Orin Nano (a real CPU training run; the twin supplies time and power):
 
@@ -89,8 +105,9 @@ def tune(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer 
         online = OnlineOptions(**online) if online else False
     return Tuner(model, optimizer, dataset=dataset, device=device, device_options=device_options, plan=plan,
                  batch_size=batch_size, budget_w=budget_w, budget_file=budget_file, online=online, cost=cost,
-                 loader=LoaderSettings(lr_rule=lr_rule, resize_at=resize_at, seed=seed, shuffle=shuffle,
-                                       drop_last=drop_last, options=dict(loader_options or {})),
+                 loader=LoaderSettings(lr_rule=lr_rule, lr_batch_size=lr_batch_size, resize_at=resize_at, seed=seed,
+                                       shuffle=shuffle, drop_last=drop_last, options=dict(loader_options or {})),
                  guard=GuardSettings.of(guard),
                  record=RecordSettings(log=log, keep_trace=keep_trace, print_summary=print_summary,
-                                       monitor_rate_hz=monitor_rate_hz))
+                                       monitor_rate_hz=monitor_rate_hz),
+                 target=TargetSettings(target=target, runs_file=runs_file, workload=workload))

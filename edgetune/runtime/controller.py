@@ -53,9 +53,11 @@ import math
 import os
 import sys
 import threading
+import time
 import types
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, TextIO
 
 import torch
@@ -91,7 +93,9 @@ from edgetune.runtime.settings import (
     GuardSettings,
     LoaderSettings,
     RecordSettings,
+    TargetSettings,
 )
+from edgetune.runtime.target import TargetOutcome, TargetTracker, outcome, record_run
 from edgetune.runtime.ticker import Ticker
 from edgetune.workloads import CostMeter
 
@@ -143,7 +147,7 @@ class Tuner:
                  budget_w: float | None = None, budget_file: str | os.PathLike | None = None,
                  online: bool | OnlineOptions | None = None, cost: WorkloadCost | None = None,
                  loader: LoaderSettings | None = None, guard: GuardSettings | None = None,
-                 record: RecordSettings | None = None) -> None:
+                 record: RecordSettings | None = None, target: TargetSettings | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self._dataset = dataset
@@ -164,6 +168,10 @@ class Tuner:
         if online and batch_size is None and dataset is None:
             raise ValueError("give batch_size or a dataset: online tuning changes the batch size through tuner.loader")
         self._online_options = (online if isinstance(online, OnlineOptions) else OnlineOptions()) if online else None
+        self.target_settings = target or TargetSettings()
+        self._runs_workload = self._check_runs_file(self.target_settings, online=bool(online))
+        self._tracker = TargetTracker(self.target_settings.target) if self.target_settings.target else None
+        self._wall_start = math.nan
         self._device_arg = device
         self._device_options = dict(device_options or {})
         self._requested_batch = batch_size
@@ -271,6 +279,24 @@ class Tuner:
                 rates = rescale_lr(self.optimizer, old, batch_size, self.lr_rule, **options)
                 self._on_resize(old, batch_size, rates)
 
+    def report(self, value: float) -> bool:
+        """Report the target metric's value, evaluated after the steps taken so far; True once the target
+        (``tune(target=...)``) is reached, so the loop can stop there.
+
+        The steps to the target are interpolated between the evaluations either side of it
+        (:mod:`edgetune.runtime.target`); on exit the summary gives them with the device time and energy of the
+        training steps up to it, and ``runs_file=`` records the run for ``edgetune search --steps-to-target``.
+        """
+        if self._tracker is None:
+            raise RuntimeError("tuner.report() needs a target: pass target=edgetune.Target(metric, value) to tune()")
+        with self._lock:
+            was = self._tracker.reached
+            reached = self._tracker.report(self.steps, value)
+            if reached and not was:
+                self._event(f"target {self._tracker.target.describe()} reached after {self._tracker.crossing:.1f} "
+                            f"steps")
+        return reached
+
     def apply_setting(self, setting: Mapping[str, KnobValue], why: str) -> None:
         """Apply knob values and re-anchor the guard's ladder on them."""
         with self._lock:
@@ -294,6 +320,7 @@ class Tuner:
         return self
 
     def _enter(self) -> None:
+        self._wall_start = time.perf_counter()
         with self._lock:  # on a real clock the ticker's thread runs from the accounting on: it waits for the setup
             self._setup()
 
@@ -347,6 +374,7 @@ class Tuner:
                 raise ValueError("give batch_size, a plan, or a dataset to tune()")
             self._batch_size = DEFAULT_BATCH_SIZE
             self._event(f"no batch size given: starting at {DEFAULT_BATCH_SIZE}")
+        self._scale_lr_to_start()
         if self._dataset is not None:
             ls = self.loader_settings
             self.loader = BatchLoader(
@@ -370,6 +398,15 @@ class Tuner:
         self._poll_budget_file()
         self._budget.watch()
         self._entered = True
+
+    def _scale_lr_to_start(self) -> None:
+        """The learning rate set for ``lr_batch_size``, scaled to the batch size the run starts at."""
+        ref = self.loader_settings.lr_batch_size
+        if ref is None or self.optimizer is None or ref == self._batch_size:
+            return
+        rates = rescale_lr(self.optimizer, ref, self._batch_size, self.lr_rule)
+        self._event(f"learning rate set for batch size {ref}, scaled to batch size {self._batch_size} "
+                    f"({self.lr_rule}): {rates[0]:.4g}")
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: types.TracebackType | None) -> bool:
@@ -404,6 +441,7 @@ class Tuner:
                 self.accounting.end_epoch(self.epoch)  # the open epoch, if it has steps not yet closed
                 self.accounting.finish()
                 self.summary = self._summary(restored_ok)
+                self.summary.target = self._target_outcome(ended_normally=exc_type is None)
             if hasattr(self, "monitor"):
                 self.monitor.stop()
             self._budget.unwatch()
@@ -435,6 +473,43 @@ class Tuner:
                      if k in self.device.knobs and self.device.knobs[k].writable},
             knobs_restored=restored_ok, guard_moves=dict(self._guard_moves),
         )
+
+    # -- the training target --------------------------------------------------------------------------------
+    def _check_runs_file(self, settings: TargetSettings, *, online: bool) -> str | None:
+        """The workload name a run recorded to ``runs_file`` carries; refuses, before any training, a runs file
+        that cannot take the row, a run without a workload name, and online tuning (it changes the batch size)."""
+        from edgetune.predictors.convergence import check_appendable
+
+        if settings.runs_file is None:
+            return None
+        if online:
+            raise ValueError("runs_file= records steps to the target at one batch size, and online tuning changes "
+                             "it: pass a plan, or online=False")
+        workload = settings.workload or (self.plan.workload if self.plan is not None else None)
+        if not workload:
+            raise ValueError("runs_file= needs workload= (the name edgetune search gives the workload: its "
+                             "--steps-to-target keeps that workload's rows), or a plan that names it")
+        check_appendable(settings.runs_file)
+        return workload
+
+    def _target_outcome(self, *, ended_normally: bool) -> TargetOutcome | None:
+        """The run against its target; its row appended to the runs file where it stands as one run."""
+        if self._tracker is None:
+            return None
+        runs_file = self.target_settings.runs_file
+        result = outcome(self._tracker, self.accounting.steps, ended_normally=ended_normally,
+                         recording=runs_file is not None)
+        if runs_file is None or not result.recordable:
+            return result
+        assert self._runs_workload is not None, "checked when the tuner was built"
+        lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else math.nan
+        try:
+            return record_run(result, runs_file, workload=self._runs_workload, seed=self.seed, lr=lr,
+                              wall_s=time.perf_counter() - self._wall_start, device=self.device.name)
+        except OSError as exc:  # the run is done: say so, keep the figures in the summary, let the exit go on
+            why = f"could not write {runs_file}: {exc.strerror or exc}; the row was not recorded"
+            self._event(why)
+            return replace(result, why=why)
 
     # -- plan and knobs ---------------------------------------------------------------------------------
     def _apply_plan(self, plan: Plan) -> None:

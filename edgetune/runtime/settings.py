@@ -11,9 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from edgetune.power.knobs import check_batch_size
 from edgetune.runtime.guard import GuardParams
+from edgetune.runtime.target import Target
 
-__all__ = ["RESIZE_AT", "RUNTIME_MONITOR_RATE_HZ", "GuardSettings", "LoaderSettings", "RecordSettings"]
+__all__ = ["RESIZE_AT", "RUNTIME_MONITOR_RATE_HZ", "GuardSettings", "LoaderSettings", "RecordSettings",
+           "TargetSettings"]
 
 #: Hz: the runtime's power sampling rate. The guard judges 1-s moving averages (50 samples each) and the
 #: accounting integrates energy over many steps, so the search's 100 Hz (which resolves a trial window's
@@ -32,6 +35,9 @@ class LoaderSettings:
     Attributes:
         lr_rule: learning-rate scaling rule when the batch size changes (a key of
             :data:`edgetune.predictors.LR_RULES`: ``linear``, ``sqrt``, ``none`` ...).
+        lr_batch_size: the batch size the optimizer's learning rate was set for. When the run starts at another
+            (the plan's, or online tuning's first), the rate is scaled to it by ``lr_rule`` first, as the
+            search's steps to target assume; None: the rate is used as given at the starting batch size.
         resize_at: when batch-size changes take effect: ``step`` (next step) or ``epoch`` (next epoch).
         seed: seeds the loader's permutation (and the online tuner's hardware model).
         shuffle: a fresh permutation each epoch.
@@ -40,6 +46,7 @@ class LoaderSettings:
     """
 
     lr_rule: str = "linear"
+    lr_batch_size: int | None = None
     resize_at: str = "step"
     seed: int = 0
     shuffle: bool = True
@@ -51,6 +58,11 @@ class LoaderSettings:
 
         if self.lr_rule not in LR_RULES:
             raise ValueError(f"unknown lr_rule {self.lr_rule!r}; use one of {', '.join(LR_RULES)}")
+        if self.lr_batch_size is not None:
+            check_batch_size(self.lr_batch_size, "lr_batch_size")
+            if self.lr_rule == "adascale":
+                raise ValueError("lr_batch_size= cannot be used with lr_rule='adascale': its gain needs B_noise, "
+                                 "which the run measures only later; use 'linear' (SGD) or 'sqrt' (Adam)")
         if self.resize_at not in RESIZE_AT:
             raise ValueError(f"resize_at must be 'step' or 'epoch', got {self.resize_at!r}")
 
@@ -89,3 +101,32 @@ class RecordSettings:
     keep_trace: bool = False
     print_summary: bool | TextIO = True
     monitor_rate_hz: float | None = None
+
+
+@dataclass(frozen=True)
+class TargetSettings:
+    """The validation target the run trains to, and where its steps to the target are recorded
+    (:mod:`edgetune.runtime.target`).
+
+    Attributes:
+        target: the :class:`~edgetune.runtime.target.Target` (None: no target; ``tuner.report`` refuses).
+        runs_file: a CSV the run appends its steps to the target to, one row per run, in the format
+            ``edgetune search --steps-to-target`` reads (None: the summary alone reports them).
+        workload: the workload name the row carries: the name ``edgetune search`` gives the workload (None: the
+            plan's).
+    """
+
+    target: Target | None = None
+    runs_file: str | os.PathLike | None = None
+    workload: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.target is not None and not isinstance(self.target, Target):
+            raise ValueError(f"target must be an edgetune.Target(metric, value, higher_is_better), got "
+                             f"{self.target!r}")
+        if self.runs_file is not None and self.target is None:
+            raise ValueError("runs_file= records the steps to a target: pass target=edgetune.Target(metric, value) "
+                             "too, and call tuner.report(value) after each evaluation")
+        if self.workload is not None and (not isinstance(self.workload, str) or not self.workload.strip()):
+            raise ValueError(f"workload must be the workload's name (as edgetune search names it), got "
+                             f"{self.workload!r}")
