@@ -66,6 +66,8 @@ def test_the_measured_convergence_table_serves_as_it_is_one_workload_at_a_time()
         ("batch_size,steps\n16,-5\n32,100\n", None, "must be positive"),
         ("batch_size,steps\n0,5\n32,100\n", None, "batch size 0 is not a positive integer"),
         ("workload,batch_size,steps\nbert,16,5\nbert,32,4\n", "cnn", "no run of workload 'cnn' (it has bert)"),
+        ("workload,metric,target,batch_size,steps\ncnn,accuracy,0.9,16,50\nbert,loss,2,16,9\ncnn,accuracy,0.99,32,40\n",
+         "cnn", "runs of workload 'cnn' to different targets (accuracy 0.9 from line 2; accuracy 0.99 from line 4)"),
     ],
 )
 def test_a_runs_file_that_cannot_serve_is_refused_saying_why(tmp_path, text, workload, message):

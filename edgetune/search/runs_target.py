@@ -11,7 +11,9 @@ The file is a CSV with a header; lines starting with ``#`` are comments. Columns
 
 * ``batch_size``: the run's batch size (a positive integer);
 * ``steps``: its optimizer steps to the target (empty, ``nan`` or ``inf``: the run never reached it);
-* ``workload`` (optional): whose run it is; the search keeps the rows of the workload it searches.
+* ``workload`` (optional): whose run it is; the search keeps the rows of the workload it searches;
+* ``metric`` and ``target`` (optional): what the run trained to; the rows kept must share one (runs to
+  different targets are refused: their steps do not compare).
 
 So the measured table ``experiments/convergence_truth.py`` writes (``experiments/data/convergence/steps.csv``)
 serves as it is. Several runs of one batch size (seeds) are repeats: their median counts, a run that missed
@@ -123,8 +125,10 @@ class RunsTarget(TargetModel):
             raise RunsTargetError(f"{name}: missing column(s) {', '.join(missing)}; a runs file has the columns "
                                   f"batch_size and steps (steps to the target of each run)")
         by_workload = "workload" in (reader.fieldnames or [])
+        by_target = {"metric", "target"} <= set(reader.fieldnames or [])
         runs: dict[int, list[float]] = {}
         seen: set[str] = set()
+        targets: dict[tuple[str, str], int] = {}  # (metric, target) -> its first line
         for record in reader:
             line = lines[reader.line_num - 1][0]
             if by_workload:
@@ -139,6 +143,13 @@ class RunsTarget(TargetModel):
                 raise RunsTargetError(f"{name}, line {line}: batch_size {record['batch_size']!r} or steps "
                                       f"{record['steps']!r} is not a number") from None
             runs.setdefault(b, []).append(steps)
+            if by_target:
+                targets.setdefault((record["metric"] or "", (record["target"] or "").strip()), line)
+        if len(targets) > 1:
+            which = "; ".join(f"{m} {t} from line {n}" for (m, t), n in targets.items())
+            whose = f" of workload {workload!r}" if by_workload and workload is not None else ""
+            raise RunsTargetError(f"{name}: runs{whose} to different targets ({which}); steps to one target "
+                                  f"compare only with steps to the same: keep one target's runs in the file")
         if by_workload and workload is not None and not runs:
             raise RunsTargetError(f"{name}: no run of workload {workload!r} (it has {', '.join(sorted(seen))}); "
                                   f"add its runs, or leave the workload column out")
