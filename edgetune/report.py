@@ -141,8 +141,9 @@ def summary_table(result: SearchResult) -> str:
             how = (f"a tie under your runs: batch {other.candidate.batch_size} (trial {other.number}, "
                    f"{_setting_text(other, units)}) is {tie.cost_pct:.1f}% behind by your runs' median steps to "
                    f"target ({ratio}), within what their spread tells apart ({tie.precision:.0%})")
-        lines.append(f"batch size: {how}; train both to your target to decide: {_run_command(other)} "
-                     f"(best.json: batch_size_tie)")
+        lines.append(f"batch size: {how}; train both to your target to decide: edgetune.tune(..., target=..., "
+                     f"runs_file=...) records each run for --steps-to-target (README: Your runs to the target); "
+                     f"the other setting: {_run_command(other)} (best.json: batch_size_tie)")
     if result.simulated:
         lines.append(f"SIMULATED device ({result.device_description}); protocol: {result.protocol}")
     return "\n".join(lines)

@@ -151,7 +151,7 @@ def test_a_study_resumed_with_other_steps_to_target_is_refused_and_left_as_it_wa
     other = _write(tmp_path / "other.csv", "batch_size,steps\n16,100\n32,400\n")
     out = tmp_path / "out"
     base = [a for a in SEARCH if a not in ("--n-trials", "14")] + ["-o", str(out)]
-    short = [*base, "--n-trials", "2"]
+    short = [*base, "--n-trials", "4"]  # a prior needs 4 settings of one power mode
     assert main([*short, "--steps-to-target", str(runs)]) == 0
     kept = (out / "best.json").read_bytes()
     capsys.readouterr()
@@ -160,5 +160,10 @@ def test_a_study_resumed_with_other_steps_to_target_is_refused_and_left_as_it_wa
         err = capsys.readouterr().err.strip().splitlines()
         assert "was made with a different steps_to_target" in err[-1] and len(err[-1].splitlines()) == 1
         assert (out / "best.json").read_bytes() == kept
-    assert main([*base, "--n-trials", "3", "--steps-to-target", str(runs)]) == 0
+    # the refusal names the prior that starts a new study from this one's measurements, and it serves as given
+    prior = err[-1].split("--prior '")[1].split("'")[0]
+    assert prior.endswith("#sim:orin-nano-cnn-10W-energy")
+    assert main([*short, "-o", str(tmp_path / "anew"), "--prior", prior]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main([*base, "--n-trials", "5", "--steps-to-target", str(runs)]) == 0
     assert "resuming study" in capsys.readouterr().err

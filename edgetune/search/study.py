@@ -74,6 +74,7 @@ from edgetune.search.efficiency import (
     objective_values,
     scalar_score,
 )
+from edgetune.search.prior import NAME_SEP
 from edgetune.search.records import CONSTRAINT, Observation, Role, TrialRecord
 from edgetune.search.results import (
     SearchResult,
@@ -326,7 +327,9 @@ class Search:
         elif stored != identity:
             diff = sorted(k for k in identity.keys() | stored.keys() if stored.get(k) != identity.get(k))
             raise SearchError(f"study {self.study_name!r} in {redact(self.storage_url)} was made with a "
-                              f"different {', '.join(diff)}; use another --study-name or --output to start anew")
+                              f"different {', '.join(diff)}; use another --study-name or --output to start anew "
+                              f"(--prior '{redact(self.storage_url)}{NAME_SEP}{self.study_name}' starts it from "
+                              f"this study's measurements)")
 
     def records(self, study: optuna.Study | None = None, *, as_measured: bool = False) -> list[TrialRecord]:
         """Every asked trial of the study as a :class:`TrialRecord`, its power referred to the soaks' board
