@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
@@ -144,26 +145,52 @@ def test_search_with_a_bad_runs_file_is_one_line_and_writes_nothing(tmp_path, ca
     assert not (out / "best.json").exists()
 
 
-def test_a_study_resumed_with_other_steps_to_target_is_refused_and_left_as_it_was(tmp_path, capsys):
-    """Each trial's time and energy to target are the runs': resuming with other runs, or with the law, would
-    rank trials scored two ways. The same runs resume it."""
+def test_a_study_resumed_with_other_steps_to_target_is_scored_again_from_its_measurements(tmp_path, capsys):
+    """The hardware measurements do not depend on the steps to target: a study resumed with other runs (or the
+    law) scores every trial again with them, and picks as a study made with them would. Optuna's own samplers
+    rank the values the study was told, so with them the resume is refused, naming the prior that starts anew."""
     runs = _write(tmp_path / "runs.csv", "batch_size,steps\n16,400\n32,100\n")
     other = _write(tmp_path / "other.csv", "batch_size,steps\n16,100\n32,400\n")
     out = tmp_path / "out"
     base = [a for a in SEARCH if a not in ("--n-trials", "14")] + ["-o", str(out)]
-    short = [*base, "--n-trials", "4"]  # a prior needs 4 settings of one power mode
+    short = [*base, "--n-trials", "6"]
     assert main([*short, "--steps-to-target", str(runs)]) == 0
-    kept = (out / "best.json").read_bytes()
+    first = json.loads((out / "best.json").read_text())
+    assert first["batch_size"] == 32  # four times fewer steps
     capsys.readouterr()
-    for argv in ([*short, "--steps-to-target", str(other)], short):
-        assert main(argv) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert "was made with a different steps_to_target" in err[-1] and len(err[-1].splitlines()) == 1
-        assert (out / "best.json").read_bytes() == kept
-    # the refusal names the prior that starts a new study from this one's measurements, and it serves as given
+    assert main([*short, "--steps-to-target", str(other)]) == 0
+    err = capsys.readouterr().err
+    assert "its 6 measured settings are scored again with your runs' median steps to target (b 16: 100, b 32: 400)" \
+        in err and "was scored with your runs' median steps to target (b 16: 400, b 32: 100)" in err
+    again = json.loads((out / "best.json").read_text())
+    assert again["batch_size"] == 16 and again["target_model"]["runs_file"] == str(other)
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    assert len(rows) == 6  # nothing measured again: the cap was reached by the settings already measured
+    for row in rows:  # every trial's time to target is the new runs' steps x its own step time
+        steps = {"16": 100.0, "32": 400.0}[row["batch_size"]]
+        assert float(row["time_to_target_s"]) == pytest.approx(steps * float(row["step_time_s"]))
+    # Optuna's own samplers rank the told values: other steps are refused, and so is a study scored twice
+    assert main([*short, "--steps-to-target", str(other), "--sampler", "tpe"]) == 2
+    assert "was scored again with other steps to target" in capsys.readouterr().err
+    assert main([*short, "--steps-to-target", str(runs), "--sampler", "tpe"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "was made with a different steps_to_target" in err[-1] and len(err[-1].splitlines()) == 1
     prior = err[-1].split("--prior '")[1].split("'")[0]
     assert prior.endswith("#sim:orin-nano-cnn-10W-energy")
     assert main([*short, "-o", str(tmp_path / "anew"), "--prior", prior]) == 0, capsys.readouterr().err
-    capsys.readouterr()
-    assert main([*base, "--n-trials", "5", "--steps-to-target", str(runs)]) == 0
-    assert "resuming study" in capsys.readouterr().err
+
+
+def test_scoring_a_study_again_with_its_own_steps_gives_the_values_it_was_told(tmp_path):
+    """read_records computes each outcome from the measurement as told: unchanged steps, the same floats."""
+    import optuna
+
+    from edgetune.search import records
+
+    runs = _write(tmp_path / "runs.csv", "batch_size,steps\n16,400\n32,100\n")
+    out = tmp_path / "out"
+    assert main([*SEARCH, "--n-trials", "6", "--steps-to-target", str(runs), "-o", str(out)]) == 0
+    study = optuna.load_study(study_name="sim:orin-nano-cnn-10W-energy", storage=f"sqlite:///{out / 'study.db'}")
+    told = records.read_records(study.get_trials(), None)  # the knobs as each trial stored them
+    again = records.read_records(study.get_trials(), None, target=RunsTarget.from_csv(runs))
+    assert [r.outcome for r in again] == [r.outcome for r in told]
+    assert sum(r.outcome is not None for r in told) >= 5

@@ -12,7 +12,8 @@ spells the attribute keys; the rest of the search talks in types:
   ``observations_func`` of :class:`~edgetune.search.samplers.GuidedSampler`), :func:`is_measured`,
   :func:`role_of`, :func:`worker_of`, :func:`retry_history`;
 * the study's identity (space, objective, budget, workload, device): :func:`write_identity`,
-  :func:`read_identity`.
+  :func:`read_identity`; the steps to target it was scored with before a resume with others:
+  :func:`write_rescored`, :func:`read_rescored`.
 
 A trial whose worker died (``kill -9``, power loss, Ctrl-C mid-measurement) is failed and retried through
 Optuna's :class:`~optuna.storages.RetryHeartbeatStaleTrialCallback`; its retry history is the callback's
@@ -33,7 +34,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from edgetune.power.knobs import Candidate
-from edgetune.search.efficiency import Outcome
+from edgetune.search.efficiency import Outcome, TargetModel
 from edgetune.search.space import SearchSpace
 from edgetune.search.thermal import ThermalReference
 from edgetune.search.trial import Measurement, judged_power_w
@@ -78,6 +79,7 @@ _IDENTITY = "identity"
 _TOLERANCE = "tolerance"
 _WINDOW_S = "window_s"
 _TARGET = "target"
+_RESCORED = "rescored"  # the steps to target a study was scored with before (identity["steps_to_target"] or None)
 
 _TRACE_T_DECIMALS = 4  # 0.1 ms: finer than any power sensor's update period
 _TRACE_W_DECIMALS = 3  # 1 mW: below every sensor's resolution
@@ -239,6 +241,17 @@ def write_identity(study: optuna.Study, identity: Mapping[str, Any], *, toleranc
     study.set_user_attr(_TARGET, dict(target))
 
 
+def write_rescored(study: optuna.Study, previous_steps: Any) -> None:
+    """Add ``previous_steps`` (an identity's ``steps_to_target``, None for the law) to the steps to target the
+    study was scored with before it was resumed with others: its told values mix them (:func:`read_rescored`)."""
+    study.set_user_attr(_RESCORED, [*read_rescored(study), previous_steps])
+
+
+def read_rescored(study: optuna.Study) -> list[Any]:
+    """The steps to target a study was scored with before the present ones (empty: never scored again)."""
+    return list(study.user_attrs.get(_RESCORED, []))
+
+
 # ---------------------------------------------------------------------------------------------- readers
 
 
@@ -329,12 +342,16 @@ def referred(m: Mapping[str, Any] | None, thermal: ThermalReference | None) -> M
     return out
 
 
-def read_records(trials: Iterable[FrozenTrial], space: SearchSpace, thermal: ThermalReference | None = None
-                 ) -> list[TrialRecord]:
+def read_records(trials: Iterable[FrozenTrial], space: SearchSpace | None, thermal: ThermalReference | None = None,
+                 target: TargetModel | None = None) -> list[TrialRecord]:
     """A :class:`TrialRecord` for every asked trial that says its setting (queued trials are left out).
 
+    ``space``: orders each setting's knobs as the space does (None: as the trial stored them).
     ``thermal``: the study's thermal reference (:func:`~edgetune.search.thermal.thermal_reference`): each
-    measurement's power is then referred to it (:func:`referred`); None: as measured."""
+    measurement's power is then referred to it (:func:`referred`); None: as measured.
+    ``target``: the steps to target the search scores with now: a measured trial's outcome is computed from
+    its measurement (as measured) with them, the way it was when the trial was told (the same floats), so a
+    study resumed with other steps to target ranks every trial by the same steps; None: as recorded."""
     trials = [t for t in trials if t.state != TrialState.WAITING]
     dead_ends = given_up(trials)
     out = []
@@ -345,6 +362,9 @@ def read_records(trials: Iterable[FrozenTrial], space: SearchSpace, thermal: The
         ua = t.user_attrs
         m = referred(ua.get(_MEASUREMENT), thermal)
         out_ = ua.get(_OUTCOME)
+        raw = ua.get(_MEASUREMENT)
+        if target is not None and out_ and raw:
+            out_ = Outcome.of(cand.batch_size, raw["step_time_s"], raw["energy_per_sample_j"], target).__dict__
         out.append(TrialRecord(
             number=t.number, state=t.state.name, candidate=cand, role=Role(ua.get(_ROLE, Role.SEARCH)),
             measured=bool(ua.get(_MEASURED, False)), measurement=m, outcome=Outcome(**out_) if out_ else None,

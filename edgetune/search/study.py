@@ -125,6 +125,14 @@ DUPLICATE_STALL = 30
 MAX_LISTED_GRID = 200_000
 _log = get_logger(__name__)
 
+
+def _steps_text(steps: Mapping[Any, Any] | None) -> str:
+    """A study identity's ``steps_to_target`` in words: the runs' medians, or the law where it has none."""
+    if not steps:
+        return "the noise-scale law's steps to target"
+    medians = ", ".join(f"b {b}: {'missed' if s is None else f'{s:.4g}'}" for b, s in steps.items())
+    return f"your runs' median steps to target ({medians})"
+
 #: the least constraint violation (W) told for a trial stopped over the budget: positive, so Optuna counts it
 #: infeasible, even where its short record's judged power fell a hair under the limit
 _ABORTED_CONSTRAINT_W = 1e-6
@@ -324,12 +332,43 @@ class Search:
         if stored is None:
             records.write_identity(study, identity, tolerance=self.tolerance, window_s=self.window_s,
                                    target={"s_min": self.target.s_min, "b_noise": self.target.b_noise})
+        elif stored == identity and records.read_rescored(study) and not self._scores_from_measurements():
+            raise SearchError(f"study {self.study_name!r} in {redact(self.storage_url)} was scored again with other "
+                              f"steps to target, and the values Optuna was told mix both, which sampler "
+                              f"{self.sampler_name!r} ranks by; resume it with the guided sampler (--sampler "
+                              f"guided), or start anew with another --output (--prior "
+                              f"'{redact(self.storage_url)}{NAME_SEP}{self.study_name}' starts it from this "
+                              f"study's measurements)")
         elif stored != identity:
             diff = sorted(k for k in identity.keys() | stored.keys() if stored.get(k) != identity.get(k))
+            if diff == ["steps_to_target"] and self._scores_from_measurements():
+                self._rescore(study, identity, stored)
+                return
             raise SearchError(f"study {self.study_name!r} in {redact(self.storage_url)} was made with a "
                               f"different {', '.join(diff)}; use another --study-name or --output to start anew "
                               f"(--prior '{redact(self.storage_url)}{NAME_SEP}{self.study_name}' starts it from "
                               f"this study's measurements)")
+
+    def _scores_from_measurements(self) -> bool:
+        """Whether the sampler ranks trials by their measurements (the guided samplers), not by the objective
+        values the study was told (Optuna's own samplers): only then may the steps to target change on a
+        resume (:meth:`_rescore`)."""
+        return (AUTO_SAMPLER if self.sampler_name == "auto" else self.sampler_name) == "guided"
+
+    def _rescore(self, study: optuna.Study, identity: dict[str, Any], stored: Mapping[str, Any]) -> None:
+        """Resume a study with other steps to target (the user's runs, other runs, or the law again): the
+        hardware measurements still hold, so every trial is scored again from its measurement with the new steps
+        (:meth:`records` does it on every read) and the study now records them. The values Optuna was told
+        (what ``optuna-dashboard`` shows) stay the first ones."""
+        was = stored.get("steps_to_target")
+        now = identity.get("steps_to_target")
+        measured = sum(1 for t in study.get_trials(deepcopy=False)
+                       if records.is_measured(t) and records.role_of(t) != Role.CONFIRM)  # settings, not windows
+        _log.warning("study %r was scored with %s; its %d measured settings are scored again with %s",
+                     self.study_name, _steps_text(was), measured, _steps_text(now))
+        records.write_rescored(study, was)
+        records.write_identity(study, identity, tolerance=self.tolerance, window_s=self.window_s,
+                               target={"s_min": self.target.s_min, "b_noise": self.target.b_noise})
 
     def records(self, study: optuna.Study | None = None, *, as_measured: bool = False) -> list[TrialRecord]:
         """Every asked trial of the study as a :class:`TrialRecord`, its power referred to the soaks' board
@@ -337,7 +376,7 @@ class Search:
         study = study or self.study
         assert study is not None
         thermal = None if as_measured else thermal_reference(self.soaks)
-        return records.read_records(study.get_trials(deepcopy=False), self.space, thermal)
+        return records.read_records(study.get_trials(deepcopy=False), self.space, thermal, self.target)
 
     def _measured_count(self, study: optuna.Study) -> int:
         """Settings measured so far (a window measuring a setting again is not a new one)."""
