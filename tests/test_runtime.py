@@ -12,6 +12,7 @@ import signal
 import numpy as np
 import pytest
 import torch
+from hf_models import DictData, LabelledClassifier
 from torch.utils.data import TensorDataset
 
 import edgetune
@@ -457,17 +458,16 @@ def test_import_edgetune_stays_light():
 
 
 class _ToyData(torch.utils.data.Dataset):
-    def __init__(self, n=256, hf=False):
+    def __init__(self, n=256):
         g = torch.Generator().manual_seed(0)
         self.x = torch.randn(n, 16, generator=g)
         self.y = (self.x[:, 0] > 0).long()
-        self.hf = hf
 
     def __len__(self):
         return len(self.x)
 
     def __getitem__(self, i):
-        return {"x": self.x[i], "labels": self.y[i]} if self.hf else (self.x[i], self.y[i])
+        return self.x[i], self.y[i]
 
 
 def test_lightning_callback_applies_the_plan_and_restores(tmp_path, cnn_cost):
@@ -515,15 +515,6 @@ def test_hf_trainer_callback_applies_the_plan_and_restores(tmp_path, cnn_cost):
     pytest.importorskip("accelerate")  # the Trainer needs it
     from edgetune.runtime.adapters import HFTrainerCallback
 
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
-
-        def forward(self, x, labels=None):
-            logits = self.net(x)
-            return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
-
     torch.manual_seed(0)
     dev = open_device("sim:orin-nano", seed=0)
     before = dev.settings()
@@ -533,7 +524,10 @@ def test_hf_trainer_callback_applies_the_plan_and_restores(tmp_path, cnn_cost):
                                           per_device_train_batch_size=16, learning_rate=0.05, report_to=[],
                                           save_strategy="no", logging_strategy="no", use_cpu=True,
                                           disable_tqdm=True)
-    trainer = transformers.Trainer(model=Net(), args=args, train_dataset=_ToyData(hf=True), callbacks=[callback])
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    data = _ToyData()
+    trainer = transformers.Trainer(model=LabelledClassifier(net), args=args, train_dataset=DictData(data.x, data.y),
+                                   callbacks=[callback])
     trainer.train()
     s = callback.summary
     # the Trainer fixed its batch size when built: the run's own is accounted, the difference reported

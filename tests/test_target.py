@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from hf_models import DictData, LabelledClassifier
 from torch.utils.data import TensorDataset
 
 import edgetune
@@ -15,14 +16,6 @@ from edgetune.runtime.target import Target, TargetTracker, outcome
 from edgetune.search.runs_target import RunsTarget
 
 WORKLOAD = "toy"
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def toy(seed=0):
@@ -259,25 +252,6 @@ def test_the_hf_callback_finds_the_eval_prefixed_metric_and_stops(tmp_path, capl
     pytest.importorskip("accelerate")  # the Trainer needs it
     from edgetune.runtime.adapters import HFTrainerCallback
 
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.net = toy()[0]
-
-        def forward(self, x, labels=None):
-            logits = self.net(x)
-            return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
-
-    class Data(torch.utils.data.Dataset):
-        def __init__(self):
-            self.x, self.y = toy()[2].tensors
-
-        def __len__(self):
-            return len(self.x)
-
-        def __getitem__(self, i):
-            return {"x": self.x[i], "labels": self.y[i]}
-
     def accuracy(prediction):
         return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
 
@@ -288,7 +262,9 @@ def test_the_hf_callback_finds_the_eval_prefixed_metric_and_stops(tmp_path, capl
                                           learning_rate=0.05, optim="sgd", lr_scheduler_type="constant",
                                           eval_strategy="steps", eval_steps=4, report_to=[], save_strategy="no",
                                           logging_strategy="no", use_cpu=True, disable_tqdm=True)
-    trainer = transformers.Trainer(model=Net(), args=args, train_dataset=Data(), eval_dataset=Data(),
+    model, _, data = toy()
+    trainer = transformers.Trainer(model=LabelledClassifier(model), args=args, train_dataset=DictData(*data.tensors),
+                                   eval_dataset=DictData(*data.tensors),
                                    compute_metrics=accuracy, callbacks=[callback])
     trainer.train()
     t = callback.summary.target
