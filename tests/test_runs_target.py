@@ -194,3 +194,16 @@ def test_scoring_a_study_again_with_its_own_steps_gives_the_values_it_was_told(t
     again = records.read_records(study.get_trials(), None, target=RunsTarget.from_csv(runs))
     assert [r.outcome for r in again] == [r.outcome for r in told]
     assert sum(r.outcome is not None for r in told) >= 5
+
+
+def test_a_study_resumed_with_another_b_noise_is_scored_again_or_refused_by_optunas_samplers(tmp_path, capsys):
+    out = tmp_path / "out"
+    base = [a for a in SEARCH if a not in ("--n-trials", "14")] + ["-o", str(out), "--n-trials", "5"]
+    assert main([*base, "--b-noise", "5"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--b-noise", "500"]) == 0
+    assert ("was scored with the noise-scale law's steps to target (B_noise 5); its 5 measured settings are scored "
+            "again with the noise-scale law's steps to target (B_noise 500)") in capsys.readouterr().err
+    assert json.loads((out / "best.json").read_text())["target_model"]["b_noise"] == 500
+    assert main([*base, "--b-noise", "50", "--sampler", "tpe"]) == 2
+    assert "was made with a different B_noise, and sampler 'tpe' ranks the values" in capsys.readouterr().err

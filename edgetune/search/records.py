@@ -12,7 +12,7 @@ spells the attribute keys; the rest of the search talks in types:
   ``observations_func`` of :class:`~edgetune.search.samplers.GuidedSampler`), :func:`is_measured`,
   :func:`role_of`, :func:`worker_of`, :func:`retry_history`;
 * the study's identity (space, objective, budget, workload, device): :func:`write_identity`,
-  :func:`read_identity`; the steps to target it was scored with before a resume with others:
+  :func:`read_identity`, :func:`read_target`; the steps to target it was scored with before a resume with others:
   :func:`write_rescored`, :func:`read_rescored`.
 
 A trial whose worker died (``kill -9``, power loss, Ctrl-C mid-measurement) is failed and retried through
@@ -264,6 +264,11 @@ def write_soaks(study: optuna.Study, soaks: Iterable[Mapping[str, Any]]) -> None
 def read_soaks(study: optuna.Study) -> list[dict[str, Any]]:
     """What :func:`write_soaks` stored (empty before the first soak)."""
     return list(study.user_attrs.get(_SOAKS, []))
+
+
+def read_target(study: optuna.Study) -> dict[str, Any] | None:
+    """The law's parameters :func:`write_identity` stored (``s_min``, ``b_noise``), or None for a new study."""
+    return study.user_attrs.get(_TARGET)
 
 
 def read_identity(study: optuna.Study) -> dict[str, Any] | None:

@@ -126,12 +126,25 @@ MAX_LISTED_GRID = 200_000
 _log = get_logger(__name__)
 
 
-def _steps_text(steps: Mapping[Any, Any] | None) -> str:
-    """A study identity's ``steps_to_target`` in words: the runs' medians, or the law where it has none."""
+def _steps_text(steps: Mapping[Any, Any] | None, law: Mapping[str, Any] | None) -> str:
+    """A study's steps to target in words: the runs' medians (identity ``steps_to_target``), else the law's
+    B_noise."""
     if not steps:
-        return "the noise-scale law's steps to target"
+        b_noise = (law or {}).get("b_noise")
+        return f"the noise-scale law's steps to target (B_noise {b_noise:.4g})" if isinstance(b_noise, float) \
+            else "the noise-scale law's steps to target"
     medians = ", ".join(f"b {b}: {'missed' if s is None else f'{s:.4g}'}" for b, s in steps.items())
     return f"your runs' median steps to target ({medians})"
+
+
+def _same_numbers(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """The same keys and values, NaN equal to NaN (a trace table's target has no law)."""
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+            return True
+        return x == y
+    return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+
 
 #: the least constraint violation (W) told for a trial stopped over the budget: positive, so Optuna counts it
 #: infeasible, even where its short record's judged power fell a hair under the limit
@@ -326,28 +339,37 @@ class Search:
         return identity
 
     def _check_identity(self, study: optuna.Study) -> None:
-        """A new study records what it is for; a resumed one must be for the same."""
+        """A new study records what it is for; a resumed one must be for the same, but for its steps to target
+        (the user's runs, or the law's B_noise), with which a guided search scores it again (:meth:`_rescore`)."""
         identity = self._identity()
+        law = {"s_min": self.target.s_min, "b_noise": self.target.b_noise}
         stored = records.read_identity(study)
         if stored is None:
-            records.write_identity(study, identity, tolerance=self.tolerance, window_s=self.window_s,
-                                   target={"s_min": self.target.s_min, "b_noise": self.target.b_noise})
-        elif stored == identity and records.read_rescored(study) and not self._scores_from_measurements():
-            raise SearchError(f"study {self.study_name!r} in {redact(self.storage_url)} was scored again with other "
-                              f"steps to target, and the values Optuna was told mix both, which sampler "
-                              f"{self.sampler_name!r} ranks by; resume it with the guided sampler (--sampler "
-                              f"guided), or start anew with another --output (--prior "
-                              f"'{redact(self.storage_url)}{NAME_SEP}{self.study_name}' starts it from this "
-                              f"study's measurements)")
-        elif stored != identity:
-            diff = sorted(k for k in identity.keys() | stored.keys() if stored.get(k) != identity.get(k))
-            if diff == ["steps_to_target"] and self._scores_from_measurements():
-                self._rescore(study, identity, stored)
-                return
+            records.write_identity(study, identity, tolerance=self.tolerance, window_s=self.window_s, target=law)
+            return
+        prior_hint = (f"(--prior '{redact(self.storage_url)}{NAME_SEP}{self.study_name}' starts it from this "
+                      f"study's measurements)")
+        diff = sorted(k for k in identity.keys() | stored.keys() if stored.get(k) != identity.get(k))
+        if diff and diff != ["steps_to_target"]:
             raise SearchError(f"study {self.study_name!r} in {redact(self.storage_url)} was made with a "
                               f"different {', '.join(diff)}; use another --study-name or --output to start anew "
-                              f"(--prior '{redact(self.storage_url)}{NAME_SEP}{self.study_name}' starts it from "
-                              f"this study's measurements)")
+                              f"{prior_hint}")
+        was_law = records.read_target(study)
+        law_changed = self.target.is_law and was_law is not None and not _same_numbers(was_law, law)
+        if not diff and not law_changed:
+            if records.read_rescored(study) and not self._scores_from_measurements():
+                raise SearchError(f"study {self.study_name!r} in {redact(self.storage_url)} was scored again with "
+                                  f"other steps to target, and the values Optuna was told mix both, which sampler "
+                                  f"{self.sampler_name!r} ranks by; resume it with --sampler guided, or start anew "
+                                  f"with another --output {prior_hint}")
+            return
+        if not self._scores_from_measurements():
+            what = ", ".join(diff) if diff else "B_noise"
+            raise SearchError(f"study {self.study_name!r} in {redact(self.storage_url)} was made with a different "
+                              f"{what}, and sampler {self.sampler_name!r} ranks the values it was told; resume it "
+                              f"with --sampler guided (it scores the measurements again), or start anew with "
+                              f"another --output {prior_hint}")
+        self._rescore(study, identity, stored, was_law, law)
 
     def _scores_from_measurements(self) -> bool:
         """Whether the sampler ranks trials by their measurements (the guided samplers), not by the objective
@@ -355,20 +377,20 @@ class Search:
         resume (:meth:`_rescore`)."""
         return (AUTO_SAMPLER if self.sampler_name == "auto" else self.sampler_name) == "guided"
 
-    def _rescore(self, study: optuna.Study, identity: dict[str, Any], stored: Mapping[str, Any]) -> None:
-        """Resume a study with other steps to target (the user's runs, other runs, or the law again): the
-        hardware measurements still hold, so every trial is scored again from its measurement with the new steps
-        (:meth:`records` does it on every read) and the study now records them. The values Optuna was told
-        (what ``optuna-dashboard`` shows) stay the first ones."""
+    def _rescore(self, study: optuna.Study, identity: dict[str, Any], stored: Mapping[str, Any],
+                 was_law: Mapping[str, Any] | None, law: Mapping[str, Any]) -> None:
+        """Resume a study with other steps to target (the user's runs, other runs, the law with another
+        B_noise): the hardware measurements still hold, so every trial is scored again from its measurement
+        with the new steps (:meth:`records` does it on every read) and the study now records them. The values
+        Optuna was told (what ``optuna-dashboard`` shows) stay the first ones."""
         was = stored.get("steps_to_target")
-        now = identity.get("steps_to_target")
         measured = sum(1 for t in study.get_trials(deepcopy=False)
                        if records.is_measured(t) and records.role_of(t) != Role.CONFIRM)  # settings, not windows
         _log.warning("study %r was scored with %s; its %d measured settings are scored again with %s",
-                     self.study_name, _steps_text(was), measured, _steps_text(now))
-        records.write_rescored(study, was)
-        records.write_identity(study, identity, tolerance=self.tolerance, window_s=self.window_s,
-                               target={"s_min": self.target.s_min, "b_noise": self.target.b_noise})
+                     self.study_name, _steps_text(was, was_law), measured,
+                     _steps_text(identity.get("steps_to_target"), law))
+        records.write_rescored(study, was if was is not None else {"law": dict(was_law or {})})
+        records.write_identity(study, identity, tolerance=self.tolerance, window_s=self.window_s, target=law)
 
     def records(self, study: optuna.Study | None = None, *, as_measured: bool = False) -> list[TrialRecord]:
         """Every asked trial of the study as a :class:`TrialRecord`, its power referred to the soaks' board
