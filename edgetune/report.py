@@ -142,8 +142,9 @@ def summary_table(result: SearchResult) -> str:
                    f"{_setting_text(other, units)}) is {tie.cost_pct:.1f}% behind by your runs' median steps to "
                    f"target ({ratio}), within what their spread tells apart ({tie.precision:.0%})")
         lines.append(f"batch size: {how}; train both to your target to decide: edgetune.tune(..., target=..., "
-                     f"runs_file=...) records each run for --steps-to-target (README: Your runs to the target); "
-                     f"the other setting: {_run_command(other)} (best.json: batch_size_tie)")
+                     f"runs_file=...) records each run, and this search run again with --steps-to-target scores "
+                     f"what it measured with them (README: Your runs to the target); the other setting: "
+                     f"{_run_command(other)} (best.json: batch_size_tie)")
     if result.simulated:
         lines.append(f"SIMULATED device ({result.device_description}); protocol: {result.protocol}")
     return "\n".join(lines)
