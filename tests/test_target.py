@@ -149,6 +149,17 @@ def test_runs_at_two_batch_sizes_make_a_table_the_search_reads(tmp_path):
     assert target.medians == pytest.approx({16: rows[0].steps, 64: rows[1].steps})
 
 
+def test_a_second_run_with_the_same_seed_is_added_with_a_warning(tmp_path, caplog):
+    run(tmp_path)
+    assert not [r for r in caplog.records if "already has a run" in r.message]
+    run(tmp_path)
+    (warning,) = [r.message for r in caplog.records if "already has a run" in r.message]
+    assert "of toy at batch size 32 with loader seed 0" in warning and "pass another seed=" in warning
+    run(tmp_path, seed=1)
+    assert len([r for r in caplog.records if "already has a run" in r.message]) == 1
+    assert [r.seed for r in read_convergence_rows(tmp_path / "runs.csv")] == [0, 0, 1]
+
+
 def test_a_run_that_ends_short_of_the_target_is_recorded_as_a_miss(tmp_path):
     tuner = run(tmp_path, target=0.999, epochs=1)
     assert not tuner.summary.target.reached

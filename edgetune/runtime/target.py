@@ -40,9 +40,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from edgetune.predictors.convergence import ConvergenceRow, append_convergence_row, crossing_step
+from edgetune.log import get_logger
+from edgetune.predictors.convergence import (
+    ConvergenceRow,
+    append_convergence_row,
+    crossing_step,
+    read_convergence_rows,
+)
 
 __all__ = ["StepLike", "Target", "TargetOutcome", "TargetTracker", "outcome", "record_run"]
+
+_log = get_logger(__name__)
 
 
 class StepLike(Protocol):
@@ -234,6 +242,12 @@ def record_run(result: TargetOutcome, path: str | os.PathLike, *, workload: str,
     row = ConvergenceRow(workload=workload, metric=result.target.metric, target=float(result.target.value),
                          batch_size=result.batch_size, seed=seed, lr=lr, steps=result.steps,
                          evaluations=result.evaluations, wall_s=wall_s)
+    if os.path.exists(path) and any((r.workload, r.metric, r.target, r.batch_size, r.seed) ==
+                                    (row.workload, row.metric, row.target, row.batch_size, row.seed)
+                                    for r in read_convergence_rows(path)):
+        _log.warning("%s already has a run of %s at batch size %d with loader seed %d; this one is added too, but "
+                     "the search takes repeats as independent runs: pass another seed= to tune() for the next",
+                     os.fspath(path), workload, row.batch_size, seed)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     append_convergence_row(path, row, comment=[
         (f"steps to a validation target per workload, batch size and seed (nan: not reached); first row written "
