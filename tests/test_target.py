@@ -314,3 +314,19 @@ def test_a_learning_rate_set_for_another_batch_size_is_scaled_to_the_plans(tmp_p
         edgetune.tune(model, optimizer, dataset=data, plan=plan(16), lr_batch_size=128, lr_rule="adascale")
     with pytest.raises(ValueError, match="lr_batch_size"):
         edgetune.tune(model, optimizer, dataset=data, plan=plan(16), lr_batch_size=0)
+
+
+def test_evaluations_go_to_a_jsonl_log_and_an_existing_log_is_never_overwritten(tmp_path):
+    import json
+
+    log = tmp_path / "run.jsonl"
+    tuner = run(tmp_path, runs_file=None, log=log)
+    kinds = [json.loads(line) for line in log.read_text().splitlines()]
+    evaluations = [k for k in kinds if k["kind"] == "evaluation"]
+    assert len(evaluations) == tuner.summary.target.evaluations and evaluations[0]["metric"] == "accuracy"
+    assert [e["after_steps"] for e in evaluations] == list(range(4, 4 * len(evaluations) + 1, 4))
+    assert evaluations[-1]["value"] >= 0.9 and evaluations[-1]["device_time_s"] > 0
+    before = log.read_bytes()
+    with pytest.raises(ValueError, match="exists: edgetune never overwrites a log"):
+        run(tmp_path, runs_file=None, log=log)
+    assert log.read_bytes() == before

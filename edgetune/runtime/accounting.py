@@ -287,7 +287,8 @@ class RunSummary:
 
 
 class _StepLog:
-    """Per-step rows to CSV or JSONL (by the file's suffix); epochs go to JSONL as ``kind: epoch`` rows."""
+    """Per-step rows to CSV or JSONL (by the file's suffix); epochs and the target's evaluations go to JSONL as
+    ``kind: epoch`` and ``kind: evaluation`` rows."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -311,6 +312,11 @@ class _StepLog:
         if self._jsonl:
             self._fh.write(json.dumps({"kind": "epoch", **asdict(rec)}) + "\n")
         self._fh.flush()
+
+    def evaluation(self, after_steps: int, metric: str, value: float, t: float) -> None:
+        if self._jsonl:
+            self._fh.write(json.dumps({"kind": "evaluation", "after_steps": after_steps, "metric": metric,
+                                       "value": value, "device_time_s": t}) + "\n")
 
     def close(self) -> None:
         self._fh.close()
@@ -495,6 +501,12 @@ class Accounting:
                 self._log.epoch(rec)
         self._epoch_max_avg = -math.inf
         return rec if rec is not None and rec.epoch == epoch else None
+
+    def note_evaluation(self, after_steps: int, metric: str, value: float, t: float) -> None:
+        """An evaluation of the training target's metric after ``after_steps`` steps, at device time ``t``: a
+        ``kind: evaluation`` row in a JSONL log (a CSV log holds steps only)."""
+        if self._log is not None:
+            self._log.evaluation(after_steps, metric, value, t)
 
     def finish(self) -> None:
         """Close the open violation and the log."""

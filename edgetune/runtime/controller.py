@@ -181,6 +181,9 @@ class Tuner:
         self.seed = self.loader_settings.seed
         self.cost = cost
         self.record = record or RecordSettings()
+        if self.record.log is not None and os.path.exists(self.record.log):
+            raise ValueError(f"log file {os.fspath(self.record.log)} exists: edgetune never overwrites a log; "
+                             f"move it away or name another")
         guard = guard or GuardSettings()
         self.guard_params = guard.params
         self._guard_enabled = guard.enabled
@@ -292,6 +295,9 @@ class Tuner:
         with self._lock:
             was = self._tracker.reached
             reached = self._tracker.report(self.steps, value)
+            if self._entered:
+                self.accounting.note_evaluation(self.steps, self._tracker.target.metric,
+                                                self._tracker.values[-1], self.device.clock.now())
             if reached and not was:
                 self._event(f"target {self._tracker.target.describe()} reached after {self._tracker.crossing:.1f} "
                             f"steps")
