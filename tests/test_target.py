@@ -330,3 +330,17 @@ def test_evaluations_go_to_a_jsonl_log_and_an_existing_log_is_never_overwritten(
     with pytest.raises(ValueError, match="exists: edgetune never overwrites a log"):
         run(tmp_path, runs_file=None, log=log)
     assert log.read_bytes() == before
+
+
+def test_a_runs_file_damaged_during_the_run_is_reported_and_the_exit_goes_on(tmp_path):
+    from edgetune.predictors.convergence import CONVERGENCE_COLUMNS
+
+    path = tmp_path / "runs.csv"
+    model, optimizer, data = toy()
+    with edgetune.tune(model, optimizer, dataset=data, plan=plan(), device="sim:orin-nano", print_summary=False,
+                       target=Target("accuracy", 0.9), runs_file=path) as tuner:
+        train(tuner, model, optimizer, data)
+        path.write_text(",".join(CONVERGENCE_COLUMNS) + "\ntoy,accuracy,0.9,thirty-two,0,0.05,40,3,1\n")
+    t = tuner.summary.target
+    assert t.reached and not t.recorded_in and f"could not write {path}" in t.why
+    assert tuner.summary.knobs_restored and "the row was not recorded" in tuner.summary.table()

@@ -74,6 +74,7 @@ from edgetune.power.base import (
 )
 from edgetune.power.knobs import Candidate, check_batch_size
 from edgetune.power.monitor import PowerMonitor
+from edgetune.predictors.convergence import ConvergenceError, check_appendable
 from edgetune.runtime.accounting import Accounting, RunSummary, SampleTap
 from edgetune.runtime.budget import BudgetSource, check_watts
 from edgetune.runtime.guard import Decision, GuardMove, Observation, build_ladder, frequency_prior
@@ -484,8 +485,6 @@ class Tuner:
     def _check_runs_file(self, settings: TargetSettings, *, online: bool) -> str | None:
         """The workload name a run recorded to ``runs_file`` carries; refuses, before any training, a runs file
         that cannot take the row, a run without a workload name, and online tuning (it changes the batch size)."""
-        from edgetune.predictors.convergence import check_appendable
-
         if settings.runs_file is None:
             return None
         if online:
@@ -512,8 +511,8 @@ class Tuner:
         try:
             return record_run(result, runs_file, workload=self._runs_workload, seed=self.seed, lr=lr,
                               wall_s=time.perf_counter() - self._wall_start, device=self.device.name)
-        except OSError as exc:  # the run is done: say so, keep the figures in the summary, let the exit go on
-            why = f"could not write {runs_file}: {exc.strerror or exc}; the row was not recorded"
+        except (OSError, ConvergenceError) as exc:  # the run is done: say so, keep its figures, let the exit go on
+            why = f"could not write {runs_file}: {getattr(exc, 'strerror', None) or exc}; the row was not recorded"
             self._event(why)
             return replace(result, why=why)
 

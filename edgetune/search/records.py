@@ -79,7 +79,7 @@ _IDENTITY = "identity"
 _TOLERANCE = "tolerance"
 _WINDOW_S = "window_s"
 _TARGET = "target"
-_RESCORED = "rescored"  # the steps to target a study was scored with before (identity["steps_to_target"] or None)
+_RESCORED = "rescored"  # the steps to target a study was scored with before (runs' medians, or {"law": ...})
 
 _TRACE_T_DECIMALS = 4  # 0.1 ms: finer than any power sensor's update period
 _TRACE_W_DECIMALS = 3  # 1 mW: below every sensor's resolution
@@ -242,8 +242,9 @@ def write_identity(study: optuna.Study, identity: Mapping[str, Any], *, toleranc
 
 
 def write_rescored(study: optuna.Study, previous_steps: Any) -> None:
-    """Add ``previous_steps`` (an identity's ``steps_to_target``, None for the law) to the steps to target the
-    study was scored with before it was resumed with others: its told values mix them (:func:`read_rescored`)."""
+    """Add ``previous_steps`` (an identity's ``steps_to_target``, or ``{"law": {"s_min": ..., "b_noise": ...}}``)
+    to the steps to target the study was scored with before it was resumed with others: its told values mix
+    them (:func:`read_rescored`)."""
     study.set_user_attr(_RESCORED, [*read_rescored(study), previous_steps])
 
 
