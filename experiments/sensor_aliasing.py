@@ -11,7 +11,7 @@ measures every power mode's GPU clocks at the mode's memory and CPU caps, for ea
 with ``--windows`` one-second windows each (``measure_setting``, as the search measures), and compares each
 window's mean with the twin's true mean power at that moment (``Twin.expected``: ground truth, for scoring
 only). Per setting it reports the step time, the time the readings take to sweep every phase of the step
-(:func:`edgetune.search.trial.phase_sweep_s`), the spread of the windows' errors and the mean standard error
+(:func:`edgetune.search.window.phase_sweep_s`), the spread of the windows' errors and the mean standard error
 the windows reported; the ratio of the two is 1 for an honest standard error.
 
 Run: ``python experiments/sensor_aliasing.py`` (about a minute on one core). Output kept in
@@ -32,7 +32,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgetune.power import PowerMonitor, open_device
-from edgetune.search.trial import SWEEP_WINDOW_CAP_S, MeasurementProtocol, measure_setting, phase_sweep_s
+from edgetune.search.trial import MeasurementProtocol, measure_setting
+from edgetune.search.window import SWEEP_WINDOW_CAP_S, phase_sweep_s
 from edgetune.workloads import load_workload
 
 PROFILES = ("orin-agx", "orin-nx", "orin-nano", "xavier-nx")

@@ -225,7 +225,7 @@ def test_a_long_step_over_the_budget_is_stopped_in_the_middle(workload, monkeypa
     at once and the step finishes there, so it spends far fewer seconds over the budget (counted to well past
     the trial's end: a stopped step's power stays in the 1-s average after it) than when the step runs whole."""
     from edgetune.search import trial
-    from edgetune.search.trial import over_limit_s
+    from edgetune.search.window import over_limit_s
 
     protocol = MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=2.0)
     long = {"gpu_freq": "min", "emc_freq": "max", "cpu_freq": "max"}  # batch 131072: 2.2 s per step, 9.5 W
@@ -300,7 +300,7 @@ def test_a_setting_whose_window_holds_the_budget_is_not_stopped_on_its_first_rea
     """The early stop weighs a short average's own noise: a setting the whole window judges 0.04 W under the
     limit (guard band included) runs its window, whatever its first readings say (seed 0 was stopped when the
     stop took the short average at face value)."""
-    from edgetune.search.trial import judged_power_w
+    from edgetune.search.window import judged_power_w
 
     device = open_device("sim:orin-nano", compute=False, seed=seed)
     protocol = MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=2.0)
@@ -342,7 +342,7 @@ def test_a_setting_is_clearly_over_only_once_its_readings_have_swept_the_steps_p
     the budget by 0.3 W all run to their end (2 of them were stopped in their first 0.1 s on the hot phase
     alone before the rule waited). A setting clearly over is still stopped from rest before the budget
     window's average crosses, after one sweep: no time over the budget."""
-    from edgetune.search.trial import phase_sweep_s
+    from edgetune.search.window import phase_sweep_s
 
     assert 0.15 < phase_sweep_s(0.2, 100.0, 0.0066) < 0.2  # a long step: about one step sweeps it
     assert 0.1 < phase_sweep_s(0.0094, 100.0) < 0.2  # 106 Hz read at 100 Hz: a 6-Hz alias
@@ -378,7 +378,7 @@ def test_a_window_whose_readings_keep_to_a_few_phases_of_the_step_is_judged_over
     +0.26..+0.59 W, then -0.43 W, against a standard error of 0.11 W). The window now runs for one sweep of the
     phases, is judged over it, and its standard error counts how unevenly the readings share the step's
     phases: every window's error lies within 2.5 of it. A long step is judged over the budget window as before."""
-    from edgetune.search.trial import SWEEP_WINDOW_CAP_S, judged_span_s, phase_sweep_s, phase_unevenness
+    from edgetune.search.window import SWEEP_WINDOW_CAP_S, judged_span_s, phase_sweep_s, phase_unevenness
 
     assert judged_span_s(0.2, 1.0, 100.0, 0.0066) == 1.0  # a step of a fifth of the window: its ripple is real
     assert judged_span_s(0.0094, 1.0, 100.0, 0.0066) == 1.0  # swept within the window
@@ -431,7 +431,7 @@ def test_a_stopped_trial_drops_its_clocks_and_cores_at_once(workload):
 
 
 def test_over_limit_s_counts_the_time_the_moving_average_is_above():
-    from edgetune.search.trial import over_limit_s
+    from edgetune.search.window import over_limit_s
 
     t = [i * 0.01 for i in range(401)]  # 4 s at 100 Hz: 10 W for 2 s, then 20 W
     p = [10.0 if x < 2.0 else 20.0 for x in t]
@@ -1219,7 +1219,7 @@ def test_baseline_interpolates_power_in_the_clock_towards_the_limit():
     assert done.done and done.found.candidate.knobs["gpu_freq"] == gpu[1]
 
 def test_trailing_average_max_bounds_the_next_window():
-    from edgetune.search.trial import trailing_average_max_w
+    from edgetune.search.window import trailing_average_max_w
 
     t = np.arange(0.0, 3.0 + 1e-9, 0.01)  # 1 W for 2 s, 11 W for 0.3 s, then 1 W idle for 0.7 s
     p = np.where((t >= 2.0) & (t < 2.3), 11.0, 1.0)
@@ -1231,7 +1231,7 @@ def test_trailing_average_max_bounds_the_next_window():
     # brute force: continue the record at the bound for a window; the moving average never exceeds it
     future_t = np.arange(3.01, 4.0 + 1e-9, 0.01)
     tt, pp = np.concatenate([t, future_t]), np.concatenate([p, np.full(future_t.size, worst)])
-    from edgetune.search.trial import over_limit_s
+    from edgetune.search.window import over_limit_s
 
     assert over_limit_s(tt, pp, 3.0, 4.0, 1.0, worst + 0.05) == 0.0
 

@@ -14,7 +14,7 @@ from edgetune.search import records
 from edgetune.search.results import best_json, certified, margin_w
 from edgetune.search.space import build_space
 from edgetune.search.thermal import SOAK_CHUNK_S, SOAK_S, ThermalSoak, fit_soak, thermal_reference
-from edgetune.search.trial import judged_power_w
+from edgetune.search.window import judged_power_w
 from edgetune.workloads import load_workload
 from tests.test_search import search, small_space
 

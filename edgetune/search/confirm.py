@@ -45,7 +45,7 @@ import numpy as np
 from edgetune.search.efficiency import Outcome, ZeusCost, scalar_score
 from edgetune.search.records import TrialRecord
 from edgetune.search.space import Candidate
-from edgetune.search.trial import judged_power_w
+from edgetune.search.window import judged_power_w
 
 __all__ = ["CONFIRM_REPEATS", "CONFIRM_RESOLUTION", "CONFIRM_SETTINGS", "CONFIRM_Z", "certified", "log_score",
            "margin_w", "next_confirmation", "pick_score", "pool_windows"]

@@ -42,7 +42,7 @@ import numpy as np
 from edgetune.power.base import Device
 from edgetune.search.efficiency import TargetModel
 from edgetune.search.space import SpaceError
-from edgetune.search.trial import judged_power_w
+from edgetune.search.window import judged_power_w
 from edgetune.tables import Table
 
 if TYPE_CHECKING:
@@ -275,7 +275,7 @@ def oracle_gap(result: SearchResult) -> dict[str, Any] | None:
     chosen row is, in percent; None when nothing was chosen.
 
     The certifiable oracle is the best row that a window reading its median power would show to hold the
-    budget under the search's own rule (:func:`~edgetune.search.trial.judged_power_w`, the standard error
+    budget under the search's own rule (:func:`~edgetune.search.window.judged_power_w`, the standard error
     floored at the result's ``power_cv``, as :class:`~edgetune.search.study.Search` floors it on a trace): a
     row closer to the budget than the table's stated noise cannot be told from one just over it by any
     number of single windows. ``certifiable_gap_pct`` is the gap to it (negative when the pick is a row the

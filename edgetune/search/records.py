@@ -37,7 +37,8 @@ from edgetune.power.knobs import Candidate
 from edgetune.search.efficiency import Outcome, TargetModel
 from edgetune.search.space import SearchSpace
 from edgetune.search.thermal import ThermalReference
-from edgetune.search.trial import Measurement, judged_power_w
+from edgetune.search.trial import Measurement
+from edgetune.search.window import judged_power_w
 
 __all__ = [
     "CONSTRAINT",
@@ -168,7 +169,7 @@ class Observation:
     temperature_c: float | None = None
 
     def judged_power_w(self, guard_sigma: float = 0.0) -> float:
-        """The power the budget is judged by (:func:`~edgetune.search.trial.judged_power_w`)."""
+        """The power the budget is judged by (:func:`~edgetune.search.window.judged_power_w`)."""
         return judged_power_w(self.max_avg_power_w, self.power_se_w, guard_sigma)
 
     @classmethod

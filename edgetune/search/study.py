@@ -109,7 +109,8 @@ from edgetune.search.thermal import (
     thermal_reference,
     thermal_rise_w,
 )
-from edgetune.search.trial import Measurement, MeasurementProtocol, judged_power_w, measure_setting
+from edgetune.search.trial import Measurement, MeasurementProtocol, measure_setting
+from edgetune.search.window import judged_power_w
 
 __all__ = ["AUTO_SAMPLER", "CONSTRAINT", "Search", "SearchError", "SearchResult", "TrialRecord", "make_sampler",
            "open_storage"]
