@@ -23,8 +23,6 @@ power sensor's stated accuracy: no search that certifies the budget from reading
               the budget by less than the sensor's accuracy and the thermal rise, so the pick is a safer one), that
               setting's true gap, as a user who takes it instead of the pick gets it (``over``: its true 1-s average
               is over the budget);
-* no-baseline - the warm search again with ``--no-baseline`` (``Search(measure_baseline=False)``): the same cap,
-              every measured setting the search's own (no comparison with common practice);
 * warm tie  - where the warm search reported a batch-size tie (best.json ``batch_size_tie``: its best setting
               at another batch size within the law's precision of the pick, by the law), that batch size and
               the setting's true gap: what training both to the target, as the report advises, would give.
@@ -164,8 +162,7 @@ def _edge_cell(scored: dict) -> str:
 
 
 def search(board: Board, workload, curve: MeasuredCurve, seed: int, *, prior=(), storage_url: str | None = None,
-           study_name: str = "transfer", n_trials: int = COLD_TRIALS, measure_baseline: bool = True
-           ) -> tuple[dict, object]:
+           study_name: str = "transfer", n_trials: int = COLD_TRIALS) -> tuple[dict, object]:
     device = open_device(f"sim:{board.profile}", seed=seed, compute=False)
     try:
         space = space_of(device, workload, board, curve)
@@ -174,7 +171,7 @@ def search(board: Board, workload, curve: MeasuredCurve, seed: int, *, prior=(),
         storage = None if storage_url else optuna.storages.InMemoryStorage()
         s = Search(device, workload, space, budget_w=board.budget_w, target=target, protocol=PROTOCOL,
                    storage_url=storage_url or "sqlite:///:memory:", storage=storage, study_name=study_name,
-                   n_trials=n_trials, seed=seed, prior=mapped, measure_baseline=measure_baseline)
+                   n_trials=n_trials, seed=seed, prior=mapped)
         t0 = time.perf_counter()
         res = s.run()
         wall = time.perf_counter() - t0
@@ -196,11 +193,8 @@ def run_case(case: Case, workload, curve: MeasuredCurve, seed: int, tmp: Path, w
     cold, _ = search(case.target, workload, curve, seed, n_trials=cold_trials)
     short, _ = search(case.target, workload, curve, seed, n_trials=warm_trials)  # cold at the warm search's cap
     warm, _ = search(case.target, workload, curve, seed, prior=prior.observations, n_trials=warm_trials)
-    # ... and warm without the baseline's probes (--no-baseline): every measured setting the search's
-    bare, _ = search(case.target, workload, curve, seed, prior=prior.observations, n_trials=warm_trials,
-                     measure_baseline=False)
     return {"kind": case.kind, "prior": case.prior.label(), "target": case.target.label(), "workload": workload.name,
-            "cold": cold, "short": short, "warm": warm, "bare": bare, "prior_n": len(prior.observations)}
+            "cold": cold, "short": short, "warm": warm, "prior_n": len(prior.observations)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,8 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(r)
                 print(f"  {r['target']} {name} <- {r['prior']}: warm {r['warm']['gap']:.2f}% / "
                       f"{r['warm']['measured']} ({r['warm']['stop'][:60]}); cold {r['short']['gap']:.2f}% / "
-                      f"{r['short']['measured']}, {r['cold']['gap']:.2f}% / {r['cold']['measured']}; no baseline "
-                      f"{r['bare']['gap']:.2f}% / {r['bare']['measured']}", file=sys.stderr)
+                      f"{r['short']['measured']}, {r['cold']['gap']:.2f}% / {r['cold']['measured']}", file=sys.stderr)
     warm_n, cold_n = args.warm_trials, args.cold_trials
     print(f"seed {args.seed}; the searches' target: each workload's measured B_noise; warm capped at {warm_n} measured "
           f"settings, cold at {warm_n} and at {cold_n}; gap against the certifiable oracle of the target space (true "
@@ -234,12 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(
         ["case", "prior (measured there)", "target", "workload", "warm gap %", "warm measured",
          f"cold@{warm_n} gap %", "cold gap %", "cold measured", "law gap %", "warm true 1-s W", "warm tie: b, gap %",
-         "warm edge gap %", "no-baseline gap %", "no-baseline measured"],
+         "warm edge gap %"],
         [[r["kind"], f"{r['prior']} ({r['prior_n']})", r["target"], r["workload"], round(r["warm"]["gap"], 2),
           r["warm"]["measured"], round(r["short"]["gap"], 2), round(r["cold"]["gap"], 2), r["cold"]["measured"],
           round(r["warm"]["law_gap"], 2), f"{r['warm']['power']:.2f}{' OVER' if r['warm']['over'] else ''}",
           f"b {r['warm']['tie'][0]}, {r['warm']['tie'][1]:.2f}" if "tie" in r["warm"] else "-",
-          _edge_cell(r["warm"]), round(r["bare"]["gap"], 2), r["bare"]["measured"]]
+          _edge_cell(r["warm"])]
          for r in rows]))
     print(f"timing: {time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU; machine at end: "
           f"{machine_state()}")
@@ -298,11 +291,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{sum(math.isinf(r['warm']['edge']) for r in edged)} of {len(edged)}"
           + (f"; the cases then within the budget and within 3% of the oracle: {sum(g <= 3.0 for g in held)} of "
              f"{len(rows)} (worst gap among those within the budget {max(held):.2f}%)" if held else ""))
-    bare = [r["bare"] for r in rows]
-    print(f"warm without the baseline's probes (--no-baseline: every measured setting the search's, capped at "
-          f"{warm_n}): worst gap {max(b['gap'] for b in bare):.2f}%, within 3% in {sum(b['gap'] <= 3.0 for b in bare)} "
-          f"of {len(rows)} cases, mean measured {sum(b['measured'] for b in bare) / len(rows):.1f}; budget violations "
-          f"{sum(b['over'] for b in bare)}")
     warm_worst = max(r["warm"]["gap"] for r in rows)
     cold_worst = max(r["cold"]["gap"] for r in rows)
     warm_mean = sum(r["warm"]["measured"] for r in rows) / len(rows)
