@@ -255,8 +255,7 @@ class Flag:
     metavar: str | None = None
     group: str | None = None
     short: str | None = None
-    switch: bool = False  # a flag without a value that sets the key to ``switch_value``
-    switch_value: bool = True
+    switch: bool = False  # a flag without a value that sets the key to true
 
     @property
     def dest(self) -> str:
@@ -388,11 +387,6 @@ class SearchSection:
     confirm: int = _key(3, _integer(0), "before the pick, up to this many contenders whose measured figures are "
                         "within the run-to-run noise of the best are measured again (3 more windows each at most; "
                         "0: none); they add windows, not settings", flag=Flag("--confirm", _flag_int, "N", SEARCH))
-    baseline: bool = _key(True, _boolean, "the baseline of common practice (the default batch size at the highest "
-                          "GPU clock, else power limit, that holds the budget) is measured, so the results state the "
-                          "speedup over it; --no-baseline (false) gives every measured setting to the search instead "
-                          "(a warm start with --prior that needs no comparison)",
-                          flag=Flag("--no-baseline", _flag_bool, group=SEARCH, switch=True, switch_value=False))
     soak_s: float = _key(360.0, _number(0.0, unit="seconds"),
                          "before the search stops, its pick is trained at for this many device seconds and the "
                          "board temperature read, to learn how much more it draws once the board is warm; every "

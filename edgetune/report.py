@@ -162,7 +162,7 @@ def _no_baseline_why(result: SearchResult) -> str:
 
     probes = [r for r in result.measured if r.role == Role.BASELINE]
     if not probes:
-        return "none (not measured: --no-baseline)" if not result.baseline_measured else "none (not measured)"
+        return "none (not measured)"
     if any(r.oom for r in probes):
         return "none (default batch out of memory)"
     if any(r.feasible for r in probes):

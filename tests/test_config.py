@@ -182,7 +182,6 @@ def test_every_flag_states_the_default_the_config_loads_and_its_key():
     (["--patience", "0"], "search.patience", 0),
     (["--margin", "0.05"], "search.margin", 0.05),
     (["--timeout", "60"], "search.timeout_s", 60.0),
-    (["--no-baseline"], "search.baseline", False),
     (["--warmup-steps", "2"], "protocol.warmup_steps", 2),
     (["--measure-steps", "7"], "protocol.measure_steps", 7),
     (["--measure-s", "3"], "protocol.measure_s", 3.0),

@@ -487,29 +487,6 @@ def test_search_enqueues_the_baseline_first_and_holds_the_budget(workload, sampl
     json.dumps(doc, allow_nan=False)
 
 
-def test_a_search_without_the_baseline_gives_every_setting_to_the_sampler_and_states_no_speedup(workload):
-    from edgetune.report import summary_table
-
-    device = open_device("sim:orin-nano", compute=False, seed=3)
-    storage = optuna.storages.InMemoryStorage()
-    s = search(device, workload, small_space(device), 9.0, sampler="guided", n_trials=6, seed=3,
-               measure_baseline=False, soak_s=0, storage=storage)
-    result = s.run()
-    assert len(result.settings) == 6 and all(r.role != Role.BASELINE for r in result.records)
-    assert result.best is not None and result.best.measurement["max_avg_power_w"] <= 9.0
-    assert result.baseline is None and result.speedup is None
-    doc = best_json(result)
-    assert doc["baseline"] is None and doc["speedup_over_baseline"] is None
-    assert doc["study"]["baseline_measured"] is False
-    assert "none (not measured: --no-baseline)" in summary_table(result)
-    # resumed with the baseline: its probes come first, and the result states the speedup
-    again = search(device, workload, small_space(device), 9.0, sampler="guided", n_trials=9, seed=3, soak_s=0,
-                   storage=storage)
-    resumed = again.run()
-    assert any(r.role == Role.BASELINE for r in resumed.records) and resumed.baseline is not None
-    assert resumed.speedup is not None
-
-
 @pytest.mark.parametrize("sampler", ["tpe", "guided"])
 def test_pareto_objective_keeps_the_front_of_time_and_energy(workload, sampler):
     device = open_device("sim:orin-nano", compute=False, seed=2)

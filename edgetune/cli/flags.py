@@ -48,9 +48,9 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             continue
         if flag.group not in groups:
             groups[flag.group] = parser.add_argument_group(flag.group)
-        if flag.switch:  # no value: present sets the key to its switch value
-            groups[flag.group].add_argument(*flag.option_strings, dest=flag.dest, action="store_const",
-                                            const=flag.switch_value, default=None, help=flag_help(key))
+        if flag.switch:  # no value: present sets the key to true
+            groups[flag.group].add_argument(*flag.option_strings, dest=flag.dest, action="store_const", const=True,
+                                            default=None, help=flag_help(key))
             continue
         groups[flag.group].add_argument(*flag.option_strings, dest=flag.dest, type=_argument_type(flag.parse),
                                         metavar=flag.metavar, default=None, help=flag_help(key))

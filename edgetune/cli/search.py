@@ -153,7 +153,6 @@ def search(args: argparse.Namespace) -> int:
                 patience=cfg.search.patience, margin=cfg.search.margin, timeout_s=cfg.search.timeout_s,
                 seed=cfg.seed, storage=storage,
                 baseline_batch_size=trace.baseline_batch_size if trace else None,
-                measure_baseline=cfg.search.baseline,
                 power_cv=trace.power_cv if trace else 0.0, confirm_settings=cfg.search.confirm,
                 soak_s=cfg.search.soak_s,
             )

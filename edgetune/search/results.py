@@ -80,9 +80,6 @@ class SearchResult:
     #: largest rise per watt, carried to the edge of the budget, is part of the margin every setting must hold
     #: the budget by
     thermal_soaks: list[ThermalSoak] = field(default_factory=list)
-    #: whether the search queued the baseline's probes (False: ``--no-baseline``; a resumed study may still
-    #: hold the probes of an earlier run)
-    baseline_measured: bool = True
 
     @property
     def measured(self) -> list[TrialRecord]:
@@ -407,8 +404,6 @@ def best_json(result: SearchResult) -> dict[str, Any]:
                   "trials_measured": len(result.measured), "settings_measured": len(result.settings),
                   "space_size": result.space.size,
                   "stop_reason": result.stop_reason,
-                  # False: --no-baseline, so no speedup is stated (unless a resumed study measured its probes)
-                  "baseline_measured": result.baseline_measured,
                   # safe profiling: device seconds the moving average spent above the budget while measuring
                   "over_budget_s": result.over_budget_s, "aborted_over_budget": result.aborted_over_budget},
         "protocol": result.protocol,

@@ -12,8 +12,7 @@ Each turn of :meth:`Search.run`:
    measured twice.
 2. Stop when ``n_trials`` settings are measured in the study or the time limit passed.
 3. Queue the next probe of the baseline of common practice (:mod:`edgetune.search.baseline`), so every result
-   states its speedup over it (unless ``measure_baseline`` is off: ``--no-baseline``); once the baseline is
-   found, stop when the sampler (or, for samplers without a
+   states its speedup over it; once the baseline is found, stop when the sampler (or, for samplers without a
    rule of their own, the patience rule) says no further trial can improve the best by the margin.
 4. Ask a setting and measure it. A setting already measured is not measured again: the trial is told the
    recorded values.
@@ -190,8 +189,6 @@ class Search:
         timeout_s: stop starting trials after this much wall time (0: none).
         seed: sampler seed.
         baseline_batch_size: the baseline's batch size (default: the workload's default batch size).
-        measure_baseline: queue the baseline's probes (False: every measured setting is the sampler's; the
-            result states no speedup, unless a resumed study measured the baseline already).
         power_cv: relative run-to-run spread of a window's mean power that one window cannot show (a table
             replay draws one power per window, so its readings are constant): the standard error of a
             measured average is at least this fraction of it, and the guard band covers that spread.
@@ -228,7 +225,6 @@ class Search:
         timeout_s: float = 0.0,
         seed: int = 0,
         baseline_batch_size: int | None = None,
-        measure_baseline: bool = True,
         power_cv: float = 0.0,
         guided_options: Mapping[str, Any] | None = None,
         on_trial: Callable[[TrialRecord, int], None] | None = None,
@@ -290,7 +286,6 @@ class Search:
         max_w = device.max_power_w
         self.constrained = budget_w is not None and not (max_w is not None and budget_w >= max_w)
         self.baseline = Baseline(space, self.baseline_batch_size, device.settings(), limit_w=self._limit_w())
-        self.measure_baseline = measure_baseline
         #: channels the sensor's total sums: each adds its offset to the sensor's accuracy
         self.sensor_channels = summed_channels(getattr(device.sensor, "total_label", ""))
         self._storage = storage
@@ -450,7 +445,7 @@ class Search:
         if reason is not None:
             return reason
         recs = self.records(study)
-        probe = self.baseline.state(recs).next_probe if self.measure_baseline else None
+        probe = self.baseline.state(recs).next_probe
         if probe is not None:
             if not self._queued_or_running(study, probe):
                 records.enqueue(study, self.space, probe, Role.BASELINE, skip_if_exists=True)
@@ -806,7 +801,7 @@ class Search:
             device_name=self.device.name, device_description=self.device.description,
             simulated=self.device.simulated, workload=getattr(self.workload, "name", str(self.workload)),
             cost=self.cost, guard_sigma=self.guard_sigma, power_cv=self.power_cv,
-            sensor_channels=self.sensor_channels, thermal_soaks=soaks, baseline_measured=self.measure_baseline,
+            sensor_channels=self.sensor_channels, thermal_soaks=soaks,
         )
         settings = result.settings  # one record per setting, its windows pooled
         feasible = [r for r in settings if r.feasible and r.outcome is not None]
