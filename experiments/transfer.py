@@ -125,9 +125,9 @@ def truth_of(board: Board, workload, curve: MeasuredCurve) -> GridTruth:
 
 
 def score(truth: GridTruth, budget_w: float, res, target: TargetModel) -> dict:
-    """The pick against the certifiable oracle and the plain one, the law's gap, the pick's true 1-s maximum, and
-    a reported batch-size tie's runner-up (``tie``: its batch size and gap; inf where its true 1-s average is
-    over the budget, so it is no choice)."""
+    """The pick against the certifiable oracle and the plain one, the law's gap, the pick's true 1-s maximum, a
+    reported batch-size tie's runner-up (``tie``: its batch size and gap) and a reported knife edge (``edge``: its
+    gap); a tie's or an edge's gap is inf where its true 1-s average is over the budget, so it is no choice."""
     certifiable = truth.feasible(budget_w, honest=True)
     honest, plain = truth.best("time", certifiable), truth.best("time", truth.feasible(budget_w, honest=False))
     law = truth.law_best("time", certifiable, target)
@@ -142,14 +142,18 @@ def score(truth: GridTruth, budget_w: float, res, target: TargetModel) -> dict:
     out = {"gap": gap(chosen, honest), "plain_gap": gap(chosen, plain), "law_gap": gap(law, honest),
            "power": chosen.max_avg_w if chosen else math.nan,
            "over": chosen is not None and chosen.max_avg_w > budget_w, "pick": pick}
+
+    def taken(record) -> float:
+        """A reported alternative's gap, as a user who takes it instead of the pick gets it."""
+        p = truth.point(record.candidate.batch_size, record.candidate.knobs)
+        return gap(p, honest) if p.max_avg_w <= budget_w else math.inf
+
     tie = res.batch_tie  # best.json's batch_size_tie: another batch size within the law's precision
     if tie is not None:
-        other = truth.point(tie.runner_up.candidate.batch_size, tie.runner_up.candidate.knobs)
-        out["tie"] = (tie.runner_up.candidate.batch_size, gap(other, honest) if other.max_avg_w <= budget_w else math.inf)
+        out["tie"] = (tie.runner_up.candidate.batch_size, taken(tie.runner_up))
     edge = res.knife_edge  # best.json's knife_edge: the best held setting short of the line, the pick a safer one
     if edge is not None and edge.safer is not None:
-        taken = truth.point(edge.edge.candidate.batch_size, edge.edge.candidate.knobs)
-        out["edge"] = gap(taken, honest) if taken.max_avg_w <= budget_w else math.inf
+        out["edge"] = taken(edge.edge)
     return out
 
 

@@ -367,9 +367,9 @@ def read_records(trials: Iterable[FrozenTrial], space: SearchSpace | None, therm
         if cand is None:
             continue
         ua = t.user_attrs
-        m = referred(ua.get(_MEASUREMENT), thermal)
-        out_ = ua.get(_OUTCOME)
         raw = ua.get(_MEASUREMENT)
+        m = referred(raw, thermal)
+        out_ = ua.get(_OUTCOME)
         if target is not None and out_ and raw:
             out_ = Outcome.of(cand.batch_size, raw["step_time_s"], raw["energy_per_sample_j"], target).__dict__
         out.append(TrialRecord(

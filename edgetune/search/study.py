@@ -385,10 +385,8 @@ class Search:
         with the new steps (:meth:`records` does it on every read) and the study now records them. The values
         Optuna was told (what ``optuna-dashboard`` shows) stay the first ones."""
         was = stored.get("steps_to_target")
-        measured = sum(1 for t in study.get_trials(deepcopy=False)
-                       if records.is_measured(t) and records.role_of(t) != Role.CONFIRM)  # settings, not windows
         _log.warning("study %r was scored with %s; its %d measured settings are scored again with %s",
-                     self.study_name, _steps_text(was, was_law), measured,
+                     self.study_name, _steps_text(was, was_law), self._measured_count(study),
                      _steps_text(identity.get("steps_to_target"), law))
         records.write_rescored(study, was if was is not None else {"law": dict(was_law or {})})
         records.write_identity(study, identity, tolerance=self.tolerance, window_s=self.window_s, target=law)
