@@ -64,33 +64,38 @@ def test_the_expected_improvement_averages_the_draws_that_hold_the_constraint() 
 
 
 def test_the_pareto_objective_scores_a_candidate_by_what_it_adds_to_the_measured_front_under_the_budget() -> None:
-    from edgetune.power import open_device
-    from edgetune.search.samplers.guided import GuidedSampler
-    from edgetune.search.samplers.models import Measured
-    from edgetune.search.space import build_space
+    from edgetune.search.samplers.acquisition import Aim, Prediction, pareto_gain
 
-    device = open_device("sim:orin-nano", compute=False)
-    space = build_space(device, 32, (16, 32, 64), ["gpu_freq"], {"gpu_freq": ["306MHz", "510MHz", "max"]})
-    sampler = GuidedSampler(space, objective="pareto", budget_w=6.0)
-    at = [sampler.grid.index(space.params(space.candidate({"batch_size_level": 1, "gpu_freq_level": g})))
-          for g in range(3)]
-    steps = float(sampler._steps_table[1])
-    # two settings on the front (fast and hungry, slow and frugal) and one over the budget
-    measured = Measured(idx=at, times=[0.10, 0.05, 0.03], powers=[2.0, 5.0, 7.0], peaks=[4.5, 5.5, 7.5],
-                        oom_batches=[])
+    aim = Aim("energy", budget_w=6.0)
+    steps = 1200.0
+
+    def predicted(time_s: np.ndarray, power_w: np.ndarray, rel: np.ndarray, power_std_w: np.ndarray) -> Prediction:
+        return Prediction(time_s / steps, power_w, rel, power_std_w)
+
+    # two settings on the front (fast and hungry, slow and frugal) and one over the budget: time to target, s,
+    # and judged power, W
+    measured_s, measured_w = steps * np.array([0.10, 0.05, 0.03]), np.array([2.0, 5.0, 7.0])
     # candidates, as total time (steps x step time, s) and judged power (W): between the two, dominated by the
     # fast one, the same as the first but over the limit, and the first again but certain to fail
     time_s = steps * np.array([0.07, 0.06, 0.07, 0.07])
     power = np.array([3.0, 5.5, 8.0, 3.0])
     rel = np.full(4, 0.01)
     certain = np.array([False, False, False, True])
-    gain = sampler._pareto_gain(measured, time_s, power, rel, 0.01 * power, certain)
+    gain = pareto_gain(aim, measured_s, measured_w, time_s, predicted(time_s, power, rel, 0.01 * power), certain)
     assert gain[0] > 0.05 and gain[1] == pytest.approx(0.0, abs=1e-6) and gain[2] == 0.0 and gain[3] == 0.0
     # the gain reads as a relative improvement: a point 1% faster than a one-point front at its energy adds 1%
-    one = Measured(idx=at[1:2], times=[0.05], powers=[5.0], peaks=[5.5], oom_batches=[])
     tiny = np.full(1, 1e-6)
-    edge = sampler._pareto_gain(one, steps * np.array([0.0495]), np.array([5.0 * 0.05 / 0.0495]), tiny, tiny, np.array([False]))
+    fast = steps * np.array([0.0495])
+    edge = pareto_gain(aim, measured_s[1:2], measured_w[1:2], fast,
+                       predicted(fast, np.array([5.0 * 0.05 / 0.0495]), tiny, tiny), np.array([False]))
     assert edge[0] == pytest.approx(0.01, rel=0.05)
+    # the aim is the budget less the sensor's accuracy: a faster point drawing 5.5 W adds to the front under a
+    # 6 W budget, and nothing where the sensor's accuracy (0.6 W) leaves an aim of 5.4 W
+    faster, hungry = steps * np.array([0.04]), np.array([5.5])
+    for accuracy_w, adds in ((0.0, True), (0.6, False)):
+        gain = pareto_gain(Aim("energy", budget_w=6.0, accuracy_w=accuracy_w), measured_s[:2], measured_w[:2],
+                           faster, predicted(faster, hungry, rel[:1], tiny), np.array([False]))
+        assert bool(gain[0] > 0.05) is adds and bool(gain[0] == 0.0) is not adds
     # before a measured setting held the budget there is no front: the search looks for one as for time
-    over = Measured(idx=at[2:], times=[0.03], powers=[7.0], peaks=[7.5], oom_batches=[])
-    assert sampler._pareto_gain(over, time_s, power, rel, 0.01 * power, certain) is None
+    assert pareto_gain(aim, measured_s[2:], measured_w[2:], time_s, predicted(time_s, power, rel, 0.01 * power),
+                       certain) is None

@@ -580,9 +580,9 @@ def watch_proposals(monkeypatch, key: str) -> list[float]:
     def watched(self, study, trial, search_space):
         params = original(self, study, trial, search_space)
         scores = self._score(study, trial.number)
-        if scores is not None and np.any(np.isfinite(scores["acquisition"])):
-            k = int(np.flatnonzero(scores["idx"] == self.grid.index(params))[0])
-            seen.append(float(scores[key][k]))
+        if scores is not None and np.any(np.isfinite(scores.acquisition)):
+            k = int(np.flatnonzero(scores.idx == self.grid.index(params))[0])
+            seen.append(float(getattr(scores, key)[k]))
         return params
 
     monkeypatch.setattr(GuidedSampler, "sample_relative", watched)
@@ -593,7 +593,8 @@ def test_guided_sampler_keeps_predicted_power_within_what_the_measurements_imply
     """Power does not fall as the batch or a clock rises (in one power mode): a prediction is raised to the
     power of a measured setting below the candidate and lowered to that of a measured one above it that held
     the budget; one stopped over the budget bounds only from below."""
-    from edgetune.search.samplers.guided import GuidedSampler, _within
+    from edgetune.search.samplers.acquisition import within
+    from edgetune.search.samplers.guided import GuidedSampler
     from edgetune.search.samplers.models import Measured
 
     device = open_device("sim:orin-nano", compute=False)
@@ -609,7 +610,7 @@ def test_guided_sampler_keeps_predicted_power_within_what_the_measurements_imply
                         peaks=[6.0, 7.0], oom_batches=[])
     cand = np.array([at(16, "15W", 0), at(64, "15W", 2), at(16, "15W", 1), at(64, "15W", 0), at(16, "7W", 0)])
     predicted = np.array([5.9, 6.0, 5.0, 5.0, 9.0])
-    bounded = _within(predicted, *sampler._power_bounds(cand, measured))  # as the sampler's scoring does
+    bounded = within(predicted, *sampler._power_bounds(cand, measured))  # as the sampler's scoring does
     assert bounded[0] == 5.5  # below the 5.5-W setting that held the budget: at most 5.5
     assert bounded[1] == 6.4  # above the 6.4-W one (over the budget): at least 6.4
     assert bounded[2] == 5.0  # below the feasible one, above neither: the model's 5.0 stands
@@ -1334,8 +1335,8 @@ def test_a_power_mode_whose_probes_all_ran_over_the_budget_is_settled_by_its_lea
     # measured over the budget, the least setting rules out the whole mode; nothing else is redirected
     s, _ = sampler_on(measured + [lv(0, "15W", 0, 0, 0)])
     scores = s._score(None, len(measured) + 1)
-    in_scored15 = s.grid.group(scores["idx"]) == g15
-    assert in_scored15.any() and not np.any(scores["possible"][in_scored15])
+    in_scored15 = s.grid.group(scores.idx) == g15
+    assert in_scored15.any() and not np.any(scores.possible[in_scored15])
     assert s._floor_first(None, int(in15[-1])) == int(in15[-1])
 
 

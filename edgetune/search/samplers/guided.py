@@ -27,7 +27,9 @@ step time predicted by an equal mixture (in log space) of that model and the bes
 corrected by the mode's own rows: a roofline fitted on a handful of one mode's rows is sure of settings it
 never saw, and the disagreement of the two becomes doubt that sends a measurement there. The models live in
 :mod:`~edgetune.search.samplers.models` (:class:`ModelBank`), the grid and what its power modes cap in
-:mod:`~edgetune.search.samplers.grid` (:class:`Grid`).
+:mod:`~edgetune.search.samplers.grid` (:class:`Grid`), a candidate's score (the log objective, the probability
+of holding the budget, the constrained expected improvement, the safe-profiling limits) in
+:mod:`~edgetune.search.samplers.acquisition`; this module is the policy: where to measure, and when to stop.
 
 Where the space knows what each power mode caps (:attr:`SearchSpace.mode_caps`), the sampler searches the
 settings as they run: a clock set at or above its mode's cap is that cap, and a setting two modes of the
@@ -119,11 +121,17 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
-from scipy.special import erf
 
 from edgetune.search.efficiency import TargetModel, ZeusCost
 from edgetune.search.records import Observation, read_observation
-from edgetune.search.samplers import hypervolume
+from edgetune.search.samplers.acquisition import (
+    POWER_STD_SCALE,
+    Aim,
+    Prediction,
+    Scores,
+    best_measured,
+    score,
+)
 from edgetune.search.samplers.grid import Grid
 from edgetune.search.samplers.models import TRUSTED_GROUP_ROWS, Fitted, Measured, ModelBank
 from edgetune.search.space import SearchSpace
@@ -136,13 +144,6 @@ ObservationsFunc = Callable[[FrozenTrial], Observation | None]
 
 _STARTUP_POOL = 4096  # grid points drawn per space-filling proposal: spread enough, cheap to score
 _TIE = 1e-12  # distances (normalised levels) this close are a tie, broken by the seeded generator
-_MIN_STEP_TIME_S = 1e-9  # floor of a predicted step time: its log stays finite
-_MIN_RELATIVE_STD = 1e-3  # floor of a prediction's relative std: no fit is certain to better than 0.1%
-_UNKNOWN_RELATIVE_STD = 1.0  # relative std of a step time the model gave no std for: an e-fold of doubt
-_MIN_POWER_W = 1e-9  # floor of a predicted power in a ratio: the ratio stays finite
-#: standard normal draws (step time, power) of the pareto objective's expected hypervolume improvement: the
-#: same for every candidate and every fit (common random numbers), whatever the sampler's seed
-_EHVI_DRAWS = np.random.default_rng(20231).standard_normal((64, 2))
 _FIRST_PASS_SHARE = 2  # a sampled first pass scores 1/2 of max_candidates at random; neighbourhoods fill the rest
 _REFINE_TOP = 32  # candidates of a sampled first pass whose neighbourhoods the second pass scores
 #: the stopping rule's threshold as a share of the search's margin (GuidedSampler.stop_gain): an expected gain
@@ -154,9 +155,6 @@ _STOP_GAIN_SHARE = 0.5
 #: 1) rows at a hypervolume ratio of 0.95 or more went 23 -> 24 and 24 -> 26, the mean 0.953 -> 0.963 and 0.961
 #: -> 0.964, for a median of 29.5 -> 34 and 28.5 -> 30.5 measured settings (experiments/results/oracle_gap_pareto.txt)
 _PARETO_STOP_SHARE = 0.5
-#: "clearly over" the budget: this fraction above it (a setting just over it is stopped as its average nears
-#: the limit, within a few hundredths of a second above it; one clearly over draws its power for a step)
-_CLEARLY_OVER = 0.02
 #: expected device seconds clearly over the budget one proposal may cost (GuidedSampler's
 #: over_budget_allowance_s): 40 measurements at this much stay within a few seconds in all
 OVER_BUDGET_ALLOWANCE_S = 0.1
@@ -188,13 +186,6 @@ TIME_STOP_CONFIRMATIONS = 1
 #: the first fit finds plausibly within the budget (GuidedSampler.n_spread): the start alone left whole
 #: regions unseen, and blind guesses there would run the board over the budget
 N_SPREAD = 4
-#: the hardware model's power uncertainty is widened by this factor before feasibility is judged: the fit is
-#: confident far from its measurements and wrong there (the 35% needle of experiments/results/oracle_gap.txt:
-#: its optimum predicted at 5.8-6.1 +- 0.05-0.08 W, true 5.44 W, so judged over the budget with certainty and
-#: never measured). 2 moved the time benchmark's worst gap from 34.89% to 12.29% (the law's row) with the same
-#: rows within 3% and median settings; chosen on that benchmark. Calibrating it online from the z-scores of the
-#: model's own forecasts widened it more (up to 5x) and took the median to 26.5 settings
-_POWER_STD_SCALE = 2.0
 #: measured settings before the stopping rule may end a search with a prior: the prior model has seen the
 #: space, so a few measurements of this board that agree with it (baseline probes included) are enough to
 #: trust its corrected predictions
@@ -205,30 +196,6 @@ PRIOR_MIN_TRIALS_TO_STOP = 6
 #: settings without the handoff, 1.8% with 25 with it; experiments/transfer.py), while the settings the prior
 #: steered to are what a cold model needs to be trusted
 PRIOR_HANDOFF = 12
-#: with a prior and no measured setting holding the budget yet, proposals are limited to settings at least
-#: this likely to hold it (the first feasible measurement comes at once; improving on it is EI's job)
-_PREDICTED_FEASIBLE_P = 0.8
-
-
-def _within(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """``x`` clipped to ``[lo, hi]``; where the bounds cross (noisy measurements), the lower one."""
-    return np.minimum(np.maximum(x, lo), np.maximum(hi, lo))
-
-
-def _norm_cdf(z: np.ndarray) -> np.ndarray:
-    """Standard normal CDF as 0.5 (1 + erf(z / sqrt 2)).
-
-    Not :func:`scipy.special.ndtr`: that is more accurate in the far lower tail, where this form cancels, and
-    the difference changes which setting wins when every acquisition is ~1e-30 (measured: trial 9 of the
-    V100 Sentiment140 150 W trace search), so it would change the recorded benchmark results. Switching is
-    a change of behaviour, to be made with the benchmarks rerun.
-    """
-    return 0.5 * (1.0 + erf(z / math.sqrt(2.0)))
-
-
-def _norm_pdf(z: np.ndarray) -> np.ndarray:
-    return np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
-
 
 class GuidedSampler(BaseSampler):
     """Constrained expected improvement over the grid, from the hardware model's predictions.
@@ -324,7 +291,7 @@ class GuidedSampler(BaseSampler):
         #: the space by flat grid index (levels, the settings as they run, power modes, neighbours)
         self.grid = Grid(space)
         self._score_key: Any = None  # what the last scores were computed for (_score)
-        self._scores: dict[str, np.ndarray] = {}
+        self._scores: Scores | None = None
         self._stop_streak: list[Any] = []
         prior_idx = np.array([self._candidate_index(o) for o in self.prior], dtype=np.int64)
         #: the hardware models, refitted as measurements come
@@ -367,37 +334,37 @@ class GuidedSampler(BaseSampler):
         proposal = self._startup(study) if scores is None else self._propose(study, trial, scores)
         return self.grid.params(self._floor_first(study, self.grid.index(proposal)))
 
-    def _propose(self, study: Study, trial: FrozenTrial, scores: dict[str, np.ndarray]) -> dict[str, Any]:
+    def _propose(self, study: Study, trial: FrozenTrial, scores: Scores) -> dict[str, Any]:
         """The model's proposal (module docs), as Optuna params."""
         if not self.prior and len(self._measured(study).idx) < self.n_startup + self.n_spread:
             # the safe spread: space-filling still, among the settings the first fit finds plausibly
             # within the budget (no blind guess that could be anywhere over it)
-            safe = scores["idx"][scores["plausible"] & scores["possible"]]
+            safe = scores.idx[scores.plausible & scores.possible]
             if safe.size:
                 return self._startup(study, safe)
         if self._stop_streak:  # the model finds nothing left to pay: the best setting's neighbours first
             polish = self._polish_candidates(study)
             if polish:
                 return self.grid.params(polish[0])
-        acq = scores["acquisition"]
+        acq = scores.acquisition
         lacking = self._lacking_groups(study, scores)
         if lacking and trial.number % 2 == 1:
             # every other proposal goes to the power mode measured least, until each has a model of its
             # own: a mode caps the clocks, so the pooled model cannot tell what a mode it barely saw does
-            in_group = self.grid.group(scores["idx"]) == lacking[0]
+            in_group = self.grid.group(scores.idx) == lacking[0]
             focused = np.where(in_group, acq, -np.inf)
             if np.any(np.isfinite(focused)):
                 acq = focused
         if not np.any(np.isfinite(acq)):
             # nothing left that is both unmeasured and plausibly within the budget: the free setting most
             # likely to hold it (never a space-filling guess, which could be anywhere over the budget)
-            safest = np.where(scores["possible"] if scores["possible"].any() else scores["free"],
-                              scores["p_feas"], -np.inf)
+            safest = np.where(scores.possible if scores.possible.any() else scores.free,
+                              scores.p_feas, -np.inf)
             if not np.any(np.isfinite(safest)):
                 return self._startup(study)
-            return self.grid.params(int(scores["idx"][int(np.argmax(safest))]))
+            return self.grid.params(int(scores.idx[int(np.argmax(safest))]))
         k = int(np.argmax(np.where(np.isfinite(acq), acq, -np.inf)))
-        return self.grid.params(int(scores["idx"][k]))
+        return self.grid.params(int(scores.idx[k]))
 
     def _floor_first(self, study: Study, i: int) -> int:
         """``i``, or its power mode's least setting where every setting measured in that mode was over the
@@ -424,7 +391,7 @@ class GuidedSampler(BaseSampler):
             return i
         return floor
 
-    def _lacking_groups(self, study: Study, scores: dict[str, np.ndarray] | None = None) -> list[int]:
+    def _lacking_groups(self, study: Study, scores: Scores | None = None) -> list[int]:
         """Named-knob groups (power modes) with fewer than ``min_group`` measurements, fewest first. With a
         prior, its observations count too: a mode the earlier study measured is covered by its model, a mode
         it never saw (a sibling module's extra power modes) needs measurements of this board's own.
@@ -440,8 +407,8 @@ class GuidedSampler(BaseSampler):
         counts = {int(g): int(np.sum(groups == g)) for g in self.grid.live_groups()}
         lacking = [g for g, c in counts.items() if c < self.min_group]
         if scores is not None and lacking:
-            open_ = scores["free"] & scores["plausible"]
-            plausible = set(np.unique(self.grid.group(scores["idx"][open_])).tolist())
+            open_ = scores.free & scores.plausible
+            plausible = set(np.unique(self.grid.group(scores.idx[open_])).tolist())
             lacking = [g for g in lacking if g in plausible]
         return sorted(lacking, key=lambda g: (counts[g], g))
 
@@ -522,108 +489,33 @@ class GuidedSampler(BaseSampler):
             return "time" if number % 2 == 0 else "energy"
         return self.objective
 
-    def _evaluate(self, fitted: Fitted, cand: np.ndarray, objective: str, taken: set[int]) -> dict[str, np.ndarray]:
+    def _aim(self, objective: str) -> Aim:
+        """What candidates are scored against for ``objective`` (the turn's: pareto alternates time and energy)."""
+        return Aim(objective, None if self.budget_w is None else self._budget_limit_w, self.accuracy_w, self.cost,
+                   self.min_feasible_p, self.over_budget_allowance_s)
+
+    def _evaluate(self, fitted: Fitted, cand: np.ndarray, objective: str, taken: set[int]) -> Scores:
+        """Candidates ``cand``'s scores (:func:`~edgetune.search.samplers.acquisition.score`) for ``objective``."""
         m = fitted.measured
-        idx, times, powers, oom = m.idx, m.times, m.powers, m.oom_batches
-        t, p, t_std, p_std = self._predict(fitted, cand)
         p_lo, p_hi = self._power_bounds(cand, m)
-        p = _within(p, p_lo, p_hi)
-        t = np.maximum(np.nan_to_num(t, nan=np.inf), _MIN_STEP_TIME_S)
-        st = np.maximum(np.nan_to_num(t_std / t, nan=_UNKNOWN_RELATIVE_STD), _MIN_RELATIVE_STD)  # relative (log-space) std of time
         # the widening is for this board's own fit; a prior corrected by it (Transfer) carries the prior
         # model's doubt and the discrepancy's already
-        scale = 1.0 if fitted.transfer is not None else _POWER_STD_SCALE
-        sp = scale * np.maximum(np.nan_to_num(p_std, nan=np.inf), _MIN_RELATIVE_STD * np.abs(p))
+        pred = Prediction.of(*self._predict(fitted, cand), p_lo, p_hi,
+                             power_std_scale=1.0 if fitted.transfer is not None else POWER_STD_SCALE)
         lv = self.grid.levels(cand)
-        steps = self._steps_table[lv[:, 0]]
-        batch = self.grid.tables[0][lv[:, 0]]
-        with np.errstate(all="ignore"):
-            if objective == "time":
-                log_score, s_log = np.log(steps * t), st
-            elif objective == "energy":
-                log_score = np.log(steps * t * p)
-                s_log = np.sqrt(st ** 2 + (sp / np.maximum(p, _MIN_POWER_W)) ** 2)
-            elif objective == "cost":  # steps x step time x (eta P + (1 - eta) P_max)
-                assert self.cost is not None
-                weighted = self.cost.eta * p + (1.0 - self.cost.eta) * self.cost.max_power_w
-                log_score = np.log(steps * t * weighted)
-                s_log = np.sqrt(st ** 2 + (self.cost.eta * sp / np.maximum(weighted, _MIN_POWER_W)) ** 2)
-            else:  # throughput: time per sample
-                log_score, s_log = np.log(t / batch), st
-            if self.budget_w is not None:
-                p_feas = _norm_cdf((self._limit_w - p) / sp)
-            else:
-                p_feas = np.ones_like(p)
-        p_feas = np.nan_to_num(p_feas, nan=0.0)
+        aim = self._aim(objective)
         # settings certain to fail without a model: out of memory (memory grows with the batch, whatever the
         # clocks, so larger batches fail too) or at or above a measured over-budget one
-        certain = (p_lo > self._limit_w) if self.budget_w is not None else np.zeros(cand.size, dtype=bool)
-        if oom:
-            certain |= lv[:, 0] >= min(oom)
-        p_feas = np.where(certain, 0.0, p_feas)
-        best = self._incumbent(idx, times, powers, objective)
-        free = np.array([int(i) not in taken for i in cand])
-        ref, proposable = best, free
-        if not math.isfinite(best) and self.prior:  # the prior-informed model knows where to look already
-            likely = free & np.isfinite(log_score) & (p_feas >= _PREDICTED_FEASIBLE_P)
-            if likely.any():
-                ref = float(np.min(log_score[likely]))
-                proposable = likely
-        with np.errstate(all="ignore"):
-            if math.isfinite(ref):
-                z = (ref - log_score) / s_log
-                ei = s_log * (z * _norm_cdf(z) + _norm_pdf(z))
-            else:  # nothing feasible yet: look for feasibility first
-                ei = np.ones_like(log_score)
-        # safe profiling: a setting the model is confident is over the budget is not measured at all
-        if self.budget_w is not None:
-            # ... nor one whose expected device seconds clearly over the budget exceed the allowance: a
-            # setting clearly over it runs about one step before it is stopped, so a long step that is as
-            # likely over as not costs the board far more than a short one (safe profiling)
-            with np.errstate(all="ignore"):
-                clear = self._budget_limit_w * (1.0 + _CLEARLY_OVER)
-                p_clear_over = np.nan_to_num(1.0 - _norm_cdf((clear - p) / sp), nan=1.0)
-            expected_over_s = p_clear_over * t
-            plausible = (p_feas >= self.min_feasible_p) & (expected_over_s <= self.over_budget_allowance_s)
-        else:
-            expected_over_s = np.zeros_like(t)
-            plausible = np.ones_like(free)
-        gain = ei * p_feas
+        certain = (p_lo > aim.limit_w) if self.budget_w is not None else np.zeros(cand.size, dtype=bool)
+        if m.oom_batches:
+            certain |= lv[:, 0] >= min(m.oom_batches)
+        front = None
         if self.objective == "pareto" and objective == "energy":  # the front's turn (module docs)
-            pareto = self._pareto_gain(m, steps * t, p, st, sp, certain)
-            gain = gain if pareto is None else pareto
-        acq = np.where(proposable & plausible & np.isfinite(log_score), gain, -np.inf)
-        return {"idx": cand, "acquisition": acq, "log_score": log_score, "s_log": s_log, "p_feas": p_feas,
-                "free": free, "best": best, "plausible": plausible, "expected_over_s": expected_over_s,
-                "possible": free & ~certain}
-
-    def _pareto_gain(self, m: Measured, time_s: np.ndarray, p: np.ndarray, st: np.ndarray, sp: np.ndarray,
-                     certain: np.ndarray) -> np.ndarray | None:
-        """The ``pareto`` objective's acquisition: each candidate's expected hypervolume improvement of the
-        measured time-energy front under the budget (:mod:`~edgetune.search.samplers.hypervolume`, log space),
-        over the square root of the front's hypervolume, so that it reads as a relative gain like the other
-        objectives' expected improvement (a point 1% faster than a one-point front at its energy: 0.01) and the
-        stopping rule's threshold means the same. A draw over the budget adds nothing. None before a measured
-        setting held the budget (the search then looks for one as for the other objectives).
-
-        ``time_s``: predicted time to target (steps x step time), s; ``p``, ``sp``: predicted power the budget
-        is judged by and its std, W; ``st``: the step time's relative std; ``certain``: certain to fail."""
-        powers = np.array(m.powers, dtype=float)
-        held = powers <= self._limit_w if self.budget_w is not None else np.ones(powers.size, dtype=bool)
-        if not held.any():
-            return None
-        total = self._steps_table[self.grid.levels(np.array(m.idx, dtype=np.int64))[:, 0]] * np.array(m.times)
-        pareto = hypervolume.front(np.column_stack([np.log(total), np.log(total * powers)])[held])
-        ref = hypervolume.reference_point(pareto)
-        with np.errstate(all="ignore"):
-            x = np.log(time_s)[:, None] + st[:, None] * _EHVI_DRAWS[None, :, 0]
-            p_draw = p[:, None] + sp[:, None] * _EHVI_DRAWS[None, :, 1]
-            y = x + np.log(np.maximum(p_draw, _MIN_POWER_W))
-        ok = ~certain[:, None] & np.isfinite(x) & np.isfinite(y)
-        if self.budget_w is not None:
-            ok &= p_draw <= self._limit_w
-        gain = hypervolume.expected_improvement(np.where(ok, x, 0.0), np.where(ok, y, 0.0), ok, pareto, ref)
-        return gain / math.sqrt(hypervolume.hypervolume(pareto, ref))
+            total_s = self._steps_table[self.grid.levels(np.array(m.idx, dtype=np.int64))[:, 0]] * np.array(m.times)
+            front = (total_s, np.array(m.powers, dtype=float))
+        return score(aim, cand, pred, self._steps_table[lv[:, 0]], self.grid.tables[0][lv[:, 0]], certain=certain,
+                     free=np.array([int(i) not in taken for i in cand]),
+                     best=self._incumbent(m.idx, m.times, m.powers, objective), prior=bool(self.prior), front=front)
 
     @property
     def _budget_limit_w(self) -> float:
@@ -659,22 +551,11 @@ class GuidedSampler(BaseSampler):
                        ) -> tuple[int | None, float]:
         """Grid index and log objective of the best measured setting that held the budget by the sensor's
         accuracy (``held_only``: one that held the budget but not by that much), (None, inf) for none."""
-        best_i, best = None, math.inf
-        for i, tt, pp in zip(idx, times, powers):
-            if self.budget_w is None:
-                ok = not held_only
-            else:
-                ok = self._limit_w < pp <= self._budget_limit_w if held_only else pp <= self._limit_w
-            if ok:
-                b = int(self.grid.levels(np.array([i]))[0, 0])
-                steps, batch = self._steps_table[b], self.grid.tables[0][b]
-                val = {"time": steps * tt, "energy": steps * tt * pp}.get(objective, tt / batch)
-                if objective == "cost":
-                    assert self.cost is not None
-                    val = steps * tt * (self.cost.eta * pp + (1.0 - self.cost.eta) * self.cost.max_power_w)
-                if math.log(val) < best:
-                    best_i, best = int(i), math.log(val)
-        return best_i, best
+        b = self.grid.levels(np.array(idx, dtype=np.int64))[:, 0] if len(idx) else np.array([], dtype=np.int64)
+        steps, batches = self._steps_table, self.grid.tables[0]
+        k, best = best_measured(self._aim(objective), ((steps[j], batches[j], tt, pp) for j, tt, pp in
+                                                       zip(b.tolist(), times, powers)), held_only)
+        return (None, best) if k is None else (int(idx[k]), best)
 
     # -- polish -------------------------------------------------------------------------------------
     def _polish_near(self, best: int, measured: Sequence[int] = ()) -> np.ndarray:
@@ -719,12 +600,12 @@ class GuidedSampler(BaseSampler):
             near = [(i, math.inf) for i in self._polish_near(best, m.idx).tolist()]
             if edge is not None and edge_value < value:  # ... and where the edge beats it, a step back from it
                 near += [(i, value) for i in self._below(edge).tolist()]
-            pos = {int(i): j for j, i in enumerate(scores["idx"])}
+            pos = {int(i): j for j, i in enumerate(scores.idx)}
             for i, beat in near:
                 j = pos.get(int(i))
-                if (int(i) not in taken and j is not None and scores["plausible"][j] and scores["possible"][j]
-                        and scores["log_score"][j] - scores["s_log"][j] < beat):
-                    out.append((float(scores["log_score"][j]), int(i)))
+                if (int(i) not in taken and j is not None and scores.plausible[j] and scores.possible[j]
+                        and scores.log_score[j] - scores.s_log[j] < beat):
+                    out.append((float(scores.log_score[j]), int(i)))
         return [i for _, i in sorted(set(out))]
 
     def _below(self, edge: int) -> np.ndarray:
@@ -735,7 +616,7 @@ class GuidedSampler(BaseSampler):
         3.11% from it)."""
         return self.grid.shifted(edge, self.grid.numeric_dims, -1)
 
-    def _score(self, study: Study, number: int) -> dict[str, np.ndarray] | None:
+    def _score(self, study: Study, number: int) -> Scores | None:
         fitted = self._fit(study)
         if fitted is None:
             return None
@@ -754,12 +635,11 @@ class GuidedSampler(BaseSampler):
             first = np.unique(np.concatenate([rng.choice(self.grid.candidates(), self.max_candidates // _FIRST_PASS_SHARE, replace=False),
                                               self.grid.neighbours(seeds)]))
             s1 = self._evaluate(fitted, first, objective, taken)
-            top = first[np.argsort(-s1["acquisition"])[:_REFINE_TOP]]
+            top = first[np.argsort(-s1.acquisition)[:_REFINE_TOP]]
             second = np.setdiff1d(self.grid.neighbours(self.grid.neighbours(top)), first)
             if second.size:
                 s2 = self._evaluate(fitted, second, objective, taken)
-                scores = {k: (np.concatenate([s1[k], s2[k]]) if isinstance(s1[k], np.ndarray) else s1[k])
-                          for k in s1}
+                scores = s1 + s2
             else:
                 scores = s1
         self._score_key, self._scores = key, scores
@@ -780,7 +660,7 @@ class GuidedSampler(BaseSampler):
         the fastest setting's expected improvement and the front's expected hypervolume improvement.
         """
         s = self._score(study, 0)
-        if s is not None and s["idx"].size == self.grid.candidates().size and not s["possible"].any():
+        if s is not None and s.idx.size == self.grid.candidates().size and not s.possible.any():
             return "every setting that could hold the budget has been measured"
         if s is None and self._none_left_below(study):
             return "every setting that could hold the budget has been measured"
@@ -791,10 +671,10 @@ class GuidedSampler(BaseSampler):
         objectives = ["time", "energy"] if self.objective == "pareto" else [self.objective]
         for k, _ in enumerate(objectives):
             s = self._score(study, k)  # k's parity picks the pareto objective
-            if s is None or not math.isfinite(s["best"]) or self._lacking_groups(study, s):
+            if s is None or not math.isfinite(s.best) or self._lacking_groups(study, s):
                 self._stop_streak = []
                 return None
-            gain = s["acquisition"][np.isfinite(s["acquisition"])]
+            gain = s.acquisition[np.isfinite(s.acquisition)]
             if gain.size and float(np.max(gain)) >= threshold:
                 self._stop_streak = []
                 return None
