@@ -47,6 +47,7 @@ __all__ = [
     "TrialRecord",
     "enqueue",
     "is_measured",
+    "measured_count",
     "read_identity",
     "read_observation",
     "read_records",
@@ -296,6 +297,11 @@ def is_measured(trial: FrozenTrial) -> bool:
 def is_repeat(trial: FrozenTrial) -> bool:
     """The trial measures a setting again (:attr:`Role.CONFIRM`): a window, not a new setting."""
     return trial.user_attrs.get(_ROLE) == Role.CONFIRM.value
+
+
+def measured_count(trials: Iterable[FrozenTrial]) -> int:
+    """Settings measured among ``trials`` (a window measuring a setting again is not a new one)."""
+    return sum(1 for t in trials if is_measured(t) and not is_repeat(t))
 
 
 def is_duplicate(trial: FrozenTrial) -> bool:

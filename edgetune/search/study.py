@@ -61,7 +61,6 @@ from edgetune.search.baseline import Baseline, nearest_batch_size
 from edgetune.search.confirm import (
     CONFIRM_REPEATS,
     CONFIRM_SETTINGS,
-    log_score,
     next_confirmation,
 )
 from edgetune.search.efficiency import (
@@ -74,7 +73,7 @@ from edgetune.search.efficiency import (
     objective_values,
     scalar_score,
 )
-from edgetune.search.prior import NAME_SEP
+from edgetune.search.identity import StudyIdentity
 from edgetune.search.records import CONSTRAINT, Observation, Role, TrialRecord
 from edgetune.search.results import (
     SearchResult,
@@ -83,8 +82,8 @@ from edgetune.search.results import (
     pareto_front,
     sensor_accuracy_w,
 )
-from edgetune.search.runs_target import RunsTarget
 from edgetune.search.samplers import AUTO_SAMPLER, make_sampler
+from edgetune.search.soaking import CoolWindows, soak_candidate
 from edgetune.search.space import Candidate, SearchSpace
 from edgetune.search.storage import (
     RetryCallback,
@@ -101,7 +100,6 @@ from edgetune.search.thermal import (
     MAX_SOAKS,
     SOAK_S,
     ThermalSoak,
-    hottest_soaked_w,
     rise_for_w,
     soak,
     soak_reserve,
@@ -110,7 +108,6 @@ from edgetune.search.thermal import (
     thermal_rise_w,
 )
 from edgetune.search.trial import Measurement, MeasurementProtocol, measure_setting
-from edgetune.search.window import judged_power_w
 
 __all__ = ["AUTO_SAMPLER", "CONSTRAINT", "Search", "SearchError", "SearchResult", "TrialRecord", "make_sampler",
            "open_storage"]
@@ -127,40 +124,9 @@ MAX_LISTED_GRID = 200_000
 _log = get_logger(__name__)
 
 
-def _steps_text(steps: Mapping[Any, Any] | None, law: Mapping[str, Any] | None) -> str:
-    """A study's steps to target in words: the runs' medians (identity ``steps_to_target``), else the law's
-    B_noise."""
-    if not steps:
-        b_noise = (law or {}).get("b_noise")
-        return f"the noise-scale law's steps to target (B_noise {b_noise:.4g})" if isinstance(b_noise, float) \
-            else "the noise-scale law's steps to target"
-    medians = ", ".join(f"b {b}: {'missed' if s is None else f'{s:.4g}'}" for b, s in steps.items())
-    return f"your runs' median steps to target ({medians})"
-
-
-def _same_numbers(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """The same keys and values, NaN equal to NaN (a trace table's target has no law)."""
-    def same(x: Any, y: Any) -> bool:
-        if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
-            return True
-        return x == y
-    return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-
-
 #: the least constraint violation (W) told for a trial stopped over the budget: positive, so Optuna counts it
 #: infeasible, even where its short record's judged power fell a hair under the limit
 _ABORTED_CONSTRAINT_W = 1e-6
-
-
-@dataclasses.dataclass(frozen=True)
-class _CoolWindows:
-    """A setting's search windows before its soak, as measured: its mean power (W), the board temperature
-    (degC; None where a window read none) and how far its judged power read over its mean (W; None: no
-    window), each the mean over the windows (:func:`~edgetune.search.thermal.soak`'s ``cool_*``)."""
-
-    power_w: float
-    temperature_c: float | None
-    excess_w: float | None
 
 
 class Search:
@@ -324,72 +290,14 @@ class Search:
             raise SearchError(str(exc)) from None
         study = optuna.create_study(storage=storage, study_name=self.study_name, sampler=sampler,
                                     directions=DIRECTIONS[self.objective], load_if_exists=True)
-        self._check_identity(study)
+        # a resumed study must be for the same; with other steps to target, a guided search scores it again
+        identity = StudyIdentity.of(space=self.space, objective=self.objective, budget_w=self.budget_w,
+                                    workload=getattr(self.workload, "name", str(self.workload)),
+                                    device=self.device.name, target=self.target, cost=self.cost)
+        identity.check(study, storage_url=self.storage_url, sampler=self.sampler_name, tolerance=self.tolerance,
+                       window_s=self.window_s)
         self._aim_sampler(study)
         return study
-
-    def _identity(self) -> dict[str, Any]:
-        identity = {"space": self.space.to_dict(), "objective": self.objective, "budget_w": self.budget_w,
-                    "workload": getattr(self.workload, "name", str(self.workload)), "device": self.device.name}
-        if self.cost is not None:  # only for the cost objective: other studies' identities stay as they were
-            identity["eta"] = self.cost.eta
-        if isinstance(self.target, RunsTarget):
-            # the user's runs (efficiency.steps_to_target): each trial's time and energy to target are theirs, so
-            # a study resumed with other runs, or with the law, would rank trials scored two ways
-            identity["steps_to_target"] = self.target.describe()["steps_to_target"]
-        return identity
-
-    def _check_identity(self, study: optuna.Study) -> None:
-        """A new study records what it is for; a resumed one must be for the same, but for its steps to target
-        (the user's runs, or the law's B_noise), with which a guided search scores it again (:meth:`_rescore`)."""
-        identity = self._identity()
-        law = {"s_min": self.target.s_min, "b_noise": self.target.b_noise}
-        stored = records.read_identity(study)
-        if stored is None:
-            records.write_identity(study, identity, tolerance=self.tolerance, window_s=self.window_s, target=law)
-            return
-        prior_hint = (f"(--prior '{redact(self.storage_url)}{NAME_SEP}{self.study_name}' starts it from this "
-                      f"study's measurements)")
-        diff = sorted(k for k in identity.keys() | stored.keys() if stored.get(k) != identity.get(k))
-        if diff and diff != ["steps_to_target"]:
-            raise SearchError(f"study {self.study_name!r} in {redact(self.storage_url)} was made with a "
-                              f"different {', '.join(diff)}; use another --study-name or --output to start anew "
-                              f"{prior_hint}")
-        was_law = records.read_target(study)
-        law_changed = self.target.is_law and was_law is not None and not _same_numbers(was_law, law)
-        if not diff and not law_changed:
-            if records.read_rescored(study) and not self._scores_from_measurements():
-                raise SearchError(f"study {self.study_name!r} in {redact(self.storage_url)} was scored again with "
-                                  f"other steps to target, and the values Optuna was told mix both, which sampler "
-                                  f"{self.sampler_name!r} ranks by; resume it with --sampler guided, or start anew "
-                                  f"with another --output {prior_hint}")
-            return
-        if not self._scores_from_measurements():
-            what = ", ".join(diff) if diff else "B_noise"
-            raise SearchError(f"study {self.study_name!r} in {redact(self.storage_url)} was made with a different "
-                              f"{what}, and sampler {self.sampler_name!r} ranks the values it was told; resume it "
-                              f"with --sampler guided (it scores the measurements again), or start anew with "
-                              f"another --output {prior_hint}")
-        self._rescore(study, identity, stored, was_law, law)
-
-    def _scores_from_measurements(self) -> bool:
-        """Whether the sampler ranks trials by their measurements (the guided samplers), not by the objective
-        values the study was told (Optuna's own samplers): only then may the steps to target change on a
-        resume (:meth:`_rescore`)."""
-        return (AUTO_SAMPLER if self.sampler_name == "auto" else self.sampler_name) == "guided"
-
-    def _rescore(self, study: optuna.Study, identity: dict[str, Any], stored: Mapping[str, Any],
-                 was_law: Mapping[str, Any] | None, law: Mapping[str, Any]) -> None:
-        """Resume a study with other steps to target (the user's runs, other runs, the law with another
-        B_noise): the hardware measurements still hold, so every trial is scored again from its measurement
-        with the new steps (:meth:`records` does it on every read) and the study now records them. The values
-        Optuna was told (what ``optuna-dashboard`` shows) stay the first ones."""
-        was = stored.get("steps_to_target")
-        _log.warning("study %r was scored with %s; its %d measured settings are scored again with %s",
-                     self.study_name, _steps_text(was, was_law), self._measured_count(study),
-                     _steps_text(identity.get("steps_to_target"), law))
-        records.write_rescored(study, was if was is not None else {"law": dict(was_law or {})})
-        records.write_identity(study, identity, tolerance=self.tolerance, window_s=self.window_s, target=law)
 
     def records(self, study: optuna.Study | None = None, *, as_measured: bool = False) -> list[TrialRecord]:
         """Every asked trial of the study as a :class:`TrialRecord`, its power referred to the soaks' board
@@ -401,7 +309,7 @@ class Search:
 
     def _measured_count(self, study: optuna.Study) -> int:
         """Settings measured so far (a window measuring a setting again is not a new one)."""
-        return sum(1 for t in study.get_trials(deepcopy=False) if records.is_measured(t) and not records.is_repeat(t))
+        return records.measured_count(study.get_trials(deepcopy=False))
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self) -> SearchResult:
@@ -472,46 +380,15 @@ class Search:
 
     def _soak_target(self, study: optuna.Study) -> TrialRecord | None:
         """The setting to soak at the stop (module docs, step 6), or None: the pick while no soak ran to its
-        end (:meth:`_soak_due`); after one did, the pick where it was not soaked itself and draws more than
-        every setting soaked to its end by more than the sensor's accuracy
-        (:func:`~edgetune.search.thermal.hottest_soaked_w`: the rise carried to it per watt understates its
-        own; for ``pareto`` the hottest such point of the front, the pick among them: on the pareto benchmark's
-        seed 1, Orin Nano mobilenet at 9.9 W, a soak of the 6.8-W pick was carried to the front's fast end, which
-        read 9.66 W cool and drew 9.97 W warm); else the best setting that only the carried rise rules out: it held
-        the limit by the sensor's accuracy, not by that plus the rise another setting measured per watt, it
-        was not soaked itself, and it measured better than the best certified setting by more than the
-        search's resolution (half its margin), or none is certified. Its own soak then judges it
-        (:func:`~edgetune.search.thermal.rise_for_w`). On the oracle benchmark an early soak of another
-        setting, its rise per watt carried, left a row's optimum short of the margin by hundredths of a watt
-        and the pick 7% worse (experiments/results/oracle_gap_energy.txt, seed 1)."""
+        end (:meth:`_soak_due`); after one did, :func:`~edgetune.search.soaking.soak_candidate` (the pick where
+        it draws more than every setting soaked to its end, else the best setting that only the carried rise
+        rules out), with half the search's margin as the gain worth a soak."""
         if self._soak_due(study):
             return self.result().best
         if not self._can_soak() or len(self.soaks) >= MAX_SOAKS:  # _soak_due read the stored ones
             return None
-        result = self.result()
-        limit_w, accuracy_w = result.limit_w, result.accuracy_w
-        if limit_w is None or accuracy_w is None:
-            return None
-
-        def score(r: TrialRecord) -> float:
-            assert r.outcome is not None
-            return log_score(r.outcome, self.objective, self.cost)
-
-        best, hottest_w = result.best, hottest_soaked_w(self.soaks)
-        if hottest_w is not None:
-            # the pick, and for pareto every point of the front the user may pick from: one hotter than every
-            # full soak has a rise the carried one understates (thermal docs), so the hottest is soaked; the
-            # rest then draw less than a soaked setting, where the carried rise is on the safe side
-            offered = [best] + (list(result.pareto) if self.objective == "pareto" else [])
-            hot = [r for r in offered if r is not None and soaked_rise_w(self.soaks, r.candidate) is None
-                   and limit_w - margin_w(r, limit_w) > hottest_w + accuracy_w]
-            if hot:
-                return max(hot, key=lambda r: limit_w - margin_w(r, limit_w))
-        held = [r for r in result.settings if r.feasible and r.outcome is not None]
-        bar = min((score(r) for r in held if result.certified(r)), default=math.inf) - self.margin / 2
-        ruled_out = [r for r in held if not result.certified(r) and margin_w(r, limit_w) >= accuracy_w
-                     and soaked_rise_w(self.soaks, r.candidate) is None and score(r) < bar]
-        return min(ruled_out, key=score, default=None)
+        return soak_candidate(self.result(), self.soaks, objective=self.objective, cost=self.cost,
+                              resolution=self.margin / 2)
 
     def _reserve_soak_due(self, study: optuna.Study) -> bool:
         """No soak ran yet and the search has measured 20 settings or all but its last share of them
@@ -549,19 +426,10 @@ class Search:
         self._aim_sampler(study)
         return True
 
-    def _cool(self, study: optuna.Study, cand: Candidate) -> _CoolWindows:
+    def _cool(self, study: optuna.Study, cand: Candidate) -> CoolWindows:
         """``cand``'s search windows, as measured: what a soak's rise is counted from."""
-        ms = [r.measurement for r in self.records(study, as_measured=True)
-              if r.measured and r.ok and r.candidate == cand and r.measurement]
-        power_w = [float(m["mean_power_w"]) for m in ms if m.get("mean_power_w") is not None]
-        temps_c = [float(m["temperature_c"]) for m in ms if m.get("temperature_c") is not None]
-        excess_w = [judged_power_w(float(m["max_avg_power_w"]), float(m.get("power_se_w") or 0.0), self.guard_sigma)
-                    - float(m["mean_power_w"]) for m in ms
-                    if m.get("max_avg_power_w") is not None and m.get("mean_power_w") is not None]
-        return _CoolWindows(power_w=sum(power_w) / len(power_w) if power_w else math.nan,
-                            temperature_c=sum(temps_c) / len(temps_c) if temps_c and len(temps_c) == len(ms)
-                            else None,
-                            excess_w=sum(excess_w) / len(excess_w) if excess_w else None)
+        return CoolWindows.of([r.measurement for r in self.records(study, as_measured=True)
+                               if r.measured and r.ok and r.candidate == cand and r.measurement], self.guard_sigma)
 
     def _aim_sampler(self, study: optuna.Study) -> None:
         """Tell a sampler that reads them the margin and the thermal reference the soaks set."""

@@ -1,0 +1,133 @@
+"""What a study is for, and resuming one: the same study, or one to score again with other steps to target.
+
+A new study records its identity (:class:`StudyIdentity`: the space, objective, budget, workload and device;
+the cost objective's eta; the user's runs' median steps to target where they replace the law) and the law's
+parameters in its attributes (:func:`~edgetune.search.records.write_identity`). A resumed study must be for
+the same, but for its steps to target: the hardware measurements of a study made with the law, or with other
+runs, still hold, so a sampler that ranks measurements (the guided samplers, :func:`ranks_measurements`)
+scores every trial again with the new steps (:func:`~edgetune.search.records.read_records` does it on every
+read) and the study records that it did (:func:`~edgetune.search.records.write_rescored`). The values Optuna
+was told (what ``optuna-dashboard`` shows) stay the first ones, so a sampler that ranks them (Optuna's own)
+may not resume such a study: it would rank trials scored two ways.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from edgetune.log import get_logger
+from edgetune.search import records
+from edgetune.search.efficiency import TargetModel, ZeusCost
+from edgetune.search.prior import NAME_SEP
+from edgetune.search.runs_target import RunsTarget
+from edgetune.search.samplers import AUTO_SAMPLER
+from edgetune.search.space import SearchSpace
+from edgetune.search.storage import SearchError, redact
+
+__all__ = ["StudyIdentity", "ranks_measurements"]
+
+_log = get_logger(__name__)
+
+
+def ranks_measurements(sampler: str) -> bool:
+    """Whether sampler ``sampler`` (a config name) ranks trials by their measurements (the guided samplers),
+    not by the objective values the study was told (Optuna's own): only then may the steps to target change
+    on a resume."""
+    return (AUTO_SAMPLER if sampler == "auto" else sampler) == "guided"
+
+
+def _steps_text(steps: Mapping[Any, Any] | None, law: Mapping[str, Any] | None) -> str:
+    """A study's steps to target in words: the runs' medians (identity ``steps_to_target``), else the law's
+    B_noise."""
+    if not steps:
+        b_noise = (law or {}).get("b_noise")
+        return f"the noise-scale law's steps to target (B_noise {b_noise:.4g})" if isinstance(b_noise, float) \
+            else "the noise-scale law's steps to target"
+    medians = ", ".join(f"b {b}: {'missed' if s is None else f'{s:.4g}'}" for b, s in steps.items())
+    return f"your runs' median steps to target ({medians})"
+
+
+def _same_numbers(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """The same keys and values, NaN equal to NaN (a trace table's target has no law)."""
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+            return True
+        return x == y
+    return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+
+
+@dataclass(frozen=True)
+class StudyIdentity:
+    """What a search's study is for.
+
+    Attributes:
+        fields: the identity a study records: ``space``, ``objective``, ``budget_w``, ``workload``, ``device``;
+            ``eta`` for the cost objective only (other studies' identities stay as they were), and
+            ``steps_to_target`` where the user's runs replace the law.
+        law: the law's parameters (``s_min``, ``b_noise``), recorded beside it.
+        is_law: whether the search's steps to target are the law's.
+    """
+
+    fields: dict[str, Any]
+    law: dict[str, Any] = field(default_factory=dict)
+    is_law: bool = True
+
+    @classmethod
+    def of(cls, *, space: SearchSpace, objective: str, budget_w: float | None, workload: str, device: str,
+           target: TargetModel, cost: ZeusCost | None = None) -> StudyIdentity:
+        """The identity of a search of ``space`` for ``workload`` (name) on ``device`` (name)."""
+        fields = {"space": space.to_dict(), "objective": objective, "budget_w": budget_w, "workload": workload,
+                  "device": device}
+        if cost is not None:
+            fields["eta"] = cost.eta
+        if isinstance(target, RunsTarget):
+            # the user's runs (efficiency.steps_to_target): each trial's time and energy to target are theirs, so
+            # a study resumed with other runs, or with the law, would rank trials scored two ways
+            fields["steps_to_target"] = target.describe()["steps_to_target"]
+        return cls(fields, {"s_min": target.s_min, "b_noise": target.b_noise}, target.is_law)
+
+    def check(self, study: optuna.Study, *, storage_url: str, sampler: str, tolerance: float,
+              window_s: float) -> None:
+        """Record this identity in a new study; check a resumed one is for the same, and where only its steps
+        to target differ and ``sampler`` ranks measurements, score it again (module docs).
+
+        Raises:
+            SearchError: the study was made for something else, or with other steps to target (or scored again
+                with them) and ``sampler`` ranks the values Optuna was told (one line, with the way out).
+        """
+        stored = records.read_identity(study)
+        if stored is None:
+            records.write_identity(study, self.fields, tolerance=tolerance, window_s=window_s, target=self.law)
+            return
+        where = f"study {study.study_name!r} in {redact(storage_url)}"
+        prior_hint = (f"(--prior '{redact(storage_url)}{NAME_SEP}{study.study_name}' starts it from this "
+                      f"study's measurements)")
+        diff = sorted(k for k in self.fields.keys() | stored.keys() if stored.get(k) != self.fields.get(k))
+        if diff and diff != ["steps_to_target"]:
+            raise SearchError(f"{where} was made with a different {', '.join(diff)}; use another --study-name or "
+                              f"--output to start anew {prior_hint}")
+        was_law = records.read_target(study)
+        law_changed = self.is_law and was_law is not None and not _same_numbers(was_law, self.law)
+        if not diff and not law_changed:
+            if records.read_rescored(study) and not ranks_measurements(sampler):
+                raise SearchError(f"{where} was scored again with other steps to target, and the values Optuna "
+                                  f"was told mix both, which sampler {sampler!r} ranks by; resume it with "
+                                  f"--sampler guided, or start anew with another --output {prior_hint}")
+            return
+        if not ranks_measurements(sampler):
+            what = ", ".join(diff) if diff else "B_noise"
+            raise SearchError(f"{where} was made with a different {what}, and sampler {sampler!r} ranks the values "
+                              f"it was told; resume it with --sampler guided (it scores the measurements again), "
+                              f"or start anew with another --output {prior_hint}")
+        was = stored.get("steps_to_target")
+        _log.warning("study %r was scored with %s; its %d measured settings are scored again with %s",
+                     study.study_name, _steps_text(was, was_law),
+                     records.measured_count(study.get_trials(deepcopy=False)),
+                     _steps_text(self.fields.get("steps_to_target"), self.law))
+        records.write_rescored(study, was if was is not None else {"law": dict(was_law or {})})
+        records.write_identity(study, self.fields, tolerance=tolerance, window_s=window_s, target=self.law)
