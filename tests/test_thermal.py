@@ -503,3 +503,19 @@ def test_a_pareto_front_point_hotter_than_every_soaked_setting_is_soaked_before_
         assert budget - margin_w(point, budget) <= hottest_w + result.accuracy_w
         # so every point of the front holds the budget on the warm board's truth
         assert twin.steady_state(mobilenet.cost, point.candidate.batch_size, point.candidate.knobs).power_w <= budget
+
+
+def test_a_soaks_cool_windows_are_the_means_of_the_settings_search_windows_as_measured() -> None:
+    from edgetune.search.soaking import CoolWindows
+
+    windows = [{"mean_power_w": 9.0, "max_avg_power_w": 9.4, "power_se_w": 0.05, "temperature_c": 40.0},
+               {"mean_power_w": 9.2, "max_avg_power_w": 9.5, "power_se_w": 0.0, "temperature_c": 42.0}]
+    cool = CoolWindows.of(windows, guard_sigma=2.0)
+    # the judged power (maximum average plus two standard errors) over the mean: 0.5 and 0.3 W
+    assert (cool.power_w, cool.temperature_c, cool.excess_w) == pytest.approx((9.1, 41.0, 0.4))
+    # a window that read no temperature: no mean temperature (the rise is then not referred), the rest stands
+    partial = CoolWindows.of([*windows, {"mean_power_w": 9.1, "max_avg_power_w": 9.3}], guard_sigma=0.0)
+    assert partial.temperature_c is None and partial.power_w == pytest.approx(9.1)
+    assert partial.excess_w == pytest.approx((0.4 + 0.3 + 0.2) / 3)
+    empty = CoolWindows.of([], guard_sigma=2.0)
+    assert math.isnan(empty.power_w) and empty.temperature_c is None and empty.excess_w is None
