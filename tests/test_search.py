@@ -541,6 +541,31 @@ def test_a_setting_is_never_measured_twice(workload, tmp_path):
     assert sum(row["role"] == "confirm" for row in rows) == len(again)
 
 
+def test_a_trial_of_a_measured_or_queued_setting_finds_it_instead_of_measuring(workload):
+    from edgetune.search import records
+    from edgetune.search.fleet import find_same, queued_or_running
+
+    device = open_device("sim:orin-nano", compute=False)
+    space = build_space(device, 32, [16, 32], ["gpu_freq"], {"gpu_freq": ["min", "max"]})
+    s = search(device, workload, space, None, sampler="random", n_trials=2, patience=0, confirm_settings=0)
+    result = s.run()
+    study = s.study
+    measured = {r.candidate: r.number for r in result.measured}
+    cand = next(iter(measured))
+    again = study.ask(space.distributions())  # asked afresh: the sampler's proposal, whatever it is
+    other = next(c for c in space.grid() if c not in measured)
+    for c, expected in ((cand, measured[cand]), (other, None)):
+        trial = study.ask({n: optuna.distributions.IntDistribution(v, v) for n, v in space.params(c).items()})
+        found = find_same(study, trial, space, wait_s=0.0)
+        assert (found.number if found is not None else None) == expected
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    study.tell(again, state=optuna.trial.TrialState.FAIL)
+    # a setting waiting in the queue is not queued again; one that is not, is free
+    assert not queued_or_running(study, space, other)
+    records.enqueue(study, space, other)
+    assert queued_or_running(study, space, other) and not queued_or_running(study, space, cand)
+
+
 def test_guided_search_finds_the_oracle_of_a_small_space(workload):
     device = open_device("sim:orin-nano", compute=False, seed=1)
     twin = device.backend

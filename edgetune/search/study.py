@@ -73,6 +73,7 @@ from edgetune.search.efficiency import (
     objective_values,
     scalar_score,
 )
+from edgetune.search.fleet import find_same, queued_or_running
 from edgetune.search.identity import StudyIdentity
 from edgetune.search.records import CONSTRAINT, Observation, Role, TrialRecord
 from edgetune.search.results import (
@@ -112,9 +113,6 @@ from edgetune.search.trial import Measurement, MeasurementProtocol, measure_sett
 __all__ = ["AUTO_SAMPLER", "CONSTRAINT", "Search", "SearchError", "SearchResult", "TrialRecord", "make_sampler",
            "open_storage"]
 
-#: longest wait, in seconds, for another worker's trial to get its parameters (a dead worker's never do)
-PENDING_WAIT_S = 2.0
-_PENDING_POLL_S = 0.02  # seconds between looks at that trial: a few storage reads per wait
 #: consecutive duplicate proposals before the search queues a random unmeasured setting itself (a sampler
 #: that keeps proposing measured settings has converged or is stuck; either way it spends no measurement)
 DUPLICATE_STALL = 30
@@ -353,7 +351,7 @@ class Search:
         recs = self.records(study)
         probe = self.baseline.state(recs).next_probe
         if probe is not None:
-            if not self._queued_or_running(study, probe):
+            if not queued_or_running(study, self.space, probe):
                 records.enqueue(study, self.space, probe, Role.BASELINE, skip_if_exists=True)
         else:
             reason = self._converged(study, recs)
@@ -446,7 +444,7 @@ class Search:
                                  accuracy_w=self._accuracy_w(), required_w=self._required_w,
                                  cost=self.cost, settings=self.confirm_settings, repeats=self.confirm_repeats,
                                  resolution=self.margin / 2)
-        if cand is None or self._queued_or_running(study, cand):
+        if cand is None or queued_or_running(study, self.space, cand):
             return None
         return cand
 
@@ -492,17 +490,6 @@ class Search:
         self._duplicate_streak = 0
         return None
 
-    def _queued_or_running(self, study: optuna.Study, cand: Candidate) -> bool:
-        """A trial of ``cand`` waits in the queue or is being measured."""
-        params = self.space.params(cand)
-        for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
-            if t.params == params:
-                return True
-            obs = records.read_observation(t) if not t.params else None
-            if obs is not None and obs.candidate == cand:
-                return True
-        return False
-
     # -- one trial --------------------------------------------------------------------------------------
     def _ask(self, study: optuna.Study) -> optuna.Trial:
         with warnings.catch_warnings():
@@ -516,7 +503,7 @@ class Search:
         role = records.role_of(trial)
         cand = self.space.candidate(trial.params)
         records.write_start(trial, cand, role, self.worker)
-        source = None if role == Role.CONFIRM else self._find_same(study, trial)
+        source = None if role == Role.CONFIRM else find_same(study, trial, self.space)
         if source is not None:
             self._tell_duplicate(study, trial, source)
             self._duplicate_streak += 1
@@ -600,47 +587,6 @@ class Search:
             study.tell(trial, source.values)
         else:  # out of memory, failed, given up, or still being measured by another worker
             study.tell(trial, state=TrialState.FAIL)
-
-    def _find_same(self, study: optuna.Study, trial: optuna.Trial) -> FrozenTrial | None:
-        """A trial with the same setting that was measured, given up, or is being measured by another worker.
-
-        Ties between workers go to the lower trial number. A lower-numbered RUNNING trial whose
-        parameters are not all written yet (another worker is between creating it and suggesting its
-        values) is waited for, briefly: deciding before its values land would let both workers measure
-        the same setting.
-        """
-        params = trial.params
-        same = self._same_setting(params)
-        deadline = time.monotonic() + PENDING_WAIT_S
-        while True:
-            trials = study.get_trials(deepcopy=False)
-            dead_ends = records.given_up(trials)
-            best: FrozenTrial | None = None
-            pending = False
-            for t in trials:
-                if t.number == trial.number:
-                    continue
-                if t.state == TrialState.RUNNING and t.number < trial.number and len(t.params) < len(params):
-                    pending = True
-                    continue
-                if not same(t.params):
-                    continue
-                if records.is_measured(t) or t.number in dead_ends:
-                    return t
-                if t.state == TrialState.RUNNING and t.number < trial.number and best is None:
-                    best = t
-            if best is not None or not pending or time.monotonic() > deadline:
-                return best
-            time.sleep(_PENDING_POLL_S)
-
-    def _same_setting(self, params: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
-        """Whether other params name the same setting: equal params, or (a rows space, where levels that
-        name no row map to the nearest row) the same row."""
-        if self.space.rows is None:
-            return lambda other: other == params
-        cand = self.space.candidate(params)
-        names = set(self.space.param_names())
-        return lambda other: other == params or (set(other) >= names and self.space.candidate(other) == cand)
 
     def _stored_soaks(self, study: optuna.Study) -> list[ThermalSoak]:
         """The study's soaks (this worker's, or another's of a fleet)."""
