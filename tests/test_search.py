@@ -552,18 +552,27 @@ def test_a_trial_of_a_measured_or_queued_setting_finds_it_instead_of_measuring(w
     study = s.study
     measured = {r.candidate: r.number for r in result.measured}
     cand = next(iter(measured))
-    again = study.ask(space.distributions())  # asked afresh: the sampler's proposal, whatever it is
     other = next(c for c in space.grid() if c not in measured)
+
+    def ask(c):
+        return study.ask({n: optuna.distributions.IntDistribution(v, v) for n, v in space.params(c).items()})
+
     for c, expected in ((cand, measured[cand]), (other, None)):
-        trial = study.ask({n: optuna.distributions.IntDistribution(v, v) for n, v in space.params(c).items()})
+        trial = ask(c)
         found = find_same(study, trial, space, wait_s=0.0)
         assert (found.number if found is not None else None) == expected
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
-    study.tell(again, state=optuna.trial.TrialState.FAIL)
-    # a setting waiting in the queue is not queued again; one that is not, is free
+    # another worker measuring the same setting under a lower trial number: its result is the one to take
+    first, second = ask(other), ask(other)
+    assert queued_or_running(study, space, other) and not queued_or_running(study, space, cand)
+    assert find_same(study, second, space, wait_s=0.0).number == first.number
+    assert find_same(study, first, space, wait_s=0.0) is None  # ties go to the lower number
+    for t in (first, second):
+        study.tell(t, state=optuna.trial.TrialState.FAIL)
+    # a setting waiting in the queue is not queued again
     assert not queued_or_running(study, space, other)
     records.enqueue(study, space, other)
-    assert queued_or_running(study, space, other) and not queued_or_running(study, space, cand)
+    assert queued_or_running(study, space, other)
 
 
 def test_guided_search_finds_the_oracle_of_a_small_space(workload):

@@ -38,16 +38,17 @@ def same_setting(space: SearchSpace, params: dict[str, Any]) -> Callable[[dict[s
 
 
 def find_same(study: optuna.Study, trial: optuna.Trial, space: SearchSpace,
-              wait_s: float = PENDING_WAIT_S) -> FrozenTrial | None:
+              wait_s: float | None = None) -> FrozenTrial | None:
     """A trial with ``trial``'s setting that was measured, given up, or is being measured by another worker.
 
     Ties between workers go to the lower trial number. A lower-numbered RUNNING trial whose parameters are not
     all written yet (another worker is between creating it and suggesting its values) is waited for, up to
-    ``wait_s`` seconds: deciding before its values land would let both workers measure the same setting.
+    ``wait_s`` seconds (None: :data:`PENDING_WAIT_S`): deciding before its values land would let both workers
+    measure the same setting.
     """
     params = trial.params
     same = same_setting(space, params)
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + (PENDING_WAIT_S if wait_s is None else wait_s)
     while True:
         trials = study.get_trials(deepcopy=False)
         dead_ends = records.given_up(trials)

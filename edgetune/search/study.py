@@ -378,9 +378,10 @@ class Search:
 
     def _soak_target(self, study: optuna.Study) -> TrialRecord | None:
         """The setting to soak at the stop (module docs, step 6), or None: the pick while no soak ran to its
-        end (:meth:`_soak_due`); after one did, :func:`~edgetune.search.soaking.soak_candidate` (the pick where
-        it draws more than every setting soaked to its end, else the best setting that only the carried rise
-        rules out), with half the search's margin as the gain worth a soak."""
+        end (:meth:`_soak_due`); after one did, :func:`~edgetune.search.soaking.soak_candidate` (the pick, or for
+        ``pareto`` the hottest point of the front, where it was not soaked itself and draws more than every
+        setting soaked to its end by more than the sensor's accuracy; else the best setting that only the
+        carried rise rules out), with half the search's margin as the gain worth a soak."""
         if self._soak_due(study):
             return self.result().best
         if not self._can_soak() or len(self.soaks) >= MAX_SOAKS:  # _soak_due read the stored ones

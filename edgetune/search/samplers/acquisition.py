@@ -1,7 +1,7 @@
 """What a measurement of each candidate is worth: the guided sampler's scores, as pure functions.
 
 The hardware model predicts each candidate's step time and power with their std (:class:`Prediction`,
-kept within what the measurements imply and with its power doubt widened). :func:`score` turns that into the
+kept within what the measurements imply, its power doubt widened where the fit is this board's own) :func:`score` turns that into the
 candidate's log objective (time, energy, Zeus's cost or time per sample, :meth:`Aim.predicted_log`: in log
 space, where the model's errors are relative), its probability of holding the budget, and its *constrained
 expected improvement*: the expected improvement of the log objective over the incumbent (the best measured
@@ -83,10 +83,11 @@ class Aim:
         objective: the turn's objective: ``time``, ``energy``, ``cost`` or ``throughput`` (time per sample).
         budget_w: the budget with its tolerance, W: a setting at or below it held it (None: unconstrained).
         accuracy_w: the power sensor's accuracy at the budget, W: the aim is the budget less it
-            (:attr:`limit_w`), and only settings under that count as the incumbent.
+            (:attr:`limit_w`), and only settings at or under that count as the incumbent.
         cost: the weights of the ``cost`` objective.
         min_feasible_p: settings less likely than this to hold the budget are not proposable.
-        over_budget_allowance_s: nor are settings whose expected device seconds clearly over it exceed this.
+        over_budget_allowance_s: nor are settings whose expected device seconds clearly over it exceed this
+            (default: no limit; the guided sampler passes its own, 0.1 s by default).
     """
 
     objective: str
