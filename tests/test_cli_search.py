@@ -95,6 +95,24 @@ def test_output_flag_is_the_folder_itself(tmp_path, capsys):
     assert (out / "best.json").is_file() and (out / "study.db").is_file()
 
 
+def test_another_studys_results_in_the_output_folder_are_refused_and_kept(tmp_path, capsys):
+    out = tmp_path / "mine"
+    kept = _first_search(out)
+    capsys.readouterr()
+    # another budget is another study: its results would replace the first one's
+    assert main(["search", *FAST, "--budget", "12", "--n-trials", "2", "-o", str(out)]) == 2
+    line = _one_error_line(capsys)
+    assert "holds the results of study 'sim:orin-nano-cnn-10W-time'" in line and "another --output" in line
+    assert {name: (out / name).read_bytes() for name in kept} == kept
+    # the same study resumes and writes its own results again
+    assert main(["search", *FAST, "--budget", "10", "--n-trials", "2", "-o", str(out)]) == 0
+    # a best.json edgetune cannot read is not written over either
+    (out / "best.json").write_text("{not json")
+    assert main(["search", *FAST, "--budget", "10", "--n-trials", "2", "-o", str(out)]) == 2
+    assert "a best.json edgetune cannot read" in _one_error_line(capsys)
+    assert (out / "best.json").read_text() == "{not json"
+
+
 def _first_search(out: Path) -> dict[str, bytes]:
     assert main(["search", *FAST, "--budget", "10", "--n-trials", "2", "-o", str(out)]) == 0
     # the search closed its storage: the write-ahead log is folded into study.db, not left for the garbage

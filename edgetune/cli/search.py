@@ -9,8 +9,8 @@ output folder, named from the study (``edgetune-out/sim-orin-nano-cnn-time-10W``
 names the folder itself: best.json, trials.csv, time_vs_energy.png, power.png and the Optuna storage
 ``study.db`` (unless ``--storage`` says otherwise). The same command again resumes the study and says so;
 several processes given one ``--storage`` URL share the work (a fleet of identical boards). An empty or
-damaged ``study.db`` is refused, nothing overwritten; Ctrl-C writes best.json and trials.csv from the trials
-measured. Browse the study with ``optuna-dashboard sqlite:///<folder>/study.db``.
+damaged ``study.db`` is refused, nothing overwritten, and so is an ``--output`` folder whose best.json another
+study wrote; Ctrl-C writes best.json and trials.csv from the trials measured. Browse the study with ``optuna-dashboard sqlite:///<folder>/study.db``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import json
 import math
 import re
 import sys
@@ -118,6 +119,7 @@ def search(args: argparse.Namespace) -> int:
                                                                        cfg.seed)
         study_name = cfg.study_name(device.name, workload.name)
         out = output_folder(cfg, device.name, workload.name)
+        _refuse_other_results(out, study_name)
         cfg = cfg.with_values(output=str(out))  # the default storage, study.db, lives in the study's folder
         prior = _prior(cfg.search.prior, space, device)
         try:
@@ -208,6 +210,26 @@ def output_folder(cfg: Config, device_name: str, workload_name: str) -> Path:
         budget = "unconstrained" if cfg.power_budget_w is None else f"{cfg.power_budget_w:g}W"
         name = f"{device}-{workload_name}-{cfg.objective}-{budget}"
     return Path(cfg.output) / (_FOLDER_CHARS.sub("-", name).strip("-.") or "study")
+
+
+def _refuse_other_results(out: Path, study_name: str) -> None:
+    """Refuse, before anything is measured, a search that would write its results over another study's: an
+    ``--output`` folder whose best.json a search of another study wrote (or that edgetune cannot read).
+
+    Each study's files are its own: the same study resumed rewrites them, another one goes elsewhere.
+    """
+    best = out / "best.json"
+    if not best.is_file():
+        return
+    try:
+        held = json.loads(best.read_text()).get("study", {}).get("name")
+    except (OSError, ValueError, AttributeError):
+        held = None
+    if held == study_name:
+        return
+    what = f"the results of study {held!r}" if isinstance(held, str) else "a best.json edgetune cannot read"
+    raise UsageError(f"{best} holds {what}; study {study_name!r} would write its results over it: pass another "
+                     f"--output, or leave it out (each study then gets a folder of its own)")
 
 
 def _stored_records(storage, study_name: str, space) -> list | None:
