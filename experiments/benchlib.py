@@ -79,6 +79,7 @@ __all__ = [
     "hv_ratio",
     "hv_reference",
     "hypervolume_2d",
+    "knife_edge_line",
     "machine_state",
     "make_cases",
     "max_window_average_w",
@@ -817,6 +818,31 @@ def _run_forked(case: Case, sampler: str, n_trials: int, seed: int) -> Row:
     assert _FORKED is not None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return _FORKED.run(case, sampler, n_trials, seed)
+
+
+def knife_edge_line(rows: Sequence[tuple[str, float, float | None]], noun: str = "rows",
+                    over_noun: str = "rows ", lead: str = "knife edges reported") -> str:
+    """The summary line on the knife edges the searches reported (best.json ``knife_edge``: the best held setting
+    short of the sensor's accuracy and the thermal rise, the pick a safer one).
+
+    ``rows``: per search, its label, its pick's gap (%) and its reported edge's gap as a user who takes the edge
+    instead of the pick gets it (%; inf: the edge's true 1-s average is over the budget; None: no edge
+    reported). ``noun`` names the searches (``rows``, ``cases``); ``over_noun`` is said before "over 3%", ``lead``
+    first."""
+    edged = [r for r in rows if r[2] is not None]
+    over = [r for r in rows if r[1] > 3.0]
+    told = [r for r in over if r[2] is not None]
+    taken = [r[2] if r[2] is not None else r[1] for r in rows]
+    held = [g for g in taken if math.isfinite(g)]
+    return (f"{lead} (best.json knife_edge: the best held setting short of the sensor's accuracy and "
+            f"the thermal rise, the pick a safer one): {len(edged)} of {len(rows)} {noun}; of the {len(over)} "
+            f"{over_noun}over 3%, {len(told)}"
+            + (" (" + ", ".join(f"{label}: the edge " + ("over the budget" if math.isinf(edge) else f"at {edge:.2f}%")
+                                for label, _, edge in told) + ")" if told else "")
+            + f"; each edge taken instead of its pick, as the report lets a user: over the budget in "
+              f"{sum(math.isinf(r[2]) for r in edged)} of {len(edged)}"
+            + (f"; the {noun} then within the budget and within 3% of the oracle: {sum(g <= 3.0 for g in held)} of "
+               f"{len(rows)} (worst gap among those within the budget {max(held):.2f}%)" if held else ""))
 
 
 @functools.cache

@@ -80,6 +80,7 @@ from benchlib import (
     Bench,
     Point,
     Row,
+    knife_edge_line,
     machine_state,
     make_cases,
     median,
@@ -172,21 +173,8 @@ def summary(rows: list[Row], objective: str, runs: bool = False) -> list[str]:
                                          f"{r.tie_batch} at {r.tie_gap_pct:.2f}%" for r in told) + ")" if told else "")
                      + f"; the better of each reported tie (both trained to the target, as the report advises): "
                        f"worst gap {max(both):.2f}%, {sum(g <= 3.0 for g in both)} of {len(rows)} rows within 3%")
-        edged = [r for r in rows if r.edge_point is not None]
-        told = [r for r in over if r.edge_point is not None]
-        taken = [r.edge_gap_pct if r.edge_point is not None else r.gap_pct for r in rows]
-        held = [g for g in taken if math.isfinite(g)]
-        lines.append(f"knife edges reported (best.json knife_edge: the best held setting short of the sensor's "
-                     f"accuracy and the thermal rise, the pick a safer one): {len(edged)} of {len(rows)} rows; of "
-                     f"the {len(over)} rows over 3%, {len(told)}"
-                     + (" (" + ", ".join(f"{r.case.profile} {r.case.workload} {r.case.budget_w:.2f} W: the edge "
-                                         + ("over the budget" if r.edge_over else f"at {r.edge_gap_pct:.2f}%")
-                                         for r in told) + ")" if told else "")
-                     + f"; each edge taken instead of its pick, as the report lets a user: over the budget in "
-                       f"{sum(r.edge_over for r in edged)} of {len(edged)}"
-                     + (f"; the rows then within the budget and within 3% of the oracle: "
-                        f"{sum(g <= 3.0 for g in held)} of {len(rows)} (worst gap among those within the budget "
-                        f"{max(held):.2f}%)" if held else ""))
+        lines.append(knife_edge_line([(f"{r.case.profile} {r.case.workload} {r.case.budget_w:.2f} W", r.gap_pct,
+                                       None if r.edge_point is None else r.edge_gap_pct) for r in rows]))
     if objective == "pareto":
         ratios, plain = [r.hv_ratio for r in rows], [r.hv_plain for r in rows]
         lines.append(f"rows at a hypervolume ratio of 0.95 or more: {sum(x >= 0.95 for x in ratios)} of {len(rows)} "

@@ -52,7 +52,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import optuna
-from benchlib import CONVERGENCE_TABLE, GridTruth, benchmark_batch_sizes, machine_state, seed_spread
+from benchlib import (
+    CONVERGENCE_TABLE,
+    GridTruth,
+    benchmark_batch_sizes,
+    knife_edge_line,
+    machine_state,
+    seed_spread,
+)
 
 from edgetune.power import open_device
 from edgetune.predictors.convergence import MeasuredCurve, load_convergence
@@ -281,20 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                               for r in told) + ")" if told else "")
           + f"; the better of each reported tie (both trained to the target, as the report advises): warm worst "
             f"{max(both):.2f}%, {sum(g <= 3.0 for g in both)} of {len(rows)} within 3%")
-    edged = [r for r in rows if "edge" in r["warm"]]
-    over = [r for r in rows if r["warm"]["gap"] > 3.0]
-    told = [r for r in over if "edge" in r["warm"]]
-    taken = [r["warm"]["edge"] if "edge" in r["warm"] else r["warm"]["gap"] for r in rows]
-    held = [g for g in taken if math.isfinite(g)]
-    print(f"warm knife edges reported (best.json knife_edge: the best held setting short of the sensor's accuracy and "
-          f"the thermal rise, the pick a safer one): {len(edged)} of {len(rows)} cases; of the {len(over)} over 3%, "
-          f"{len(told)}" + (" (" + ", ".join(f"{r['target']} {r['workload']}: the edge "
-                                            + ("over the budget" if math.isinf(r["warm"]["edge"]) else
-                                               f"at {r['warm']['edge']:.2f}%") for r in told) + ")" if told else "")
-          + f"; each edge taken instead of its pick, as the report lets a user: over the budget in "
-            f"{sum(math.isinf(r['warm']['edge']) for r in edged)} of {len(edged)}"
-          + (f"; the cases then within the budget and within 3% of the oracle: {sum(g <= 3.0 for g in held)} of "
-             f"{len(rows)} (worst gap among those within the budget {max(held):.2f}%)" if held else ""))
+    print(knife_edge_line([(f"{r['target']} {r['workload']}", r["warm"]["gap"], r["warm"].get("edge")) for r in rows],
+                          noun="cases", over_noun="", lead="warm knife edges reported"))
     warm_worst = max(r["warm"]["gap"] for r in rows)
     cold_worst = max(r["cold"]["gap"] for r in rows)
     warm_mean = sum(r["warm"]["measured"] for r in rows) / len(rows)
