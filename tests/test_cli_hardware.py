@@ -216,6 +216,19 @@ def test_monitor_ctrl_c_prints_summary(tmp_path):
     assert "summary:" in out and "energy" in out and "max 1-s avg" in out and "POM_5V_IN" in out
 
 
+def test_monitor_never_overwrites_samples_unless_forced(tmp_path, capsys):
+    out_csv = tmp_path / "power.csv"
+    out_csv.write_text("t_s,total_w\n0.0,5.0\n")  # an earlier run's samples
+    args = ["monitor", "--device", "sim:orin-nano", "--duration", "0.1", "--csv", str(out_csv)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"--csv {out_csv} exists" in err and "--force" in err
+    assert out_csv.read_text() == "t_s,total_w\n0.0,5.0\n"
+    assert main([*args, "--force"]) == 0
+    rows = list(csv.DictReader(out_csv.open()))
+    assert rows and "VDD_IN_w" in rows[0]
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["monitor", "--rate", "0"], "--rate 0 is out of range"),
     (["monitor", "--duration", "-1"], "--duration -1 must be positive"),

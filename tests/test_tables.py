@@ -179,6 +179,22 @@ def test_import_zeus_writes_tables_and_reports_unreached(tmp_path, capsys):
     assert load_table(out / "x1_toy_net_adam.csv").epochs_to_target is None
 
 
+def test_import_zeus_never_overwrites_a_table_unless_forced(tmp_path, capsys):
+    power, train = write(tmp_path, ZEUS_POWER, "summary_power_x1.csv"), write(tmp_path, ZEUS_TRAIN, "train.csv")
+    out = tmp_path / "tables"
+    out.mkdir()
+    (out / "x1_toy_net_adam.csv").write_text("an earlier table\n")
+    args = ["trace", "import-zeus", power, train, "--out", str(out), "--target", "toy=0.5"]
+    assert_exit_2(capsys, args, f"{out / 'x1_toy_net_adam.csv'} exists")
+    assert sorted(os.listdir(out)) == ["x1_toy_net_adam.csv"]  # all or none: the other table is not written
+    assert (out / "x1_toy_net_adam.csv").read_text() == "an earlier table\n"
+    assert main([*args, "--force"]) == 0
+    capsys.readouterr()
+    assert load_table(out / "x1_toy_net_adam.csv").epochs_to_target is None
+    assert main(args) == 2  # both there now
+    assert "(and 1 more of the 2 tables)" in capsys.readouterr().err
+
+
 def test_import_zeus_bad_input(tmp_path, capsys):
     power, train = write(tmp_path, ZEUS_POWER, "summary_power_x1.csv"), write(tmp_path, ZEUS_TRAIN, "train.csv")
     out = str(tmp_path / "o")

@@ -18,8 +18,9 @@ import argparse
 import csv
 import json
 import math
+import os
 import time
-from typing import Any
+from typing import Any, TextIO
 
 from edgetune.cli import UsageError
 from edgetune.power import registry, state
@@ -45,7 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="device spec: auto, jetson, jtop, nvml[:i], rapl, sim:<profile>")
     p.add_argument("--rate", type=float, default=None, metavar="HZ",
                    help=f"samples per second (default: {DEFAULT_RATE_HZ:g}, or the sensor's update rate where slower)")
-    p.add_argument("--csv", default=None, metavar="FILE", help="write every sample to this CSV file")
+    p.add_argument("--csv", default=None, metavar="FILE",
+                   help="write every sample to this CSV file (a new one: an existing file is refused)")
+    p.add_argument("--force", action="store_true", help="overwrite the --csv file if it exists")
     p.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
     p.set_defaults(func=cmd_monitor)
 
@@ -200,16 +203,25 @@ def cmd_monitor(args: argparse.Namespace) -> int:
         device.close()
 
 
+def _open_samples_csv(path: str, force: bool) -> TextIO:
+    """``path`` opened for the samples: a new file ("x"), so an earlier run's samples are refused, not
+    truncated, unless ``force`` (raises :class:`UsageError`, one line)."""
+    try:
+        return open(path, "w" if force else "x", newline="")  # closed by the caller (_monitor's finally)
+    except OSError as exc:
+        if isinstance(exc, FileExistsError) and not os.path.isdir(path):
+            raise UsageError(f"--csv {path} exists: edgetune never overwrites samples; give another path, or pass "
+                             f"--force to overwrite it") from None
+        what = "is a folder" if os.path.isdir(path) else (exc.strerror or str(exc)).lower()
+        raise UsageError(f"--csv {path}: cannot write the samples there ({what}); give a file path in an "
+                         f"existing folder") from None
+
+
 def _monitor(device: Device, args: argparse.Namespace) -> int:
     sensor, clock = device.sensor, device.clock
     monitor = PowerMonitor(sensor, clock, rate_hz=args.rate)
     rails = list(sensor.rails)
-    try:
-        out = open(args.csv, "w", newline="") if args.csv else None  # noqa: SIM115 - closed in finally
-    except OSError as exc:
-        what = "is a folder" if isinstance(exc, IsADirectoryError) else (exc.strerror or str(exc)).lower()
-        raise UsageError(f"--csv {args.csv}: cannot write the samples there ({what}); give a file path in an "
-                         f"existing folder") from None
+    out = _open_samples_csv(args.csv, args.force) if args.csv else None
     writer = None
     if out is not None:
         writer = csv.writer(out)

@@ -24,6 +24,7 @@ one measurement table per workload (format: :mod:`edgetune.tables`):
 * ``samples_per_epoch`` is the training-set size of the dataset (``DATASET_SIZES``; override with
   ``--samples-per-epoch``). It only sets the step length when a table is replayed (step time = time per
   epoch x batch size / samples); times and energies to target do not depend on it.
+* A table already in ``--out`` is refused before any is written (``--force`` overwrites).
 
 ``predict-eval`` fits the hardware model on K random rows of a table and prints its error on the rest.
 """
@@ -256,6 +257,11 @@ def _cmd_import_zeus(args: argparse.Namespace) -> int:
     targets = _parse_pairs(args.target, "--target", float)
     sizes = _parse_pairs(args.samples_per_epoch, "--samples-per-epoch", int)
     tables, report = import_zeus(args.power_csv, args.train_csv, targets, sizes)
+    there = [name for name in tables if os.path.exists(os.path.join(args.out, name))]
+    if there and not args.force:  # checked before any is written: all or none
+        more = f" (and {len(there) - 1} more of the {len(tables)} tables)" if len(there) > 1 else ""
+        raise UsageError(f"{os.path.join(args.out, there[0])} exists{more}: edgetune never overwrites a table; "
+                         f"give another --out, or pass --force to overwrite them")
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as exc:
@@ -336,7 +342,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     zeus.add_argument("power_csv", metavar="POWER_CSV", help="summary_power_<gpu>.csv")
     zeus.add_argument("train_csv", metavar="TRAIN_CSV", help="summary_train.csv")
-    zeus.add_argument("--out", required=True, metavar="DIR", help="folder for the tables")
+    zeus.add_argument("--out", required=True, metavar="DIR",
+                      help="folder for the tables (a table already there is refused: see --force)")
+    zeus.add_argument("--force", action="store_true", help="overwrite tables already in --out")
     zeus.add_argument("--target", action="append", metavar="DATASET=VALUE",
                       help="quality target per dataset (repeatable); defaults: " +
                       ", ".join(f"{k}={v:g}" for k, v in DEFAULT_TARGETS.items()))
