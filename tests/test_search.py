@@ -1303,7 +1303,7 @@ def test_a_knob_error_in_the_middle_of_a_step_propagates(workload, monkeypatch):
     def broken_rest(device, setting):
         raise DeviceError("cannot write /sys/devices/gpu.0/devfreq/17000000.ga10b/max_freq: Permission denied")
 
-    monkeypatch.setattr(trial, "_rest", broken_rest)
+    monkeypatch.setattr(trial, "go_to_rest", broken_rest)
     device = open_device("sim:orin-nano", compute=False)
     protocol = MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=2.0)
     long = {"gpu_freq": "min", "emc_freq": "max", "cpu_freq": "max"}  # batch 131072: 2.2 s per step, 9.5 W

@@ -127,7 +127,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from edgetune.cli.progress import RunProgress
     from edgetune.power import PowerMonitor, open_device
-    from edgetune.search.trial import MeasurementProtocol, measure_setting
+    from edgetune.search.measurement import MeasurementProtocol
+    from edgetune.search.trial import measure_setting
     from edgetune.workloads import WorkloadError, load_workload
 
     try:

@@ -32,8 +32,8 @@ from edgetune.cli.flags import add_config_flags, config_from_args
 if TYPE_CHECKING:
     from edgetune.config import Config, EfficiencySection, ProtocolSection
     from edgetune.search.efficiency import TargetModel
+    from edgetune.search.measurement import MeasurementProtocol
     from edgetune.search.results import SearchResult
-    from edgetune.search.trial import MeasurementProtocol
 
 __all__ = ["measurement_protocol", "register", "search"]
 
@@ -262,7 +262,7 @@ def _prior(spec: str, space, device) -> tuple:
 
 def measurement_protocol(section: ProtocolSection) -> MeasurementProtocol:
     """The search's :class:`~edgetune.search.trial.MeasurementProtocol` from the config's ``[protocol]``."""
-    from edgetune.search.trial import MeasurementProtocol
+    from edgetune.search.measurement import MeasurementProtocol
 
     cap = MeasurementProtocol.max_steps
     if section.measure_steps > cap:

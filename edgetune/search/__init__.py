@@ -21,7 +21,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from edgetune.search.trial import Measurement, MeasurementProtocol, measure_setting
+from edgetune.search.measurement import Measurement, MeasurementProtocol
+from edgetune.search.trial import measure_setting
 
 _LAZY = {
     "Search": "edgetune.search.study",

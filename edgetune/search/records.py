@@ -35,9 +35,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from edgetune.power.knobs import Candidate
 from edgetune.search.efficiency import Outcome, TargetModel
+from edgetune.search.measurement import Measurement
 from edgetune.search.space import SearchSpace
 from edgetune.search.thermal import ThermalReference
-from edgetune.search.trial import Measurement
 from edgetune.search.window import judged_power_w
 
 __all__ = [

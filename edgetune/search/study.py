@@ -75,6 +75,7 @@ from edgetune.search.efficiency import (
 )
 from edgetune.search.fleet import find_same, queued_or_running
 from edgetune.search.identity import StudyIdentity
+from edgetune.search.measurement import Measurement, MeasurementProtocol
 from edgetune.search.records import CONSTRAINT, Observation, Role, TrialRecord
 from edgetune.search.results import (
     SearchResult,
@@ -108,7 +109,7 @@ from edgetune.search.thermal import (
     thermal_reference,
     thermal_rise_w,
 )
-from edgetune.search.trial import Measurement, MeasurementProtocol, measure_setting
+from edgetune.search.trial import measure_setting
 
 __all__ = ["AUTO_SAMPLER", "CONSTRAINT", "Search", "SearchError", "SearchResult", "TrialRecord", "make_sampler",
            "open_storage"]

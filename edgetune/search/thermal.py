@@ -78,7 +78,8 @@ from edgetune.log import get_logger
 from edgetune.power.base import Device, KnobValue
 from edgetune.power.knobs import Candidate
 from edgetune.power.monitor import PowerMonitor
-from edgetune.search.trial import MeasurementProtocol, measure_setting
+from edgetune.search.measurement import MeasurementProtocol
+from edgetune.search.trial import measure_setting
 
 __all__ = ["MAX_SOAKS", "SOAK_AFTER", "SOAK_CHUNK_S", "SOAK_RESERVE", "SOAK_S", "SoakFit", "ThermalReference",
            "ThermalSoak", "fit_soak", "governing", "hottest_soaked_w", "rise_for_w", "soak", "soak_reserve",

@@ -86,29 +86,29 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from edgetune.power.base import Device, KnobValue, PowerReading, is_out_of_memory
-from edgetune.power.knobs import KNOBS, KnobRole
 from edgetune.power.monitor import (
     PowerMonitor,
     moving_average_max,
     noise_max_excess_w,
     window_stats,
 )
+from edgetune.search.measurement import Measurement, MeasurementProtocol
+from edgetune.search.rest import go_to_rest, rest_setting, settle, settle_needed
 from edgetune.search.window import (
-    judged_power_w,
     judged_span_s,
     over_limit_s,
     phase_sweep_s,
     phase_unevenness,
-    trailing_average_max_w,
 )
 
+# Measurement and MeasurementProtocol live in edgetune.search.measurement, rest_setting and settle in
+# edgetune.search.rest; importing them from here keeps working
 __all__ = ["Measurement", "MeasurementProtocol", "measure_setting", "rest_setting", "settle"]
 
 #: shortest span (s, device clock) of this setting's own power before a trial may be stopped over budget: a
@@ -128,169 +128,6 @@ _WATCH_INTERVAL_S = 0.02
 #: step is checked when it ends (its whole record is the setting's); a longer one could hold the board over the
 #: budget for most of a window before the per-step check sees it
 _WATCH_AFTER_WINDOWS = 0.5
-#: step (s, device clock) of the idle wait before a setting is applied while the budget window's average is
-#: still over the limit (the previous setting's power): two 100-Hz samples, short against the 1-s window
-_SETTLE_STEP_S = 0.02
-
-
-@dataclass(frozen=True)
-class MeasurementProtocol:
-    """How one setting is measured.
-
-    Attributes:
-        warmup_steps: steps run after the knobs are set and before the window opens (caches, allocator,
-            clock ramp-up). Always real training steps.
-        measure_steps: the window holds at least this many steps.
-        measure_s: ... and spans at least this many seconds of device-clock time, so that the budget's
-            moving average (1 s by default) is computed over a full window at least once. Where the monitor
-            widened that window for a slow sensor (jtop), the window spans at least the widened one.
-        real_steps: on a virtual clock (the twin), how many of the window's steps execute the real training
-            step; the rest are timed by the twin only. ``None``: all of them. Ignored on real hardware,
-            where every step is real.
-        max_steps: safety cap on the window's steps (a very fast step with a long ``measure_s``).
-    """
-
-    warmup_steps: int = 1
-    measure_steps: int = 5
-    measure_s: float = 2.0
-    real_steps: int | None = 1
-    max_steps: int = 100_000
-
-    def __post_init__(self) -> None:
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.measure_steps < 1:
-            raise ValueError(f"measure_steps must be >= 1, got {self.measure_steps}")
-        if not self.measure_s >= 0:
-            raise ValueError(f"measure_s must be >= 0, got {self.measure_s}")
-        if self.real_steps is not None and self.real_steps < 0:
-            raise ValueError(f"real_steps must be >= 0 or None, got {self.real_steps}")
-        if self.max_steps < self.measure_steps:
-            raise ValueError("max_steps must be >= measure_steps")
-
-    def describe(self, virtual_clock: bool, runs_step: bool = True) -> str:
-        """One line for reports: what was run for real and what was timed.
-
-        ``runs_step`` is False where the device does not execute the training step at all (a trace replay:
-        the table is the training run).
-        """
-        window = f"window of >= {self.measure_steps} steps and >= {self.measure_s:g} s on the device clock"
-        if not runs_step:
-            return (f"{self.warmup_steps} warm-up step(s), then a {window} (virtual time); the device replays "
-                    f"measured step times and power, the training step itself is not executed")
-        if not virtual_clock or self.real_steps is None:
-            return f"{self.warmup_steps} warm-up step(s), then a {window}; every step a real training step"
-        return (f"{self.warmup_steps} real warm-up step(s), then a {window} (virtual time); the first "
-                f"{self.real_steps} step(s) of the window run the real training step, the twin times the rest")
-
-
-@dataclass
-class Measurement:
-    """What one setting did on the device.
-
-    ``ok`` is False when the step could not run (out of memory or another failure, see ``error``); then
-    the timing and power fields are NaN. Power figures are board power over the measured window.
-
-    Attributes:
-        batch_size: samples per step.
-        setting: knob name -> value as applied.
-        ok: the steps ran.
-        oom: the batch did not fit in device memory.
-        error: one line on why the steps did not run, else None.
-        steps: steps in the measured window.
-        real_steps: of those, how many executed the real training step (== steps on hardware).
-        duration_s: window length on the device clock.
-        step_time_s: mean time per step.
-        samples_per_s: throughput.
-        mean_power_w, peak_power_w: mean and peak of the sampled board power.
-        max_avg_power_w: maximum of the moving average over ``judged_span_s``: what a budget is judged by.
-        avg_window_s: the budget's averaging window (s).
-        judged_span_s: the span (s) of the moving average ``max_avg_power_w`` is the maximum of: the budget
-            window, or, where the readings do not sweep a short step's phases within it, one sweep of them
-            (:func:`judged_span_s`; the window then runs that long). The other power figures follow it.
-        max_avg_noise_w: how far that maximum reads above the power's own from the sensor's reading noise
-            alone (:func:`~edgetune.power.monitor.noise_max_excess_w`; 0 for a trial stopped over the budget):
-            ``max_avg_power_w - max_avg_noise_w`` is what the margin to the budget is certified on.
-        power_se_w: standard error of one ``judged_span_s`` average of the sampled power: the sensor's noise and
-            the step's ripple seen through its update instants make a measured average miss the true one
-            by about this much (the std of the window's readings over the root of the sensor updates in one
-            averaging span; for a span longer than ``avg_window_s``, at least that std times the root of
-            :func:`phase_unevenness`: the readings share the step's phases unevenly, and their mean holds their bias).
-        energy_j: energy over the window.
-        energy_per_sample_j: energy / samples.
-        samples: power samples in the window; dropped: sensor reads dropped in it.
-        loss: the last real step's loss (NaN where none ran).
-        aborted_over_budget: the trial was stopped early because the live moving average crossed the budget
-            (safe profiling, module docs); the figures then cover the steps since the knobs were set.
-        stopped_mid_step: of those, stopped in the middle of a step (:class:`_StepWatchdog`): that step finished
-            at the rest clocks, so ``step_time_s`` and the energy figures include a stretch not at this setting
-            (its step time is then an upper bound of the setting's, not a measurement of it).
-        over_budget_s: device seconds, from the knobs being set to the trial's end (the idle wait included),
-            during which the moving average of board power was above the budget (0 when no budget was given).
-        settle_s: device seconds the board idled before the setting was applied, until the recent past could no
-            longer take the budget window's average over the limit (module docs, safe profiling); for the first
-            setting a monitor sees, also until it held one window of the board's past.
-        wall_s: wall-clock seconds the measurement took (warm-up included).
-        temperature_c: the board temperature read at the window's end, degC (None: the device reads none):
-            the search refers every window's power to one board temperature once a thermal soak measured how
-            power follows it (:func:`~edgetune.search.thermal.thermal_offset_w`).
-        trace_t, trace_w: the window's power record (times relative to the window start), for plots.
-    """
-
-    batch_size: int
-    setting: dict[str, KnobValue]
-    ok: bool
-    oom: bool = False
-    error: str | None = None
-    steps: int = 0
-    real_steps: int = 0
-    duration_s: float = math.nan
-    step_time_s: float = math.nan
-    samples_per_s: float = math.nan
-    mean_power_w: float = math.nan
-    peak_power_w: float = math.nan
-    max_avg_power_w: float = math.nan
-    max_avg_noise_w: float = 0.0
-    avg_window_s: float = 1.0
-    judged_span_s: float = 1.0
-    power_se_w: float = 0.0
-    energy_j: float = math.nan
-    energy_per_sample_j: float = math.nan
-    samples: int = 0
-    dropped: int = 0
-    loss: float = math.nan
-    aborted_over_budget: bool = False
-    stopped_mid_step: bool = False
-    over_budget_s: float = 0.0
-    settle_s: float = 0.0
-    wall_s: float = 0.0
-    temperature_c: float | None = None
-    trace_t: list[float] = field(default_factory=list, repr=False)
-    trace_w: list[float] = field(default_factory=list, repr=False)
-
-    def judged_power_w(self, guard_sigma: float = 0.0) -> float:
-        """The power a budget is judged by (:func:`judged_power_w`)."""
-        return judged_power_w(self.max_avg_power_w, self.power_se_w, guard_sigma)
-
-    def holds(self, budget_w: float | None, tolerance: float = 0.0, guard_sigma: float = 0.0) -> bool:
-        """True when the step ran and its judged power stayed within ``budget * (1 + tolerance)``.
-
-        ``guard_sigma`` standard errors of the measured average are added first (a guard band against a
-        measurement that reads low); ``budget_w=None`` means unconstrained.
-        """
-        if not self.ok or self.aborted_over_budget:
-            return False
-        if budget_w is None:
-            return True
-        return bool(self.judged_power_w(guard_sigma) <= budget_w * (1.0 + tolerance))
-
-    def to_dict(self, *, trace: bool = False) -> dict[str, Any]:
-        """Plain dict (JSON-ready); the power trace only when asked."""
-        d = asdict(self)
-        if not trace:
-            d.pop("trace_t")
-            d.pop("trace_w")
-        return d
 
 
 def _downsample(t: np.ndarray, p: np.ndarray, max_points: int = 400) -> tuple[list[float], list[float]]:
@@ -358,7 +195,7 @@ def measure_setting(
     monitor.begin_window(whole)
     t_settle = clock.now()
     if settle_needed(monitor, clock, limit_w):
-        _rest(device, setting)  # the wait idles at the least power the clocks allow (a stopped trial's rest)
+        go_to_rest(device, setting)  # the wait idles at the least power the clocks allow (a stopped trial's rest)
     settle_s = settle(monitor, clock, limit_w)
     device.apply(setting)
     applied = {name: device.knobs[name].read() for name in setting}
@@ -441,7 +278,7 @@ def measure_setting(
         t_step = clock.now()
         ran[0] += 1  # counted as it starts: the watchdog's checks in its middle see it too
         with _StepWatchdog(monitor, lambda: clock.now() - t_step >= _WATCH_AFTER_WINDOWS * monitor.avg_window_s
-                           and over_limit(clear=False), lambda: _rest(device, setting)) as watchdog:
+                           and over_limit(clear=False), lambda: go_to_rest(device, setting)) as watchdog:
             device.run_step(fn, batch_size, cost)
         if watchdog.error is not None:
             # raised after the steps, not here: the failing-step handler below must not turn it into a result
@@ -499,7 +336,7 @@ def measure_setting(
         monitor.end_window(whole)
         raise watch_errors[0]
     if math.isfinite(trigger_w):
-        _rest(device, setting)  # stopped over the budget: the clocks drop at once, not at the next setting
+        go_to_rest(device, setting)  # stopped over the budget: the clocks drop at once, not at the next setting
     times, watts = monitor.records()
     result.over_budget_s = _finish(monitor, whole, t_settle, limit_w)
     result.aborted_over_budget = math.isfinite(trigger_w)
@@ -590,85 +427,6 @@ class _StepWatchdog:
                     self._stop()
             except Exception as exc:  # noqa: BLE001 - raised on the measuring thread, after the step
                 self.fired, self.error = True, exc
-
-
-#: the knobs a stopped trial lowers at once, and the settle wait idles with at their least: clocks and online
-#: cores, each a quick write (a power mode switch is slow and a power limit does not lower idle power)
-_REST_ROLES = (KnobRole.GPU_CLOCK, KnobRole.MEMORY_CLOCK, KnobRole.CPU_CLOCK, KnobRole.CPU_CORES)
-
-
-def rest_setting(device: Device, names: Iterable[str]) -> dict[str, KnobValue]:
-    """The least-power values of the knobs among ``names`` that are quick to set (:data:`_REST_ROLES`):
-    each writable clock at its lowest value, the fewest online cores; only those not there already."""
-    out: dict[str, KnobValue] = {}
-    for name in names:
-        knob, spec = device.knobs.get(name), KNOBS.get(name)
-        if knob is None or spec is None or spec.role not in _REST_ROLES or not (knob.writable and knob.numeric):
-            continue
-        if knob.read() != knob.min:
-            out[name] = knob.min
-    return out
-
-
-def _rest(device: Device, setting: Mapping[str, KnobValue]) -> None:
-    rest = rest_setting(device, setting)
-    if rest:
-        device.apply(rest)
-
-
-def settle_needed(monitor: PowerMonitor, clock: Any, limit_w: float | None) -> bool:
-    """Whether the recent past could still take the budget window's average over ``limit_w``
-    (:func:`settle` would wait)."""
-    if limit_w is None:
-        return False
-    t, p = monitor.records(since=clock.now() - monitor.avg_window_s)
-    worst = trailing_average_max_w(t, p, monitor.avg_window_s)
-    return bool(math.isfinite(worst) and worst > limit_w)
-
-
-def settle(monitor: PowerMonitor, clock: Any, limit_w: float | None) -> float:
-    """Idle until a next setting drawing at most ``limit_w`` cannot take the budget window's average over
-    it, for at most one window; returns the device seconds waited (0 without a limit or when none is needed).
-    A monitor that holds less than one window of the board's past first records the board as it is until it
-    does (:func:`_fill_window`).
-
-    The moving average over the next window mixes the recent past with the next setting's power, so the wait
-    ends when every trailing stretch of the last window (:func:`trailing_average_max_w`) averages at most
-    ``limit_w``, not merely the window as a whole: a stopped trial's high stretch would otherwise push the
-    average back over the limit once the idle stretch after it is all that is left beside it. Idle power is
-    under any budget worth searching, so one window of it always suffices (a budget under idle power ends
-    the wait after one window all the same).
-    """
-    if limit_w is None:
-        return 0.0
-    filled = _fill_window(monitor, clock)
-    waited = 0.0
-    while waited < monitor.avg_window_s:
-        if not settle_needed(monitor, clock, limit_w):
-            break
-        clock.sleep(_SETTLE_STEP_S)
-        monitor.sample()
-        waited += _SETTLE_STEP_S
-    return filled + waited
-
-
-def _fill_window(monitor: PowerMonitor, clock: Any) -> float:
-    """Record the board as it is until the monitor holds one budget window of its past; returns the device
-    seconds waited (0 once it does: after the first setting of a run).
-
-    The budget is judged on the board's 1-s average, which includes the second before a setting was applied.
-    A monitor started just before the first setting has no such second, so its average over a partial window
-    is that setting's power alone: the first setting of a run would be stopped before the board's own average
-    crossed the budget, and counted over the budget while it was not.
-    """
-    times, _ = monitor.records()
-    oldest = float(times[0]) if times.size else clock.now()
-    waited = 0.0
-    while clock.now() - oldest < monitor.avg_window_s - 1e-9:
-        clock.sleep(_SETTLE_STEP_S)
-        monitor.sample()
-        waited += _SETTLE_STEP_S
-    return waited
 
 
 def _finish(monitor: PowerMonitor, whole: str, t_set: float, limit_w: float | None) -> float:
