@@ -16,7 +16,6 @@ This package knows nothing of tuning.
 """
 
 from edgetune.power.base import (
-    Clock,
     Device,
     DeviceError,
     DeviceOutOfMemoryError,
@@ -25,11 +24,10 @@ from edgetune.power.base import (
     KnobWriteError,
     PowerReading,
     PowerSensor,
-    RealClock,
-    VirtualClock,
     WorkloadCost,
     is_out_of_memory,
 )
+from edgetune.power.clock import Clock, RealClock, VirtualClock
 from edgetune.power.monitor import PowerMonitor, WindowStats, window_stats
 from edgetune.power.registry import DEFAULT_DEVICE, PlatformProbe, open_device, probe_platforms
 

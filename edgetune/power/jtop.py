@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgetune.power.base import DERIVED_PREFIX, Device, DeviceError, KnobWriteError, PowerReading, RealClock
+from edgetune.power.base import DERIVED_PREFIX, Device, DeviceError, KnobWriteError, PowerReading
+from edgetune.power.clock import RealClock
 from edgetune.power.jetson import COMBINED_RAILS, _run_step
 from edgetune.power.jetson.thermal import temperature_reader
 from edgetune.power.monitor import MIN_UPDATES_PER_WINDOW, min_avg_window_s

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgetune.log import get_logger
-from edgetune.power.base import Clock, PowerReading, PowerSensor, VirtualClock
+from edgetune.power.base import PowerReading, PowerSensor
+from edgetune.power.clock import Clock, VirtualClock
 
 __all__ = [
     "MIN_UPDATES_PER_WINDOW",

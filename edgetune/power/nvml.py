@@ -25,15 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from edgetune.power.base import (
-    Capability,
-    Device,
-    DeviceError,
-    KnobWriteError,
-    PowerReading,
-    RealClock,
-    WorkloadCost,
-)
+from edgetune.power.base import Capability, Device, DeviceError, KnobWriteError, PowerReading, WorkloadCost
+from edgetune.power.clock import RealClock
 from edgetune.power.knobs import knob_unit
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, RestorableKnob, StateTracker

@@ -21,15 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgetune.power.base import (
-    DERIVED_PREFIX,
-    Capability,
-    Device,
-    DeviceError,
-    PowerReading,
-    RealClock,
-    WorkloadCost,
-)
+from edgetune.power.base import DERIVED_PREFIX, Capability, Device, DeviceError, PowerReading, WorkloadCost
+from edgetune.power.clock import RealClock
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, StateTracker
 from edgetune.power.sysfs import (

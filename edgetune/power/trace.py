@@ -48,15 +48,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from edgetune.power.base import (
-    Capability,
-    Device,
-    DeviceError,
-    Knob,
-    PowerReading,
-    VirtualClock,
-    WorkloadCost,
-)
+from edgetune.power.base import Capability, Device, DeviceError, Knob, PowerReading, WorkloadCost
+from edgetune.power.clock import VirtualClock
 from edgetune.power.knobs import Candidate, knob_unit
 from edgetune.power.registry import PlatformProbe
 from edgetune.tables import Table, TableError, load_table

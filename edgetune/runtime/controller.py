@@ -63,15 +63,8 @@ from typing import Any, TextIO
 import torch
 
 from edgetune.log import get_logger
-from edgetune.power.base import (
-    Device,
-    DeviceError,
-    KnobValue,
-    VirtualClock,
-    WorkloadCost,
-    format_value,
-    is_out_of_memory,
-)
+from edgetune.power.base import Device, DeviceError, KnobValue, WorkloadCost, format_value, is_out_of_memory
+from edgetune.power.clock import VirtualClock
 from edgetune.power.knobs import Candidate, check_batch_size
 from edgetune.power.monitor import PowerMonitor
 from edgetune.predictors.convergence import ConvergenceError, check_appendable

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from edgetune.log import get_logger
-from edgetune.power.base import Clock, VirtualClock
+from edgetune.power.clock import Clock, VirtualClock
 
 __all__ = ["Ticker"]
 

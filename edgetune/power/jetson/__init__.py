@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgetune.power.base import Device, DeviceError, KnobWriteError, RealClock, WorkloadCost
+from edgetune.power.base import Device, DeviceError, KnobWriteError, WorkloadCost
+from edgetune.power.clock import RealClock
 from edgetune.power.jetson.board import JETPACK, MODULES, BoardInfo, detect_board
 from edgetune.power.jetson.knobs import (
     EMC_STEPS_HZ,

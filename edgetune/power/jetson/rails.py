@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgetune.power.base import DERIVED_PREFIX, Clock, DeviceError, PowerReading, RealClock
+from edgetune.power.base import DERIVED_PREFIX, DeviceError, PowerReading
+from edgetune.power.clock import Clock, RealClock
 from edgetune.power.sysfs import FastReader, read_int, read_text
 
 __all__ = [

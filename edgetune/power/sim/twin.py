@@ -23,10 +23,10 @@ from edgetune.power.base import (
     Knob,
     KnobValue,
     ModeCaps,
-    VirtualClock,
     WorkloadCost,
     format_value,
 )
+from edgetune.power.clock import VirtualClock
 from edgetune.power.knobs import BatchSizeError, check_batch_size, knob_unit
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.sim.physics import (
