@@ -1,8 +1,8 @@
 """End to end: ``edgetune search --device jetson`` on a fake Orin Nano whose rails the simulated twin drives.
 
 Nothing between the CLI and the sysfs files is replaced: the CLI opens the Jetson backend on the fake tree
-(``EDGETUNE_SYSFS_ROOT``), the search writes the knob files (devfreq, cpufreq, CPU ``online``, BPMP EMC,
-nvpmodel), every training step is a real torch step of the built-in CNN, and the power monitor reads the
+(``EDGETUNE_SYSFS_ROOT``), the search writes the knob files (devfreq, cpufreq, CPU ``online``, BPMP EMC; the
+power mode stays 15W, since 7W gates other GPU TPCs and needs a reboot), every training step is a real torch step of the built-in CNN, and the power monitor reads the
 INA3221 files. Only the silicon is simulated: at each step :class:`fakes.board.FakeJetsonBoard` reads the knob
 files back, asks the twin what the board draws at that setting, and writes it to the rail files in mV and
 mA. So the twin's noise-free power for the setting found in the files is the ground truth the measurement
@@ -27,6 +27,8 @@ from edgetune.workloads import load_workload
 BUDGET_W = 8.0
 WARMUP_STEPS = 1
 SEED = 0
+#: the fake Orin Nano boots in 15W; its 7W mode gates other GPU TPCs, so the search cannot switch to it
+BOOT_MODE = "15W"
 
 
 class RecordingBoard(FakeJetsonBoard):
@@ -44,11 +46,12 @@ class RecordingBoard(FakeJetsonBoard):
 
 def _twin_values(row: dict[str, str], grid: dict[str, tuple]) -> dict:
     """A trials.csv setting in the twin's values: the backend's step at or below (the Orin Nano's cpufreq
-    table ends at 1510.4 MHz, the twin's at 1497.6 MHz), as the board maps the files."""
+    table ends at 1510.4 MHz, the twin's at 1497.6 MHz), as the board maps the files. The power mode is the
+    one the board booted in where the search could not change it (7W needs a reboot from 15W)."""
     setting = {}
     for knob, values in grid.items():
         if isinstance(values[0], str):
-            setting[knob] = row[knob]
+            setting[knob] = row.get(knob, BOOT_MODE)
         else:
             value = float(row[knob])
             setting[knob] = max((v for v in values if v <= value), default=values[0])
@@ -67,7 +70,7 @@ def _files_hold(files: dict[str, str], setting: dict, mode_ids: dict[str, int]) 
     emc = "sys/kernel/debug/bpmp/debug/clk/emc"
     assert files[f"{emc}/mrq_rate_locked"].strip() == "1"
     assert files[f"{emc}/rate"] == f"{setting['emc_freq']}\n"
-    assert files["var/lib/nvpmodel/status"].startswith(f"pmode:{mode_ids[setting['power_mode']]:04d} ")
+    assert files["var/lib/nvpmodel/status"].startswith(f"pmode:{mode_ids[setting.get('power_mode', BOOT_MODE)]:04d} ")
 
 
 def test_search_on_fake_orin_nano_driven_by_the_twin(tmp_path, monkeypatch, capsys):

@@ -8,7 +8,7 @@ import pytest
 from fakes.jetson_tree import BOARDS, CPU_KHZ, GPU_HZ, build_jetson
 
 from edgetune.power import PowerMonitor, VirtualClock, jetson, open_device, probe_platforms, sysfs
-from edgetune.power.base import Capability, KnobWriteError
+from edgetune.power.base import Capability, KnobValueError, KnobWriteError
 
 
 @pytest.fixture(autouse=True)
@@ -78,9 +78,13 @@ def test_knob_tables_and_units(tmp_path, board):
 def test_power_mode_caps_are_read_from_nvpmodel_conf(tmp_path):
     """Each mode's POWER_MODEL block gives the largest value each knob runs at (on the knob's own table),
     the gated TPCs; the PARAM section's MAX_FREQ paths are not taken for caps."""
-    device = _open(build_jetson(tmp_path / "root", "orin-nano"))
+    from edgetune.power.jetson.nvpmodel import mode_caps
+
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    device = _open(fake)
     knobs = device.knobs
-    caps = knobs["power_mode"].caps
+    assert set(knobs["power_mode"].caps) == {"15W"}  # the knob's own modes: 7W needs a reboot (below)
+    caps = mode_caps((fake.root / "etc/nvpmodel.conf").read_text(), knobs)
     assert set(caps) == {"15W", "7W"}
     seven, fifteen = caps["7W"], caps["15W"]
     assert seven.cap("cpu_cores") == 4 and fifteen.cap("cpu_cores") == 6
@@ -95,7 +99,7 @@ def test_power_mode_caps_are_read_from_nvpmodel_conf(tmp_path):
 
 def test_mode_caps_parse_real_blocks_only():
     from edgetune.power.base import Knob
-    from edgetune.power.jetson.knobs import mode_caps
+    from edgetune.power.jetson.nvpmodel import mode_caps
 
     gpu = Knob("gpu_freq", "Hz", [306_000_000, 612_000_000, 918_000_000], read=lambda: 918_000_000)
     conf = ("< PARAM TYPE=CLOCK NAME=GPU >\nMAX_FREQ /sys/devices/gpu.0/devfreq/max_freq\n\n"
@@ -191,16 +195,64 @@ def test_read_only_tree_is_measure_only_with_reason(tmp_path):
 
 
 def test_rejected_mode_change_is_one_line_and_original_kept(tmp_path):
-    fake = build_jetson(tmp_path / "root", "orin-nano")
-    (fake.root / "etc/nvpmodel.refuse").write_text("1\n")
+    fake = build_jetson(tmp_path / "root", "xavier-nx")  # one GPU power-gating mask: every mode switches live
+    (fake.root / "etc/nvpmodel.refuse").write_text("0\n")
     before = fake.knob_state()
     device = _open(fake)
     with pytest.raises(KnobWriteError) as err:
-        device.knobs["power_mode"].set("7W")
+        device.knobs["power_mode"].set("MODE_15W_2CORE")
     message = str(err.value)
-    assert "\n" not in message and "failed to set power mode 1" in message and "back at its original" in message
+    assert "\n" not in message and "failed to set power mode 0" in message and "back at its original" in message
     assert fake.knob_state() == before
     assert not list((tmp_path / "state").glob("*.json"))
+    device.close()
+
+
+def test_modes_needing_a_reboot_are_held_back_with_the_way_to_reach_them(tmp_path):
+    """A mode with another GPU TPC power-gating mask than the board booted with does not switch live (nvpmodel
+    asks to reboot): the knob offers the others, names the held-back ones in the notes, and refuses one in
+    a line that says how to get there; a plan asking for it changes nothing."""
+    fake = build_jetson(tmp_path / "root", "orin-nano")  # booted in 15W (mask 240); 7W gates 252
+    before = fake.knob_state()
+    device = _open(fake)
+    mode = device.knobs["power_mode"]
+    assert mode.values == ("15W",) and set(mode.unavailable) == {"7W"}
+    assert any(n.startswith("power_mode 7W not offered: switching to it needs a reboot") for n in device.notes)
+    with pytest.raises(KnobValueError) as err:
+        device.apply({"gpu_freq": 408_000_000, "power_mode": "7W"})
+    message = str(err.value)
+    assert "\n" not in message and "7W needs a reboot" in message and "TPC_PG_MASK 252" in message
+    assert "`sudo nvpmodel -m 1`" in message
+    assert fake.knob_state() == before
+    device.close()
+
+    fake = build_jetson(tmp_path / "agx", "agx-orin-jp6", boot_mode=0)  # MAXN (mask 0): MODE_50W shares it
+    before = fake.knob_state()
+    device = _open(fake)
+    assert device.knobs["power_mode"].values == ("MAXN", "MODE_50W")
+    assert set(device.knobs["power_mode"].unavailable) == {"MODE_15W", "MODE_30W"}
+    with device.restoring():
+        device.apply({"power_mode": "MODE_50W"})
+        assert device.knobs["power_mode"].read() == "MODE_50W"
+    assert fake.knob_state() == before
+    device.close()
+
+
+def test_a_mode_switch_nvpmodel_refuses_for_a_reboot_is_one_line(tmp_path):
+    """Where nvpmodel asks for a reboot all the same (here the GPU's mask reads 0, which no mode of the conf
+    gates: the board cannot even re-enter its own mode live), the write says so in one line, whatever
+    nvpmodel's exit status, and nothing changes; stdin is closed, so it never waits for the answer."""
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    (fake.root / "sys/devices/platform/bus@0/17000000.gpu/tpc_pg_mask").chmod(0o644)
+    (fake.root / "sys/devices/platform/bus@0/17000000.gpu/tpc_pg_mask").write_text("0\n")
+    before = fake.knob_state()
+    device = _open(fake)
+    assert device.knobs["power_mode"].values == ("15W",)  # the mode in force stays, to read and restore
+    with pytest.raises(KnobWriteError) as err:
+        device.knobs["power_mode"].set("15W")
+    message = str(err.value)
+    assert "\n" not in message and "power_mode: 15W needs a reboot" in message and "unchanged" in message
+    assert fake.knob_state() == before
     device.close()
 
 

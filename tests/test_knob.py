@@ -84,6 +84,18 @@ def test_named_modes():
         knob.set("25W")
 
 
+def test_a_value_the_platform_cannot_switch_to_now_is_refused_with_its_reason():
+    mode = {"v": "15W"}
+    knob = Knob("power_mode", "", ["15W"], read=lambda: mode["v"], write=lambda v: mode.update(v=v),
+                unavailable={"7W": "needs a reboot: run `sudo nvpmodel -m 1`", "15W": "ignored: it is offered"})
+    assert knob.values == ("15W",) and knob.unavailable == {"7W": "needs a reboot: run `sudo nvpmodel -m 1`"}
+    with pytest.raises(KnobValueError, match=r"^power_mode: 7W needs a reboot: run `sudo nvpmodel -m 1`$"):
+        knob.set("7w")
+    assert mode["v"] == "15W"
+    with pytest.raises(KnobValueError, match="allowed: 15W"):
+        knob.set("25W")
+
+
 def test_device_apply_order_and_restore_all_even_if_one_fails():
     order = []
     mode = {"v": "15W"}

@@ -233,6 +233,9 @@ class Knob:
         why_read_only: one line saying why the knob is read-only and how to fix it.
         caps: for a knob that caps the others (a power mode), what each of its values does to them, where
             the platform knows it (:class:`ModeCaps`); empty otherwise.
+        unavailable: values the platform has but cannot switch to now, each with one line on why and how
+            to get it (a Jetson power mode that needs a reboot); not among ``values``, and asking for one
+            raises :class:`KnobValueError` with that line.
     """
 
     def __init__(
@@ -248,6 +251,7 @@ class Knob:
         why_read_only: str = "",
         description: str = "",
         caps: Mapping[KnobValue, ModeCaps] | None = None,
+        unavailable: Mapping[KnobValue, str] | None = None,
     ) -> None:
         if not values:
             raise ValueError(f"knob {name} has no allowed values")
@@ -259,6 +263,8 @@ class Knob:
         self.values: tuple[KnobValue, ...] = tuple(vals)
         self.description = description
         self.caps: dict[KnobValue, ModeCaps] = {v: c for v, c in (caps or {}).items() if v in self.values}
+        self.unavailable: dict[KnobValue, str] = {v: why for v, why in (unavailable or {}).items()
+                                                  if v not in self.values}
         self._read = read
         self._write = write
         self.writable = bool(writable and write is not None)
@@ -317,6 +323,9 @@ class Knob:
         lowered = {str(v).lower(): v for v in self.values}
         if str(value).lower() in lowered:
             return lowered[str(value).lower()]
+        held = next((v for v in self.unavailable if str(v).lower() == str(value).lower()), None)
+        if held is not None:
+            raise KnobValueError(f"{self.name}: {held} {self.unavailable[held]}")
         raise KnobValueError(
             f"{self.name}: {value!r} is not an allowed value; allowed: {', '.join(map(str, self.values))}"
         )

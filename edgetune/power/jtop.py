@@ -249,8 +249,11 @@ def _power_mode_knob(client: Any, tracker: StateTracker,
                              f"modes ({', '.join(models)})")
         switch(mode_id)
 
+    unavailable = {m: (f"needs a reboot: the jtop service cannot switch to it (another GPU power-gating mask, or "
+                       f"a failed switch); to use it, run `sudo nvpmodel -m {models.index(m)}` on the host, answer "
+                       f"YES to reboot, and run edgetune again there") for m in held_back}
     knob = RestorableKnob("power_mode", "", offered, read=read, write=write, snapshot=snapshot,
-                          restore_snapshot=restore, tracker=tracker,
+                          restore_snapshot=restore, tracker=tracker, unavailable=unavailable,
                           description="nvpmodel power mode through the jtop service")
     return knob, notes
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,8 +208,10 @@ class FakeJetson:
             (self.root / rel).chmod(0o444)
 
 
-def build_jetson(root: Path, board: str, *, nvpmodel: bool = True) -> FakeJetson:
-    """Lay out board ``board`` (a key of :data:`BOARDS`) under ``root``."""
+def build_jetson(root: Path, board: str, *, nvpmodel: bool = True, boot_mode: int | None = None) -> FakeJetson:
+    """Lay out board ``board`` (a key of :data:`BOARDS`) under ``root``, booted in nvpmodel mode ``boot_mode``
+    (default: the conf's default mode): its GPU TPC power-gating mask is the GPU's live one, and the fake
+    ``nvpmodel`` switches live only to modes with that mask, as L4T's does."""
     spec = BOARDS[board]
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -321,8 +324,12 @@ def build_jetson(root: Path, board: str, *, nvpmodel: bool = True) -> FakeJetson
         modes, default = MODES[board]
         conf = "\n".join(_mode_block(board, spec, i, name) for i, name in modes)
         _w(root / "etc/nvpmodel.conf", f"{_CONF_PREAMBLE}\n{conf}\n< PM_CONFIG DEFAULT={default} >\n")
-        _w(root / "var/lib/nvpmodel/status", f"pmode:{default:04d} fmode:normal\n")
+        booted = default if boot_mode is None else boot_mode
+        _w(root / "var/lib/nvpmodel/status", f"pmode:{booted:04d} fmode:normal\n")
         _w(root / "usr/sbin/nvpmodel", _NVPMODEL.replace("PYTHON", sys.executable), 0o755)
+        mask = re.search(rf"ID={booted} NAME=\S+ >[^<]*TPC_PG_MASK (\d+)", conf)
+        if mask:  # set at boot; the board without mode tables (Nano) gates no TPCs by mode
+            _w(gpu_dev / "tpc_pg_mask", f"{mask[1]}\n", 0o444)
     return fake
 
 
@@ -384,6 +391,22 @@ elif len(args) == 2 and args[0] == "-m" and args[1].isdigit():
     if mode not in modes or (refused.exists() and str(mode) in refused.read_text().split()):
         print(f"NVPM ERROR: failed to set power mode {mode}", file=sys.stderr)
         sys.exit(1)
+    # another GPU TPC power-gating mask than the live one takes a reboot: the prompt, and without a YES the
+    # lines a real board prints (L4T r35/r36); the status is the -EINVAL exit nvpmodel.service was seen with
+    wanted = re.search(rf"ID={mode} NAME=\\S+ >[^<]*TPC_PG_MASK (\\d+)", conf)
+    live = next(root.glob("sys/devices/**/tpc_pg_mask"), None)
+    if wanted and live is not None and int(wanted.group(1)) != int(live.read_text()):
+        print("NVPM WARN: Golden image context is already created")
+        print(f"NVPM WARN: Reboot required for changing to this power mode: {mode}")
+        print("NVPM WARN: DO YOU WANT TO REBOOT NOW? enter YES/yes to confirm:", flush=True)
+        answer = sys.stdin.readline().strip()
+        if answer in ("YES", "yes"):
+            print("NVPM WARN: rebooting")  # a fake cannot reboot: the tests never answer
+            sys.exit(0)
+        if answer:
+            print("NVPM ERROR: bad input!")
+        print("NVPM ERROR: optMask is 1, no request for power mode")
+        sys.exit(234)
     status.write_text(f"pmode:{mode:04d} fmode:normal\\n")
 else:
     print("Usage: nvpmodel [-m mode] [-q]", file=sys.stderr)

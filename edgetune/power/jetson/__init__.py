@@ -16,14 +16,16 @@ same code reads a live board and a copied or fake tree. Layouts handled (see the
 * online cores - ``cpu_cores``: CPUs 0..n-1 online, the rest offline (cpu0 never goes offline).
 * memory clock - ``emc_freq`` through the BPMP debugfs (``mrq_rate_locked`` + ``rate``) where mounted.
 * power mode - ``power_mode`` through the ``nvpmodel`` command (argument list, no shell), modes from
-  ``/etc/nvpmodel.conf``.
+  ``/etc/nvpmodel.conf``: those the board switches to without a reboot (the same GPU power-gating mask as
+  the one it booted with); the others are listed in the device's notes.
 
 Writes need root. Without it every knob is read-only with the fix in one line, and the device is in
 measure-only mode (the search then tunes batch size alone).
 
 The package: :mod:`~edgetune.power.jetson.board` (which board), :mod:`~edgetune.power.jetson.rails` (the
-INA3221 sensor and its update period), :mod:`~edgetune.power.jetson.knobs` (devfreq, cores, EMC, nvpmodel);
-this module opens the device (:func:`open`, :func:`probe`).
+INA3221 sensor and its update period), :mod:`~edgetune.power.jetson.knobs` (devfreq, cores, EMC),
+:mod:`~edgetune.power.jetson.nvpmodel` (the power mode); this module opens the device (:func:`open`,
+:func:`probe`).
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ from edgetune.power.jetson.knobs import (
     cpu_cores_knob,
     emc_knob,
     find_gpu_devfreq,
-    power_mode_knob,
     range_knob,
 )
+from edgetune.power.jetson.nvpmodel import power_mode_knob
 from edgetune.power.jetson.rails import (
     COMBINED_RAILS,
     DEFAULT_DETECT_S,
@@ -153,7 +155,8 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, detect_period_
     elif board.family in ("orin", "xavier"):
         notes.append("emc_freq not tunable: BPMP debugfs not found; mount it with "
                      "`sudo mount -t debugfs none /sys/kernel/debug`")
-    mode = power_mode_knob(base, tracker, knobs)
+    mode, mode_notes = power_mode_knob(base, tracker, knobs, gpu)
+    notes += mode_notes
     if mode is not None:
         knobs["power_mode"] = mode
 

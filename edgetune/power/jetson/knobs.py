@@ -1,26 +1,20 @@
-"""The Jetson's knobs in sysfs: GPU devfreq, online cores, the EMC clock (BPMP debugfs), nvpmodel modes.
+"""The Jetson's knobs in sysfs: GPU devfreq, online cores, the EMC clock (BPMP debugfs); the nvpmodel mode is in
+:mod:`~edgetune.power.jetson.nvpmodel`.
 
 Each is a :class:`~edgetune.power.state.RestorableKnob` whose snapshot is the raw state found (a devfreq
-``min_freq``/``max_freq`` pair, the online set, the EMC rate and lock, the nvpmodel mode id).
+``min_freq``/``max_freq`` pair, the online set, the EMC rate and lock).
 """
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from edgetune.power.base import Knob, KnobValue, KnobWriteError, ModeCaps, largest_at_most
 from edgetune.power.jetson.board import BoardInfo
 from edgetune.power.knobs import knob_unit
 from edgetune.power.state import RestorableKnob, StateTracker
 from edgetune.power.sysfs import (
-    ROOT_FIX,
     first_existing,
-    is_root,
     lock_range,
     read_int,
     read_only_reason,
@@ -29,15 +23,10 @@ from edgetune.power.sysfs import (
     write_checked,
 )
 
-__all__ = ["EMC_STEPS_HZ", "GPU_OF_NODES", "cpu_cores_knob", "emc_knob", "find_gpu_devfreq", "mode_caps", "power_mode_knob",
-           "range_knob"]
+__all__ = ["EMC_STEPS_HZ", "GPU_OF_NODES", "cpu_cores_knob", "emc_knob", "find_gpu_devfreq", "range_knob"]
 
 #: devfreq ``of_node`` names of Jetson GPUs (Maxwell/Pascal/Volta/Ampere/Blackwell) and Thor's generic one.
 GPU_OF_NODES = ("gm20b", "gp10b", "gv11b", "ga10b", "gb10b", "gpu")
-#: How long nvpmodel may take: a mode change reprograms clocks and cores, normally within seconds.
-_NVPMODEL_TIMEOUT_S = 30
-#: Characters of unreadable nvpmodel output shown in an error.
-_SHOWN_CHARS = 60
 
 # EMC clock steps (Hz), from NVIDIA's EMC tables as collected in the project's Jetson facts
 # (emc_frequencies.csv). BPMP debugfs gives the range but not the steps; firmware rounds a request
@@ -177,135 +166,3 @@ def emc_knob(root: Path, board: BoardInfo, tracker: StateTracker) -> RestorableK
                           description="memory (EMC) clock through BPMP debugfs",
                           # unlocked: the BPMP's own DVFS picks the rate again (at most max_rate)
                           default_snapshot=lambda: {"rate": hi, "locked": 0})
-
-
-_MODE_LINE = re.compile(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=([^\s>]+)")
-_DEFAULT_MODE_LINE = re.compile(r"<\s*PM_CONFIG\s+DEFAULT=(\d+)")
-
-
-#: a POWER_MODEL block's frequency keys and the knob each caps (CPU clusters: CPU_A78_0, CPU_DENVER_1 ...)
-_CAPPED = {"GPU": "gpu_freq", "EMC": "emc_freq", "CPU": "cpu_freq"}
-
-
-def mode_caps(conf_text: str, knobs: Mapping[str, Knob]) -> dict[str, ModeCaps]:
-    """What each nvpmodel mode does to the other knobs, read from ``nvpmodel.conf``'s POWER_MODEL blocks.
-
-    Per mode: each clock's ``MAX_FREQ`` (Hz for GPU and EMC, kHz for CPU clusters; -1, or 0 for EMC, is no
-    cap) and the count of ``CPU_ONLINE CORE_i 1`` lines, each as the largest value of that knob's table at
-    or below it; the power-gating masks (``TPC_PG_MASK`` ...), a ``MIN_FREQ`` above a knob's lowest value and
-    per-cluster CPU caps that differ go into :attr:`ModeCaps.fixed`, so that such modes are never taken for
-    another. Lines outside a POWER_MODEL block (the PARAM definitions, with their own ``MAX_FREQ`` paths)
-    are not read; a knob the board lacks is not capped. A mode whose block states no limit for a knob the
-    board has (no ``MAX_FREQ`` line, no ``CPU_ONLINE`` lines) is left out: what it caps is unknown, and a
-    search then treats its settings as its own.
-    """
-    blocks: dict[str, list[list[str]]] = {}
-    current: list[list[str]] | None = None
-    for raw in conf_text.splitlines():
-        line = raw.strip()
-        if line.startswith("<"):
-            header = _MODE_LINE.match(line)
-            current = blocks.setdefault(header.group(2), []) if header else None
-        elif current is not None and line and not line.startswith("#"):
-            current.append(line.split())
-    caps: dict[str, ModeCaps] = {}
-    for name, lines in blocks.items():
-        highest: dict[str, list[float]] = {}
-        fixed: dict[str, Any] = {}
-        online = None
-        for words in lines:
-            if len(words) != 3:
-                continue
-            unit, key, value = words
-            try:
-                number = float(value)
-            except ValueError:
-                continue
-            if unit == "CPU_ONLINE":
-                online = (online or 0) + (number == 1)
-            elif key.endswith("_PG_MASK"):
-                fixed[key] = value
-            elif key in ("MAX_FREQ", "MIN_FREQ") and unit.split("_")[0] in _CAPPED:
-                knob = _CAPPED[unit.split("_")[0]]
-                if knob not in knobs:
-                    continue
-                if key == "MAX_FREQ":
-                    highest.setdefault(knob, []).append(number if number > 0 else float(knobs[knob].max))
-                elif number > float(knobs[knob].min):
-                    fixed[f"{unit}_MIN_FREQ"] = value
-        max_values: dict[str, KnobValue] = {}
-        for knob, limits in highest.items():
-            if len(set(limits)) > 1:
-                fixed[f"{knob}_caps"] = tuple(limits)
-            max_values[knob] = largest_at_most(knobs[knob].values, max(limits))
-        if online is not None and "cpu_cores" in knobs:
-            max_values["cpu_cores"] = largest_at_most(knobs["cpu_cores"].values, online)
-        if any(k in knobs and k not in max_values for k in (*_CAPPED.values(), "cpu_cores")):
-            continue  # a block silent on a knob the board has: its cap is unknown, not absent
-        caps[name] = ModeCaps(tuple(sorted(max_values.items())), tuple(sorted(fixed.items())))
-    return caps
-
-
-def power_mode_knob(root: Path, tracker: StateTracker, others: Mapping[str, Knob] | None = None
-                    ) -> RestorableKnob | None:
-    """The nvpmodel mode; with the board's other knobs, what each mode caps of them (:func:`mode_caps`)."""
-    conf = first_existing(root / p for p in ("etc/nvpmodel.conf", "etc/nvpmodel/nvpmodel.conf"))
-    binary = first_existing(root / p for p in ("usr/sbin/nvpmodel", "usr/bin/nvpmodel"))
-    if conf is None or binary is None:
-        return None
-    modes = {int(i): name for i, name in _MODE_LINE.findall(conf.read_text(errors="replace"))}
-    if not modes:
-        return None
-    by_name = {name: i for i, name in modes.items()}
-    default = _DEFAULT_MODE_LINE.search(conf.read_text(errors="replace"))  # the mode L4T boots into
-    default_id = int(default.group(1)) if default and int(default.group(1)) in modes else None
-    status = root / "var/lib/nvpmodel/status"
-
-    def run(*args: str) -> str:
-        try:
-            done = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=_NVPMODEL_TIMEOUT_S,
-                                  stdin=subprocess.DEVNULL, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise KnobWriteError(f"power_mode: running {binary} failed: {exc}") from None
-        if done.returncode != 0:
-            why = (done.stderr or done.stdout).strip().splitlines()
-            raise KnobWriteError(f"power_mode: nvpmodel {' '.join(args)} failed: {why[-1] if why else done.returncode}")
-        return done.stdout
-
-    def current_id() -> int:
-        if status.exists():  # what nvpmodel itself keeps: "pmode:0002 fmode:..."
-            m = re.search(r"pmode:(\d+)", status.read_text())
-            if m:
-                return int(m.group(1))
-        out = run("-q")
-        numbers = [int(x) for x in re.findall(r"^\s*(\d+)\s*$", out, re.MULTILINE)]
-        if numbers:
-            return numbers[-1]
-        m = re.search(r"NV Power Mode:\s*(\S+)", out)
-        if m and m.group(1) in by_name:
-            return by_name[m.group(1)]
-        raise KnobWriteError(f"power_mode: cannot read the current mode from nvpmodel -q: {out.strip()[:_SHOWN_CHARS]!r}")
-
-    def read() -> str:
-        return modes.get(current_id(), str(current_id()))
-
-    def write(value: str) -> None:
-        run("-m", str(by_name[str(value)]))
-
-    def snapshot() -> dict[str, Any]:
-        return {"mode_id": current_id()}
-
-    def restore(snap: dict[str, Any]) -> None:
-        mode = int(snap["mode_id"])
-        if mode not in modes:
-            raise ValueError(f"power_mode: saved mode id {mode} is not in {conf}")
-        run("-m", str(mode))
-
-    ok = is_root() and os.access(binary, os.X_OK)
-    why = "" if ok else (f"nvpmodel needs root; {ROOT_FIX}" if not is_root() else f"{binary} is not executable")
-    return RestorableKnob("power_mode", knob_unit("power_mode"), [modes[i] for i in sorted(modes)], read=read, write=write,
-                          writable=ok, why_read_only=why, snapshot=snapshot, restore_snapshot=restore,
-                          tracker=tracker, description="nvpmodel power mode (sets clock caps and cores)",
-                          default_snapshot=None if default_id is None else lambda: {"mode_id": default_id},
-                          caps=mode_caps(conf.read_text(errors="replace"), others or {}))
-
