@@ -178,7 +178,7 @@ def power_mode_knob(root: Path, tracker: StateTracker, others: Mapping[str, Knob
         if args[:1] == ("-m",) and _REBOOT_REQUIRED in said.lower():
             mode_id = int(args[1])
             raise KnobWriteError(f"power_mode: {modes.get(mode_id, mode_id)} needs a reboot (nvpmodel: another GPU "
-                                 f"power-gating mask); the mode is unchanged. {_reboot_fix(mode_id)}")
+                                 f"power-gating mask); the mode is unchanged; {_reboot_fix(mode_id)}")
         if done.returncode != 0:
             why = (done.stderr or done.stdout).strip().splitlines()
             raise KnobWriteError(f"power_mode: nvpmodel {' '.join(args)} failed: {why[-1] if why else done.returncode}")
