@@ -121,6 +121,24 @@ def test_device_apply_order_and_restore_all_even_if_one_fails():
         dev.apply({"foo": 1})
 
 
+def test_restore_puts_the_power_mode_back_before_the_clocks_it_resets():
+    """nvpmodel resets the clocks under a mode it switches to: restored first, the mode leaves the clocks'
+    originals (here a GPU lock the user had set, 408 MHz, not the mode's full range) in place."""
+    gpu, gstate = make_knob(start=408_000_000)
+    mode = {"v": "15W"}
+
+    def switch(v):  # as nvpmodel does: the mode's caps, the GPU at its top clock under them
+        mode["v"] = v
+        gstate["value"] = 306_000_000 if v == "7W" else 624_750_000
+
+    modes = Knob("power_mode", "", ["7W", "15W"], read=lambda: mode["v"], write=switch)
+    dev = Device("test", "test device", True, {"gpu_freq": gpu, "power_mode": modes},
+                 sensor=None, clock=RealClock(), run_step=lambda fn, b, c: fn())
+    dev.apply({"power_mode": "7W", "gpu_freq": 306_000_000})
+    assert dev.restore() == ["power_mode", "gpu_freq"]
+    assert mode["v"] == "15W" and gstate["value"] == 408_000_000
+
+
 def test_format_and_oom_detection():
     assert format_value(918_000_000, "Hz") == "918 MHz"
     assert format_value(1_497_600, "kHz") == "1.4976 GHz"

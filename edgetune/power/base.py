@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import enum
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -36,6 +36,7 @@ _PARAM_COPIES = 2
 
 __all__ = [
     "DERIVED_PREFIX",
+    "MODE_KNOB",
     "Capability",
     "Clock",
     "Device",
@@ -53,6 +54,7 @@ __all__ = [
     "WorkloadCost",
     "format_value",
     "largest_at_most",
+    "restore_order",
     "summed_channels",
 ]
 
@@ -348,13 +350,19 @@ class Knob:
         value = self.validate(value)
         if not self.writable:
             raise KnobWriteError(f"{self.name} is read-only here: {self.why_read_only or 'platform refuses writes'}")
+        self.remember_original()
+        assert self._write is not None
+        self._write(value)
+
+    def remember_original(self) -> None:
+        """Record the value in force as the original (and call ``on_first_change``), once: from then on
+        :meth:`restore` writes it back. :meth:`set` does this before its first write; a device does it for
+        every knob before a power mode change, which resets the clocks under it (:meth:`Device.apply`)."""
         if not self._changed:
             self._original = self._read()
             if self.on_first_change is not None:
                 self.on_first_change(self, self._original)
             self._changed = True
-        assert self._write is not None
-        self._write(value)
 
     def restore(self) -> bool:
         """Write back the value found before the first change. Returns True if anything was written."""
@@ -364,6 +372,19 @@ class Knob:
         self._write(self._original)
         self._changed = False
         return True
+
+
+#: The knob whose change resets the others (an nvpmodel mode sets every clock's range and the online cores).
+MODE_KNOB = "power_mode"
+#: Knobs written before the others, in this order, whether applied or restored: the power mode (it resets
+#: the clocks under it), then a power limit.
+FIRST_KNOBS = (MODE_KNOB, "power_limit")
+
+
+def restore_order(names: Iterable[str]) -> list[str]:
+    """``names`` in the order knobs are written, applied or restored: :data:`FIRST_KNOBS` first, then the rest
+    by name."""
+    return sorted(names, key=lambda n: (n not in FIRST_KNOBS, FIRST_KNOBS.index(n) if n in FIRST_KNOBS else 0, n))
 
 
 # ---------------------------------------------------------------------------------------------- sensing
@@ -540,24 +561,35 @@ class Device:
         return {name: knob.read() for name, knob in self.knobs.items()}
 
     def apply(self, setting: Mapping[str, KnobValue]) -> None:
-        """Set several knobs. Power modes go first: a mode change resets the clocks under it."""
-        order = sorted(setting, key=lambda n: (n != "power_mode", n != "power_limit", n))
-        for name in order:
+        """Set several knobs. Power modes go first: a mode change resets the clocks under it (nvpmodel writes
+        each clock's range and the online cores of the mode), so before the first one every other writable
+        knob's original is recorded too (:meth:`Knob.remember_original`), and :meth:`restore` puts the board
+        back as it was found, not at the mode's defaults."""
+        for name in setting:
             if name not in self.knobs:
                 raise KnobValueError(
                     f"unknown knob {name!r} on {self.name}; knobs here: {', '.join(self.knobs) or 'none'}"
                 )
+        mode = self.knobs.get(MODE_KNOB)
+        if MODE_KNOB in setting and mode is not None and mode.writable:
+            mode.validate(setting[MODE_KNOB])  # a mode refused here changes nothing, not even the records
+            for knob in self.knobs.values():
+                if knob is not mode and knob.writable:
+                    knob.remember_original()
+        for name in restore_order(setting):
             self.knobs[name].set(setting[name])
 
     def restore(self) -> list[str]:
-        """Restore every changed knob to its original value (reverse order); names of those restored.
+        """Restore every changed knob to its original value; names of those restored.
 
-        Every knob is attempted even if one fails; the first failure is raised after the others ran.
+        The power mode goes first, as in :meth:`apply` (:func:`restore_order`): a mode change resets the
+        clocks under it, so the clocks' originals are written after it, and the board ends as it was found,
+        not at the mode's defaults. Every knob is attempted even if one fails; the first failure is raised
+        after the others ran.
         """
         restored: list[str] = []
         first_error: BaseException | None = None
-        order = sorted(self.knobs, key=lambda n: (n == "power_mode", n == "power_limit", n))
-        for name in order:
+        for name in restore_order(self.knobs):
             try:
                 if self.knobs[name].restore():
                     restored.append(name)

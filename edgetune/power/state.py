@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from edgetune.log import get_logger
-from edgetune.power.base import DeviceError, Knob, KnobValue, KnobWriteError, format_value
+from edgetune.power.base import DeviceError, Knob, KnobValue, KnobWriteError, format_value, restore_order
 
 __all__ = [
     "STATE_ENV",
@@ -533,7 +533,8 @@ def recover_actions(
                     f"{device.description!r}; not used, moved to {moved.name}", False, identity.spec, names))
                 continue
             done, failed, failed_names = [], [], []
-            for name, entry in knobs_state.items():
+            for name in restore_order(knobs_state):  # the power mode first: it resets the clocks under it
+                entry = knobs_state[name]
                 knob = device.knobs.get(name)
                 if not isinstance(knob, RestorableKnob):
                     failed.append(f"{name} (no such knob here)")
@@ -579,10 +580,6 @@ def recover(
     return lines
 
 
-#: knobs put back first by :func:`restore_defaults`: a power mode sets clock caps and cores itself
-_DEFAULTS_FIRST = ("power_mode",)
-
-
 def restore_defaults(device: Any) -> tuple[list[str], list[str]]:
     """Put every knob of ``device`` that has a documented default back to it (``edgetune restore --defaults``).
 
@@ -590,7 +587,7 @@ def restore_defaults(device: Any) -> tuple[list[str], list[str]]:
     is recorded in a state file: this is a reset, not a change to undo. Returns (knobs reset, problems:
     a knob whose reset failed, or a writable knob without a documented default).
     """
-    knobs = sorted(device.knobs.values(), key=lambda k: (k.name not in _DEFAULTS_FIRST, k.name))
+    knobs = [device.knobs[name] for name in restore_order(device.knobs)]
     done: list[str] = []
     problems: list[str] = []
     for knob in knobs:
