@@ -139,9 +139,29 @@ def test_no_permission_names_the_fix(fake_nvml):
 def test_unknown_error_on_power_read_raises_for_the_monitor(fake_nvml):
     path = fake_nvml([a100()])
     device = open_device("nvml")
-    write_gpus(path, [dict(a100(), fail={"nvmlDeviceGetPowerUsage": 999})])
+    write_gpus(path, [dict(a100(), fail={"field:186": 999})])  # the instantaneous field's own return code
     with pytest.raises(DeviceError, match=r"unknown error \(code 999\)"):
         device.sensor.read()
+    write_gpus(path, [dict(a100(), fail={"nvmlDeviceGetFieldValues": 999, "nvmlDeviceGetPowerUsage": 999})])
+    with pytest.raises(DeviceError, match=r"unknown error \(code 999\)"):
+        device.sensor.read()
+    device.close()
+
+
+def test_power_is_the_instantaneous_reading_where_the_driver_gives_one(fake_nvml):
+    """nvmlDeviceGetPowerUsage averages over 1 s on Ampere (except GA100) and newer; the instantaneous field
+    is read where the GPU and driver give it, the average only where they do not, and the notes say which."""
+    path = fake_nvml([a100()])
+    device = open_device("nvml")
+    assert device.sensor.instant and any("instantaneous reading" in n for n in device.notes)
+    write_gpus(path, [dict(a100(), fail={"nvmlDeviceGetPowerUsage": 999})])  # never asked
+    assert device.sensor.read().total_w == pytest.approx(310.0)
+    device.close()
+    write_gpus(path, [dict(a100(), fail={"field:186": 3})])  # a driver without the field: NotSupported
+    device = open_device("nvml")
+    assert not device.sensor.instant
+    assert any("nvmlDeviceGetPowerUsage" in n and "average over 1 s" in n for n in device.notes)
+    assert device.sensor.read().total_w == pytest.approx(310.0)
     device.close()
 
 

@@ -1,9 +1,12 @@
 """NVIDIA GPUs through NVML (``pynvml`` from the nvidia-ml-py package).
 
-* power: ``nvmlDeviceGetPowerUsage`` (mW), and the total energy counter
-  ``nvmlDeviceGetTotalEnergyConsumption`` (mJ, Volta and newer) where the GPU keeps one - on Ampere and
-  newer the power figure is itself an average, so window energy is best taken from the counter
-  (``WindowStats.hardware_energy_j``);
+* power: the instantaneous reading (``nvmlDeviceGetFieldValues`` with ``NVML_FI_DEV_POWER_INSTANT``, mW, at
+  GPU scope) where the driver gives one, else ``nvmlDeviceGetPowerUsage`` (mW), which on Ampere (except
+  GA100) and newer is itself an average over 1 s (NVML's documentation): a budget's 1-s moving average of
+  such readings spans about 2 s of the board and flattens a peak shorter than that further, and a trial
+  over the budget is stopped about a second late; the device's notes say which one is read. The total
+  energy counter ``nvmlDeviceGetTotalEnergyConsumption`` (mJ, Volta and newer) is read where the GPU keeps
+  one (``WindowStats.hardware_energy_j``);
 * knobs: ``gpu_freq`` (Hz; NVML speaks MHz) locked with ``nvmlDeviceSetGpuLockedClocks`` from the
   supported-clocks table and reset with ``nvmlDeviceResetGpuLockedClocks``; ``mem_freq`` (Hz) likewise
   with the memory locked clocks; ``power_limit`` (W) within the management-limit constraints, restored to
@@ -45,6 +48,8 @@ _HZ_PER_MHZ = 1_000_000
 _LIMIT_STEP_W = 5
 _SMALL_LIMIT_STEP_W = 1
 _LARGE_LIMIT_MW = 100_000
+#: nvml.h's success code (a field value's ``nvmlReturn``).
+_NVML_SUCCESS = 0
 #: nvml.h codes of a missing library and an unloaded driver, for pynvml versions without the names.
 _NVML_ERROR_LIBRARY_NOT_FOUND = 12
 _NVML_ERROR_DRIVER_NOT_LOADED = 9
@@ -121,7 +126,13 @@ class NvmlGpu:
 
 
 class NvmlPowerSensor:
-    """GPU board power (``nvmlDeviceGetPowerUsage``) and the hardware energy counter where present."""
+    """GPU board power, instantaneous where the driver reads it (module docs), and the hardware energy
+    counter where present.
+
+    Attributes:
+        instant: the readings are NVML's instantaneous power (``NVML_FI_DEV_POWER_INSTANT``); False: they are
+            ``nvmlDeviceGetPowerUsage``'s, averaged over 1 s on Ampere (except GA100) and newer.
+    """
 
     update_period_s = NVML_UPDATE_PERIOD_S
     period_source = "NVML refresh interval"
@@ -137,15 +148,42 @@ class NvmlPowerSensor:
             self.has_energy_counter = True
         except self._nvml.NVMLError:
             self.has_energy_counter = False
+        self._instant_field = _instant_power_field(self._nvml)
+        self.instant = self._reads_instant()
+
+    def _instant_mw(self) -> int:
+        """NVML's instantaneous power (mW); raises NVMLError (a failed call or field)."""
+        value = self._nvml.nvmlDeviceGetFieldValues(self._gpu.handle, [self._instant_field])[0]
+        if value.nvmlReturn != _NVML_SUCCESS:
+            raise self._nvml.NVMLError(value.nvmlReturn)
+        return int(value.value.uiVal)
+
+    def _reads_instant(self) -> bool:
+        if self._instant_field is None:
+            return False
+        try:
+            self._instant_mw()
+        except (self._nvml.NVMLError, AttributeError, TypeError):  # this GPU, driver or pynvml has none
+            return False
+        return True
 
     def read(self) -> PowerReading:
         t = self._clock.now()
-        try:
-            mw = self._nvml.nvmlDeviceGetPowerUsage(self._gpu.handle)
+        try:  # the instantaneous reading is never mixed with the averaged one: a failed read is a dropped sample
+            mw = self._instant_mw() if self.instant else self._nvml.nvmlDeviceGetPowerUsage(self._gpu.handle)
         except self._nvml.NVMLError as exc:
             raise DeviceError(nvml_message(exc, f"power reading of GPU {self._gpu.index}")) from None
         w = mw / _MILLI_PER_UNIT
         return PowerReading(t, w, {self.rails[0]: w})
+
+    @property
+    def reading_note(self) -> str:
+        """One line on what a power reading is (the device's notes)."""
+        if self.instant:
+            return "power: NVML's instantaneous reading (NVML_FI_DEV_POWER_INSTANT, GPU scope)"
+        return ("power: nvmlDeviceGetPowerUsage, no instantaneous reading on this GPU or driver; on Ampere "
+                "(except GA100) and newer it is an average over 1 s, so a budget's 1-s average spans about 2 s "
+                "and a trial over the budget stops about a second late")
 
     def energy_j(self) -> float | None:
         if not self.has_energy_counter:
@@ -154,6 +192,16 @@ class NvmlPowerSensor:
             return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._gpu.handle) / _MILLI_PER_UNIT
         except self._nvml.NVMLError:
             return None
+
+
+def _instant_power_field(nvml: Any) -> Any:
+    """The field request for instantaneous GPU power in this pynvml: (field, GPU scope) where it has power
+    scopes, the bare field where it has the field alone, None where it has neither."""
+    field = getattr(nvml, "NVML_FI_DEV_POWER_INSTANT", None)
+    if field is None or not hasattr(nvml, "nvmlDeviceGetFieldValues"):
+        return None
+    scope = getattr(nvml, "NVML_POWER_SCOPE_GPU", None)
+    return field if scope is None else (field, scope)
 
 
 def _run_step(fn: Callable[[], Any], batch_size: int, cost: WorkloadCost | None) -> Any:
@@ -327,7 +375,7 @@ def open(arg: str = "", **_other: Any) -> Device:
     except BaseException:
         nvml.nvmlShutdown()
         raise
-    notes = []
+    notes = [sensor.reading_note]
     notes.append("energy from the GPU's own counter (nvmlDeviceGetTotalEnergyConsumption)"
                  if sensor.has_energy_counter else "no hardware energy counter on this GPU: energy is integrated")
     notes.append("restore resets locked clocks to the driver default (NVML cannot read earlier locks)")

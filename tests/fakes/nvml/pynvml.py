@@ -33,6 +33,12 @@ NVML_CLOCK_VIDEO = 3
 
 NVML_TEMPERATURE_GPU = 0
 
+NVML_FI_DEV_POWER_AVERAGE = 185
+NVML_FI_DEV_POWER_INSTANT = 186
+NVML_POWER_SCOPE_GPU = 0
+NVML_POWER_SCOPE_MODULE = 1
+NVML_POWER_SCOPE_MEMORY = 2
+
 _STRINGS = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
     NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
@@ -174,6 +180,41 @@ def _settle_energy(gpu):  # before the power changes, bank the energy spent so f
 
 def nvmlDeviceGetPowerUsage(handle):
     return _power_mw(_check("nvmlDeviceGetPowerUsage", handle)["gpus"][handle])
+
+
+class c_nvmlValue_t:  # pynvml's name (a ctypes union there)
+    def __init__(self, ui=0):
+        self.uiVal = ui
+
+
+class c_nvmlFieldValue_t:  # pynvml's name (a ctypes structure there)
+    def __init__(self, field_id, scope_id):
+        self.fieldId, self.scopeId = field_id, scope_id
+        self.timestamp = int(time.time() * 1e6)
+        self.latencyUsec = 0
+        self.valueType = 1  # NVML_VALUE_TYPE_UNSIGNED_INT
+        self.nvmlReturn = NVML_SUCCESS
+        self.value = c_nvmlValue_t()
+
+
+def nvmlDeviceGetFieldValues(handle, fieldIds):
+    """Per-field results as NVML gives them: each request a field id or (field id, scope id); a field this
+    GPU does not give comes back with its ``nvmlReturn`` set (a GPU's ``fail`` map: ``"field:<id>": code``),
+    the call itself succeeding. The power fields read the GPU's power now (the fake's power is steady)."""
+    gpu = _check("nvmlDeviceGetFieldValues", handle)["gpus"][handle]
+    out = []
+    for request in fieldIds:
+        field_id, scope_id = request if isinstance(request, tuple) else (request, NVML_POWER_SCOPE_GPU)
+        value = c_nvmlFieldValue_t(field_id, scope_id)
+        code = gpu.get("fail", {}).get(f"field:{field_id}")
+        if code:
+            value.nvmlReturn = int(code)
+        elif field_id in (NVML_FI_DEV_POWER_AVERAGE, NVML_FI_DEV_POWER_INSTANT) and scope_id == NVML_POWER_SCOPE_GPU:
+            value.value.uiVal = _power_mw(gpu)
+        else:
+            value.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+        out.append(value)
+    return out
 
 
 def nvmlDeviceGetTemperature(handle, sensor):
