@@ -181,6 +181,70 @@ def test_lock_writes_never_cross_min_over_max(tmp_path, monkeypatch):
     device.close()
 
 
+def _offline_clusters_answer_ebusy(fake, monkeypatch):
+    """The kernel's rule for a cpufreq policy whose CPUs are all offline: every read and write of its
+    attributes fails with EBUSY (drivers/cpufreq/cpufreq.c, show() and store()). Played on the fake tree."""
+    import errno
+
+    firsts = list(BOARDS[fake.board].clusters) + [BOARDS[fake.board].cpus]
+    cpus = {f"policy{a}": range(a, b) for a, b in zip(firsts, firsts[1:])}
+
+    def offline(path) -> bool:
+        policy = next((part for part in Path(path).parts if part in cpus), None)
+        online = [fake.root / f"sys/devices/system/cpu/cpu{c}/online" for c in cpus.get(policy, ())]
+        return bool(online) and all(f.exists() and f.read_text().strip() == "0" for f in online)
+
+    real_read, real_write = sysfs.read_text, sysfs.write_checked
+
+    def kernel_read(path):
+        if offline(path):
+            raise OSError(errno.EBUSY, "Device or resource busy", str(path))
+        return real_read(path)
+
+    def kernel_write(path, value, what):
+        if offline(path):
+            raise KnobWriteError(f"{what}: the kernel rejected {value} for {path} (EBUSY: Device or resource busy)")
+        real_write(path, value, what)
+
+    monkeypatch.setattr(sysfs, "read_text", kernel_read)
+    monkeypatch.setattr(sysfs, "write_checked", kernel_write)
+
+
+def test_cpu_freq_skips_a_cluster_whose_cores_are_offline_and_locks_it_when_they_return(tmp_path, monkeypatch):
+    """Four cores or fewer on an Orin Nano take CPUs 4-5 and their cpufreq policy down; the kernel then
+    refuses that policy's files (EBUSY). cpu_freq locks the clusters that run, locks the other once a
+    setting brings its cores back, and restore puts every cluster and core back as found."""
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    _offline_clusters_answer_ebusy(fake, monkeypatch)
+    policy0, policy4 = fake.policies
+    before = fake.knob_state()
+    device = _open(fake)
+    with device.restoring():
+        device.apply({"cpu_cores": 4, "cpu_freq": 729_600})
+        assert (policy0 / "scaling_max_freq").read_text() == "729600\n"
+        assert (policy4 / "scaling_max_freq").read_text() == f"{CPU_KHZ['orin-nano'][-1]}\n"  # down: untouched
+        device.apply({"cpu_cores": 6, "cpu_freq": 1_036_800})
+        assert all((p / f).read_text() == "1036800\n" for p in fake.policies
+                   for f in ("scaling_min_freq", "scaling_max_freq"))
+        device.apply({"cpu_cores": 2, "cpu_freq": 115_200})
+    assert fake.knob_state() == before
+    device.close()
+
+    # a board found with its second cluster down (its policy unreadable when the device opens)
+    for c in (4, 5):
+        (fake.root / f"sys/devices/system/cpu/cpu{c}/online").write_text("0\n")
+    before = fake.knob_state()
+    device = _open(fake)
+    assert device.knobs["cpu_freq"].values == tuple(sorted(set(CPU_KHZ["orin-nano"])))
+    with device.restoring():
+        device.apply({"cpu_cores": 6, "cpu_freq": 729_600})
+        assert (policy4 / "scaling_min_freq").read_text() == "729600\n"  # its cores back: locked too
+    after = fake.knob_state()
+    assert {k: v for k, v in after.items() if "policy4" not in k} == {k: v for k, v in before.items()
+                                                                       if "policy4" not in k}
+    device.close()
+
+
 def test_read_only_tree_is_measure_only_with_reason(tmp_path):
     fake = build_jetson(tmp_path / "root", "orin-nano", nvpmodel=False)
     fake.make_read_only()

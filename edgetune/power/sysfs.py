@@ -177,8 +177,15 @@ class CpufreqPolicy:
     def name(self) -> str:
         return self.path.name
 
-    def limits(self) -> tuple[int, int]:
-        return read_int(self.path / "scaling_min_freq"), read_int(self.path / "scaling_max_freq")
+    def limits(self) -> tuple[int, int] | None:
+        """The (min, max) limits (kHz), or None while every CPU of the policy is offline (the kernel then
+        answers its attributes with EBUSY)."""
+        try:
+            return read_int(self.path / "scaling_min_freq"), read_int(self.path / "scaling_max_freq")
+        except OSError as exc:
+            if _offline(exc):
+                return None
+            raise
 
     def writable(self) -> bool:
         return writable(self.path / "scaling_min_freq") and writable(self.path / "scaling_max_freq")
@@ -197,16 +204,31 @@ def _policy_table(path: Path) -> tuple[int, ...]:
     return tuple(sorted({lo, *values, hi}))
 
 
+def _offline(exc: BaseException) -> bool:
+    """Whether ``exc`` is the kernel's answer for a cpufreq policy whose CPUs are all offline (an inactive
+    policy: every attribute's read and write returns EBUSY; drivers/cpufreq/cpufreq.c, show() and store())."""
+    return isinstance(exc, OSError) and exc.errno == errno.EBUSY
+
+
 def find_cpufreq_policies(root: Path) -> list[CpufreqPolicy]:
-    """The cpufreq policies under ``root`` (``sys/devices/system/cpu/cpufreq/policy<N>``), by number."""
+    """The cpufreq policies under ``root`` (``sys/devices/system/cpu/cpufreq/policy<N>``), by number.
+
+    A policy whose CPUs are all offline now (a cluster the power mode or ``cpu_cores`` took down) reads
+    nothing; it is kept, with the table of the first policy that reads one (the clusters of a Jetson or an
+    x86 package share theirs), so its clock is locked as soon as its CPUs are back online.
+    """
     base = root / "sys/devices/system/cpu/cpufreq"
-    found = []
+    found: list[tuple[Path, tuple[int, ...] | None]] = []
     for path in sorted(base.glob("policy[0-9]*"), key=lambda p: int(p.name[6:] or 0)):
         try:
-            found.append(CpufreqPolicy(path, _policy_table(path)))
-        except (OSError, ValueError):
-            continue  # a policy whose CPUs are all offline has no readable limits; skip it
-    return found
+            found.append((path, _policy_table(path)))
+        except OSError as exc:
+            if _offline(exc):
+                found.append((path, None))
+        except ValueError:
+            continue  # an unreadable table: not a policy edgetune can lock
+    table = next((t for _, t in found if t), None)
+    return [] if table is None else [CpufreqPolicy(path, t or table) for path, t in found]
 
 
 def lock_range(files: tuple[Path, Path], current: tuple[int, int], target: tuple[int, int], what: str) -> None:
@@ -239,6 +261,14 @@ def cpu_freq_knob(policies: list[CpufreqPolicy], tracker: StateTracker) -> Resto
     below it. One knob rather than one per cluster: clusters of Jetsons and x86 packages share a table,
     and a per-cluster search space would multiply the trials for little gain. The snapshot is every
     policy's (min, max) pair, so restore returns the governor's range.
+
+    A cluster whose CPUs are all offline (fewer ``cpu_cores``: on an Orin Nano, 4 cores or fewer leave
+    CPUs 4-5 and their policy down) refuses every read and write with EBUSY: it is skipped, and locked at
+    the next write once a setting brings its CPUs back (``cpu_cores`` is applied and restored before
+    ``cpu_freq``). Its snapshot is None; restored while its CPUs are online, such a cluster gets its full
+    range back. One it cannot reach is left as the kernel holds it: a cluster that was offline when the
+    run began and that the run brought online and locked keeps that lock once its CPUs go offline again,
+    until nvpmodel or a reboot resets it.
     """
     table = policies[0].frequencies_khz
 
@@ -254,18 +284,23 @@ def cpu_freq_knob(policies: list[CpufreqPolicy], tracker: StateTracker) -> Resto
 
     def write(value: int) -> None:
         for p in policies:
-            f = step_for(p, int(value))
-            lock_range(files(p), p.limits(), (f, f), "cpu_freq")
+            current = p.limits()
+            if current is not None:  # None: its CPUs are offline (docstring)
+                f = step_for(p, int(value))
+                lock_range(files(p), current, (f, f), "cpu_freq")
 
     def snapshot() -> dict[str, Any]:
-        return {p.name: list(p.limits()) for p in policies}
+        return {p.name: None if (lim := p.limits()) is None else list(lim) for p in policies}
 
     def restore(snap: dict[str, Any]) -> None:
         for p in policies:
-            lo, hi = (int(v) for v in snap[p.name])
+            saved = snap.get(p.name)
+            lo, hi = (p.frequencies_khz[0], p.frequencies_khz[-1]) if saved is None else (int(v) for v in saved)
             if not (0 < lo <= hi):
                 raise ValueError(f"cpu_freq: saved range {lo}..{hi} kHz for {p.name} is not a valid range")
-            lock_range(files(p), p.limits(), (lo, hi), "cpu_freq")
+            current = p.limits()
+            if current is not None:
+                lock_range(files(p), current, (lo, hi), "cpu_freq")
 
     all_files = [f for p in policies for f in files(p)]
     ok = all(writable(f) for f in all_files)
