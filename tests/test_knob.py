@@ -139,6 +139,23 @@ def test_restore_puts_the_power_mode_back_before_the_clocks_it_resets():
     assert mode["v"] == "15W" and gstate["value"] == 408_000_000
 
 
+def test_a_knob_that_cannot_be_read_does_not_stop_a_mode_change_that_leaves_it_alone(caplog):
+    mode = {"v": "15W"}
+    modes = Knob("power_mode", "", ["7W", "15W"], read=lambda: mode["v"], write=lambda v: mode.update(v=v))
+
+    def unreadable():
+        raise OSError(16, "Device or resource busy")
+
+    emc = Knob("emc_freq", "Hz", [204_000_000, 2_133_000_000], read=unreadable, write=lambda v: None)
+    dev = Device("test", "test device", True, {"power_mode": modes, "emc_freq": emc},
+                 sensor=None, clock=RealClock(), run_step=lambda fn, b, c: fn())
+    dev.apply({"power_mode": "7W"})
+    assert mode["v"] == "7W" and "emc_freq: its value before the power mode change could not be recorded" in caplog.text
+    with pytest.raises(OSError):  # in the setting: its own write needs the original first
+        dev.apply({"power_mode": "15W", "emc_freq": 204_000_000})
+    assert dev.restore() == ["power_mode"] and mode["v"] == "15W"
+
+
 def test_format_and_oom_detection():
     assert format_value(918_000_000, "Hz") == "918 MHz"
     assert format_value(1_497_600, "kHz") == "1.4976 GHz"

@@ -23,11 +23,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from edgetune.log import get_logger
+
 # the clocks live in edgetune.power.clock; importing them from here keeps working
 from edgetune.power.clock import Clock, RealClock, VirtualClock
 
 KnobValue = int | float | str
 T = TypeVar("T")
+
+_log = get_logger(__name__)
 
 #: Relative tolerance within which a number matches a table value (float rounding of parsed text, 918e6).
 _VALUE_MATCH_REL = 1e-9
@@ -573,9 +577,18 @@ class Device:
         mode = self.knobs.get(MODE_KNOB)
         if MODE_KNOB in setting and mode is not None and mode.writable:
             mode.validate(setting[MODE_KNOB])  # a mode refused here changes nothing, not even the records
-            for knob in self.knobs.values():
-                if knob is not mode and knob.writable:
+            for name, knob in self.knobs.items():
+                if knob is mode or not knob.writable:
+                    continue
+                try:
                     knob.remember_original()
+                except (DeviceError, OSError, ValueError) as exc:
+                    if name in setting:  # its own write would fail the same way: say so now
+                        raise
+                    # a knob the setting leaves alone and that cannot be read: the mode resets it all the
+                    # same, and a failed read must not stop the setting
+                    _log.warning("%s: its value before the power mode change could not be recorded (%s); it "
+                                 "stays as the mode leaves it", name, exc)
         for name in restore_order(setting):
             self.knobs[name].set(setting[name])
 
