@@ -65,6 +65,10 @@ def test_devices_on_a_jetson_tree(tmp_path):
     assert "emc_freq    204 MHz .. 2.133 GHz (3 steps)" in out
     assert "power_mode  15W; now 15W; writable" in out
     assert "power_mode 7W not offered: switching to it needs a reboot" in out
+    done = _edgetune(["devices", "--json"], fake.root, tmp_path)
+    jetson = next(p for p in json.loads(done.stdout)["platforms"] if p["platform"] == "jetson")
+    mode = next(k for k in jetson["device"]["knobs"] if k["name"] == "power_mode")
+    assert mode["values"] == ["15W"] and "needs a reboot" in mode["unavailable"]["7W"]
     assert "not the GPU alone" in out
 
 

@@ -96,6 +96,7 @@ def describe_device(device: Device) -> dict[str, Any]:
             "current": current,
             "writable": knob.writable,
             "why_read_only": "" if knob.writable else knob.why_read_only,
+            "unavailable": {str(v): why for v, why in knob.unavailable.items()},
         })
     return {
         "spec": device.name,
