@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -187,7 +188,7 @@ def _offline_clusters_answer_ebusy(fake, monkeypatch):
     import errno
 
     firsts = list(BOARDS[fake.board].clusters) + [BOARDS[fake.board].cpus]
-    cpus = {f"policy{a}": range(a, b) for a, b in zip(firsts, firsts[1:])}
+    cpus = {f"policy{a}": range(a, b) for a, b in itertools.pairwise(firsts)}
 
     def offline(path) -> bool:
         policy = next((part for part in Path(path).parts if part in cpus), None)
