@@ -12,7 +12,7 @@ Modes that need a reboot
     confirm``, and without that answer ends with ``NVPM ERROR: optMask is 1, no request for power mode``,
     the mode unchanged. On an Orin Nano 8GB booted in 15W (mask 240), 7W (mask 252) is such a mode; on an
     AGX Orin in MODE_30W (240), every other mode is; on an Orin NX, 10W and 15W (252) switch between each
-    other live, as do MAXN and 25W (240); every Xavier NX mode shares one mask. jetson-stats' jtop service
+    other live, as do MAXN and 25W (20W on the 8GB; 240); every Xavier NX mode shares one mask. jetson-stats' jtop service
     offers the same-mask modes only, by the same rule. So the knob offers the modes whose mask is the live
     one (and the mode in force), and lists the others in :attr:`~edgetune.power.base.Knob.unavailable` with
     the way to reach one: ``sudo nvpmodel -m <id>``, confirm, reboot, and run edgetune there. A search then
