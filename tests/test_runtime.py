@@ -124,6 +124,25 @@ def test_plan_is_applied_accounted_and_knobs_restored(tmp_path, cnn_cost):
     assert "sim:orin-nano (simulated twin)" in table and "0 violation(s)" in table and "knobs restored: yes" in table
 
 
+def test_a_plan_measured_in_another_untuned_state_is_applied_with_a_warning(tmp_path, cnn_cost, caplog):
+    """best.json's untuned_knobs: the knobs the search left as found. A board that runs one otherwise (a
+    Jetson booted in another power mode) gets the plan with a warning naming both values."""
+    model, opt, data = mlp()
+    dev = open_device("sim:orin-nano", seed=0)
+    plan = write_plan(tmp_path, untuned_knobs={"power_mode": {"value": "7W", "unit": "", "text": "7W"}})
+    with edgetune.tune(model, opt, dataset=data, device=dev, plan=plan, cost=cnn_cost,
+                       print_summary=False) as tuner:
+        assert dev.knobs["gpu_freq"].read() == 408000000  # applied all the same
+    said = [text for _, text in tuner.events if "measured with power_mode 7W" in text]
+    assert len(said) == 1 and "the board runs 15W" in said[0] and "nvpmodel" in said[0]
+    assert "measured with power_mode 7W" in caplog.text
+    plan = write_plan(tmp_path, untuned_knobs={"power_mode": {"value": "15W", "unit": "", "text": "15W"}})
+    with edgetune.tune(model, opt, dataset=data, device=dev, plan=plan, cost=cnn_cost,
+                       print_summary=False) as tuner:
+        pass
+    assert not [text for _, text in tuner.events if "measured with" in text]
+
+
 def test_jsonl_log_has_steps_and_epochs(tmp_path, cnn_cost):
     model, opt, data = mlp()
     log = tmp_path / "run.jsonl"

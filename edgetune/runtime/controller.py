@@ -81,7 +81,7 @@ from edgetune.runtime.online import (
     OnlineTuner,
     RunState,
 )
-from edgetune.runtime.plan import Plan, PlanError, load_plan, workload_mismatch
+from edgetune.runtime.plan import Plan, PlanError, load_plan, untuned_mismatch, workload_mismatch
 from edgetune.runtime.settings import (
     RUNTIME_MONITOR_RATE_HZ,
     GuardSettings,
@@ -528,6 +528,9 @@ class Tuner:
         else:
             self._event(f"batch size {self._requested_batch} is in force, not the plan's {plan.batch_size}: "
                         f"the plan's power and speed were measured at {plan.batch_size}")
+        for line in untuned_mismatch(plan, self._original):  # a warning: the plan was measured in another state
+            self.events.append((dev.clock.now(), line))
+            _log.warning("%s", line)
         unknown = sorted(set(plan.setting) - set(dev.knobs))
         if unknown:
             raise PlanError(f"plan {plan.path}: knob(s) {', '.join(unknown)} do not exist on {dev.name}; "

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgetune.power.base import KnobValue
 
-__all__ = ["COST_TOLERANCE", "Plan", "PlanError", "load_plan", "workload_mismatch"]
+__all__ = ["COST_TOLERANCE", "Plan", "PlanError", "load_plan", "untuned_mismatch", "workload_mismatch"]
 
 #: a model whose parameter bytes or FLOPs per sample differ from the plan's workload by more than this
 #: fraction is another model: the plan's batch size and knobs were measured for a different step
@@ -32,6 +33,8 @@ class Plan:
         path: the file it was read from (empty for a plan built in code).
         workload: the workload the plan was searched for (None: unknown).
         workload_cost: that workload's step cost (``WorkloadCost`` fields; None: unknown).
+        untuned: the knobs the search left as found, with their values then (``untuned_knobs``; empty where
+            the plan does not say): its figures hold with them so (:func:`untuned_mismatch`).
     """
 
     batch_size: int
@@ -41,6 +44,20 @@ class Plan:
     path: str = ""
     workload: str | None = None
     workload_cost: dict[str, float] | None = None
+    untuned: dict[str, KnobValue] = field(default_factory=dict)
+
+
+def untuned_mismatch(plan: Plan, now: Mapping[str, KnobValue]) -> list[str]:
+    """The knobs the plan's search left as found that the board runs otherwise ``now``, one line each (knobs
+    the board lacks are not compared): the plan's power and speed were measured with the values it names."""
+    lines = []
+    for name, then in plan.untuned.items():
+        if name in now and now[name] != then:
+            fix = ("boot into it (`sudo nvpmodel -m <id>`, a reboot)" if name == "power_mode" else "set it back")
+            lines.append(f"plan{' ' + plan.path if plan.path else ''}: measured with {name} {then}, and the board "
+                         f"runs {now[name]}: "
+                         f"its power and speed do not hold here; {fix} or search again in this state")
+    return lines
 
 
 def workload_mismatch(plan: Plan, *, param_bytes: float | None = None,
@@ -99,5 +116,7 @@ def load_plan(path: str | os.PathLike) -> Plan:
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
         raise PlanError(f"plan {p}: budget_w must be a positive number of watts, got {budget!r}")
     cost = raw.get("workload_cost")
+    untuned = _setting(raw.get("untuned_knobs") or {}, p)
     return Plan(b, setting, None if budget is None else float(budget), raw.get("device"), str(p),
-                workload=raw.get("workload"), workload_cost=cost if isinstance(cost, dict) else None)
+                workload=raw.get("workload"), workload_cost=cost if isinstance(cost, dict) else None,
+                untuned=untuned)

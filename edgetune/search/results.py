@@ -3,7 +3,7 @@
 ``best.json`` keys (see DEVELOPERS.md, kept stable): ``device``, ``simulated``, ``workload``, ``budget_w``,
 ``objective``, ``batch_size``, ``setting``, ``measured``, ``predicted``, ``baseline``,
 ``speedup_over_baseline``; plus context (study, storage, protocol, target model, trials, Pareto front, the
-workload's step cost). Every knob value carries its unit: ``"setting": {"gpu_freq": {"value": 510000000,
+workload's step cost, ``untuned_knobs``: the knobs the search left as found, with their values). Every knob value carries its unit: ``"setting": {"gpu_freq": {"value": 510000000,
 "unit": "Hz", "text": "510 MHz"}, "cpu_freq": {"value": 806400, "unit": "kHz", "text": "806.4 MHz"}}`` (the
 value in the knob's own unit, :data:`edgetune.power.knobs.KNOBS`, as ``edgetune run --set`` takes it).
 ``trials.csv`` has one row per measured trial (every measurement, infeasible ones included).
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgetune.power.base import format_value
+from edgetune.power.base import KnobValue, format_value
 from edgetune.power.knobs import Candidate, knob_unit
 from edgetune.search.confirm import certified, margin_w, pick_score, pool_windows
 from edgetune.search.efficiency import LAW_RATIO_PRECISION, TargetModel, ZeusCost, scalar_score
@@ -80,6 +80,9 @@ class SearchResult:
     #: largest rise per watt, carried to the edge of the budget, is part of the margin every setting must hold
     #: the budget by
     thermal_soaks: list[ThermalSoak] = field(default_factory=list)
+    #: the knobs the search did not tune, as they stood while it measured (a Jetson's power mode where the
+    #: others need a reboot): the state the plan's figures hold in
+    untuned_knobs: dict[str, KnobValue] = field(default_factory=dict)
 
     @property
     def measured(self) -> list[TrialRecord]:
@@ -420,6 +423,9 @@ def best_json(result: SearchResult) -> dict[str, Any]:
         # soaked itself includes (counted_rise_w; a soaked one counts its own), and how many soaks ran
         "thermal_soak": _soak_json(result),
         "thermal_soaks": len(result.thermal_soaks),
+        # the knobs left as found (not searched): the plan's figures hold with them so, and the runtime says
+        # when a board runs them otherwise
+        "untuned_knobs": setting_with_units(result.untuned_knobs, {}),
     }
     if result.cost is not None:  # Zeus's cost of the pick, J (eta x energy + (1 - eta) x max power x time)
         out = result.best.outcome if result.best is not None else None

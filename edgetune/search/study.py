@@ -250,7 +250,10 @@ class Search:
         # a budget above what the device can draw binds nothing: run unconstrained, say so
         max_w = device.max_power_w
         self.constrained = budget_w is not None and not (max_w is not None and budget_w >= max_w)
-        self.baseline = Baseline(space, self.baseline_batch_size, device.settings(), limit_w=self._limit_w())
+        found = device.settings()
+        self.baseline = Baseline(space, self.baseline_batch_size, found, limit_w=self._limit_w())
+        #: the knobs the search does not tune, as found: the state its measurements hold in (best.json)
+        self.untuned_knobs = {name: value for name, value in found.items() if name not in space.knob_names}
         #: channels the sensor's total sums: each adds its offset to the sensor's accuracy
         self.sensor_channels = summed_channels(getattr(device.sensor, "total_label", ""))
         self._storage = storage
@@ -615,7 +618,7 @@ class Search:
             device_name=self.device.name, device_description=self.device.description,
             simulated=self.device.simulated, workload=getattr(self.workload, "name", str(self.workload)),
             cost=self.cost, guard_sigma=self.guard_sigma, power_cv=self.power_cv,
-            sensor_channels=self.sensor_channels, thermal_soaks=soaks,
+            sensor_channels=self.sensor_channels, thermal_soaks=soaks, untuned_knobs=dict(self.untuned_knobs),
         )
         settings = result.settings  # one record per setting, its windows pooled
         feasible = [r for r in settings if r.feasible and r.outcome is not None]
