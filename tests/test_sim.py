@@ -108,7 +108,11 @@ def test_device_contract():
     assert twin.knob_grid()["cpu_cores"] == (1, 2, 3, 4, 5, 6)
     assert device.idle_power_w == pytest.approx(twin.idle_power_w)
     assert device.max_power_w == 15
-    assert len(device.notes) == 1 and "SOURCES.md" in device.notes[0]
+    assert len(device.notes) == 2 and "SOURCES.md" in device.notes[0]
+    assert device.notes[1] == ("simulation: every power mode switches live here; a real board booted in 15W needs a "
+                               "reboot for 7W (another GPU power-gating mask), and a search there does not switch "
+                               "to it")
+    assert len(open_device("sim:xavier-nx", compute=False).notes) == 1  # one mask for every mode: nothing to say
     # the twin starts in the default mode, clocks at the mode's maximum
     assert device.settings() == {"gpu_freq": 624_750_000, "emc_freq": 2_133_000_000, "cpu_freq": 1_497_600,
                                  "cpu_cores": 6, "power_mode": "15W"}

@@ -55,6 +55,8 @@ class PowerMode:
         cpu_max_khz, gpu_max_hz, emc_max_hz: clock caps; None where the mode leaves a clock uncapped.
         tpcs: GPU TPCs left powered (the rest are gated by the mode's ``tpc_pg_mask``).
         default: whether the module ships in this mode.
+        pg_mask: the mode's ``TPC_PG_MASK``: a board switches live only between modes with the mask it booted
+            with (the others need a reboot, :mod:`edgetune.power.jetson.nvpmodel`); the twin switches all.
     """
 
     name: str
@@ -66,6 +68,7 @@ class PowerMode:
     emc_max_hz: int | None
     tpcs: int
     default: bool = False
+    pg_mask: int = 0
 
 
 @dataclass(frozen=True)
@@ -275,6 +278,7 @@ def _modes(rows: list[dict[str, str]], profile: str, module: dict[str, str], cal
             emc_max_hz=None if int(r["emc_max_hz"]) <= 0 else int(r["emc_max_hz"]),
             tpcs=tpcs,
             default=r["is_default"] == "yes",
+            pg_mask=int(r["tpc_pg_mask"]),
         ))
     # ascending power; MAXN last even where its budget equals a named mode's (Orin NX: 25 W)
     modes.sort(key=lambda mode: (mode.budget_w, mode.name.startswith("MAXN"), mode.mode_id))

@@ -470,11 +470,26 @@ class Twin:
                 idle_power=lambda: self.idle_power_w,  # read when asked: knobs and offset change it
                 max_power_w=self.profile.power_max_w,
                 temperature=self.temperature_reading_c,
-                notes=[self.profile.calibration_note],
+                notes=[self.profile.calibration_note, *self._reboot_note()],
                 backend=self,
                 capabilities=self.capabilities,
             )
         return self._device
+
+
+    def _reboot_note(self) -> list[str]:
+        """Where the twin's freedom to switch every power mode live differs from the board's: the modes a board
+        booted in the default mode cannot enter without a reboot (another GPU power-gating mask)."""
+        modes = self.profile.modes
+        booted = next((m for m in modes if m.default), modes[0])
+        held = [m.name for m in modes if m.pg_mask != booted.pg_mask]
+        if not held:
+            return []
+        them = "it" if len(held) == 1 else "them"
+        note = (f"simulation: every power mode switches live here; a real board booted in {booted.name} needs a "
+                f"reboot for {', '.join(held)} (another GPU power-gating mask), and a search there does not "
+                f"switch to {them}")
+        return [note]
 
 
 class TwinBatchSizeError(DeviceError, BatchSizeError):
