@@ -575,7 +575,7 @@ class Device:
                     f"unknown knob {name!r} on {self.name}; knobs here: {', '.join(self.knobs) or 'none'}"
                 )
         mode = self.knobs.get(MODE_KNOB)
-        if MODE_KNOB in setting and mode is not None and mode.writable:
+        if MODE_KNOB in setting and mode is not None and mode.writable and mode.original is None:
             mode.validate(setting[MODE_KNOB])  # a mode refused here changes nothing, not even the records
             for name, knob in self.knobs.items():
                 if knob is mode or not knob.writable:

@@ -55,8 +55,8 @@ def untuned_mismatch(plan: Plan, now: Mapping[str, KnobValue]) -> list[str]:
         if name in now and now[name] != then:
             fix = ("boot into it (`sudo nvpmodel -m <id>`, a reboot)" if name == "power_mode" else "set it back")
             lines.append(f"plan{' ' + plan.path if plan.path else ''}: measured with {name} {then}, and the board "
-                         f"runs {now[name]}: "
-                         f"its power and speed do not hold here; {fix} or search again in this state")
+                         f"runs {now[name]}: its power and speed do not hold here; {fix} or search again in this "
+                         f"state")
     return lines
 
 

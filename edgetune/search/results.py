@@ -3,7 +3,8 @@
 ``best.json`` keys (see DEVELOPERS.md, kept stable): ``device``, ``simulated``, ``workload``, ``budget_w``,
 ``objective``, ``batch_size``, ``setting``, ``measured``, ``predicted``, ``baseline``,
 ``speedup_over_baseline``; plus context (study, storage, protocol, target model, trials, Pareto front, the
-workload's step cost, ``untuned_knobs``: the knobs the search left as found, with their values). Every knob value carries its unit: ``"setting": {"gpu_freq": {"value": 510000000,
+workload's step cost, ``untuned_knobs``: the knobs the search left as found, with their values). Every knob
+value carries its unit: ``"setting": {"gpu_freq": {"value": 510000000,
 "unit": "Hz", "text": "510 MHz"}, "cpu_freq": {"value": 806400, "unit": "kHz", "text": "806.4 MHz"}}`` (the
 value in the knob's own unit, :data:`edgetune.power.knobs.KNOBS`, as ``edgetune run --set`` takes it).
 ``trials.csv`` has one row per measured trial (every measurement, infeasible ones included).

@@ -476,7 +476,6 @@ class Twin:
             )
         return self._device
 
-
     def _reboot_note(self) -> list[str]:
         """Where the twin's freedom to switch every power mode live differs from the board's: the modes a board
         booted in the default mode cannot enter without a reboot (another GPU power-gating mask)."""
