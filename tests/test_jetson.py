@@ -450,6 +450,7 @@ def test_root_from_environment_and_registry(tmp_path, monkeypatch):
     assert found and found[0].spec == "jetson" and "Xavier NX" in found[0].summary
     device = open_device("jetson", detect_period_s=0)
     assert device.name == "jetson" and not device.simulated
+    assert device.compute.torch_device == "cuda:0"  # the module's GPU: training runs there
     device.close()
     assert any(p.platform == "jetson" and p.found for p in probe_platforms())
 

@@ -81,6 +81,7 @@ def test_rails_and_total_in_watts(fake_jtop):
     device = open_device("jtop")
     try:
         assert device.name == "jtop" and not device.simulated
+        assert device.compute.torch_device == "cuda:0"  # the module's GPU: training runs there
         assert device.description == ("NVIDIA Jetson Orin Nano Developer Kit (NVIDIA Jetson Orin Nano (Developer "
                                       "kit), L4T 36.3.0, JetPack 6.0)")
         sensor = device.sensor

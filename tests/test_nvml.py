@@ -22,6 +22,7 @@ def fake_nvml(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "pynvml", raising=False)
     monkeypatch.setenv("EDGETUNE_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     path = tmp_path / "nvml.json"
 
     def make(gpus, **kw):
@@ -52,8 +53,9 @@ def test_a100_tables_power_energy(fake_nvml):
     device.close()
 
 
-def test_energy_counter_capability_where_the_gpu_keeps_one(fake_nvml):
+def test_energy_counter_capability_where_the_gpu_keeps_one(fake_nvml, monkeypatch):
     fake_nvml([a100(), p100()])
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # unlike GPUs: numbered as NVML lists them
     volta_and_newer, pascal = open_device("nvml:0"), open_device("nvml:1")
     assert volta_and_newer.capabilities == {Capability.ENERGY_COUNTER}
     assert volta_and_newer.sensor.energy_j() is not None
@@ -93,6 +95,7 @@ def test_several_gpus_and_cuda_visible_devices(fake_nvml, monkeypatch):
     fake_nvml([a100(), h100(), rtx_a6000()])
     from edgetune.power import nvml
 
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     assert [p.spec for p in nvml.probe()] == ["nvml:0", "nvml:1", "nvml:2"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
     assert [p.summary.split(" (")[0] for p in nvml.probe()] == ["NVIDIA RTX A6000", "NVIDIA A100-SXM4-40GB"]
@@ -179,6 +182,7 @@ def test_no_driver(fake_nvml, monkeypatch):
 def test_kill_9_then_restore_resets_the_gpu(fake_nvml, tmp_path):
     path = fake_nvml([a100(), h100()])
     env = dict(os.environ, EDGETUNE_STATE_DIR=str(tmp_path / "state"), CUDA_VISIBLE_DEVICES="1",
+               CUDA_DEVICE_ORDER="PCI_BUS_ID",
                **write_gpus(path, [a100(), h100()]))
     env["PYTHONPATH"] = os.pathsep.join([str(FAKE_NVML_DIR), str(REPO)])
     code = ("import time; from edgetune.power import open_device; d = open_device('nvml:0'); "
@@ -197,12 +201,64 @@ def test_kill_9_then_restore_resets_the_gpu(fake_nvml, tmp_path):
     assert h["locked_gpu_mhz"] == 0 and h["limit_mw"] == 700_000
 
 
-def test_the_gpu_temperature_in_whole_degrees_and_none_where_it_fails(fake_nvml):
+def test_the_gpu_temperature_in_whole_degrees_and_none_where_it_fails(fake_nvml, monkeypatch):
     unsupported_gpu = h100()
     unsupported_gpu["fail"] = {"nvmlDeviceGetTemperature": 3}  # NVML_ERROR_NOT_SUPPORTED
     fake_nvml([a100(), unsupported_gpu])
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     readable, unsupported = open_device("nvml:0"), open_device("nvml:1")
     assert readable.temperature_c == 38.0
     assert unsupported.temperature_c is None
     readable.close()
     unsupported.close()
+
+
+def test_cuda_numbers_unlike_gpus_its_own_way_so_an_index_is_refused_not_guessed(fake_nvml, monkeypatch):
+    # a workstation: a compute GPU and a display GPU. CUDA numbers them fastest first by default, NVML by PCI
+    # bus, so which one `cuda:0` is cannot be known from NVML: an index is refused in one line
+    fake_nvml([rtx_a6000(), h100()])
+    from edgetune.power import nvml
+
+    with pytest.raises(DeviceError) as err:
+        open_device("nvml")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("nvml:0: which GPU CUDA numbers 0 is unknown here")
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in message and "CUDA_VISIBLE_DEVICES" in message
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # an index means CUDA's number: still unknown
+    with pytest.raises(DeviceError, match="unknown here"):
+        open_device("nvml:0")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    # `edgetune devices` lists them by UUID; opened so, the GPU is measured but its CUDA number is unknown
+    assert [p.spec for p in nvml.probe()] == [f"nvml:{rtx_a6000()['uuid']}", f"nvml:{h100()['uuid']}"]
+    device = open_device(f"nvml:{h100()['uuid']}")
+    assert device.compute.torch_device is None and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in device.compute.why_unknown
+    assert device.compute.why_unknown in device.notes
+    device.close()
+    # either fix gives CUDA's number, and the device trains on cuda:<that number>
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", h100()["uuid"][:12])  # a UUID prefix, as CUDA accepts
+    device = open_device("nvml")
+    assert "H100" in device.description and device.compute.torch_device == "cuda:0" and device.name == "nvml:0"
+    device.close()
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    device = open_device("nvml:1")
+    assert "H100" in device.description and device.compute.torch_device == "cuda:1"
+    device.close()
+
+
+def test_like_gpus_are_numbered_in_pci_order(fake_nvml, monkeypatch):
+    # two of one model: fastest first ties, and CUDA keeps PCI order, whatever order NVML lists them in
+    first, second = a100(uuid="GPU-aaaaaaaa-0000-4000-8000-000000000001"), a100(uuid="GPU-bbbbbbbb-0000-4000-8000-000000000002")
+    fake_nvml([dict(first, pci_bus_id="00000000:B1:00.0"), dict(second, pci_bus_id="00000000:1A:00.0")])
+    device = open_device("nvml:0")
+    assert second["uuid"] in device.description and device.compute.torch_device == "cuda:0"
+    device.close()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    device = open_device("nvml")
+    assert first["uuid"] in device.description and device.compute.torch_device == "cuda:0"
+    assert device.sensor.rails == ("GPU0",)
+    device.close()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    device = open_device(f"nvml:{first['uuid']}")  # hidden from CUDA: measurable, not trainable
+    assert device.compute.torch_device is None and "hidden from CUDA" in device.compute.why_unknown
+    device.close()

@@ -39,10 +39,12 @@ _VALUE_MATCH_REL = 1e-9
 _PARAM_COPIES = 2
 
 __all__ = [
+    "CPU_COMPUTE",
     "DERIVED_PREFIX",
     "MODE_KNOB",
     "Capability",
     "Clock",
+    "ComputeDevice",
     "Device",
     "DeviceError",
     "DeviceOutOfMemoryError",
@@ -482,6 +484,28 @@ class Capability(enum.Enum):
     ENERGY_COUNTER = "energy_counter"
 
 
+@dataclass(frozen=True)
+class ComputeDevice:
+    """Where the training steps a device measures run, in torch's words.
+
+    A GPU's sensor measures the steps only where they run on that GPU: a step left on the CPU draws CPU
+    power, and the GPU's clocks and power limit change nothing in it. The search and ``edgetune run``
+    put the workload on :attr:`torch_device` unless told otherwise.
+
+    Attributes:
+        torch_device: a :class:`torch.device` string (``cuda:0``, ``cpu``), or None where the GPU measured
+            has no CUDA number known here.
+        why_unknown: with ``torch_device`` None, why, and what fixes it (one line).
+    """
+
+    torch_device: str | None
+    why_unknown: str = ""
+
+
+#: the compute device of platforms that measure the CPU (RAPL) or model the step (the twin, trace replay)
+CPU_COMPUTE = ComputeDevice("cpu")
+
+
 def _unknown_idle_power() -> float | None:
     """Idle power of a device that does not model it (real hardware measures it instead)."""
     return None
@@ -520,6 +544,9 @@ class Device:
         backend: the platform object behind the device, for platform-specific use (the twin's
             :class:`~edgetune.power.sim.Twin` for ``sim:``, with its noise-free ground truth).
         capabilities: what the device can do beyond the common interface (:class:`Capability`).
+        compute: where the training steps this device measures run (:class:`ComputeDevice`): the GPU
+            measured, ``cpu`` for RAPL, the twin (its real steps, where run, give the loss; it models the
+            time and power) and trace replay.
     """
 
     name: str
@@ -536,6 +563,7 @@ class Device:
     close: Callable[[], None] = lambda: None
     backend: Any = None
     capabilities: frozenset[Capability] = frozenset()
+    compute: ComputeDevice = CPU_COMPUTE
 
     @property
     def idle_power_w(self) -> float | None:

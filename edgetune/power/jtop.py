@@ -35,7 +35,7 @@ from typing import Any
 
 from edgetune.power.base import DERIVED_PREFIX, Device, DeviceError, KnobWriteError, PowerReading
 from edgetune.power.clock import RealClock
-from edgetune.power.jetson import COMBINED_RAILS, _run_step
+from edgetune.power.jetson import COMBINED_RAILS, JETSON_COMPUTE, _run_step
 from edgetune.power.jetson.thermal import temperature_reader
 from edgetune.power.monitor import MIN_UPDATES_PER_WINDOW, min_avg_window_s
 from edgetune.power.registry import PlatformProbe
@@ -377,7 +377,7 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, interval_s: fl
     temperature = temperature_reader(base) or (lambda: None)
     return Device(name="jtop", description=description, simulated=False, knobs=dict(knobs), sensor=sensor,
                   clock=RealClock(), run_step=_run_step, temperature=temperature, notes=notes, close=close,
-                  backend=backend)
+                  backend=backend, compute=JETSON_COMPUTE)
 
 
 def probe(root: str | os.PathLike | None = None) -> list[PlatformProbe]:

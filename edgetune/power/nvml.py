@@ -12,8 +12,11 @@
   with the memory locked clocks; ``power_limit`` (W) within the management-limit constraints, restored to
   the limit found;
 * devices: ``nvml`` is the first visible GPU, ``nvml:<i>`` the i-th, ``nvml:<UUID>`` one GPU by UUID.
-  ``CUDA_VISIBLE_DEVICES`` is honoured (indices or UUIDs/prefixes, as CUDA reads it), so index i here is
-  the GPU that ``cuda:i`` names in torch.
+  Numbers are CUDA's (:class:`CudaNumbering`): ``CUDA_DEVICE_ORDER`` and ``CUDA_VISIBLE_DEVICES`` (indices
+  or UUIDs/prefixes) are read as CUDA reads them, so ``nvml:i`` is the GPU that ``cuda:i`` names in torch,
+  and the device's :class:`~edgetune.power.base.ComputeDevice` is ``cuda:i``. NVML lists GPUs in PCI order,
+  CUDA by default fastest first: on a machine with unlike GPUs (a display GPU beside a compute GPU) and no
+  ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, a number is refused in one line rather than guessed.
 
 NVML cannot report whether clocks were locked before edgetune ran: restore resets them to the default
 (unlocked) state, which is the state of nearly every machine. Setting anything needs root; without it the
@@ -23,20 +26,31 @@ knobs are read-only with the fix in one line, and the device is in measure-only 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from edgetune.power.base import Capability, Device, DeviceError, KnobWriteError, PowerReading, WorkloadCost
+from edgetune.power.base import (
+    Capability,
+    ComputeDevice,
+    Device,
+    DeviceError,
+    KnobWriteError,
+    PowerReading,
+    WorkloadCost,
+)
 from edgetune.power.clock import RealClock
 from edgetune.power.knobs import knob_unit
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, RestorableKnob, StateTracker
 from edgetune.power.sysfs import ROOT_FIX, is_root
 
-__all__ = ["NvmlGpu", "NvmlPowerSensor", "nvml_message", "open", "probe", "visible_indices"]
+__all__ = ["CudaNumbering", "NvmlGpu", "NvmlPowerSensor", "cuda_numbering", "nvml_message", "open", "probe"]
 
+#: CUDA_DEVICE_ORDER's value that numbers GPUs by PCI bus id, as NVML and nvidia-smi list them
+PCI_BUS_ORDER = "PCI_BUS_ID"
 #: NVML refreshes the power reading about every 20-100 ms depending on the GPU; sampling at 50 Hz is plenty.
 NVML_UPDATE_PERIOD_S = 0.02
 #: NVML speaks milliwatts and millijoules; edgetune watts and joules.
@@ -89,11 +103,50 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def visible_indices(nvml: Any, count: int) -> list[int]:
-    """Physical NVML indices of the GPUs CUDA may use, in CUDA's order."""
+@dataclass(frozen=True)
+class CudaNumbering:
+    """How CUDA numbers this machine's GPUs, as far as NVML and the environment tell.
+
+    CUDA numbers every GPU by ``CUDA_DEVICE_ORDER``: ``PCI_BUS_ID`` by PCI bus id (NVML's and nvidia-smi's
+    order), the default ``FASTEST_FIRST`` fastest first by its own heuristic. ``CUDA_VISIBLE_DEVICES`` then
+    picks from that numbering (indices) or names GPUs (UUIDs and their prefixes), in the order given, and
+    CUDA stops reading it at the first entry that names no GPU. Where every GPU is the same model, fastest
+    first keeps PCI order (ties); between different models its ranking is CUDA's own, and an index there
+    names a GPU that cannot be known from here (a workstation's display GPU beside its compute GPU).
+
+    Attributes:
+        visible: NVML indices of ``cuda:0``, ``cuda:1`` ..., or None where CUDA's order is unknown here.
+        why_unknown: with ``visible`` None, why, and the two ways to fix it (one line).
+    """
+
+    visible: tuple[int, ...] | None
+    why_unknown: str = ""
+
+    def cuda_index(self, nvml_index: int) -> int | None:
+        """The CUDA number of the GPU at ``nvml_index``; None where hidden or unknown."""
+        if self.visible is None or nvml_index not in self.visible:
+            return None
+        return self.visible.index(nvml_index)
+
+
+def _bus_key(bus_id: str) -> tuple[int, ...]:
+    """``00000000:65:00.0`` (domain:bus:device.function, hex) as numbers, for ordering."""
+    return tuple(int(part, 16) for part in re.split(r"[:.]", bus_id.strip()) if part)
+
+
+def cuda_numbering(nvml: Any, count: int) -> CudaNumbering:
+    """CUDA's numbering of the ``count`` GPUs NVML lists (:class:`CudaNumbering`)."""
+    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    names = [_text(nvml.nvmlDeviceGetName(h)) for h in handles]
+    by_bus = sorted(range(count), key=lambda i: _bus_key(_text(nvml.nvmlDeviceGetPciInfo(handles[i]).busId)))
+    numbered = by_bus if os.environ.get("CUDA_DEVICE_ORDER") == PCI_BUS_ORDER or len(set(names)) <= 1 else None
+    unknown = CudaNumbering(None, f"CUDA numbers unlike GPUs ({', '.join(sorted(set(names)))}) fastest first by "
+                                  f"its own ranking, not in NVML's PCI order; export "
+                                  f"CUDA_DEVICE_ORDER={PCI_BUS_ORDER} (nvidia-smi's order), or name the GPU in "
+                                  f"CUDA_VISIBLE_DEVICES by its UUID")
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is None:
-        return list(range(count))
+        return unknown if numbered is None else CudaNumbering(tuple(numbered))
     uuids = None
     chosen: list[int] = []
     for item in (x.strip() for x in env.split(",")):
@@ -103,16 +156,18 @@ def visible_indices(nvml: Any, count: int) -> list[int]:
             i = int(item)
             if not 0 <= i < count:
                 break  # CUDA stops at the first invalid entry
-            chosen.append(i)
+            if numbered is None:
+                return unknown
+            chosen.append(numbered[i])
             continue
         if uuids is None:
-            uuids = [_text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
+            uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles]
         key = item if item.startswith("GPU-") else f"GPU-{item}"
         matches = [i for i, u in enumerate(uuids) if u.startswith(key)]
         if len(matches) != 1:
             break
         chosen.append(matches[0])
-    return list(dict.fromkeys(chosen))
+    return CudaNumbering(tuple(dict.fromkeys(chosen)))
 
 
 @dataclass
@@ -202,14 +257,6 @@ def _instant_power_field(nvml: Any) -> Any:
         return None
     scope = getattr(nvml, "NVML_POWER_SCOPE_GPU", None)
     return field if scope is None else (field, scope)
-
-
-def _run_step(fn: Callable[[], Any], batch_size: int, cost: WorkloadCost | None) -> Any:
-    result = fn()
-    torch = sys.modules.get("torch")  # never imported here; a CUDA step is done only once synchronised
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return result
 
 
 def _clock_knobs(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: bool, why: str) -> dict[str, RestorableKnob]:
@@ -316,27 +363,58 @@ def _init() -> Any:
     return nvml
 
 
-def _select(nvml: Any, arg: str) -> tuple[int, NvmlGpu]:
-    """(visible index, GPU) for ``arg``: '' or an index among the visible GPUs, or a UUID."""
+def _select(nvml: Any, arg: str) -> tuple[NvmlGpu, CudaNumbering]:
+    """The GPU ``arg`` names (``''`` or a CUDA number among the visible GPUs, or a UUID) and CUDA's
+    numbering of the machine's GPUs."""
     count = _call("GPU count", nvml.nvmlDeviceGetCount)
-    visible = visible_indices(nvml, count)
+    numbering = cuda_numbering(nvml, count)
     arg = arg.strip()
     if arg.startswith("GPU-"):
         for i in range(count):
             h = nvml.nvmlDeviceGetHandleByIndex(i)
             if _text(nvml.nvmlDeviceGetUUID(h)) == arg:
-                return (visible.index(i) if i in visible else -1), NvmlGpu(i, h, _text(nvml.nvmlDeviceGetName(h)), arg)
+                return NvmlGpu(i, h, _text(nvml.nvmlDeviceGetName(h)), arg), numbering
         raise DeviceError(f"no NVIDIA GPU with UUID {arg}; list them with `edgetune devices`")
     if arg and not arg.isdigit():
         raise DeviceError(f"nvml:{arg} is not a GPU index or UUID; use nvml:0, nvml:1 ... or nvml:GPU-<uuid>")
     want = int(arg or 0)
+    visible = numbering.visible
+    if visible is None:
+        raise DeviceError(f"nvml:{want}: which GPU CUDA numbers {want} is unknown here: {numbering.why_unknown}")
     if not visible:
         raise DeviceError("no NVIDIA GPU visible (CUDA_VISIBLE_DEVICES hides them all, or none is installed)")
     if want >= len(visible):
         raise DeviceError(f"nvml:{want}: only {len(visible)} GPU(s) visible (nvml:0..nvml:{len(visible) - 1})")
     i = visible[want]
     h = _call(f"GPU {i}", nvml.nvmlDeviceGetHandleByIndex, i)
-    return want, NvmlGpu(i, h, _text(nvml.nvmlDeviceGetName(h)), _text(nvml.nvmlDeviceGetUUID(h)))
+    return NvmlGpu(i, h, _text(nvml.nvmlDeviceGetName(h)), _text(nvml.nvmlDeviceGetUUID(h))), numbering
+
+
+def _compute(gpu: NvmlGpu, numbering: CudaNumbering) -> ComputeDevice:
+    """Where training on ``gpu`` runs in torch's words: ``cuda:<its CUDA number>``."""
+    k = numbering.cuda_index(gpu.index)
+    if k is not None:
+        return ComputeDevice(f"cuda:{k}")
+    if numbering.visible is None:
+        return ComputeDevice(None, f"{gpu.name} ({gpu.uuid}) has no CUDA number known here: "
+                                   f"{numbering.why_unknown}")
+    return ComputeDevice(None, f"{gpu.name} ({gpu.uuid}) is hidden from CUDA by CUDA_VISIBLE_DEVICES, so "
+                               f"training cannot run on it; add its UUID there")
+
+
+def _step_runner(cuda_index: int | None) -> Callable[[Callable[[], Any], int, WorkloadCost | None], Any]:
+    """``run_step``: run the step, then wait for the GPU to finish it (CUDA work is asynchronous): the GPU
+    measured, where its CUDA number is known, else every GPU torch sees."""
+
+    def run_step(fn: Callable[[], Any], batch_size: int, cost: WorkloadCost | None) -> Any:
+        result = fn()
+        torch = sys.modules.get("torch")  # never imported here; a CUDA step is done only once synchronised
+        if torch is not None and torch.cuda.is_available():
+            for k in ([cuda_index] if cuda_index is not None else range(torch.cuda.device_count())):
+                torch.cuda.synchronize(k)
+        return result
+
+    return run_step
 
 
 def _temperature_reader(nvml: Any, gpu: Any) -> Callable[[], float | None]:
@@ -356,8 +434,9 @@ def open(arg: str = "", **_other: Any) -> Device:
     """Open a GPU through NVML: ``arg`` is a visible index (default 0) or a UUID."""
     nvml = _init()
     try:
-        visible_index, gpu = _select(nvml, arg)
-        label = f"GPU{visible_index if visible_index >= 0 else gpu.index}"
+        gpu, numbering = _select(nvml, arg)
+        cuda_index = numbering.cuda_index(gpu.index)
+        label = f"GPU{cuda_index if cuda_index is not None else gpu.index}"
         try:
             nvml.nvmlDeviceGetPowerUsage(gpu.handle)
         except nvml.NVMLError as exc:
@@ -375,7 +454,10 @@ def open(arg: str = "", **_other: Any) -> Device:
     except BaseException:
         nvml.nvmlShutdown()
         raise
+    compute = _compute(gpu, numbering)
     notes = [sensor.reading_note]
+    if compute.torch_device is None:
+        notes.append(compute.why_unknown)
     notes.append("energy from the GPU's own counter (nvmlDeviceGetTotalEnergyConsumption)"
                  if sensor.has_energy_counter else "no hardware energy counter on this GPU: energy is integrated")
     notes.append("restore resets locked clocks to the driver default (NVML cannot read earlier locks)")
@@ -389,11 +471,12 @@ def open(arg: str = "", **_other: Any) -> Device:
         finally:
             nvml.nvmlShutdown()
 
-    return Device(name=f"nvml:{visible_index}" if visible_index >= 0 else f"nvml:{gpu.uuid}",
+    return Device(name=f"nvml:{cuda_index}" if cuda_index is not None else f"nvml:{gpu.uuid}",
                   description=description, simulated=False, knobs=dict(knobs), sensor=sensor, clock=RealClock(),
-                  run_step=_run_step, temperature=_temperature_reader(nvml, gpu), notes=notes, close=close,
-                  backend=gpu,
-                  capabilities=frozenset({Capability.ENERGY_COUNTER}) if sensor.has_energy_counter else frozenset())
+                  run_step=_step_runner(cuda_index), temperature=_temperature_reader(nvml, gpu), notes=notes,
+                  close=close, backend=gpu,
+                  capabilities=frozenset({Capability.ENERGY_COUNTER}) if sensor.has_energy_counter else frozenset(),
+                  compute=compute)
 
 
 def probe() -> list[PlatformProbe]:
@@ -404,9 +487,16 @@ def probe() -> list[PlatformProbe]:
         return [PlatformProbe("nvml", False, summary=str(exc))]
     try:
         count = nvml.nvmlDeviceGetCount()
-        visible = visible_indices(nvml, count)
+        numbering = cuda_numbering(nvml, count)
         found = []
-        for k, i in enumerate(visible):
+        if numbering.visible is None:  # CUDA's numbers unknown: each GPU by UUID
+            for i in range(count):
+                h = nvml.nvmlDeviceGetHandleByIndex(i)
+                found.append(PlatformProbe("nvml", True, spec=f"nvml:{_text(nvml.nvmlDeviceGetUUID(h))}",
+                                           summary=f"{_text(nvml.nvmlDeviceGetName(h))} (NVML index {i}; CUDA's "
+                                                   f"number unknown: export CUDA_DEVICE_ORDER={PCI_BUS_ORDER})"))
+            return found
+        for k, i in enumerate(numbering.visible):
             h = nvml.nvmlDeviceGetHandleByIndex(i)
             found.append(PlatformProbe("nvml", True, spec=f"nvml:{k}",
                                        summary=f"{_text(nvml.nvmlDeviceGetName(h))} (NVML index {i})"))

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgetune.power.base import Device, DeviceError, KnobWriteError, WorkloadCost
+from edgetune.power.base import ComputeDevice, Device, DeviceError, KnobWriteError, WorkloadCost
 from edgetune.power.clock import RealClock
 from edgetune.power.jetson.board import JETPACK, MODULES, BoardInfo, detect_board
 from edgetune.power.jetson.knobs import (
@@ -99,6 +99,10 @@ class JetsonBackend:
     gpu_devfreq: Path | None
     tracker: StateTracker
     paths: dict[str, str] = field(default_factory=dict)
+
+
+#: the module's integrated GPU: the one CUDA device of a Jetson
+JETSON_COMPUTE = ComputeDevice("cuda:0")
 
 
 def _run_step(fn: Callable[[], Any], batch_size: int, cost: WorkloadCost | None) -> Any:
@@ -197,6 +201,7 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, detect_period_
         close=close,
         backend=backend,
         capabilities=frozenset(),  # real clock, real steps; the INA3221 keeps no energy counter
+        compute=JETSON_COMPUTE,
     )
 
 

@@ -33,6 +33,13 @@ NVML_CLOCK_VIDEO = 3
 
 NVML_TEMPERATURE_GPU = 0
 
+NVML_DEVICE_ARCH_PASCAL = 4
+NVML_DEVICE_ARCH_VOLTA = 5
+NVML_DEVICE_ARCH_TURING = 6
+NVML_DEVICE_ARCH_AMPERE = 7
+NVML_DEVICE_ARCH_HOPPER = 9
+NVML_DEVICE_ARCH_UNKNOWN = 0xFFFFFFFF
+
 NVML_FI_DEV_POWER_AVERAGE = 185
 NVML_FI_DEV_POWER_INSTANT = 186
 NVML_POWER_SCOPE_GPU = 0
@@ -161,6 +168,21 @@ def nvmlDeviceGetName(handle):
 
 def nvmlDeviceGetUUID(handle):
     return _check("nvmlDeviceGetUUID", handle)["gpus"][handle]["uuid"]
+
+
+class c_nvmlPciInfo_t:
+    """The fields of nvmlPciInfo_t edgetune reads: ``busId`` as bytes, as pynvml returns C strings."""
+
+    def __init__(self, bus_id):
+        self.busId = bus_id.encode()
+
+
+def nvmlDeviceGetPciInfo(handle):
+    return c_nvmlPciInfo_t(_check("nvmlDeviceGetPciInfo", handle)["gpus"][handle]["pci_bus_id"])
+
+
+def nvmlDeviceGetArchitecture(handle):
+    return _check("nvmlDeviceGetArchitecture", handle)["gpus"][handle]["arch"]
 
 
 def _power_mw(gpu):
