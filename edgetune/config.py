@@ -449,6 +449,9 @@ class Config:
 
     device: str = _key("auto", _text(), "auto, sim:<profile> (sim:orin-nano, sim:orin-agx ...), jetson, "
                        "nvml[:i], rapl, trace:<table.csv>", flag=Flag("--device", group=TUNE))
+    torch_device: str = _key("auto", _text(), "where training runs: auto (the GPU the device measures; the CPU "
+                             "for rapl, sim: and trace:), or a torch device: cpu, cuda, cuda:<n>",
+                             flag=Flag("--torch-device", group=TUNE))
     workload: str = _key("cnn", _text(), "cnn, mobilenet, chartransformer, or package.module:function of your "
                          "code", flag=Flag("--workload", group=TUNE))
     power_budget_w: float | None = _key(

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from fakes.jetson_tree import build_jetson
 from fakes.rapl_tree import build_rapl
 from fakes.terminal import edgetune_argv
@@ -282,3 +283,34 @@ def test_devices_json_into_a_closed_pipe_is_one_line_exit_2(tmp_path):
 def test_restore_with_nothing_to_do(tmp_path, capsys):
     assert main(["restore"]) == 0
     assert "nothing to restore" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------ where training runs
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA build of torch: the CPU build's refusal is not reached")
+@pytest.mark.parametrize("sub", [["run", "--steps", "2"], ["search", "--budget", "8", "--n-trials", "2"]])
+def test_a_gpu_board_with_a_cpu_build_of_torch_is_refused_before_anything_changes(tmp_path, monkeypatch, capsys,
+                                                                                  sub):
+    # `pip install torch` on a Jetson gets the CPU build: training would run on the CPU while the search
+    # tuned and measured the GPU. Refused in one line with the fix; no knob written, no result folder.
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    monkeypatch.setenv("EDGETUNE_SYSFS_ROOT", str(fake.root))
+    monkeypatch.setenv("EDGETUNE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)
+    before = fake.knob_state()
+    assert main([*sub[:1], "--device", "jetson", "--workload", "cnn", *sub[1:]]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("edgetune: error: jetson measures its GPU (cuda:0), where training must run to be measured, "
+                          f"but this PyTorch ({torch.__version__}) cannot use CUDA")
+    assert fake.knob_state() == before and not (tmp_path / "edgetune-out").exists()
+
+
+def test_a_config_file_that_names_the_torch_device_is_named_in_the_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "edgetune.toml").write_text('device = "sim:orin-nano"\ntorch_device = "tpu"\n')
+    assert main(["search", "--config", "edgetune.toml", "--budget", "10", "--n-trials", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("edgetune: error: edgetune.toml: torch_device = tpu: not a torch device; use auto, cpu, "
+                           "cuda or cuda:<n>")

@@ -84,7 +84,8 @@ def test_search_on_fake_orin_nano_driven_by_the_twin(tmp_path, monkeypatch, caps
     rc = main(["search", "--device", "jetson", "--workload", "cnn", "--budget", f"{BUDGET_W:g}",
                "--batch-sizes", "8,16", "--n-trials", "6", "--warmup-steps", str(WARMUP_STEPS),
                "--measure-steps", "3", "--measure-s", "0.3", "--window", "0.25", "--seed", str(SEED),
-               "--soak-s", "0", "--output", str(out), "--quiet"])  # real time: no 3-min soak
+               "--soak-s", "0", "--output", str(out), "--quiet",  # real time: no 3-min soak
+               "--torch-device", "cpu"])  # this machine's torch has no CUDA; the board's power is the twin's
     printed = capsys.readouterr()
     assert rc == 0, printed.out + printed.err
     assert "Orin Nano 8GB" in printed.err and "JetPack 6" in printed.err  # the real backend saw the board

@@ -114,6 +114,8 @@ def test_every_readme_example_runs_as_written(tmp_path, monkeypatch, capsys):
             argv += FAST.get(sub, [])
         if sub == "run":
             argv += ["--batch-size", "8"]  # a real training step on this CPU per step: a small one
+        if "jetson" in argv and sub in ("search", "run"):
+            argv += ["--torch-device", "cpu"]  # the fake board's GPU is the twin; this machine's torch has no CUDA
         code = main(argv)
         out = capsys.readouterr()
         assert code == 0, f"{text}\n{out.out}\n{out.err}"

@@ -6,12 +6,14 @@ from __future__ import annotations
 import doctest
 import itertools
 import json
+import logging
 import os
 import signal
 
 import numpy as np
 import pytest
 import torch
+from fakes.jetson_tree import build_jetson
 from hf_models import DictData, LabelledClassifier
 from torch.utils.data import TensorDataset
 
@@ -343,6 +345,23 @@ def test_measure_only_reports_and_changes_nothing(cnn_cost):
     s = tuner.summary
     assert s.measure_only and s.violations and s.time_over_s > 1.0  # 256 at 624 MHz draws > 9 W: reported
     assert "measure-only" in s.table()
+
+
+def test_a_model_left_on_the_cpu_of_a_gpu_board_is_warned_about(tmp_path, monkeypatch, caplog, cnn_cost):
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    monkeypatch.setenv("EDGETUNE_STATE_DIR", str(tmp_path / "state"))
+    model, opt, _ = mlp()  # on the CPU, where this machine's torch keeps it
+    for device in ("sim:orin-nano", open_device("jetson", root=fake.root, detect_period_s=0)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="edgetune"), \
+                edgetune.tune(model, opt, batch_size=8, budget_w=20, device=device, cost=cnn_cost, online=False,
+                              guard=False, print_summary=False):
+            pass
+        if device == "sim:orin-nano":  # the twin models the step: where the model sits changes the loss only
+            assert "the model is on the CPU" not in caplog.text
+    assert ("the model is on the CPU, but jetson measures its GPU (cuda:0): move it there before tune() "
+            "(model.to('cuda:0')), or the GPU's knobs change nothing in the training step") in caplog.text
+    device.close()
 
 
 def test_guard_can_be_switched_off(cnn_cost):

@@ -407,3 +407,74 @@ def test_builtins_carry_the_b_noise_measured_by_convergence_truth() -> None:
         workload = load_workload(name)
         assert workload.b_noise == pytest.approx(measured[name].b_noise, rel=0.01), name
         assert measured[name].warmup_batch == workload.default_batch_size
+
+
+# ---------------------------------------------------------------------------------------------- placement
+
+
+def test_to_moves_the_model_and_the_optimizer_state_in_place() -> None:
+    cnn = load_workload("cnn", seed=0)
+    cnn.train_step(4)  # SGD with momentum: a momentum buffer per parameter
+    assert cnn.to("meta") is cnn and cnn.device == torch.device("meta")
+    # the optimizer still steps the model's own parameters (moving to meta replaces them), its state with them
+    params = list(cnn.model.parameters())
+    assert [id(p) for p in cnn.optimizer.param_groups[0]["params"]] == [id(p) for p in params]
+    assert [id(p) for p in cnn.optimizer.state] == [id(p) for p in params]
+    buffers = [s["momentum_buffer"] for s in cnn.optimizer.state.values()]
+    assert buffers and all(b.device == torch.device("meta") for b in buffers)
+    inputs, targets = cnn.make_batch(2)  # batches follow the model
+    assert inputs.device == targets.device == torch.device("meta")
+
+
+def test_adam_step_counters_stay_where_torch_keeps_them() -> None:
+    model = nn.Linear(4, 2)
+    work = Workload.from_model("linear", model, lambda b, g: (torch.randn(b, 4, generator=g),
+                                                             torch.randint(0, 2, (b,), generator=g)),
+                               optimizer=torch.optim.Adam(model.parameters()))
+    work.train_step(3)
+    work.to("meta")
+    state = next(iter(work.optimizer.state.values()))
+    assert state["exp_avg"].device == torch.device("meta") and state["step"].device == torch.device("cpu")
+
+
+def _compute(device: str | None, why: str = ""):
+    from edgetune.power.base import ComputeDevice
+
+    return ComputeDevice(device, why)
+
+
+def test_auto_places_training_where_the_device_measures() -> None:
+    from edgetune.workloads.placement import place
+
+    placed = place("auto", _compute("cpu"), "rapl")
+    assert placed.torch_device == torch.device("cpu") and placed.note is None
+    with pytest.raises(WorkloadError) as err:
+        place("auto", _compute(None, "GPU-1 is hidden from CUDA by CUDA_VISIBLE_DEVICES"), "nvml:GPU-1")
+    assert str(err.value).startswith("nvml:GPU-1: GPU-1 is hidden from CUDA") and "--torch-device cuda:<n>" in str(err.value)
+    with pytest.raises(WorkloadError, match=r"--torch-device gpu0: not a torch device; use auto, cpu, cuda"):
+        place("gpu0", _compute("cpu"), "rapl")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA build of torch: the CPU build's refusal is not reached")
+def test_a_cpu_build_of_torch_on_a_gpu_device_is_refused_with_the_fix() -> None:
+    from edgetune.workloads.placement import place
+
+    with pytest.raises(WorkloadError) as err:
+        place("auto", _compute("cuda:0"), "jetson")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("jetson measures its GPU (cuda:0), where training must run")
+    assert f"this PyTorch ({torch.__version__}) cannot use CUDA" in message
+    assert "NVIDIA's wheel for your JetPack" in message and "--torch-device cpu" in message
+    with pytest.raises(WorkloadError, match=r"^--torch-device cuda:1, but this PyTorch .* cannot use CUDA"):
+        place("cuda:1", _compute("cpu"), "rapl")
+
+
+def test_training_elsewhere_than_measured_is_allowed_and_noted() -> None:
+    from edgetune.workloads.placement import place
+
+    placed = place("cpu", _compute("cuda:0"), "jetson")
+    assert placed.torch_device == torch.device("cpu")
+    assert placed.note == ("note: training on the CPU (--torch-device cpu), not on jetson's GPU (cuda:0): the GPU's "
+                           "knobs change nothing in the training step")
+    assert place("cpu", _compute("cpu"), "sim:orin-nano", simulated=True).note is None  # the twin models the step
+    assert place("cpu", _compute("cuda:0"), "sim:orin-nano", simulated=True).note is None

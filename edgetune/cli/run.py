@@ -12,13 +12,15 @@ import argparse
 import json
 import math
 import re
+import sys
+from typing import Any
 
 from edgetune.cli import UsageError
 from edgetune.cli.flags import flag_help
 from edgetune.config import SCHEMA
 from edgetune.power.base import Device, format_value
 
-__all__ = ["parse_assignment", "positive_int", "register"]
+__all__ = ["parse_assignment", "place_workload", "positive_int", "register"]
 
 DEFAULT_STEPS = 100  # measured steps: a window of seconds on a board, enough for the 1-s power average
 DEFAULT_WARMUP_STEPS = 5  # steps before measuring: caches, allocator and the clock ramp settle
@@ -99,6 +101,21 @@ def resolve_setting(device: Device, assignments: list[tuple[str, str]]) -> dict:
     return setting
 
 
+def place_workload(workload: Any, requested: str, device: Device, source: str = "--torch-device") -> Any:
+    """Move ``workload`` to where it trains (:func:`edgetune.workloads.placement.place`) and return the
+    :class:`~edgetune.workloads.placement.Placement`; a bad choice is one :class:`UsageError` line naming
+    ``source`` (the flag, or the config file's key, that chose it)."""
+    from edgetune.workloads import WorkloadError
+    from edgetune.workloads.placement import place
+
+    try:
+        placed = place(requested, device.compute, device.name, simulated=device.simulated, source=source)
+    except WorkloadError as exc:
+        raise UsageError(str(exc)) from None
+    workload.to(placed.torch_device)
+    return placed
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "run",
@@ -110,6 +127,8 @@ def register(subparsers) -> None:
     p.add_argument("--device", default=SCHEMA["device"].default, help=flag_help(SCHEMA["device"], name_key=False))
     p.add_argument("--workload", default=SCHEMA["workload"].default,
                    help=flag_help(SCHEMA["workload"], name_key=False))
+    p.add_argument("--torch-device", default=SCHEMA["torch_device"].default,
+                   help=flag_help(SCHEMA["torch_device"], name_key=False))
     p.add_argument("--batch-size", type=positive_int, help="samples per step (default: the workload's default)")
     p.add_argument("--set", dest="assignments", action="append", type=parse_assignment, default=[],
                    metavar="KNOB=VALUE", help="set a knob (repeatable): a value in its unit, with a unit, min or max")
@@ -138,6 +157,9 @@ def run(args: argparse.Namespace) -> int:
     batch_size = args.batch_size or workload.default_batch_size
     device = open_device(args.device, seed=args.seed)
     try:
+        placed = place_workload(workload, args.torch_device, device)
+        if placed.note:
+            print(placed.note, file=sys.stderr)
         setting = resolve_setting(device, args.assignments)
         # `run` executes every step for real, also on the twin: it is a measurement of this one setting;
         # the window is exactly --steps long (no minimum duration)

@@ -75,6 +75,7 @@ def search(args: argparse.Namespace) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # edgetune prints its own progress and summary
+    from edgetune.cli.run import place_workload
     from edgetune.power import open_device
     from edgetune.search.oracle import prepare_trace
     from edgetune.search.records import Role
@@ -90,6 +91,9 @@ def search(args: argparse.Namespace) -> int:
     device = open_device(cfg.device, seed=cfg.seed, known_convergence=cfg.efficiency.known_convergence)
     storage = None
     try:
+        chosen_by = cfg.sources.get("torch_device", "--torch-device")
+        placed = place_workload(workload, cfg.torch_device, device,
+                                chosen_by if chosen_by.startswith("--") else f"{chosen_by}: torch_device =")
         try:
             # a trace: its batch sizes, its convergence as the search may see it, its untuned batch size
             trace = prepare_trace(device, cfg.space.batch_sizes, workload.default_batch_size)
@@ -141,6 +145,8 @@ def search(args: argparse.Namespace) -> int:
             print(f"resuming study {study_name!r}: {measured_before} settings measured"
                   f"{f' ({again} measured again)' if again else ''}; results in {out}/", file=sys.stderr)
         print(f"space: {space.describe()}", file=sys.stderr)
+        if placed.note:
+            notes.append(placed.note)
         for line in notes + list(device.notes or []):
             print(line, file=sys.stderr)
         from edgetune.cli.progress import SearchProgress
@@ -303,7 +309,7 @@ def _target(section: EfficiencySection, workload, spec: str, seed: int) -> Targe
     if section.b_noise != MEASURE:
         return TargetModel(section.s_min, section.b_noise, "config")
     n = section.b_noise_warmups
-    copies = (load_workload(spec, seed=seed + i) for i in range(1, n))
+    copies = (load_workload(spec, seed=seed + i).to(workload.device) for i in range(1, n))
     try:
         measured = measure_b_noise_warmups(itertools.chain([workload], copies), workload.default_batch_size,
                                            steps=B_NOISE_STEPS)

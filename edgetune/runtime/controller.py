@@ -342,6 +342,7 @@ class Tuner:
         self._budget.restart(t0)
         simulated = " (simulated)" if dev.simulated and "simulated" not in dev.description else ""
         self._event(f"device {dev.name}: {dev.description}{simulated}")
+        self._check_model_placement()
         self.accounting = Accounting(self.tap, self.budget_at, window_s=self.monitor.avg_window_s,
                                      log=self.record.log, keep_trace=self.record.keep_trace,
                                      budgets_at=self._budget.at_times)
@@ -398,6 +399,18 @@ class Tuner:
         self._poll_budget_file()
         self._budget.watch()
         self._entered = True
+
+    def _check_model_placement(self) -> None:
+        """Warn where the user's model sits on the CPU of a device that measures a GPU: its steps would draw
+        CPU power, and the GPU's knobs would change nothing in them."""
+        measured = self.device.compute.torch_device
+        if self.model is None or self.device.simulated or measured in (None, "cpu"):
+            return
+        on = next((p.device for p in self.model.parameters()), None)
+        if on is not None and on.type == "cpu":
+            _log.warning("the model is on the CPU, but %s measures its GPU (%s): move it there before tune() "
+                         "(model.to(%r)), or the GPU's knobs change nothing in the training step",
+                         self.device.name, measured, measured)
 
     def _scale_lr_to_start(self) -> None:
         """The learning rate set for ``lr_batch_size``, scaled to the batch size the run starts at."""

@@ -49,6 +49,7 @@ Package layout
 ``data``     seeded synthetic data: prototype images, grammar text, :func:`encode` / :func:`decode`
 ``models``   the built-in models and their ``build_*`` functions, :data:`BUILTIN_WORKLOADS`
 ``loading``  :func:`load_workload`: built-in names and ``module:function`` specs
+``placement`` :func:`place`: where training runs (the processor the power hardware measures)
 """
 
 from edgetune.workloads.core import (
@@ -91,6 +92,7 @@ from edgetune.workloads.models import (
     build_cnn,
     build_mobilenet,
 )
+from edgetune.workloads.placement import Placement, place
 
 __all__ = [
     "BUILTIN_WORKLOADS",
@@ -112,6 +114,7 @@ __all__ = [
     "LossFn",
     "MobileNetV2",
     "OptimizerSpec",
+    "Placement",
     "SmallCNN",
     "TransformerBlock",
     "Workload",
@@ -125,6 +128,7 @@ __all__ = [
     "image_classes",
     "load_workload",
     "measure_cost",
+    "place",
     "synthetic_text",
     "text_batches",
 ]

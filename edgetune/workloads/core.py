@@ -143,6 +143,30 @@ class Workload:
             return p.device
         return torch.device("cpu")
 
+    def to(self, device: torch.device | str) -> Workload:
+        """Move the model and the optimizer's state to ``device``, in place; returns the workload.
+
+        Where ``nn.Module.to`` replaces a parameter rather than moving its data (it does between some kinds
+        of device), the optimizer is pointed at the new one, with its state. Batches follow the model
+        (:meth:`make_batch`). An optimizer's ``step`` counters stay where torch keeps them (on the CPU unless
+        the optimizer is capturable or fused).
+        """
+        device = torch.device(device)
+        before = list(self.model.parameters())
+        self.model.to(device)
+        replaced = {id(old): new for old, new in zip(before, self.model.parameters()) if old is not new}
+        if replaced:
+            for group in self.optimizer.param_groups:
+                group["params"] = [replaced.get(id(p), p) for p in group["params"]]
+            moved = {replaced.get(id(p), p): s for p, s in self.optimizer.state.items()}
+            self.optimizer.state.clear()
+            self.optimizer.state.update(moved)
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if key != "step" and isinstance(value, Tensor):
+                    state[key] = value.to(device)
+        return self
+
     def make_batch(self, batch_size: int, generator: torch.Generator | None = None) -> Batch:
         """The next synthetic ``(inputs, targets)`` of ``batch_size`` samples, on the model's device.
 
