@@ -8,7 +8,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakes.nvml_gpus import FAKE_NVML_DIR, a100, h100, p100, read_gpus, rtx_a6000, write_gpus
+from fakes.nvml_gpus import (
+    ARCH_UNKNOWN,
+    FAKE_NVML_DIR,
+    a100,
+    h100,
+    p100,
+    read_gpus,
+    rtx_2080_ti,
+    rtx_a6000,
+    write_gpus,
+)
 
 from edgetune.power import DeviceError, KnobWriteError, open_device
 from edgetune.power.base import Capability
@@ -117,7 +127,7 @@ def test_several_gpus_and_cuda_visible_devices(fake_nvml, monkeypatch):
 
 
 def test_not_supported_is_one_line_and_nothing_left_changed(fake_nvml):
-    path = fake_nvml([p100()])
+    path = fake_nvml([dict(p100(), arch=ARCH_UNKNOWN)])  # a driver that cannot name the architecture
     device = open_device("nvml")
     assert device.sensor.energy_j() is None
     assert any("no hardware energy counter" in n for n in device.notes)
@@ -262,3 +272,26 @@ def test_like_gpus_are_numbered_in_pci_order(fake_nvml, monkeypatch):
     device = open_device(f"nvml:{first['uuid']}")  # hidden from CUDA: measurable, not trainable
     assert device.compute.torch_device is None and "hidden from CUDA" in device.compute.why_unknown
     device.close()
+
+
+def test_clocks_nvml_cannot_lock_on_this_architecture_are_read_only_and_say_why(fake_nvml, monkeypatch):
+    # NVML locks GPU clocks on Volta and newer, memory clocks on Ampere and newer: a Turing card lists four
+    # memory clocks it cannot lock, a Pascal card graphics clocks. Offered as knobs, the search's first trial
+    # would end on NotSupported; read-only, the search leaves them and tunes the rest.
+    from edgetune.search.space import build_space
+
+    path = fake_nvml([rtx_2080_ti(), p100()])
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # unlike GPUs: numbered as NVML lists them
+    turing, pascal = open_device("nvml:0"), open_device("nvml:1")
+    mem = turing.knobs["mem_freq"]
+    assert turing.knobs["gpu_freq"].writable and not mem.writable and len(mem.values) == 4
+    assert mem.why_read_only == "NVML locks memory clocks on Ampere and newer GPUs; this one is Turing"
+    assert not pascal.knobs["gpu_freq"].writable and pascal.knobs["power_limit"].writable
+    assert pascal.knobs["gpu_freq"].why_read_only == "NVML locks GPU clocks on Volta and newer GPUs; this one is Pascal"
+    assert [name for name, _ in build_space(turing, 32, [16, 32]).knobs] == ["gpu_freq", "power_limit"]
+    assert [name for name, _ in build_space(pascal, 32, [16, 32]).knobs] == ["power_limit"]
+    with pytest.raises(KnobWriteError, match="mem_freq is read-only here: NVML locks memory clocks on Ampere"):
+        mem.set(mem.max)
+    assert read_gpus(path)[0]["locked_mem_mhz"] == 0
+    turing.close()
+    pascal.close()

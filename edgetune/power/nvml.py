@@ -10,7 +10,9 @@
 * knobs: ``gpu_freq`` (Hz; NVML speaks MHz) locked with ``nvmlDeviceSetGpuLockedClocks`` from the
   supported-clocks table and reset with ``nvmlDeviceResetGpuLockedClocks``; ``mem_freq`` (Hz) likewise
   with the memory locked clocks; ``power_limit`` (W) within the management-limit constraints, restored to
-  the limit found;
+  the limit found. NVML locks GPU clocks on Volta and newer, memory clocks on Ampere and newer: on older
+  GPUs (``nvmlDeviceGetArchitecture``) the knob is read-only and says why, so a search never meets
+  NVML's NotSupported at its first trial (a Turing card lists several memory clocks it cannot lock);
 * devices: ``nvml`` is the first visible GPU, ``nvml:<i>`` the i-th, ``nvml:<UUID>`` one GPU by UUID.
   Numbers are CUDA's (:class:`CudaNumbering`): ``CUDA_DEVICE_ORDER`` and ``CUDA_VISIBLE_DEVICES`` (indices
   or UUIDs/prefixes) are read as CUDA reads them, so ``nvml:i`` is the GPU that ``cuda:i`` names in torch,
@@ -62,6 +64,12 @@ _HZ_PER_MHZ = 1_000_000
 _LIMIT_STEP_W = 5
 _SMALL_LIMIT_STEP_W = 1
 _LARGE_LIMIT_MW = 100_000
+#: nvmlDeviceArchitecture_t values (nvml.h): locked GPU clocks need Volta or newer, locked memory clocks
+#: Ampere or newer (nvmlDeviceSetGpuLockedClocks, nvmlDeviceSetMemoryLockedClocks).
+_NVML_ARCH_VOLTA = 5
+_NVML_ARCH_AMPERE = 7
+_NVML_ARCH_UNKNOWN = 0xFFFFFFFF
+_ARCH_NAMES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing"}
 #: nvml.h's success code (a field value's ``nvmlReturn``).
 _NVML_SUCCESS = 0
 #: nvml.h codes of a missing library and an unloaded driver, for pynvml versions without the names.
@@ -259,6 +267,23 @@ def _instant_power_field(nvml: Any) -> Any:
     return field if scope is None else (field, scope)
 
 
+def _architecture(nvml: Any, gpu: NvmlGpu) -> int | None:
+    """The GPU's ``nvmlDeviceArchitecture_t``; None where NVML or pynvml cannot say."""
+    try:
+        arch = int(nvml.nvmlDeviceGetArchitecture(gpu.handle))
+    except (nvml.NVMLError, AttributeError):
+        return None
+    return None if arch == _NVML_ARCH_UNKNOWN else arch
+
+
+def _lock_support(arch: int | None, since: int, what: str, since_name: str) -> str:
+    """Why ``what`` cannot be locked on a GPU of ``arch`` (NVML: ``since`` and newer), or ``""``."""
+    if arch is None or arch >= since:
+        return ""
+    name = _ARCH_NAMES.get(arch, f"architecture {arch}")
+    return f"NVML locks {what} on {since_name} and newer GPUs; this one is {name}"
+
+
 def _clock_knobs(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: bool, why: str) -> dict[str, RestorableKnob]:
     h = gpu.handle
     knobs: dict[str, RestorableKnob] = {}
@@ -267,6 +292,9 @@ def _clock_knobs(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: bool,
     except nvml.NVMLError:
         return knobs  # no clock tables (NotSupported): nothing to lock
     gfx_mhz = sorted({int(f) for m in mem_mhz for f in nvml.nvmlDeviceGetSupportedGraphicsClocks(h, m)})
+    arch = _architecture(nvml, gpu)
+    gpu_unsupported = _lock_support(arch, _NVML_ARCH_VOLTA, "GPU clocks", "Volta")
+    mem_unsupported = _lock_support(arch, _NVML_ARCH_AMPERE, "memory clocks", "Ampere")
 
     def _reset(what: str, fn: Callable[[Any], None]) -> None:
         try:
@@ -289,8 +317,8 @@ def _clock_knobs(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: bool,
         _reset("gpu_freq reset", nvml.nvmlDeviceResetGpuLockedClocks)
 
     knobs["gpu_freq"] = RestorableKnob(
-        "gpu_freq", knob_unit("gpu_freq"), [f * _HZ_PER_MHZ for f in gfx_mhz], read=gpu_read, write=gpu_write, writable=writable,
-        why_read_only=why, snapshot=lambda: {"locked": False}, restore_snapshot=gpu_reset, tracker=tracker,
+        "gpu_freq", knob_unit("gpu_freq"), [f * _HZ_PER_MHZ for f in gfx_mhz], read=gpu_read, write=gpu_write,
+        writable=writable and not gpu_unsupported, why_read_only=gpu_unsupported or why, snapshot=lambda: {"locked": False}, restore_snapshot=gpu_reset, tracker=tracker,
         description="GPU locked clocks (nvmlDeviceSetGpuLockedClocks)",
         default_snapshot=lambda: {"locked": False})  # unlocked: nvmlDeviceResetGpuLockedClocks
 
@@ -309,7 +337,7 @@ def _clock_knobs(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: bool,
 
         knobs["mem_freq"] = RestorableKnob(
             "mem_freq", knob_unit("mem_freq"), [m * _HZ_PER_MHZ for m in mem_mhz], read=mem_read, write=mem_write,
-            writable=writable, why_read_only=why, snapshot=lambda: {"locked": False},
+            writable=writable and not mem_unsupported, why_read_only=mem_unsupported or why, snapshot=lambda: {"locked": False},
             restore_snapshot=mem_reset, tracker=tracker,
             description="memory locked clocks (nvmlDeviceSetMemoryLockedClocks)",
             default_snapshot=lambda: {"locked": False})  # unlocked: nvmlDeviceResetMemoryLockedClocks
