@@ -27,6 +27,25 @@ def test_zones_skip_core_uncore_and_psys(tmp_path):
     device.close()
 
 
+def test_dies_of_one_package_each_count_with_their_own_dram(tmp_path):
+    # two packages of two dies: a zone per die, package-<P>-die-<D>, each with its DRAM. Named by the last
+    # number alone, two DRAM rails were both dram-0 and dram-1, and the total counted one of each pair.
+    fake = build_rapl(tmp_path / "root", packages=2, dies=2)
+    names = [z.name for z in rapl.find_zones(fake.root)]
+    assert names == ["package-0-die-0", "dram-0-die-0", "package-0-die-1", "dram-0-die-1",
+                     "package-1-die-0", "dram-1-die-0", "package-1-die-1", "dram-1-die-1"]
+    clock = VirtualClock()
+    sensor = _sensor(fake, clock)
+    clock.advance(1.0)
+    for name in names:
+        fake.add_energy(name, 10.0 if name.startswith("package") else 2.0)
+    reading = sensor.read()
+    assert len(reading.rails) == 8 and reading.total_w == pytest.approx(4 * 10.0 + 4 * 2.0)
+    device = rapl.open(root=fake.root)
+    assert "(2 package(s), 4 dies, RAPL)" in device.description
+    device.close()
+
+
 def test_capabilities_energy_counter_and_nothing_simulated(tmp_path):
     fake = build_rapl(tmp_path / "root")
     device = rapl.open(root=fake.root)

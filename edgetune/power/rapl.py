@@ -5,7 +5,8 @@ package and its ``dram`` sub-zone where the platform has one. The counters wrap 
 ``max_energy_range_uj`` (tens of minutes at full load on a server package); every read unwraps them, so
 power (energy delta over time delta between reads) and the cumulative energy stay right across wraps.
 ``core``/``uncore`` sub-zones are parts of the package and ``psys`` covers the whole platform: they are
-not added, so the total (packages + DRAM) counts nothing twice.
+not added, so the total (packages + DRAM) counts nothing twice. Where a package has several dies the kernel
+makes a zone per die (``package-0-die-1``); each counts, with its DRAM as ``dram-0-die-1``.
 
 Knob: ``cpu_freq`` (kHz) through the cpufreq policies, shared with the Jetson backend. Since Linux 5.10
 ``energy_uj`` is readable by root only (CVE-2020-8694): without it the backend says so in one line.
@@ -71,7 +72,7 @@ def find_zones(root: Path) -> list[RaplZone]:
             continue
         if not name.startswith("package"):
             continue  # psys: the whole platform, would count the packages twice
-        index = name.split("-")[-1]
+        index = name.removeprefix("package-")  # "0", or "0-die-1" where a package has several dies
         zones.append(RaplZone(name, pkg, read_int(pkg / "max_energy_range_uj")))
         for sub in sorted(pkg.glob(f"{pkg.name}:[0-9]*")):
             try:
@@ -162,7 +163,10 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, **_other: Any)
     if unreadable:
         raise DeviceError(f"RAPL: cannot read {unreadable[0].path / 'energy_uj'}: {READ_FIX}")
     sensor = RaplSensor(zones)
-    description = f"{_cpu_model(base)} ({len([z for z in zones if z.name.startswith('package')])} package(s), RAPL)"
+    dies = [z.name.removeprefix("package-") for z in zones if z.name.startswith("package")]
+    packages = len({d.split("-")[0] for d in dies})
+    per_die = f", {len(dies)} dies" if len(dies) > packages else ""
+    description = f"{_cpu_model(base)} ({packages} package(s){per_die}, RAPL)"
     tracker = StateTracker(DeviceIdentity("rapl", description, root=str(base.resolve())))
     knobs = {}
     notes = [f"total is packages + DRAM ({' + '.join(sensor.rails)}); core/uncore are inside the package"]

@@ -45,28 +45,32 @@ class FakeRapl:
 
 
 def build_rapl(root: Path, *, packages: int = 1, dram: bool = True, cpus: int = 4,
-               start_uj: int = 0) -> FakeRapl:
+               start_uj: int = 0, dies: int = 1) -> FakeRapl:
+    """``packages`` CPU packages of ``dies`` dies each: where a package has several dies the kernel makes a
+    zone per die, named ``package-<P>-die-<D>`` (``intel_rapl_common``), numbered on across packages."""
     root = Path(root)
     fake = FakeRapl(root)
     _w(root / "proc/cpuinfo", "".join(
         f"processor\t: {c}\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz\n\n"
         for c in range(cpus)))
     cap = root / "sys/class/powercap"
-    for p in range(packages):
-        pkg = cap / f"intel-rapl:{p}"
-        _w(pkg / "name", f"package-{p}\n")
+    zones = [(p, d) for p in range(packages) for d in range(dies)]
+    for k, (p, d) in enumerate(zones):
+        tag = f"{p}-die-{d}" if dies > 1 else f"{p}"
+        pkg = cap / f"intel-rapl:{k}"
+        _w(pkg / "name", f"package-{tag}\n")
         _w(pkg / "max_energy_range_uj", f"{MAX_RANGE_UJ}\n")
-        fake.counters[f"package-{p}"] = _w(pkg / "energy_uj", f"{start_uj}\n")
+        fake.counters[f"package-{tag}"] = _w(pkg / "energy_uj", f"{start_uj}\n")
         _w(pkg / "enabled", "1\n", 0o644)
         subs = ["core", "uncore"] + (["dram"] if dram else [])
         for z, name in enumerate(subs):
-            sub = pkg / f"intel-rapl:{p}:{z}"
+            sub = pkg / f"intel-rapl:{k}:{z}"
             _w(sub / "name", f"{name}\n")
             _w(sub / "max_energy_range_uj", f"{MAX_RANGE_UJ}\n")
             counter = _w(sub / "energy_uj", f"{start_uj}\n")
             if name == "dram":
-                fake.counters[f"dram-{p}"] = counter
-    psys = cap / f"intel-rapl:{packages}"
+                fake.counters[f"dram-{tag}"] = counter
+    psys = cap / f"intel-rapl:{len(zones)}"
     _w(psys / "name", "psys\n")
     _w(psys / "max_energy_range_uj", f"{MAX_RANGE_UJ}\n")
     _w(psys / "energy_uj", "123456789\n")
