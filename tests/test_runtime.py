@@ -508,10 +508,7 @@ class _ToyData(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 
-def test_lightning_callback_applies_the_plan_and_restores(tmp_path, cnn_cost):
-    pl = pytest.importorskip("pytorch_lightning")
-    from edgetune.runtime.adapters import LightningCallback
-
+def _lightning_module(pl):
     class Module(pl.LightningModule):
         def __init__(self):
             super().__init__()
@@ -531,21 +528,41 @@ def test_lightning_callback_applies_the_plan_and_restores(tmp_path, cnn_cost):
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    return Module()
+
+
+def _fit_lightning(pl, tmp_path, cnn_cost, **trainer_options):
+    from edgetune.runtime.adapters import LightningCallback
+
     torch.manual_seed(0)
     dev = open_device("sim:orin-nano", seed=0)
     before = dev.settings()
     callback = LightningCallback(budget_w=10.0, device=dev, plan=write_plan(tmp_path, batch_size=32),
                                  cost=cnn_cost, print_summary=False)
-    module = Module()
+    module = _lightning_module(pl)
     trainer = pl.Trainer(max_epochs=2, callbacks=[callback], logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
-                         default_root_dir=tmp_path)
+                         default_root_dir=tmp_path, **trainer_options)
     trainer.fit(module)
-    s = callback.summary
+    assert callback.summary.knobs_restored and dev.settings() == before
+    return module, callback.summary
+
+
+def test_lightning_callback_applies_the_plan_and_restores(tmp_path, cnn_cost):
+    pl = pytest.importorskip("pytorch_lightning")
+    module, s = _fit_lightning(pl, tmp_path, cnn_cost)
     assert module.batch_size == 32 and s.steps == 2 * 256 // 32 and len(s.epochs) == 2
-    assert s.batch_size == 32 and s.knobs_restored and dev.settings() == before
+    assert s.batch_size == 32 and s.samples == 2 * 256
     assert any(text.startswith("plan") and "gpu_freq=408 MHz" in text for _, text in s.events)
     assert np.mean(module.losses[-3:]) < np.mean(module.losses[:3])
+
+
+def test_lightning_gradient_accumulation_is_accounted_per_optimizer_step(tmp_path, cnn_cost):
+    pl = pytest.importorskip("pytorch_lightning")
+    module, s = _fit_lightning(pl, tmp_path, cnn_cost, accumulate_grad_batches=2)
+    # each optimizer step takes two batches of the plan's 32: 64 samples per step, every sample accounted
+    assert module.batch_size == 32 and s.steps == 2 * 256 // 64 and s.samples == 2 * 256
+    assert s.batch_size == 64 and any("not the plan's 32" in text for _, text in s.events)
 
 
 def test_hf_trainer_callback_applies_the_plan_and_restores(tmp_path, cnn_cost):

@@ -18,6 +18,10 @@ Lightning::
     trainer = pl.Trainer(callbacks=[LightningCallback(budget_w=10, device="sim:orin-nano", plan="best.json")])
     trainer.fit(model, datamodule)            # the datamodule's batch_size is set to the plan's at fit start
 
+A step is an optimizer step in both: with gradient accumulation (``accumulate_grad_batches``,
+``gradient_accumulation_steps``) it takes that many batches, and the samples per step are accounted so; where
+that differs from the plan's batch size, the events say so.
+
 Hugging Face::
 
     from edgetune.runtime.adapters import HFTrainerCallback
@@ -143,8 +147,10 @@ def LightningCallback(**kwargs: Any):  # a class factory: Lightning is imported 
 
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
             holder = trainer.datamodule if getattr(trainer.datamodule, "batch_size", None) else pl_module
-            self._start(pl_module, trainer.optimizers[0], getattr(holder, "batch_size", None)
-                        or (self.plan.batch_size if self.plan else None))
+            per_batch = getattr(holder, "batch_size", None) or (self.plan.batch_size if self.plan else None)
+            # a step is an optimizer step: with gradient accumulation it takes that many batches
+            accumulate = max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1))
+            self._start(pl_module, trainer.optimizers[0], per_batch * accumulate if per_batch else None)
 
         def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
             if self.tuner is not None:
