@@ -19,7 +19,7 @@ RUN = ["run", "--device", "sim:orin-nano", "--workload", "cnn", "--batch-size", 
 def test_run_prints_figures_as_json(capsys):
     assert main(RUN + ["--set", "gpu_freq=max", "--set", "emc_freq=min", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["simulated"] is True and out["device"] == "sim:orin-nano"
+    assert out["simulated"] is True and out["device"] == "sim:orin-nano" and out["torch_device"] == "cpu"
     assert out["batch_size"] == 16 and out["steps"] == 8
     assert out["setting"]["gpu_freq"] == max(out["setting"]["gpu_freq"], 1)
     for key in ("step_time_s", "samples_per_s", "mean_power_w", "peak_power_w", "max_avg_power_w",

@@ -89,6 +89,8 @@ def test_search_on_fake_orin_nano_driven_by_the_twin(tmp_path, monkeypatch, caps
     printed = capsys.readouterr()
     assert rc == 0, printed.out + printed.err
     assert "Orin Nano 8GB" in printed.err and "JetPack 6" in printed.err  # the real backend saw the board
+    assert "objective time, training on cpu" in printed.err  # where training ran, and that it is not the GPU
+    assert "note: training on the CPU (--torch-device cpu), not on jetson's GPU (cuda:0)" in printed.err
 
     best = json.loads((out / "best.json").read_text())
     with open(out / "trials.csv", newline="") as f:

@@ -180,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
         "description": device.description,
         "simulated": device.simulated,
         "workload": workload.name,
+        "torch_device": str(placed.torch_device),
         "batch_size": batch_size,
         "setting": final,
         "steps": m.steps,
@@ -224,7 +225,8 @@ def _format_report(r: dict, device: Device) -> str:
     ]
     if not math.isnan(r["loss"]):
         rows.append(("last loss", f"{r['loss']:.4f}"))
-    lines = [f"{label}{r['workload']} on {r['device']} ({r['description']})",
+    trained = "" if r["simulated"] else f", trained on {r['torch_device']}"
+    lines = [f"{label}{r['workload']} on {r['device']} ({r['description']}){trained}",
              f"batch size {r['batch_size']}; {knobs}"]
     lines += [f"  {k:<16}{v}" for k, v in rows]
     lines.append("knobs restored to their values before the run")

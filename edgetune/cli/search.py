@@ -135,8 +135,9 @@ def search(args: argparse.Namespace) -> int:
             stored = _stored_records(storage, study_name, space)
         except SearchError as exc:
             raise UsageError(str(exc)) from None
+        trained = "" if device.simulated else f", training on {placed.torch_device}"
         print(f"edgetune search: {workload.name} on {device.name} ({device.description}), budget {budget:g} W, "
-              f"objective {cfg.objective}", file=sys.stderr)
+              f"objective {cfg.objective}{trained}", file=sys.stderr)
         measured_before = None if stored is None else sum(1 for r in stored if r.measured and r.role != Role.CONFIRM)
         if stored is None:
             print(f"new study {study_name!r}; results in {out}/", file=sys.stderr)
