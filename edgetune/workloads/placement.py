@@ -86,6 +86,8 @@ def place(requested: str, compute: ComputeDevice, device_name: str, *, simulated
         return Placement(where)
     where = _parse(requested, source)
     _check_available(where, f"{source} {requested}")
+    if where.type == "cuda" and where.index is None:  # "cuda": torch's current CUDA device
+        where = torch.device("cuda", torch.cuda.current_device())
     if simulated or measured is None or torch.device(measured) == where:
         return Placement(where)
     if where.type == "cpu":
