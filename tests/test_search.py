@@ -1622,3 +1622,26 @@ def test_the_start_never_guesses_over_the_budget_and_stops_once_nothing_unmeasur
     # while a larger batch at 7W's least clocks is not known to be over, the search goes on
     s = sampler_on(over[:1] + over[2:] + [at("7W")], [5.1] + [4.7] * (len(over) - 2) + [4.40])
     assert s.should_stop(None, 0.01) is None
+
+
+def test_a_study_trained_on_a_gpu_is_not_resumed_on_the_cpu_nor_the_reverse():
+    # steps trained on the CPU are not the GPU's: a study records where it trained unless that is the CPU (the
+    # twin's studies, and every study made before training followed the device, keep their identity)
+    from edgetune.search.identity import StudyIdentity
+    from edgetune.search.study import SearchError
+
+    space = build_space(open_device("sim:orin-nano", seed=0), 32, [16, 32])
+    target = TargetModel(1000.0, 256.0, "config")
+
+    def identity(torch_device):
+        return StudyIdentity.of(space=space, objective="time", budget_w=10.0, workload="cnn", device="jetson",
+                                target=target, torch_device=torch_device)
+
+    assert "torch_device" not in identity("cpu").fields and identity("cuda:0").fields["torch_device"] == "cuda:0"
+    for made, resumed in (("cpu", "cuda:0"), ("cuda:0", "cpu")):
+        study = optuna.create_study(study_name="s")
+        identity(made).check(study, storage_url="sqlite:///x.db", sampler="guided", tolerance=0.0, window_s=1.0)
+        identity(made).check(study, storage_url="sqlite:///x.db", sampler="guided", tolerance=0.0, window_s=1.0)
+        with pytest.raises(SearchError, match=r"^study 's' in sqlite:///x.db was made with a different torch_device;"):
+            identity(resumed).check(study, storage_url="sqlite:///x.db", sampler="guided", tolerance=0.0,
+                                    window_s=1.0)

@@ -67,8 +67,10 @@ class StudyIdentity:
 
     Attributes:
         fields: the identity a study records: ``space``, ``objective``, ``budget_w``, ``workload``, ``device``;
-            ``eta`` for the cost objective only (other studies' identities stay as they were), and
-            ``steps_to_target`` where the user's runs replace the law.
+            ``eta`` for the cost objective only (other studies' identities stay as they were),
+            ``steps_to_target`` where the user's runs replace the law, and ``torch_device`` where training
+            runs elsewhere than on the CPU (a GPU's steps are not the CPU's; studies trained on the CPU, the
+            twin's and every older one, keep their identity).
         law: the law's parameters (``s_min``, ``b_noise``), recorded beside it.
         is_law: whether the search's steps to target are the law's.
     """
@@ -79,12 +81,15 @@ class StudyIdentity:
 
     @classmethod
     def of(cls, *, space: SearchSpace, objective: str, budget_w: float | None, workload: str, device: str,
-           target: TargetModel, cost: ZeusCost | None = None) -> StudyIdentity:
-        """The identity of a search of ``space`` for ``workload`` (name) on ``device`` (name)."""
+           target: TargetModel, cost: ZeusCost | None = None, torch_device: str = "cpu") -> StudyIdentity:
+        """The identity of a search of ``space`` for ``workload`` (name) on ``device`` (name), training on
+        ``torch_device``."""
         fields = {"space": space.to_dict(), "objective": objective, "budget_w": budget_w, "workload": workload,
                   "device": device}
         if cost is not None:
             fields["eta"] = cost.eta
+        if torch_device != "cpu":
+            fields["torch_device"] = torch_device
         if isinstance(target, RunsTarget):
             # the user's runs (efficiency.steps_to_target): each trial's time and energy to target are theirs, so
             # a study resumed with other runs, or with the law, would rank trials scored two ways

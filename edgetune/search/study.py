@@ -295,7 +295,8 @@ class Search:
         # a resumed study must be for the same; with other steps to target, a guided search scores it again
         identity = StudyIdentity.of(space=self.space, objective=self.objective, budget_w=self.budget_w,
                                     workload=getattr(self.workload, "name", str(self.workload)),
-                                    device=self.device.name, target=self.target, cost=self.cost)
+                                    device=self.device.name, target=self.target, cost=self.cost,
+                                    torch_device=str(getattr(self.workload, "device", "cpu")))
         identity.check(study, storage_url=self.storage_url, sampler=self.sampler_name, tolerance=self.tolerance,
                        window_s=self.window_s)
         self._aim_sampler(study)
