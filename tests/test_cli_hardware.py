@@ -66,6 +66,9 @@ def test_devices_on_a_jetson_tree(tmp_path):
     assert "emc_freq    204 MHz .. 2.133 GHz (3 steps)" in out
     assert "power_mode  15W; now 15W; writable" in out
     assert "power_mode 7W not offered: switching to it needs a reboot" in out
+    if not torch.cuda.is_available():  # this machine's torch is the CPU build: said before any search
+        assert ("    training: cannot run here: jetson measures its GPU (cuda:0), where training must run to be "
+                f"measured, but this PyTorch ({torch.__version__}) cannot use CUDA;") in out
     done = _edgetune(["devices", "--json"], fake.root, tmp_path)
     jetson = next(p for p in json.loads(done.stdout)["platforms"] if p["platform"] == "jetson")
     mode = next(k for k in jetson["device"]["knobs"] if k["name"] == "power_mode")
@@ -86,6 +89,8 @@ def test_devices_json(tmp_path, monkeypatch, capsys):
     gpu = next(k for k in jet["knobs"] if k["name"] == "gpu_freq")
     assert gpu["values"][0] == 306_000_000 and gpu["writable"] is True and gpu["unit"] == "Hz"
     assert by_platform["rapl"]["device"]["sensor"]["energy_counter"] is True
+    assert by_platform["rapl"]["device"]["training"] == {"torch_device": "cpu", "problem": ""}
+    assert jet["training"]["torch_device"] == "cuda:0"
     assert "sim:orin-nano" in report["simulated"]
 
 
@@ -106,6 +111,7 @@ def test_devices_without_root_names_the_fix(tmp_path):
         code = ("import os, sys\n"
                 "from edgetune.cli import main, build_parser\n"
                 "import edgetune.power.jetson, edgetune.power.nvml, edgetune.power.rapl, edgetune.power.sim\n"
+                "import edgetune.workloads\n"
                 "from edgetune.power import registry\n"
                 "build_parser(); registry.probe_platforms()  # load every lazy import while still root\n"
                 "os.setegid(65534); os.seteuid(65534)\n"

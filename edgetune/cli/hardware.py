@@ -78,6 +78,23 @@ def _knob_range(knob: Knob) -> str:
             f"({len(knob.values)} steps)")
 
 
+def _training(device: Device) -> dict[str, Any]:
+    """Where ``edgetune search`` and ``run`` would train on ``device``, and why they could not (one line, or
+    ``""``): a CPU build of torch on a GPU board says so here, before any search."""
+    compute = device.compute
+    if compute.torch_device == "cpu":
+        return {"torch_device": "cpu", "problem": ""}
+    try:
+        from edgetune.workloads import WorkloadError, place  # torch: imported only for a GPU device
+    except ImportError as exc:
+        return {"torch_device": compute.torch_device, "problem": f"PyTorch does not import here: {exc}"}
+    try:
+        place("auto", compute, device.name, simulated=device.simulated)
+    except WorkloadError as exc:
+        return {"torch_device": compute.torch_device, "problem": str(exc)}
+    return {"torch_device": compute.torch_device, "problem": ""}
+
+
 def describe_device(device: Device) -> dict[str, Any]:
     """What ``devices`` shows for one opened device, as data."""
     sensor = device.sensor
@@ -111,6 +128,7 @@ def describe_device(device: Device) -> dict[str, Any]:
             "energy_counter": sensor.energy_j() is not None,
         },
         "knobs": knobs,
+        "training": _training(device),
         "notes": list(device.notes),
     }
 
@@ -157,6 +175,11 @@ def _print_device(d: dict[str, Any]) -> None:
         print(f"    {k['name']:<11} {k['range']}; now {current}; {access}")
     if d["measure_only"]:
         print("    measure-only: no knob can be set here; the search tunes batch size alone")
+    training = d["training"]
+    if training["problem"]:
+        print(f"    training: cannot run here: {training['problem']}")
+    else:
+        print(f"    training runs on: {training['torch_device']}")
     for note in d["notes"]:
         print(f"    note: {note}")
 
