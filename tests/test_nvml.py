@@ -295,3 +295,11 @@ def test_clocks_nvml_cannot_lock_on_this_architecture_are_read_only_and_say_why(
     assert read_gpus(path)[0]["locked_mem_mhz"] == 0
     turing.close()
     pascal.close()
+
+
+def test_a_failing_pci_read_is_one_line(fake_nvml):
+    fake_nvml([a100()], fail={"nvmlDeviceGetPciInfo": 999})
+    with pytest.raises(DeviceError) as err:
+        open_device("nvml")
+    assert str(err.value) == ("GPU names and PCI bus ids: NVML reported an unknown error (code 999); check "
+                              "`nvidia-smi` and the kernel log (dmesg)")

@@ -395,7 +395,7 @@ def _select(nvml: Any, arg: str) -> tuple[NvmlGpu, CudaNumbering]:
     """The GPU ``arg`` names (``''`` or a CUDA number among the visible GPUs, or a UUID) and CUDA's
     numbering of the machine's GPUs."""
     count = _call("GPU count", nvml.nvmlDeviceGetCount)
-    numbering = cuda_numbering(nvml, count)
+    numbering = _call("GPU names and PCI bus ids", cuda_numbering, nvml, count)
     arg = arg.strip()
     if arg.startswith("GPU-"):
         for i in range(count):
