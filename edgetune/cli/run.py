@@ -13,12 +13,15 @@ import json
 import math
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from edgetune.cli import UsageError
 from edgetune.cli.flags import flag_help
 from edgetune.config import SCHEMA
 from edgetune.power.base import Device, format_value
+
+if TYPE_CHECKING:  # torch: imported by the commands that train, not by `edgetune --help`
+    from edgetune.workloads import Placement, Workload
 
 __all__ = ["parse_assignment", "place_workload", "positive_int", "register"]
 
@@ -101,7 +104,7 @@ def resolve_setting(device: Device, assignments: list[tuple[str, str]]) -> dict:
     return setting
 
 
-def place_workload(workload: Any, requested: str, device: Device, source: str = "--torch-device") -> Any:
+def place_workload(workload: Workload, requested: str, device: Device, source: str = "--torch-device") -> Placement:
     """Move ``workload`` to where it trains (:func:`edgetune.workloads.placement.place`) and return the
     :class:`~edgetune.workloads.placement.Placement`; a bad choice is one :class:`UsageError` line naming
     ``source`` (the flag, or the config file's key, that chose it)."""
