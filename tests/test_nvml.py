@@ -253,6 +253,7 @@ def test_cuda_numbers_unlike_gpus_its_own_way_so_an_index_is_refused_not_guessed
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     device = open_device("nvml:1")
     assert "H100" in device.description and device.compute.torch_device == "cuda:1"
+    assert not device.compute.measures_cpu  # NVML reads the GPU alone
     device.close()
 
 

@@ -467,6 +467,14 @@ def test_a_cpu_build_of_torch_on_a_gpu_device_is_refused_with_the_fix() -> None:
     assert "NVIDIA's wheel for your JetPack" in message and "--torch-device cpu" in message
     with pytest.raises(WorkloadError, match=r"^--torch-device cuda:1, but this PyTorch .* cannot use CUDA"):
         place("cuda:1", _compute("cpu"), "rapl")
+    # NVML measures the GPU alone: training on the CPU there is no way out, another device is
+    from edgetune.power.base import ComputeDevice
+
+    with pytest.raises(WorkloadError) as err:
+        place("auto", ComputeDevice("cuda:0", measures_cpu=False), "nvml:0")
+    assert "--torch-device cpu" not in str(err.value)
+    assert str(err.value).endswith("or, to tune training on the CPU, open a device that measures the CPU "
+                                   "(--device rapl on x86)")
 
 
 def test_training_elsewhere_than_measured_is_allowed_and_noted() -> None:
@@ -476,5 +484,10 @@ def test_training_elsewhere_than_measured_is_allowed_and_noted() -> None:
     assert placed.torch_device == torch.device("cpu")
     assert placed.note == ("note: training on the CPU (--torch-device cpu), not on jetson's GPU (cuda:0): the GPU's "
                            "knobs change nothing in the training step")
+    from edgetune.power.base import ComputeDevice
+
+    placed = place("cpu", ComputeDevice("cuda:0", measures_cpu=False), "nvml:0")
+    assert placed.note == ("note: training on the CPU (--torch-device cpu), not on nvml:0's GPU (cuda:0), which is "
+                           "all it measures: the power measured is not the training's")
     assert place("cpu", _compute("cpu"), "sim:orin-nano", simulated=True).note is None  # the twin models the step
     assert place("cpu", _compute("cuda:0"), "sim:orin-nano", simulated=True).note is None

@@ -496,10 +496,13 @@ class ComputeDevice:
         torch_device: a :class:`torch.device` string (``cuda:0``, ``cpu``), or None where the GPU measured
             has no CUDA number known here.
         why_unknown: with ``torch_device`` None, why, and what fixes it (one line).
+        measures_cpu: whether the power measured includes the CPU's (a board's input rail does; NVML reads
+            the GPU alone), so whether training left on the CPU is measured at all.
     """
 
     torch_device: str | None
     why_unknown: str = ""
+    measures_cpu: bool = True
 
 
 #: the compute device of platforms that measure the CPU (RAPL) or model the step (the twin, trace replay)

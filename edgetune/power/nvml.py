@@ -422,12 +422,12 @@ def _compute(gpu: NvmlGpu, numbering: CudaNumbering) -> ComputeDevice:
     """Where training on ``gpu`` runs in torch's words: ``cuda:<its CUDA number>``."""
     k = numbering.cuda_index(gpu.index)
     if k is not None:
-        return ComputeDevice(f"cuda:{k}")
+        return ComputeDevice(f"cuda:{k}", measures_cpu=False)
     if numbering.visible is None:
         return ComputeDevice(None, f"{gpu.name} ({gpu.uuid}) has no CUDA number known here: "
-                                   f"{numbering.why_unknown}")
+                                   f"{numbering.why_unknown}", measures_cpu=False)
     return ComputeDevice(None, f"{gpu.name} ({gpu.uuid}) is hidden from CUDA by CUDA_VISIBLE_DEVICES, so "
-                               f"training cannot run on it; add its UUID there")
+                               f"training cannot run on it; add its UUID there", measures_cpu=False)
 
 
 def _step_runner(cuda_index: int | None) -> Callable[[Callable[[], Any], int, WorkloadCost | None], Any]:

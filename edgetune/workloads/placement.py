@@ -25,8 +25,10 @@ __all__ = ["AUTO", "Placement", "place"]
 #: ``torch_device`` value: where the device measures
 AUTO = "auto"
 
-_CPU_BUILD_FIX = ("install a CUDA build of PyTorch (on a Jetson, NVIDIA's wheel for your JetPack; see the "
-                  "README), or train on the CPU on purpose with --torch-device cpu")
+_CUDA_BUILD = "install a CUDA build of PyTorch (on a Jetson, NVIDIA's wheel for your JetPack; see the README)"
+#: the other way out, by whether the device's power includes the CPU's (ComputeDevice.measures_cpu)
+_ON_THE_CPU = {True: "or train on the CPU on purpose with --torch-device cpu",
+               False: "or, to tune training on the CPU, open a device that measures the CPU (--device rapl on x86)"}
 
 
 @dataclass(frozen=True)
@@ -50,11 +52,13 @@ def _parse(requested: str, source: str) -> torch.device:
             from None
 
 
-def _check_available(where: torch.device, why: str) -> None:
-    """One line if this PyTorch cannot use ``where``; ``why`` says who asked for it."""
+def _check_available(where: torch.device, why: str, measures_cpu: bool = True) -> None:
+    """One line if this PyTorch cannot use ``where``; ``why`` says who asked for it, ``measures_cpu`` whether
+    the device measures training on the CPU (the way out it names)."""
     if where.type == "cuda":
         if not torch.cuda.is_available():
-            raise WorkloadError(f"{why}, but this PyTorch ({torch.__version__}) cannot use CUDA; {_CPU_BUILD_FIX}")
+            raise WorkloadError(f"{why}, but this PyTorch ({torch.__version__}) cannot use CUDA; {_CUDA_BUILD}, "
+                                f"{_ON_THE_CPU[measures_cpu]}")
         count = torch.cuda.device_count()
         if where.index is not None and where.index >= count:
             raise WorkloadError(f"{why}, but this PyTorch sees {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
@@ -82,17 +86,20 @@ def place(requested: str, compute: ComputeDevice, device_name: str, *, simulated
                                 f"--torch-device cuda:<n>")
         where = torch.device(measured)
         _check_available(where, f"{device_name} measures its GPU ({measured}), where training must run to be "
-                                f"measured")
+                                f"measured", compute.measures_cpu)
         return Placement(where)
     where = _parse(requested, source)
-    _check_available(where, f"{source} {requested}")
+    _check_available(where, f"{source} {requested}", compute.measures_cpu)
     if where.type == "cuda" and where.index is None:  # "cuda": torch's current CUDA device
         where = torch.device("cuda", torch.cuda.current_device())
     if simulated or measured is None or torch.device(measured) == where:
         return Placement(where)
-    if where.type == "cpu":
+    if where.type == "cpu" and compute.measures_cpu:
         note = (f"note: training on the CPU ({source} cpu), not on {device_name}'s GPU ({measured}): the GPU's "
                 f"knobs change nothing in the training step")
+    elif where.type == "cpu":
+        note = (f"note: training on the CPU ({source} cpu), not on {device_name}'s GPU ({measured}), which is "
+                f"all it measures: the power measured is not the training's")
     else:
         note = (f"note: training on {where} while {device_name} measures {measured}: the power measured is not "
                 f"the training's")
