@@ -347,7 +347,7 @@ def test_measure_only_reports_and_changes_nothing(cnn_cost):
     assert "measure-only" in s.table()
 
 
-def test_a_model_left_on_the_cpu_of_a_gpu_board_is_warned_about(tmp_path, monkeypatch, caplog, cnn_cost):
+def test_a_model_elsewhere_than_the_gpu_measured_is_warned_about(tmp_path, monkeypatch, caplog, cnn_cost):
     fake = build_jetson(tmp_path / "root", "orin-nano")
     monkeypatch.setenv("EDGETUNE_STATE_DIR", str(tmp_path / "state"))
     model, opt, _ = mlp()  # on the CPU, where this machine's torch keeps it
@@ -361,6 +361,13 @@ def test_a_model_left_on_the_cpu_of_a_gpu_board_is_warned_about(tmp_path, monkey
             assert "the model is on the CPU" not in caplog.text
     assert ("the model is on the CPU, but jetson measures its GPU (cuda:0): move it there before tune() "
             "(model.to('cuda:0')), or the GPU's knobs change nothing in the training step") in caplog.text
+    caplog.clear()
+    elsewhere = torch.nn.Linear(4, 2, device="meta")  # another device than the one measured (no CUDA here)
+    with caplog.at_level(logging.WARNING, logger="edgetune"), \
+            edgetune.tune(elsewhere, None, batch_size=8, budget_w=20, device=device, cost=cnn_cost, online=False,
+                          guard=False, print_summary=False):
+        pass
+    assert "the model is on meta, but jetson measures cuda:0: move it there before tune()" in caplog.text
     device.close()
 
 

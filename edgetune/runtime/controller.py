@@ -401,16 +401,22 @@ class Tuner:
         self._entered = True
 
     def _check_model_placement(self) -> None:
-        """Warn where the user's model sits on the CPU of a device that measures a GPU: its steps would draw
-        CPU power, and the GPU's knobs would change nothing in them."""
+        """Warn where the user's model sits elsewhere than the GPU the device measures: on its CPU the steps
+        draw CPU power and the GPU's knobs change nothing in them; on another GPU they are not measured."""
         measured = self.device.compute.torch_device
         if self.model is None or self.device.simulated or measured in (None, "cpu"):
             return
         on = next((p.device for p in self.model.parameters()), None)
-        if on is not None and on.type == "cpu":
+        if on is None or on == torch.device(measured):
+            return
+        if on.type == "cpu":
             _log.warning("the model is on the CPU, but %s measures its GPU (%s): move it there before tune() "
                          "(model.to(%r)), or the GPU's knobs change nothing in the training step",
                          self.device.name, measured, measured)
+        else:
+            _log.warning("the model is on %s, but %s measures %s: move it there before tune() (model.to(%r)), "
+                         "or open the device that measures %s; the power measured is not the training's",
+                         on, self.device.name, measured, measured, on)
 
     def _scale_lr_to_start(self) -> None:
         """The learning rate set for ``lr_batch_size``, scaled to the batch size the run starts at."""
