@@ -98,6 +98,7 @@ def test_search_on_fake_orin_nano_driven_by_the_twin(tmp_path, monkeypatch, caps
     assert best["device"] == "jetson" and best["simulated"] is False
     # the power mode was not searched (7W needs a reboot): the plan says which one its figures hold in
     assert best["untuned_knobs"] == {"power_mode": {"value": BOOT_MODE, "unit": "", "text": BOOT_MODE}}
+    assert best["torch_device"] == "cpu"  # where its figures were trained (--torch-device cpu, above)
     # 6 settings, and the pick's contenders measured again (a row per window)
     assert sum(t["role"] != "confirm" for t in trials) == 6 and all(t["ok"] == "True" for t in trials)
     assert best["study"]["settings_measured"] == 6 and best["study"]["trials_measured"] == len(trials)

@@ -368,6 +368,16 @@ def test_a_model_elsewhere_than_the_gpu_measured_is_warned_about(tmp_path, monke
                           guard=False, print_summary=False):
         pass
     assert "the model is on meta, but jetson measures cuda:0: move it there before tune()" in caplog.text
+    # a plan searched training on the board's GPU does not hold for a model trained on its CPU, nor the reverse;
+    # older plans (no torch_device) and the twin's are applied without a word
+    for searched, warned in (("cuda:0", True), ("cpu", False), (None, False)):
+        caplog.clear()
+        plan = write_plan(tmp_path, device="jetson", setting={}, **({"torch_device": searched} if searched else {}))
+        with caplog.at_level(logging.WARNING, logger="edgetune"), \
+                edgetune.tune(model, opt, device=device, plan=plan, cost=cnn_cost, guard=False, print_summary=False):
+            pass
+        assert (f"plan {plan} was measured training on cuda:0, and this model is on cpu: its power and speed do "
+                f"not hold here; search again training where the model runs" in caplog.text) is warned
     device.close()
 
 

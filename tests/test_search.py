@@ -31,8 +31,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 # the plain-optimize guided test's pick, true time to target over the oracle's (12 trials of a 75-setting space):
 # it picks the oracle itself (seeded); the 2% leaves room for other numpy/scikit-learn builds, not for a worse pick
 PLAIN_OPTIMIZE_GAP = 1.02
-BEST_KEYS = {"device", "simulated", "workload", "budget_w", "objective", "batch_size", "setting", "measured",
-             "predicted", "baseline", "speedup_over_baseline"}
+BEST_KEYS = {"device", "simulated", "workload", "torch_device", "budget_w", "objective", "batch_size", "setting",
+             "measured", "predicted", "baseline", "speedup_over_baseline"}
 
 
 def tiny_workload(seed: int = 0) -> Workload:

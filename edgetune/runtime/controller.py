@@ -81,7 +81,14 @@ from edgetune.runtime.online import (
     OnlineTuner,
     RunState,
 )
-from edgetune.runtime.plan import Plan, PlanError, load_plan, untuned_mismatch, workload_mismatch
+from edgetune.runtime.plan import (
+    Plan,
+    PlanError,
+    load_plan,
+    training_mismatch,
+    untuned_mismatch,
+    workload_mismatch,
+)
 from edgetune.runtime.settings import (
     RUNTIME_MONITOR_RATE_HZ,
     GuardSettings,
@@ -547,7 +554,11 @@ class Tuner:
         else:
             self._event(f"batch size {self._requested_batch} is in force, not the plan's {plan.batch_size}: "
                         f"the plan's power and speed were measured at {plan.batch_size}")
-        for line in untuned_mismatch(plan, self._original):  # a warning: the plan was measured in another state
+        lines = untuned_mismatch(plan, self._original)  # warnings: the plan was measured in another state
+        on = next((p.device for p in self.model.parameters()), None) if self.model is not None else None
+        if on is not None and not dev.simulated:  # the twin models the step: where the model sits is moot
+            lines += [line for line in [training_mismatch(plan, str(on))] if line]
+        for line in lines:
             self.events.append((dev.clock.now(), line))
             _log.warning("%s", line)
         unknown = sorted(set(plan.setting) - set(dev.knobs))

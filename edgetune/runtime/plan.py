@@ -10,7 +10,8 @@ from pathlib import Path
 
 from edgetune.power.base import KnobValue
 
-__all__ = ["COST_TOLERANCE", "Plan", "PlanError", "load_plan", "untuned_mismatch", "workload_mismatch"]
+__all__ = ["COST_TOLERANCE", "Plan", "PlanError", "load_plan", "training_mismatch", "untuned_mismatch",
+           "workload_mismatch"]
 
 #: a model whose parameter bytes or FLOPs per sample differ from the plan's workload by more than this
 #: fraction is another model: the plan's batch size and knobs were measured for a different step
@@ -35,6 +36,8 @@ class Plan:
         workload_cost: that workload's step cost (``WorkloadCost`` fields; None: unknown).
         untuned: the knobs the search left as found, with their values then (``untuned_knobs``; empty where
             the plan does not say): its figures hold with them so (:func:`untuned_mismatch`).
+        torch_device: where the search trained (``cuda:0``, ``cpu``; None where the plan does not say): its
+            figures are those of steps run there (:func:`training_mismatch`).
     """
 
     batch_size: int
@@ -45,6 +48,17 @@ class Plan:
     workload: str | None = None
     workload_cost: dict[str, float] | None = None
     untuned: dict[str, KnobValue] = field(default_factory=dict)
+    torch_device: str | None = None
+
+
+def training_mismatch(plan: Plan, trains_on: str) -> str | None:
+    """Why ``plan``'s figures do not hold for a model trained on ``trains_on`` (a torch device), or None: the
+    search measured steps run on another processor (a board's CPU, where the plan's board trains on its GPU,
+    or the reverse)."""
+    if plan.torch_device is None or plan.torch_device == trains_on:
+        return None
+    return (f"plan {plan.path or '(in code)'} was measured training on {plan.torch_device}, and this model is on "
+            f"{trains_on}: its power and speed do not hold here; search again training where the model runs")
 
 
 def untuned_mismatch(plan: Plan, now: Mapping[str, KnobValue]) -> list[str]:
@@ -117,6 +131,7 @@ def load_plan(path: str | os.PathLike) -> Plan:
         raise PlanError(f"plan {p}: budget_w must be a positive number of watts, got {budget!r}")
     cost = raw.get("workload_cost")
     untuned = _setting(raw.get("untuned_knobs") or {}, p)
+    where = raw.get("torch_device")
     return Plan(b, setting, None if budget is None else float(budget), raw.get("device"), str(p),
                 workload=raw.get("workload"), workload_cost=cost if isinstance(cost, dict) else None,
-                untuned=untuned)
+                untuned=untuned, torch_device=where if isinstance(where, str) else None)

@@ -84,6 +84,8 @@ class SearchResult:
     #: the knobs the search did not tune, as they stood while it measured (a Jetson's power mode where the
     #: others need a reboot): the state the plan's figures hold in
     untuned_knobs: dict[str, KnobValue] = field(default_factory=dict)
+    #: where the search trained (a torch device): the plan's figures are those of steps run there
+    torch_device: str = "cpu"
 
     @property
     def measured(self) -> list[TrialRecord]:
@@ -393,6 +395,8 @@ def best_json(result: SearchResult) -> dict[str, Any]:
         "device_description": result.device_description,
         "simulated": result.simulated,
         "workload": result.workload,
+        # where the search trained: the plan's power and speed are those of steps run there
+        "torch_device": result.torch_device,
         "budget_w": result.budget_w,
         "budget_binds": result.constrained,
         "budget_tolerance": result.tolerance,

@@ -296,7 +296,7 @@ class Search:
         identity = StudyIdentity.of(space=self.space, objective=self.objective, budget_w=self.budget_w,
                                     workload=getattr(self.workload, "name", str(self.workload)),
                                     device=self.device.name, target=self.target, cost=self.cost,
-                                    torch_device=str(getattr(self.workload, "device", "cpu")))
+                                    torch_device=self._torch_device)
         identity.check(study, storage_url=self.storage_url, sampler=self.sampler_name, tolerance=self.tolerance,
                        window_s=self.window_s)
         self._aim_sampler(study)
@@ -594,6 +594,11 @@ class Search:
         else:  # out of memory, failed, given up, or still being measured by another worker
             study.tell(trial, state=TrialState.FAIL)
 
+    @property
+    def _torch_device(self) -> str:
+        """Where the search trains: the workload's device (a trace's workload stays on the CPU)."""
+        return str(getattr(self.workload, "device", "cpu"))
+
     def _stored_soaks(self, study: optuna.Study) -> list[ThermalSoak]:
         """The study's soaks (this worker's, or another's of a fleet)."""
         stored = records.read_soaks(study)
@@ -620,6 +625,7 @@ class Search:
             simulated=self.device.simulated, workload=getattr(self.workload, "name", str(self.workload)),
             cost=self.cost, guard_sigma=self.guard_sigma, power_cv=self.power_cv,
             sensor_channels=self.sensor_channels, thermal_soaks=soaks, untuned_knobs=dict(self.untuned_knobs),
+            torch_device=self._torch_device,
         )
         settings = result.settings  # one record per setting, its windows pooled
         feasible = [r for r in settings if r.feasible and r.outcome is not None]
