@@ -411,10 +411,8 @@ class Tuner:
         """Warn where the user's model sits elsewhere than the GPU the device measures: on its CPU the steps
         draw CPU power and the GPU's knobs change nothing in them; on another GPU they are not measured."""
         measured = self.device.compute.torch_device
-        if self.model is None or self.device.simulated or measured in (None, "cpu"):
-            return
-        on = next((p.device for p in self.model.parameters()), None)
-        if on is None or on == torch.device(measured):
+        on = self._model_device()
+        if on is None or self.device.simulated or measured in (None, "cpu") or on == torch.device(measured):
             return
         if on.type == "cpu":
             _log.warning("the model is on the CPU, but %s measures its GPU (%s): move it there before tune() "
@@ -424,6 +422,10 @@ class Tuner:
             _log.warning("the model is on %s, but %s measures %s: move it there before tune() (model.to(%r)), "
                          "or open the device that measures %s; the power measured is not the training's",
                          on, self.device.name, measured, measured, on)
+
+    def _model_device(self) -> torch.device | None:
+        """Where the user's model is (its first parameter's device); None without a model or parameters."""
+        return next((p.device for p in self.model.parameters()), None) if self.model is not None else None
 
     def _scale_lr_to_start(self) -> None:
         """The learning rate set for ``lr_batch_size``, scaled to the batch size the run starts at."""
@@ -555,7 +557,7 @@ class Tuner:
             self._event(f"batch size {self._requested_batch} is in force, not the plan's {plan.batch_size}: "
                         f"the plan's power and speed were measured at {plan.batch_size}")
         lines = untuned_mismatch(plan, self._original)  # warnings: the plan was measured in another state
-        on = next((p.device for p in self.model.parameters()), None) if self.model is not None else None
+        on = self._model_device()
         if on is not None and not dev.simulated:  # the twin models the step: where the model sits is moot
             lines += [line for line in [training_mismatch(plan, str(on))] if line]
         for line in lines:
