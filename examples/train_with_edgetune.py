@@ -12,18 +12,23 @@ While it runs, lower the budget from another shell (battery low) and watch the g
 
     echo 7 > budget.txt                  # the file is watched; `kill -USR1 <pid>` re-reads it at once
 
-On ``sim:`` devices the training is real (this CPU) and the time and power are the calibrated twin's.
+On ``sim:`` devices the training is real (this CPU) and the time and power are the calibrated twin's. On a
+board the model trains where the device measures (its GPU: ``device.compute``), and a PyTorch that cannot
+use it is one line with the fix.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
 import edgetune
+from edgetune.power import open_device
+from edgetune.workloads import WorkloadError, place
 
 
 def synthetic_cifar(n: int, seed: int = 0) -> TensorDataset:
@@ -56,16 +61,25 @@ def main() -> None:
 
     torch.manual_seed(0)
     train_set = synthetic_cifar(2048)
-    model = make_model()
+    device = open_device(args.device)
+    try:
+        where = place("auto", device.compute, device.name).torch_device  # the GPU it measures; the CPU on sim:
+    except WorkloadError as exc:  # a CPU build of PyTorch on a board: one line, the fix
+        device.close()
+        raise SystemExit(f"train_with_edgetune: {exc}") from None
+    model = make_model().to(where)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
     # with a plan, its batch size is used; without one, online tuning starts from 32 and explores around it
-    with edgetune.tune(model, optimizer, dataset=train_set, batch_size=None if args.plan else 32, budget_w=budget,
-                       device=args.device, plan=args.plan, budget_file=args.budget_file, log=args.log) as tuner:
+    with contextlib.closing(device), \
+            edgetune.tune(model, optimizer, dataset=train_set, batch_size=None if args.plan else 32,
+                          budget_w=budget, device=device, plan=args.plan, budget_file=args.budget_file,
+                          log=args.log) as tuner:
         for epoch in range(args.epochs):
             total, seen = 0.0, 0
             for x, y in tuner.loader:                  # batches at the batch size edgetune chose
+                x, y = x.to(where), y.to(where)
                 loss = loss_fn(model(x), y)
                 optimizer.zero_grad()
                 loss.backward()
