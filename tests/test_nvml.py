@@ -304,3 +304,13 @@ def test_a_failing_pci_read_is_one_line(fake_nvml):
         open_device("nvml")
     assert str(err.value) == ("GPU names and PCI bus ids: NVML reported an unknown error (code 999); check "
                               "`nvidia-smi` and the kernel log (dmesg)")
+
+
+def test_a_mig_instance_is_refused_in_one_line(fake_nvml, monkeypatch):
+    # a MIG slice trains on part of a GPU whose power NVML reads, and whose clocks it sets, for the whole GPU
+    fake_nvml([a100()])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-4e0a7f1c-2b9d-4c63-8f1e-a100a100a1f0")
+    with pytest.raises(DeviceError) as err:
+        open_device("nvml")
+    assert "\n" not in str(err.value) and "names a MIG instance (MIG-4e0a7f1c" in str(err.value)
+    assert str(err.value).endswith("give edgetune a whole GPU (its index or GPU- UUID)")

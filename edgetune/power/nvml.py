@@ -118,7 +118,8 @@ class CudaNumbering:
     CUDA numbers every GPU by ``CUDA_DEVICE_ORDER``: ``PCI_BUS_ID`` by PCI bus id (NVML's and nvidia-smi's
     order), the default ``FASTEST_FIRST`` fastest first by its own heuristic. ``CUDA_VISIBLE_DEVICES`` then
     picks from that numbering (indices) or names GPUs (UUIDs and their prefixes), in the order given, and
-    CUDA stops reading it at the first entry that names no GPU. Where every GPU is the same model, fastest
+    CUDA stops reading it at the first entry that names no GPU. A MIG instance (``MIG-<uuid>``) is a slice of
+    a GPU whose power and clocks NVML knows only for the whole GPU: its number is left unknown, with why. Where every GPU is the same model, fastest
     first keeps PCI order (ties); between different models its ranking is CUDA's own, and an index there
     names a GPU that cannot be known from here (a workstation's display GPU beside its compute GPU).
 
@@ -168,6 +169,10 @@ def cuda_numbering(nvml: Any, count: int) -> CudaNumbering:
                 return unknown
             chosen.append(numbered[i])
             continue
+        if item.startswith("MIG-"):
+            return CudaNumbering(None, f"CUDA_VISIBLE_DEVICES names a MIG instance ({item}): NVML reads the power "
+                                       f"and sets the clocks of the whole GPU, not of one instance; give edgetune a "
+                                       f"whole GPU (its index or GPU- UUID)")
         if uuids is None:
             uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles]
         key = item if item.startswith("GPU-") else f"GPU-{item}"
