@@ -13,12 +13,13 @@
   the limit found. NVML locks GPU clocks on Volta and newer, memory clocks on Ampere and newer: on older
   GPUs (``nvmlDeviceGetArchitecture``) the knob is read-only and says why, so a search never meets
   NVML's NotSupported at its first trial (a Turing card lists several memory clocks it cannot lock);
-* devices: ``nvml`` is the first visible GPU, ``nvml:<i>`` the i-th, ``nvml:<UUID>`` one GPU by UUID.
-  Numbers are CUDA's (:class:`CudaNumbering`): ``CUDA_DEVICE_ORDER`` and ``CUDA_VISIBLE_DEVICES`` (indices
-  or UUIDs/prefixes) are read as CUDA reads them, so ``nvml:i`` is the GPU that ``cuda:i`` names in torch,
-  and the device's :class:`~edgetune.power.base.ComputeDevice` is ``cuda:i``. NVML lists GPUs in PCI order,
-  CUDA by default fastest first: on a machine with unlike GPUs (a display GPU beside a compute GPU) and no
-  ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, a number is refused in one line rather than guessed.
+* devices: ``nvml`` is the first visible GPU, ``nvml:<i>`` the i-th, ``nvml:<UUID>`` one GPU by UUID. Numbers
+  are CUDA's (:class:`~edgetune.power.cuda_order.CudaNumbering`): ``CUDA_DEVICE_ORDER`` and
+  ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs/prefixes) are read as CUDA reads them, so ``nvml:i`` is the GPU
+  that ``cuda:i`` names in torch, and the device's :class:`~edgetune.power.base.ComputeDevice` is ``cuda:i``.
+  NVML lists GPUs in PCI order, CUDA by default fastest first: on a machine with unlike GPUs (a display GPU
+  beside a compute GPU) and no ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, a number is refused in one line rather than
+  guessed.
 
 NVML cannot report whether clocks were locked before edgetune ran: restore resets them to the default
 (unlocked) state, which is the state of nearly every machine. Setting anything needs root; without it the
@@ -27,8 +28,6 @@ knobs are read-only with the fix in one line, and the device is in measure-only 
 
 from __future__ import annotations
 
-import os
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from edgetune.power.base import (
     WorkloadCost,
 )
 from edgetune.power.clock import RealClock
+from edgetune.power.cuda_order import PCI_BUS_ORDER, CudaNumbering, cuda_numbering
 from edgetune.power.knobs import knob_unit
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, RestorableKnob, StateTracker
@@ -51,8 +51,6 @@ from edgetune.power.sysfs import ROOT_FIX, is_root
 
 __all__ = ["CudaNumbering", "NvmlGpu", "NvmlPowerSensor", "cuda_numbering", "nvml_message", "open", "probe"]
 
-#: CUDA_DEVICE_ORDER's value that numbers GPUs by PCI bus id, as NVML and nvidia-smi list them
-PCI_BUS_ORDER = "PCI_BUS_ID"
 #: NVML refreshes the power reading about every 20-100 ms depending on the GPU; sampling at 50 Hz is plenty.
 NVML_UPDATE_PERIOD_S = 0.02
 #: NVML speaks milliwatts and millijoules; edgetune watts and joules.
@@ -109,78 +107,6 @@ def _call(what: str, fn: Callable[..., Any], *args: Any, error: type[DeviceError
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-@dataclass(frozen=True)
-class CudaNumbering:
-    """How CUDA numbers this machine's GPUs, as far as NVML and the environment tell.
-
-    CUDA numbers every GPU by ``CUDA_DEVICE_ORDER``: ``PCI_BUS_ID`` by PCI bus id (NVML's and nvidia-smi's
-    order), the default ``FASTEST_FIRST`` fastest first by its own heuristic. ``CUDA_VISIBLE_DEVICES`` then
-    picks from that numbering (indices) or names GPUs (UUIDs and their prefixes), in the order given, and
-    CUDA stops reading it at the first entry that names no GPU. A MIG instance (``MIG-<uuid>``) is a slice of
-    a GPU whose power and clocks NVML knows only for the whole GPU: its number is left unknown, with why. Where every GPU is the same model, fastest
-    first keeps PCI order (ties); between different models its ranking is CUDA's own, and an index there
-    names a GPU that cannot be known from here (a workstation's display GPU beside its compute GPU).
-
-    Attributes:
-        visible: NVML indices of ``cuda:0``, ``cuda:1`` ..., or None where CUDA's order is unknown here.
-        why_unknown: with ``visible`` None, why, and the two ways to fix it (one line).
-    """
-
-    visible: tuple[int, ...] | None
-    why_unknown: str = ""
-
-    def cuda_index(self, nvml_index: int) -> int | None:
-        """The CUDA number of the GPU at ``nvml_index``; None where hidden or unknown."""
-        if self.visible is None or nvml_index not in self.visible:
-            return None
-        return self.visible.index(nvml_index)
-
-
-def _bus_key(bus_id: str) -> tuple[int, ...]:
-    """``00000000:65:00.0`` (domain:bus:device.function, hex) as numbers, for ordering."""
-    return tuple(int(part, 16) for part in re.split(r"[:.]", bus_id.strip()) if part)
-
-
-def cuda_numbering(nvml: Any, count: int) -> CudaNumbering:
-    """CUDA's numbering of the ``count`` GPUs NVML lists (:class:`CudaNumbering`)."""
-    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-    names = [_text(nvml.nvmlDeviceGetName(h)) for h in handles]
-    by_bus = sorted(range(count), key=lambda i: _bus_key(_text(nvml.nvmlDeviceGetPciInfo(handles[i]).busId)))
-    numbered = by_bus if os.environ.get("CUDA_DEVICE_ORDER") == PCI_BUS_ORDER or len(set(names)) <= 1 else None
-    unknown = CudaNumbering(None, f"CUDA numbers unlike GPUs ({', '.join(sorted(set(names)))}) fastest first by "
-                                  f"its own ranking, not in NVML's PCI order; export "
-                                  f"CUDA_DEVICE_ORDER={PCI_BUS_ORDER} (nvidia-smi's order), or name the GPU in "
-                                  f"CUDA_VISIBLE_DEVICES by its UUID")
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is None:
-        return unknown if numbered is None else CudaNumbering(tuple(numbered))
-    uuids = None
-    chosen: list[int] = []
-    for item in (x.strip() for x in env.split(",")):
-        if not item:
-            break
-        if item.isdigit() or (item.startswith("-") and item[1:].isdigit()):
-            i = int(item)
-            if not 0 <= i < count:
-                break  # CUDA stops at the first invalid entry
-            if numbered is None:
-                return unknown
-            chosen.append(numbered[i])
-            continue
-        if item.startswith("MIG-"):
-            return CudaNumbering(None, f"CUDA_VISIBLE_DEVICES names a MIG instance ({item}): NVML reads the power "
-                                       f"and sets the clocks of the whole GPU, not of one instance; give edgetune a "
-                                       f"whole GPU (its index or GPU- UUID)")
-        if uuids is None:
-            uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles]
-        key = item if item.startswith("GPU-") else f"GPU-{item}"
-        matches = [i for i, u in enumerate(uuids) if u.startswith(key)]
-        if len(matches) != 1:
-            break
-        chosen.append(matches[0])
-    return CudaNumbering(tuple(dict.fromkeys(chosen)))
 
 
 @dataclass
