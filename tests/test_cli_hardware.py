@@ -318,5 +318,5 @@ def test_a_config_file_that_names_the_torch_device_is_named_in_the_error(tmp_pat
     (tmp_path / "edgetune.toml").write_text('device = "sim:orin-nano"\ntorch_device = "tpu"\n')
     assert main(["search", "--config", "edgetune.toml", "--budget", "10", "--n-trials", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == ("edgetune: error: edgetune.toml: torch_device = tpu: not a torch device; use auto, cpu, "
-                           "cuda or cuda:<n>")
+    assert err.strip() == ("edgetune: error: edgetune.toml: torch_device = tpu: not a torch device that trains; use "
+                           "auto, cpu, cuda or cuda:<n>")

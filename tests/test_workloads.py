@@ -451,8 +451,10 @@ def test_auto_places_training_where_the_device_measures() -> None:
     with pytest.raises(WorkloadError) as err:
         place("auto", _compute(None, "GPU-1 is hidden from CUDA by CUDA_VISIBLE_DEVICES"), "nvml:GPU-1")
     assert str(err.value).startswith("nvml:GPU-1: GPU-1 is hidden from CUDA") and "--torch-device cuda:<n>" in str(err.value)
-    with pytest.raises(WorkloadError, match=r"--torch-device gpu0: not a torch device; use auto, cpu, cuda"):
-        place("gpu0", _compute("cpu"), "rapl")
+    for wrong in ("gpu0", "meta", "cuda:x"):  # meta is a torch device, but holds no data to train on
+        with pytest.raises(WorkloadError, match=rf"--torch-device {wrong}: not a torch device that trains; use auto"):
+            place(wrong, _compute("cpu"), "rapl")
+    assert place("CPU", _compute("cpu"), "rapl").torch_device == torch.device("cpu")  # as torch spells it, or not
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA build of torch: the CPU build's refusal is not reached")

@@ -20,10 +20,12 @@ import torch
 from edgetune.power.base import ComputeDevice
 from edgetune.workloads.core import WorkloadError
 
-__all__ = ["AUTO", "Placement", "place"]
+__all__ = ["AUTO", "TRAINING_DEVICE_TYPES", "Placement", "place"]
 
 #: ``torch_device`` value: where the device measures
 AUTO = "auto"
+#: torch device types a workload can train on (ROCm's GPUs are ``cuda`` in torch)
+TRAINING_DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
 
 _CUDA_BUILD = "install a CUDA build of PyTorch (on a Jetson, NVIDIA's wheel for your JetPack; see the README)"
 #: the other way out, by whether the device's power includes the CPU's (ComputeDevice.measures_cpu)
@@ -46,10 +48,13 @@ class Placement:
 
 def _parse(requested: str, source: str) -> torch.device:
     try:
-        return torch.device(requested)
+        where = torch.device(requested.lower())
     except (RuntimeError, ValueError, TypeError):
-        raise WorkloadError(f"{source} {requested}: not a torch device; use {AUTO}, cpu, cuda or cuda:<n>") \
-            from None
+        where = None
+    if where is None or where.type not in TRAINING_DEVICE_TYPES:  # meta, lazy ...: no data to train on
+        raise WorkloadError(f"{source} {requested}: not a torch device that trains; use {AUTO}, cpu, cuda or "
+                            f"cuda:<n>")
+    return where
 
 
 def _check_available(where: torch.device, why: str, measures_cpu: bool = True) -> None:
@@ -64,6 +69,8 @@ def _check_available(where: torch.device, why: str, measures_cpu: bool = True) -
             raise WorkloadError(f"{why}, but this PyTorch sees {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
     elif where.type == "mps" and not torch.backends.mps.is_available():
         raise WorkloadError(f"{why}, but this PyTorch cannot use Apple's MPS on this machine")
+    elif where.type == "xpu" and not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+        raise WorkloadError(f"{why}, but this PyTorch cannot use an Intel GPU (xpu) on this machine")
 
 
 def place(requested: str, compute: ComputeDevice, device_name: str, *, simulated: bool = False,
