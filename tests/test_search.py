@@ -1024,9 +1024,9 @@ def test_cli_search_with_real_cnn_steps_writes_results_and_resumes(tmp_path, cap
     best = json.loads((out / "best.json").read_text())
     assert BEST_KEYS <= set(best) and best["simulated"] is True and best["budget_w"] == 10
     assert best["measured"]["max_avg_power_w"] <= 10
-    # gpu_freq alone searched: the other knobs as the twin was found, the state the plan holds in
-    assert {k: v["value"] for k, v in best["untuned_knobs"].items()} == {
-        "emc_freq": 2_133_000_000, "cpu_freq": 1_497_600, "cpu_cores": 6, "power_mode": "15W"}
+    # gpu_freq alone searched: the other knobs as the twin was found, the state the plan holds in; clocks aside,
+    # since on a board they read the running frequency a governor moves
+    assert {k: v["value"] for k, v in best["untuned_knobs"].items()} == {"cpu_cores": 6, "power_mode": "15W"}
     for name in ("trials.csv", "time_vs_energy.png", "power.png", "study.db"):
         assert (out / name).stat().st_size > 0
     rows = list(csv.DictReader((out / "trials.csv").open()))

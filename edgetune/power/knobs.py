@@ -29,6 +29,7 @@ __all__ = [
     "knob_of_role",
     "knob_spec",
     "knob_unit",
+    "reads_running_clock",
 ]
 
 
@@ -95,6 +96,14 @@ KNOBS: dict[str, KnobSpec] = {
 def knob_spec(name: str) -> KnobSpec | None:
     """The registry entry of knob ``name``, or None for a knob edgetune has no physics for."""
     return KNOBS.get(name)
+
+
+def reads_running_clock(name: str) -> bool:
+    """True for a clock knob: reading it gives the frequency running now (devfreq's and cpufreq's current
+    frequency, NVML's current clock), which a governor moves from one read to the next unless the clock is
+    locked, so a value read is not a state to compare."""
+    spec = KNOBS.get(name)
+    return spec is not None and spec.role.is_clock
 
 
 def knob_unit(name: str, default: str = "") -> str:

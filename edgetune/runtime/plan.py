@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgetune.power.base import KnobValue
+from edgetune.power.knobs import reads_running_clock
 
 __all__ = ["COST_TOLERANCE", "Plan", "PlanError", "load_plan", "training_mismatch", "untuned_mismatch",
            "workload_mismatch"]
@@ -63,10 +64,12 @@ def training_mismatch(plan: Plan, trains_on: str) -> str | None:
 
 def untuned_mismatch(plan: Plan, now: Mapping[str, KnobValue]) -> list[str]:
     """The knobs the plan's search left as found that the board runs otherwise ``now``, one line each (knobs
-    the board lacks are not compared): the plan's power and speed were measured with the values it names."""
+    the board lacks are not compared): the plan's power and speed were measured with the values it names.
+    Clocks are not compared (a plan of an earlier version may list them): a clock reads the frequency running
+    now, which a governor moves from one read to the next (:func:`~edgetune.power.knobs.reads_running_clock`)."""
     lines = []
     for name, then in plan.untuned.items():
-        if name in now and now[name] != then:
+        if name in now and now[name] != then and not reads_running_clock(name):
             fix = ("boot into it (`sudo nvpmodel -m <id>`, a reboot)" if name == "power_mode" else "set it back")
             lines.append(f"plan{' ' + plan.path if plan.path else ''}: measured with {name} {then}, and the board "
                          f"runs {now[name]}: its power and speed do not hold here; {fix} or search again in this "

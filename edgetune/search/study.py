@@ -55,6 +55,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from edgetune.log import get_logger
 from edgetune.power.base import Capability, Device, summed_channels
+from edgetune.power.knobs import reads_running_clock
 from edgetune.power.monitor import PowerMonitor
 from edgetune.search import records
 from edgetune.search.baseline import Baseline, nearest_batch_size
@@ -252,8 +253,10 @@ class Search:
         self.constrained = budget_w is not None and not (max_w is not None and budget_w >= max_w)
         found = device.settings()
         self.baseline = Baseline(space, self.baseline_batch_size, found, limit_w=self._limit_w())
-        #: the knobs the search does not tune, as found: the state its measurements hold in (best.json)
-        self.untuned_knobs = {name: value for name, value in found.items() if name not in space.knob_names}
+        #: the knobs the search does not tune, as found: the state its measurements hold in (best.json). Clocks
+        #: aside: they read the running frequency, which a governor moves from one read to the next, not a state
+        self.untuned_knobs = {name: value for name, value in found.items()
+                              if name not in space.knob_names and not reads_running_clock(name)}
         #: channels the sensor's total sums: each adds its offset to the sensor's accuracy
         self.sensor_channels = summed_channels(getattr(device.sensor, "total_label", ""))
         self._storage = storage
