@@ -384,6 +384,24 @@ def test_a_model_elsewhere_than_the_gpu_measured_is_warned_about(tmp_path, monke
     device.close()
 
 
+def test_a_plan_locks_a_clock_that_runs_at_its_value_by_chance(tmp_path, monkeypatch, cnn_cost):
+    # a clock reads the frequency running now: the governor's 306 MHz reads as the plan's 306 MHz, and the plan's
+    # clock was taken for applied while the governor kept moving it. It is locked; the knobs come back as found.
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    monkeypatch.setenv("EDGETUNE_STATE_DIR", str(tmp_path / "state"))
+    gpu = "sys/devices/platform/bus@0/17000000.gpu/devfreq/17000000.gpu"
+    assert (fake.root / gpu / "cur_freq").read_text().strip() == "306000000"  # running at the plan's value, unlocked
+    before = fake.knob_state()
+    device = open_device("jetson", root=fake.root, detect_period_s=0)
+    model, opt, _ = mlp()
+    plan = write_plan(tmp_path, device="jetson", setting={"gpu_freq": 306000000})
+    with edgetune.tune(model, opt, device=device, plan=plan, cost=cnn_cost, guard=False,
+                       print_summary=False) as tuner:
+        assert fake.knob_state()[f"{gpu}/min_freq"] == fake.knob_state()[f"{gpu}/max_freq"] == "306000000\n"
+    assert fake.knob_state() == before and tuner.summary.knobs_restored
+    device.close()
+
+
 def test_guard_can_be_switched_off(cnn_cost):
     model, opt, data = mlp()
     with edgetune.tune(model, opt, dataset=data, batch_size=128, budget_w=9.0, device="sim:orin-nano",

@@ -65,7 +65,7 @@ import torch
 from edgetune.log import get_logger
 from edgetune.power.base import Device, DeviceError, KnobValue, WorkloadCost, format_value, is_out_of_memory
 from edgetune.power.clock import VirtualClock
-from edgetune.power.knobs import Candidate, check_batch_size
+from edgetune.power.knobs import Candidate, check_batch_size, reads_running_clock
 from edgetune.power.monitor import PowerMonitor
 from edgetune.predictors.convergence import ConvergenceError, check_appendable
 from edgetune.runtime.accounting import Accounting, RunSummary, SampleTap
@@ -216,6 +216,7 @@ class Tuner:
         self._guard_active = False
         self._guard_moves: Counter[GuardMove] = Counter()
         self._original: dict[str, KnobValue] = {}
+        self._written: set[str] = set()  # knobs this tuner has set: their value in force is the one written
         self._label: tuple[dict[str, KnobValue], str] | None = None  # the setting label per step, cached
 
     # -- public API ---------------------------------------------------------------------------------------
@@ -456,7 +457,8 @@ class Tuner:
             try:
                 restored = self.device.restore()
                 now = self.device.settings()
-                restored_ok = all(now.get(k) == v for k, v in self._original.items()) if self._original else True
+                # a clock reads the running frequency, which a governor moves: its restore is the write's success
+                restored_ok = all(now.get(k) == v for k, v in self._original.items() if not reads_running_clock(k))
                 if restored:
                     self._event(f"restored {', '.join(restored)}")
             except Exception as exc:  # noqa: BLE001 - reported in the summary, then the exit goes on
@@ -574,14 +576,18 @@ class Tuner:
 
     def _apply(self, setting: Mapping[str, KnobValue], why: str) -> None:
         dev = self.device
-        writable = {k: v for k, v in setting.items() if k in dev.knobs and dev.knobs[k].writable}
+        writable = {k: dev.knobs[k].validate(v) for k, v in setting.items() if k in dev.knobs and dev.knobs[k].writable}
         skipped = sorted(set(setting) - set(writable))
-        changes = {k: v for k, v in writable.items() if self.setting.get(k) != dev.knobs[k].validate(v)}
+        # a clock this tuner has not set reads the frequency running now: equal to the value asked for, it may
+        # still be the governor's, so it is written (locked) all the same
+        changes = {k: v for k, v in writable.items()
+                   if self.setting.get(k) != v or (k not in self._written and reads_running_clock(k))}
         if changes:
             dev.apply(changes)
-            self.setting.update({k: dev.knobs[k].validate(v) for k, v in changes.items()})
+            self.setting.update(changes)
+            self._written.update(changes)
         self._guard.anchor = dict(self.setting)  # the chosen setting: the guard climbs back to it, not above
-        text = ", ".join(f"{k}={format_value(dev.knobs[k].validate(v), dev.knobs[k].unit)}" for k, v in changes.items())
+        text = ", ".join(f"{k}={format_value(v, dev.knobs[k].unit)}" for k, v in changes.items())
         if skipped and dev.knobs:
             text += f" (not settable here: {', '.join(skipped)})"
         self._event(f"{why}; {text or 'knobs unchanged'}")
@@ -658,6 +664,7 @@ class Tuner:
         if changes:
             self.device.apply(changes)
             self.setting.update(changes)
+            self._written.update(changes)
         text = ", ".join(f"{k}={format_value(v, self.device.knobs[k].unit)}" for k, v in changes.items())
         self._event(f"guard {decision.reason}: {text}")
         self._guard_moves[decision.kind] += 1
