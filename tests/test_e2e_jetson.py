@@ -78,6 +78,8 @@ def test_search_on_fake_orin_nano_driven_by_the_twin(tmp_path, monkeypatch, caps
     twin = Twin("orin-nano", seed=SEED, compute=False)
     board = RecordingBoard(fake, twin, time_scale=1.0)  # each step lasts the twin's step time, plus torch's
     original = fake.knob_state()
+    cpu0 = fake.root / "sys/devices/system/cpu/cpufreq/policy0"
+    assert (cpu0 / "scaling_cur_freq").read_text() == "883200\n"  # the governor's choice when the search starts
     board.install(monkeypatch)  # the CLI's open_device("jetson") comes back driven by the board
 
     out = tmp_path / "out"
@@ -103,6 +105,10 @@ def test_search_on_fake_orin_nano_driven_by_the_twin(tmp_path, monkeypatch, caps
     assert sum(t["role"] != "confirm" for t in trials) == 6 and all(t["ok"] == "True" for t in trials)
     assert best["study"]["settings_measured"] == 6 and best["study"]["trials_measured"] == len(trials)
     assert {t["role"] for t in trials} >= {"baseline", "search"}  # the sampler chose settings too
+    # common practice leaves the CPU to its governor, which runs it at the top of its range under training load:
+    # the baseline takes that, not the 883.2 MHz it read at the start (which would have locked it there)
+    top_khz = int((cpu0 / "scaling_available_frequencies").read_text().split()[-1])
+    assert {int(float(t["cpu_freq"])) for t in trials if t["role"] == "baseline"} == {top_khz}
 
     # The board's log splits into trials: warm-up plus measured steps each, and no other step ran.
     spans, start = [], 0

@@ -1645,3 +1645,23 @@ def test_a_study_trained_on_a_gpu_is_not_resumed_on_the_cpu_nor_the_reverse():
         with pytest.raises(SearchError, match=r"^study 's' in sqlite:///x.db was made with a different torch_device;"):
             identity(resumed).check(study, storage_url="sqlite:///x.db", sampler="guided", tolerance=0.0,
                                     window_s=1.0)
+
+
+def test_a_real_boards_clocks_as_found_are_taken_as_their_governor_runs_them():
+    # read at the start of a search, a governed clock gives the governor's choice of the moment (an idle CPU at a
+    # low step); under training load it runs at the top of its range under the power mode as found
+    from edgetune.search.baseline import governed_clocks
+
+    device = open_device("sim:orin-nano", seed=0)
+    space = build_space(device, 32, [16, 32])
+    idle = dict(device.settings(), cpu_freq=729_600, emc_freq=204_000_000, gpu_freq=306_000_000)
+    caps = dict(space.mode_caps)["15W"]
+    assert governed_clocks(space, idle) == dict(idle, cpu_freq=caps.cap("cpu_freq"), emc_freq=2_133_000_000,
+                                                gpu_freq=caps.cap("gpu_freq"))
+    seven = dict(idle, power_mode="7W")  # under another mode, its caps
+    assert governed_clocks(space, seven)["gpu_freq"] == dict(space.mode_caps)["7W"].cap("gpu_freq")
+    assert governed_clocks(space, seven)["cpu_cores"] == idle["cpu_cores"]  # not a clock: as read
+    # the twin reads the values set, and finds its clocks at the mode's caps: nothing moves there, on any profile
+    for profile in ("orin-nano", "orin-nx", "orin-agx", "xavier-nx"):
+        twin = open_device(f"sim:{profile}", seed=0)
+        assert governed_clocks(build_space(twin, 32, [16, 32]), twin.settings()) == twin.settings(), profile

@@ -256,13 +256,15 @@ def _prior(spec: str, space, device) -> tuple:
     """``--prior``'s observations mapped to ``space`` (none without one); bad input: a UsageError."""
     if not spec:
         return ()
+    from edgetune.search.baseline import governed_clocks
     from edgetune.search.prior import PriorError, load_prior, map_to_space
 
     try:
         prior = load_prior(spec)
     except PriorError as exc:
         raise UsageError(str(exc)) from None
-    mapped = map_to_space(prior.observations, space, device.settings())
+    found = device.settings()  # a real board's clocks: as their governor runs them, not as read (governed_clocks)
+    mapped = map_to_space(prior.observations, space, found if device.simulated else governed_clocks(space, found))
     print(f"{prior.describe()}; {len(mapped)} of them in this space", file=sys.stderr)
     return mapped
 

@@ -2,7 +2,8 @@
 
 Common practice trains at the workload's default batch size and, under a power budget, lowers the GPU clock
 until the power fits (on a GPU with a power limit instead of a clock knob: lowers the limit), leaving the
-other knobs as the device was found. :class:`Baseline` finds that setting with few measurements, and safely
+other knobs as the device was found; on a real board a clock as found runs as its governor runs it under load,
+at the top of its range (:func:`governed_clocks`), not at the frequency it read when the search began. :class:`Baseline` finds that setting with few measurements, and safely
 (the budget protects the board: a probe far over it draws that power for a whole trial).
 
 A clock is probed from its *lowest* value up (if that does not hold the budget, nothing does), and never above
@@ -35,11 +36,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from edgetune.power.base import KnobValue, ModeCaps
-from edgetune.power.knobs import KNOBS, Candidate, KnobRole, knob_of_role
+from edgetune.power.knobs import KNOBS, Candidate, KnobRole, knob_of_role, reads_running_clock
 from edgetune.search.records import Role, TrialRecord
 from edgetune.search.space import LEVEL, SearchSpace
 
-__all__ = ["LOWERED_ROLES", "Baseline", "BaselineState", "nearest_batch_size"]
+__all__ = ["LOWERED_ROLES", "Baseline", "BaselineState", "governed_clocks", "nearest_batch_size"]
 
 #: the knob common practice lowers until the power fits, by role, first present wins
 LOWERED_ROLES = (KnobRole.GPU_CLOCK, KnobRole.POWER_LIMIT)
@@ -66,6 +67,26 @@ def _power_w(record: TrialRecord) -> float:
     """A probe's measured moving-average maximum (nan where none was measured)."""
     value = (record.measurement or {}).get("max_avg_power_w")
     return float(value) if isinstance(value, (int, float)) else math.nan
+
+
+def governed_clocks(space: SearchSpace, found: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
+    """``found`` as common practice runs it on a real board: each clock at its highest value under the power
+    mode as found (its cap there, where the space knows it), the other knobs as read.
+
+    A real clock reads the frequency running now (:func:`~edgetune.power.knobs.reads_running_clock`), which
+    the governor moves: an idle CPU read at the start of a search may run at its lowest step. Left to its
+    governor under training load, a clock runs at the top of its range, so the baseline takes that, not the
+    reading (which would lock it there and slow the baseline by the governor's idle choice). A simulated
+    device reads the values set (the twin finds its clocks at the mode's caps): callers pass its reading.
+    """
+    out = dict(found)
+    mode = knob_of_role(space.knob_names, KnobRole.POWER_MODE)
+    caps = dict(space.mode_caps).get(found.get(mode)) if mode is not None else None
+    for name, allowed in space.knobs:
+        if reads_running_clock(name) and not isinstance(allowed[0], str):
+            cap = caps.cap(name) if caps is not None else None
+            out[name] = max((v for v in allowed if cap is None or float(v) <= float(cap)), default=allowed[0])
+    return out
 
 
 class Baseline:

@@ -58,7 +58,7 @@ from edgetune.power.base import Capability, Device, summed_channels
 from edgetune.power.knobs import reads_running_clock
 from edgetune.power.monitor import PowerMonitor
 from edgetune.search import records
-from edgetune.search.baseline import Baseline, nearest_batch_size
+from edgetune.search.baseline import Baseline, governed_clocks, nearest_batch_size
 from edgetune.search.confirm import (
     CONFIRM_REPEATS,
     CONFIRM_SETTINGS,
@@ -252,7 +252,10 @@ class Search:
         max_w = device.max_power_w
         self.constrained = budget_w is not None and not (max_w is not None and budget_w >= max_w)
         found = device.settings()
-        self.baseline = Baseline(space, self.baseline_batch_size, found, limit_w=self._limit_w())
+        # a real board's clocks read the running frequency: the baseline takes them as their governor runs them
+        self.baseline = Baseline(space, self.baseline_batch_size,
+                                 found if device.simulated else governed_clocks(space, found),
+                                 limit_w=self._limit_w())
         #: the knobs the search does not tune, as found: the state its measurements hold in (best.json). Clocks
         #: aside: they read the running frequency, which a governor moves from one read to the next, not a state
         self.untuned_knobs = {name: value for name, value in found.items()
