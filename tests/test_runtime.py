@@ -402,6 +402,24 @@ def test_a_plan_locks_a_clock_that_runs_at_its_value_by_chance(tmp_path, monkeyp
     device.close()
 
 
+def test_online_tuning_on_a_board_leaves_clocks_it_does_not_explore_as_their_governor_runs_them(
+        tmp_path, monkeypatch, cnn_cost):
+    # the fake Orin Nano's CPU reads 883.2 MHz (its governor's choice at rest); online tuning explores the GPU
+    # clock and batch size, and its candidates take the CPU at the top of its range, as under training load,
+    # not locked at the reading
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    monkeypatch.setenv("EDGETUNE_STATE_DIR", str(tmp_path / "state"))
+    cpu0 = "sys/devices/system/cpu/cpufreq/policy0"
+    assert (fake.root / cpu0 / "scaling_cur_freq").read_text() == "883200\n"
+    device = open_device("jetson", root=fake.root, detect_period_s=0)
+    model, opt, data = mlp()
+    with edgetune.tune(model, opt, dataset=data, batch_size=32, budget_w=20, device=device, cost=cnn_cost,
+                       guard=False, print_summary=False):
+        files = fake.knob_state()
+        assert files[f"{cpu0}/scaling_min_freq"] == files[f"{cpu0}/scaling_max_freq"] == "1510400\n"
+    device.close()
+
+
 def test_guard_can_be_switched_off(cnn_cost):
     model, opt, data = mlp()
     with edgetune.tune(model, opt, dataset=data, batch_size=128, budget_w=9.0, device="sim:orin-nano",

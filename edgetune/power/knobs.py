@@ -13,7 +13,7 @@ Units are SI except where the kernel interface has its own (``cpu_freq`` in kHz,
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ __all__ = [
     "KnobRole",
     "KnobSpec",
     "check_batch_size",
+    "governed_value",
     "knob_of_role",
     "knob_spec",
     "knob_unit",
@@ -104,6 +105,12 @@ def reads_running_clock(name: str) -> bool:
     locked, so a value read is not a state to compare."""
     spec = KNOBS.get(name)
     return spec is not None and spec.role.is_clock
+
+
+def governed_value(values: Sequence[KnobValue], cap: KnobValue | None = None) -> KnobValue:
+    """Where a governed clock runs under training load: the highest of ``values`` (ascending) at or below
+    ``cap`` (its power mode's maximum; None: uncapped), the lowest where all are above it."""
+    return max((v for v in values if cap is None or float(v) <= float(cap)), default=values[0])
 
 
 def knob_unit(name: str, default: str = "") -> str:

@@ -65,7 +65,14 @@ import torch
 from edgetune.log import get_logger
 from edgetune.power.base import Device, DeviceError, KnobValue, WorkloadCost, format_value, is_out_of_memory
 from edgetune.power.clock import VirtualClock
-from edgetune.power.knobs import Candidate, check_batch_size, reads_running_clock
+from edgetune.power.knobs import (
+    Candidate,
+    KnobRole,
+    check_batch_size,
+    governed_value,
+    knob_of_role,
+    reads_running_clock,
+)
 from edgetune.power.monitor import PowerMonitor
 from edgetune.predictors.convergence import ConvergenceError, check_appendable
 from edgetune.runtime.accounting import Accounting, RunSummary, SampleTap
@@ -373,7 +380,7 @@ class Tuner:
                                       dataset_size=len(self._dataset) if self._dataset is not None else None,
                                       options=self._online_options, guard_margin=self.guard_params.target_margin,
                                       seed=self.seed)
-            first = self.online.start(self.setting)
+            first = self.online.start(self._governed_setting())
             assert first.candidate is not None
             self._note(first)
             self._batch_size = first.candidate.batch_size
@@ -423,6 +430,22 @@ class Tuner:
             _log.warning("the model is on %s, but %s measures %s: move it there before tune() (model.to(%r)), "
                          "or open the device that measures %s; the power measured is not the training's",
                          on, self.device.name, measured, measured, on)
+
+    def _governed_setting(self) -> dict[str, KnobValue]:
+        """The setting in force, each clock this tuner has not set as its governor runs it under training load
+        (the highest value under the power mode in force): on a real board a clock reads the frequency running
+        now, an idle CPU's low step, and candidates built on that reading would lock it there. The twin reads
+        the values set."""
+        dev = self.device
+        out = dict(self.setting)
+        if dev.simulated:
+            return out
+        mode = knob_of_role(dev.knobs, KnobRole.POWER_MODE)
+        caps = dev.knobs[mode].caps.get(self.setting.get(mode)) if mode is not None else None
+        for name, knob in dev.knobs.items():
+            if reads_running_clock(name) and name not in self._written and knob.numeric:
+                out[name] = governed_value(knob.values, caps.cap(name) if caps is not None else None)
+        return out
 
     def _model_device(self) -> torch.device | None:
         """Where the user's model is (its first parameter's device); None without a model or parameters."""

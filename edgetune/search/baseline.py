@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from edgetune.power.base import KnobValue, ModeCaps
-from edgetune.power.knobs import KNOBS, Candidate, KnobRole, knob_of_role, reads_running_clock
+from edgetune.power.knobs import KNOBS, Candidate, KnobRole, governed_value, knob_of_role, reads_running_clock
 from edgetune.search.records import Role, TrialRecord
 from edgetune.search.space import LEVEL, SearchSpace
 
@@ -84,8 +84,7 @@ def governed_clocks(space: SearchSpace, found: Mapping[str, KnobValue]) -> dict[
     caps = dict(space.mode_caps).get(found.get(mode)) if mode is not None else None
     for name, allowed in space.knobs:
         if reads_running_clock(name) and not isinstance(allowed[0], str):
-            cap = caps.cap(name) if caps is not None else None
-            out[name] = max((v for v in allowed if cap is None or float(v) <= float(cap)), default=allowed[0])
+            out[name] = governed_value(allowed, caps.cap(name) if caps is not None else None)
     return out
 
 
