@@ -398,6 +398,9 @@ def test_a_plan_locks_a_clock_that_runs_at_its_value_by_chance(tmp_path, monkeyp
     with edgetune.tune(model, opt, device=device, plan=plan, cost=cnn_cost, guard=False,
                        print_summary=False) as tuner:
         assert fake.knob_state()[f"{gpu}/min_freq"] == fake.knob_state()[f"{gpu}/max_freq"] == "306000000\n"
+        # the setting the guard climbs back to: the plan's, the CPU the plan left alone as its governor runs it
+        # under load (1510.4 MHz), not the 883.2 MHz it read at rest
+        assert tuner._guard.anchor["gpu_freq"] == 306000000 and tuner._guard.anchor["cpu_freq"] == 1510400
     assert fake.knob_state() == before and tuner.summary.knobs_restored
     device.close()
 

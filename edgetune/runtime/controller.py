@@ -343,7 +343,7 @@ class Tuner:
         dev = self.device
         self._original = dev.settings()
         self.setting = dict(self._original)
-        self._guard.anchor = dict(self.setting)
+        self._guard.anchor = self._governed_setting()  # a real board's clocks as their governors run them
         # the tap hands each sample to the guard and the accounting once, without copying the monitor's history
         self.tap = SampleTap(dev.sensor, keep_s=TAP_FAST_WINDOWS * self.guard_params.fast_window_s + TAP_SLACK_S)
         self.monitor = PowerMonitor(self.tap, dev.clock,
@@ -609,7 +609,8 @@ class Tuner:
             dev.apply(changes)
             self.setting.update(changes)
             self._written.update(changes)
-        self._guard.anchor = dict(self.setting)  # the chosen setting: the guard climbs back to it, not above
+        # the chosen setting (clocks not set: as their governors run them): the guard climbs back to it, not above
+        self._guard.anchor = self._governed_setting()
         text = ", ".join(f"{k}={format_value(v, dev.knobs[k].unit)}" for k, v in changes.items())
         if skipped and dev.knobs:
             text += f" (not settable here: {', '.join(skipped)})"
