@@ -65,17 +65,11 @@ import torch
 from edgetune.log import get_logger
 from edgetune.power.base import Device, DeviceError, KnobValue, WorkloadCost, format_value, is_out_of_memory
 from edgetune.power.clock import VirtualClock
-from edgetune.power.knobs import (
-    Candidate,
-    KnobRole,
-    check_batch_size,
-    governed_value,
-    knob_of_role,
-    reads_running_clock,
-)
+from edgetune.power.knobs import Candidate, check_batch_size, reads_running_clock
 from edgetune.power.monitor import PowerMonitor
 from edgetune.predictors.convergence import ConvergenceError, check_appendable
 from edgetune.runtime.accounting import Accounting, RunSummary, SampleTap
+from edgetune.runtime.board import governed_setting, placement_warning
 from edgetune.runtime.budget import BudgetSource, check_watts
 from edgetune.runtime.guard import Decision, GuardMove, Observation, build_ladder, frequency_prior
 from edgetune.runtime.ladder_guard import LadderGuard
@@ -416,36 +410,15 @@ class Tuner:
         self._entered = True
 
     def _check_model_placement(self) -> None:
-        """Warn where the user's model sits elsewhere than the GPU the device measures: on its CPU the steps
-        draw CPU power and the GPU's knobs change nothing in them; on another GPU they are not measured."""
-        measured = self.device.compute.torch_device
-        on = self._model_device()
-        if on is None or self.device.simulated or measured in (None, "cpu") or on == torch.device(measured):
-            return
-        if on.type == "cpu":
-            _log.warning("the model is on the CPU, but %s measures its GPU (%s): move it there before tune() "
-                         "(model.to(%r)), or the GPU's knobs change nothing in the training step",
-                         self.device.name, measured, measured)
-        else:
-            _log.warning("the model is on %s, but %s measures %s: move it there before tune() (model.to(%r)), "
-                         "or open the device that measures %s; the power measured is not the training's",
-                         on, self.device.name, measured, measured, on)
+        """Warn where the user's model is not where the device measures (:func:`~edgetune.runtime.board.placement_warning`)."""
+        line = placement_warning(self._model_device(), self.device)
+        if line:
+            _log.warning("%s", line)
 
     def _governed_setting(self) -> dict[str, KnobValue]:
-        """The setting in force, each clock this tuner has not set as its governor runs it under training load
-        (the highest value under the power mode in force): on a real board a clock reads the frequency running
-        now, an idle CPU's low step, and candidates built on that reading would lock it there. The twin reads
-        the values set."""
-        dev = self.device
-        out = dict(self.setting)
-        if dev.simulated:
-            return out
-        mode = knob_of_role(dev.knobs, KnobRole.POWER_MODE)
-        caps = dev.knobs[mode].caps.get(self.setting.get(mode)) if mode is not None else None
-        for name, knob in dev.knobs.items():
-            if reads_running_clock(name) and name not in self._written and knob.numeric:
-                out[name] = governed_value(knob.values, caps.cap(name) if caps is not None else None)
-        return out
+        """The setting in force, the clocks this tuner has not set as their governors run them
+        (:func:`~edgetune.runtime.board.governed_setting`)."""
+        return governed_setting(self.device, self.setting, self._written)
 
     def _model_device(self) -> torch.device | None:
         """Where the user's model is (its first parameter's device); None without a model or parameters."""

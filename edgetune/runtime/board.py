@@ -1,0 +1,50 @@
+"""What the runtime controller takes into account of a real board: where the model trains, and how the clocks
+it does not set run.
+
+Pure functions of the device and the values in force; the controller applies what they say
+(:mod:`edgetune.runtime.controller`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+import torch
+
+from edgetune.power.base import Device, KnobValue
+from edgetune.power.knobs import KnobRole, governed_value, knob_of_role, reads_running_clock
+
+__all__ = ["governed_setting", "placement_warning"]
+
+
+def governed_setting(device: Device, setting: Mapping[str, KnobValue], written: Collection[str]) -> dict[str, KnobValue]:
+    """``setting`` with each clock not in ``written`` as its governor runs it under training load: its highest
+    value under the power mode in force (:func:`~edgetune.power.knobs.governed_value`).
+
+    On a real board a clock reads the frequency running now (an idle CPU's low step), and a setting built on
+    that reading would lock it there. A simulated device reads the values set: ``setting`` as it is.
+    """
+    out = dict(setting)
+    if device.simulated:
+        return out
+    mode = knob_of_role(device.knobs, KnobRole.POWER_MODE)
+    caps = device.knobs[mode].caps.get(setting.get(mode)) if mode is not None else None
+    for name, knob in device.knobs.items():
+        if reads_running_clock(name) and name not in written and knob.numeric:
+            out[name] = governed_value(knob.values, caps.cap(name) if caps is not None else None)
+    return out
+
+
+def placement_warning(model_device: torch.device | None, device: Device) -> str | None:
+    """Why a model on ``model_device`` is not where ``device`` measures (one line), or None: on the board's CPU
+    its steps draw CPU power and the GPU's knobs change nothing in them; on another GPU they are not measured.
+    A simulated device models the step: where the model sits changes only the loss."""
+    measured = device.compute.torch_device
+    if model_device is None or device.simulated or measured in (None, "cpu") or model_device == torch.device(measured):
+        return None
+    if model_device.type == "cpu":
+        return (f"the model is on the CPU, but {device.name} measures its GPU ({measured}): move it there before "
+                f"tune() (model.to({measured!r})), or the GPU's knobs change nothing in the training step")
+    return (f"the model is on {model_device}, but {device.name} measures {measured}: move it there before tune() "
+            f"(model.to({measured!r})), or open the device that measures {model_device}; the power measured is not "
+            f"the training's")
