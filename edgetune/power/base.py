@@ -390,7 +390,7 @@ FIRST_KNOBS = (MODE_KNOB, "power_limit")
 def restore_order(names: Iterable[str]) -> list[str]:
     """``names`` in the order knobs are written, applied or restored: :data:`FIRST_KNOBS` first, then the rest
     by name."""
-    return sorted(names, key=lambda n: (n not in FIRST_KNOBS, FIRST_KNOBS.index(n) if n in FIRST_KNOBS else 0, n))
+    return sorted(names, key=lambda n: (FIRST_KNOBS.index(n) if n in FIRST_KNOBS else len(FIRST_KNOBS), n))
 
 
 # ---------------------------------------------------------------------------------------------- sensing

@@ -28,7 +28,6 @@ knobs are read-only with the fix in one line, and the device is in measure-only 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,10 +39,10 @@ from edgetune.power.base import (
     DeviceError,
     KnobWriteError,
     PowerReading,
-    WorkloadCost,
 )
 from edgetune.power.clock import RealClock
-from edgetune.power.cuda_order import PCI_BUS_ORDER, CudaNumbering, cuda_numbering
+from edgetune.power.cuda_order import PCI_BUS_ORDER, CudaNumbering, cuda_numbering, cuda_step_runner
+from edgetune.power.cuda_order import nvml_text as _text
 from edgetune.power.knobs import knob_unit
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, RestorableKnob, StateTracker
@@ -103,10 +102,6 @@ def _call(what: str, fn: Callable[..., Any], *args: Any, error: type[DeviceError
         return fn(*args)
     except nvml.NVMLError as exc:
         raise error(nvml_message(exc, what)) from None
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass
@@ -249,7 +244,8 @@ def _clock_knobs(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: bool,
 
     knobs["gpu_freq"] = RestorableKnob(
         "gpu_freq", knob_unit("gpu_freq"), [f * _HZ_PER_MHZ for f in gfx_mhz], read=gpu_read, write=gpu_write,
-        writable=writable and not gpu_unsupported, why_read_only=gpu_unsupported or why, snapshot=lambda: {"locked": False}, restore_snapshot=gpu_reset, tracker=tracker,
+        writable=writable and not gpu_unsupported, why_read_only=gpu_unsupported or why,
+        snapshot=lambda: {"locked": False}, restore_snapshot=gpu_reset, tracker=tracker,
         description="GPU locked clocks (nvmlDeviceSetGpuLockedClocks)",
         default_snapshot=lambda: {"locked": False})  # unlocked: nvmlDeviceResetGpuLockedClocks
 
@@ -268,8 +264,8 @@ def _clock_knobs(nvml: Any, gpu: NvmlGpu, tracker: StateTracker, writable: bool,
 
         knobs["mem_freq"] = RestorableKnob(
             "mem_freq", knob_unit("mem_freq"), [m * _HZ_PER_MHZ for m in mem_mhz], read=mem_read, write=mem_write,
-            writable=writable and not mem_unsupported, why_read_only=mem_unsupported or why, snapshot=lambda: {"locked": False},
-            restore_snapshot=mem_reset, tracker=tracker,
+            writable=writable and not mem_unsupported, why_read_only=mem_unsupported or why,
+            snapshot=lambda: {"locked": False}, restore_snapshot=mem_reset, tracker=tracker,
             description="memory locked clocks (nvmlDeviceSetMemoryLockedClocks)",
             default_snapshot=lambda: {"locked": False})  # unlocked: nvmlDeviceResetMemoryLockedClocks
     return knobs
@@ -361,21 +357,6 @@ def _compute(gpu: NvmlGpu, numbering: CudaNumbering) -> ComputeDevice:
                                f"training cannot run on it; add its UUID there", measures_cpu=False)
 
 
-def _step_runner(cuda_index: int | None) -> Callable[[Callable[[], Any], int, WorkloadCost | None], Any]:
-    """``run_step``: run the step, then wait for the GPU to finish it (CUDA work is asynchronous): the GPU
-    measured, where its CUDA number is known, else every GPU torch sees."""
-
-    def run_step(fn: Callable[[], Any], batch_size: int, cost: WorkloadCost | None) -> Any:
-        result = fn()
-        torch = sys.modules.get("torch")  # never imported here; a CUDA step is done only once synchronised
-        if torch is not None and torch.cuda.is_available():
-            for k in ([cuda_index] if cuda_index is not None else range(torch.cuda.device_count())):
-                torch.cuda.synchronize(k)
-        return result
-
-    return run_step
-
-
 def _temperature_reader(nvml: Any, gpu: Any) -> Callable[[], float | None]:
     """The GPU's temperature in whole degC (``nvmlDeviceGetTemperature``; None where it cannot be read)."""
     sensor_type = getattr(nvml, "NVML_TEMPERATURE_GPU", 0)
@@ -432,7 +413,7 @@ def open(arg: str = "", **_other: Any) -> Device:
 
     return Device(name=f"nvml:{cuda_index}" if cuda_index is not None else f"nvml:{gpu.uuid}",
                   description=description, simulated=False, knobs=dict(knobs), sensor=sensor, clock=RealClock(),
-                  run_step=_step_runner(cuda_index), temperature=_temperature_reader(nvml, gpu), notes=notes,
+                  run_step=cuda_step_runner(cuda_index), temperature=_temperature_reader(nvml, gpu), notes=notes,
                   close=close, backend=gpu,
                   capabilities=frozenset({Capability.ENERGY_COUNTER}) if sensor.has_energy_counter else frozenset(),
                   compute=compute)

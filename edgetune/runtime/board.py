@@ -17,7 +17,8 @@ from edgetune.power.knobs import KnobRole, governed_value, knob_of_role, reads_r
 __all__ = ["governed_setting", "placement_warning"]
 
 
-def governed_setting(device: Device, setting: Mapping[str, KnobValue], written: Collection[str]) -> dict[str, KnobValue]:
+def governed_setting(device: Device, setting: Mapping[str, KnobValue],
+                     written: Collection[str]) -> dict[str, KnobValue]:
     """``setting`` with each clock not in ``written`` as its governor runs it under training load: its highest
     value under the power mode in force (:func:`~edgetune.power.knobs.governed_value`).
 
@@ -40,7 +41,9 @@ def placement_warning(model_device: torch.device | None, device: Device) -> str 
     its steps draw CPU power and the GPU's knobs change nothing in them; on another GPU they are not measured.
     A simulated device models the step: where the model sits changes only the loss."""
     measured = device.compute.torch_device
-    if model_device is None or device.simulated or measured in (None, "cpu") or model_device == torch.device(measured):
+    if model_device is None or device.simulated or measured in (None, "cpu"):
+        return None
+    if model_device == torch.device(measured):
         return None
     if model_device.type == "cpu":
         return (f"the model is on the CPU, but {device.name} measures its GPU ({measured}): move it there before "

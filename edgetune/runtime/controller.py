@@ -410,7 +410,8 @@ class Tuner:
         self._entered = True
 
     def _check_model_placement(self) -> None:
-        """Warn where the user's model is not where the device measures (:func:`~edgetune.runtime.board.placement_warning`)."""
+        """Warn where the user's model is not where the device measures
+        (:func:`~edgetune.runtime.board.placement_warning`)."""
         line = placement_warning(self._model_device(), self.device)
         if line:
             _log.warning("%s", line)

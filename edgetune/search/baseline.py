@@ -3,8 +3,9 @@
 Common practice trains at the workload's default batch size and, under a power budget, lowers the GPU clock
 until the power fits (on a GPU with a power limit instead of a clock knob: lowers the limit), leaving the
 other knobs as the device was found; on a real board a clock as found runs as its governor runs it under load,
-at the top of its range (:func:`governed_clocks`), not at the frequency it read when the search began. :class:`Baseline` finds that setting with few measurements, and safely
-(the budget protects the board: a probe far over it draws that power for a whole trial).
+at the top of its range (:func:`governed_clocks`), not at the frequency it read when the search began.
+:class:`Baseline` finds that setting with few measurements, and safely (the budget protects the board: a probe
+far over it draws that power for a whole trial).
 
 A clock is probed from its *lowest* value up (if that does not hold the budget, nothing does), and never above
 the cap the power mode as found sets on it (:meth:`Baseline.lowered_values`). Once two

@@ -31,14 +31,13 @@ INA3221 sensor and its update period), :mod:`~edgetune.power.jetson.knobs` (devf
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgetune.power.base import ComputeDevice, Device, DeviceError, KnobWriteError, WorkloadCost
+from edgetune.power.base import ComputeDevice, Device, DeviceError, KnobWriteError
 from edgetune.power.clock import RealClock
+from edgetune.power.cuda_order import cuda_step_runner
 from edgetune.power.jetson.board import JETPACK, MODULES, BoardInfo, detect_board
 from edgetune.power.jetson.knobs import (
     EMC_STEPS_HZ,
@@ -105,13 +104,8 @@ class JetsonBackend:
 JETSON_COMPUTE = ComputeDevice("cuda:0")
 
 
-def _run_step(fn: Callable[[], Any], batch_size: int, cost: WorkloadCost | None) -> Any:
-    """Run one step and wait for the GPU to finish it (CUDA work is asynchronous)."""
-    result = fn()
-    torch = sys.modules.get("torch")  # only if the workload uses torch; never imported here
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return result
+#: a step is done once the module's GPU (``cuda:0``) has finished it
+_run_step = cuda_step_runner(0)
 
 
 def _is_jetson(root: Path, board: BoardInfo) -> bool:

@@ -7,15 +7,15 @@ knob, which runs ``nvpmodel -m <id>`` and reads the mode back.
 
 Modes that need a reboot
     A GPU TPC power-gating mask is set at boot: ``nvpmodel -m`` to a mode whose ``TPC_PG_MASK`` differs from
-    the GPU's live mask (``<gpu>/device/tpc_pg_mask``) does not switch; it prints ``NVPM WARN: Reboot
-    required for changing to this power mode`` and asks ``DO YOU WANT TO REBOOT NOW? enter YES/yes to
-    confirm``, and without that answer ends with ``NVPM ERROR: optMask is 1, no request for power mode``,
-    the mode unchanged. On an Orin Nano 8GB booted in 15W (mask 240), 7W (mask 252) is such a mode; on an
-    AGX Orin in MODE_30W (240), every other mode is; on an Orin NX, 10W and 15W (252) switch between each
-    other live, as do MAXN and 25W (20W on the 8GB; 240); every Xavier NX mode shares one mask. jetson-stats' jtop service
-    offers the same-mask modes only, by the same rule. So the knob offers the modes whose mask is the live
-    one (and the mode in force), and lists the others in :attr:`~edgetune.power.base.Knob.unavailable` with
-    the way to reach one: ``sudo nvpmodel -m <id>``, confirm, reboot, and run edgetune there. A search then
+    the GPU's live mask (``<gpu>/device/tpc_pg_mask``) does not switch; it prints ``NVPM WARN: Reboot required
+    for changing to this power mode`` and asks ``DO YOU WANT TO REBOOT NOW? enter YES/yes to confirm``, and
+    without that answer ends with ``NVPM ERROR: optMask is 1, no request for power mode``, the mode unchanged.
+    On an Orin Nano 8GB booted in 15W (mask 240), 7W (mask 252) is such a mode; on an AGX Orin in MODE_30W
+    (240), every other mode is; on an Orin NX, 10W and 15W (252) switch between each other live, as do MAXN
+    and 25W (20W on the 8GB; 240); every Xavier NX mode shares one mask. jetson-stats' jtop service offers the
+    same-mask modes only, by the same rule. So the knob offers the modes whose mask is the live one (and the
+    mode in force), and lists the others in :attr:`~edgetune.power.base.Knob.unavailable` with the way to
+    reach one: ``sudo nvpmodel -m <id>``, confirm, reboot, and run edgetune there. A search then
     covers the power modes the board can run without a reboot, and a plan asking for another is refused in
     one line. Should ``nvpmodel`` ask for a reboot all the same, the write raises
     :class:`~edgetune.power.base.KnobWriteError` saying so, whatever its exit status (stdin is closed, so
@@ -196,7 +196,8 @@ def power_mode_knob(root: Path, tracker: StateTracker, others: Mapping[str, Knob
         m = re.search(r"NV Power Mode:\s*(\S+)", out)
         if m and m.group(1) in by_name:
             return by_name[m.group(1)]
-        raise KnobWriteError(f"power_mode: cannot read the current mode from nvpmodel -q: {out.strip()[:_SHOWN_CHARS]!r}")
+        raise KnobWriteError(f"power_mode: cannot read the current mode from nvpmodel -q: "
+                             f"{out.strip()[:_SHOWN_CHARS]!r}")
 
     def switch(mode_id: int) -> None:
         run("-m", str(mode_id))
