@@ -16,6 +16,7 @@ draw gets a figure that says why, not empty axes.
 from __future__ import annotations
 
 import math
+import shlex
 import textwrap
 from collections import Counter
 from collections.abc import Sequence
@@ -67,8 +68,11 @@ def _setting_text(r: TrialRecord, units: dict[str, str]) -> str:
     return ", ".join(f"{k}={format_value(v, units.get(k, ''))}" for k, v in r.candidate.setting)
 
 
-def summary_table(result: SearchResult) -> str:
-    """The end-of-search summary: chosen vs baseline, then one line on the search itself."""
+def summary_table(result: SearchResult, workload_spec: str | None = None) -> str:
+    """The end-of-search summary: chosen vs baseline, then one line on the search itself.
+
+    ``workload_spec`` is the ``--workload`` the search was given (``module:function`` for your own model),
+    for the ``edgetune run`` lines the summary offers; the workload's name where not given."""
     units = result.space.unit_of
     all_failed = bool(result.measured) and all(r.outcome is None for r in result.measured)
     rows = []
@@ -127,7 +131,7 @@ def summary_table(result: SearchResult) -> str:
                          f"budget, {within}: its true power may be "
                          f"over, so the pick is the next safer (margin {edge.safer_margin_w:.3f} W), "
                          f"{edge.safer_cost_pct:+.1f}% {result.objective}; to run the edge setting: "
-                         f"{_run_command(edge.edge)} (best.json: knife_edge)")
+                         f"{_run_command(result, edge.edge, workload_spec)} (best.json: knife_edge)")
     tie = result.batch_tie
     if tie is not None:
         other = tie.runner_up
@@ -144,16 +148,18 @@ def summary_table(result: SearchResult) -> str:
         lines.append(f"batch size: {how}; train both to your target to decide: edgetune.tune(..., target=..., "
                      f"runs_file=...) records each run, and this search run again with --steps-to-target scores "
                      f"what it measured with them (README: Your runs to the target); the other setting: "
-                     f"{_run_command(other)} (best.json: batch_size_tie)")
+                     f"{_run_command(result, other, workload_spec)} (best.json: batch_size_tie)")
     if result.simulated:
         lines.append(f"SIMULATED device ({result.device_description}); protocol: {result.protocol}")
     return "\n".join(lines)
 
 
-def _run_command(r: TrialRecord) -> str:
-    """The ``edgetune run`` line that trains at ``r``'s batch size and setting (knob values in their own units)."""
-    return (f"edgetune run --batch-size {r.candidate.batch_size} "
-            + " ".join(f"--set {k}={v}" for k, v in r.candidate.setting))
+def _run_command(result: SearchResult, r: TrialRecord, workload_spec: str | None) -> str:
+    """The ``edgetune run`` line that trains the search's workload on its device at ``r``'s batch size and
+    setting (knob values in their own units)."""
+    spec = workload_spec or result.workload
+    return (f"edgetune run --device {shlex.quote(result.device_name)} --workload {shlex.quote(spec)} "
+            f"--batch-size {r.candidate.batch_size} " + " ".join(f"--set {k}={v}" for k, v in r.candidate.setting))
 
 
 def _no_baseline_why(result: SearchResult) -> str:

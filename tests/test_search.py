@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shlex
 from types import SimpleNamespace
 
 import numpy as np
@@ -845,7 +846,7 @@ def test_each_power_mode_is_probed_before_the_model_may_stop(workload):
     assert len(result.measured) < space.size
 
 
-def test_knife_edge_names_the_margin_and_the_pick_stays_on_the_safe_side(workload):
+def test_knife_edge_names_the_margin_and_the_pick_stays_on_the_safe_side(workload, capsys):
     from edgetune.search.results import certified, choose_best, knife_edge, margin_w, sensor_accuracy_w
 
     device = open_device("sim:orin-nano", compute=False, seed=1)
@@ -894,7 +895,16 @@ def test_knife_edge_names_the_margin_and_the_pick_stays_on_the_safe_side(workloa
     else:
         assert f"knife edge: the best measured setting (trial {fastest.number}," in text
         assert f"is {margin:.3f} W under the budget" in text and "the pick is the next safer" in text
-        assert f"to run the edge setting: edgetune run --batch-size {fastest.candidate.batch_size} --set " in text
+        run = (f"to run the edge setting: edgetune run --device sim:orin-nano --workload {workload.name} "
+               f"--batch-size {fastest.candidate.batch_size} --set ")
+        assert run in text
+        # the line runs as written: on the search's device, with the workload the search was given
+        line = summary_table(result, "cnn").split("to run the edge setting: ")[1].split(" (best.json")[0]
+        argv = shlex.split(line)
+        assert argv[:6] == ["edgetune", "run", "--device", "sim:orin-nano", "--workload", "cnn"]
+        assert main(argv[1:] + ["--steps", "2", "--warmup", "0", "--json"]) == 0
+        ran = json.loads(capsys.readouterr().out)["setting"]
+        assert {k: ran[k] for k in fastest.candidate.knobs} == fastest.candidate.knobs
     assert f"over budget during search: {result.over_budget_s:.1f} s" in text
 
 
@@ -962,7 +972,8 @@ def test_batch_tie_names_another_batch_size_within_the_laws_precision(workload):
         assert doc["cost_pct"] == pytest.approx(cost_pct) and doc["law_ratio_precision_pct"] == 5.0
         assert (f"batch size: a tie under the convergence law: batch {runner.candidate.batch_size} (trial "
                 f"{runner.number}," in text)
-        assert f"edgetune run --batch-size {runner.candidate.batch_size} --set " in text
+        assert (f"edgetune run --device {res.device_name} --workload {workload.name} --batch-size "
+                f"{runner.candidate.batch_size} --set ") in text
     assert seen == {True, False}  # the law's B_noise near the tie makes one, far from it none
     # steps that are a table's measured epochs to target (a trace replay's), not the law's: no tie is the law's
     from edgetune.search.oracle import TableTarget

@@ -102,7 +102,7 @@ def search(args: argparse.Namespace) -> int:
                 workload.name = Path(device.name.partition(":")[2]).stem
             space = build_space(device, workload.default_batch_size,
                                 trace.batch_sizes if trace else cfg.space.batch_sizes, cfg.space.knobs,
-                                cfg.space.values)
+                                cfg.space.values, None if trace else workload.max_batch_size)
         except SpaceError as exc:
             raise UsageError(str(exc)) from None
         interrupted: SearchResult | None = None
@@ -365,7 +365,7 @@ def _finish(result: SearchResult, out: Path, cfg: Config) -> int:
     from edgetune.search.oracle import oracle_lines
 
     files = _write_results(result, out)
-    print(summary_table(result))
+    print(summary_table(result, cfg.workload))
     for line in oracle_lines(result):  # on a trace: the gap to the table's own oracle
         print(line)
     print(f"wrote {', '.join(str(p) for p in files)}")
