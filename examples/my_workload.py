@@ -7,8 +7,11 @@ Run it from the repository root (or anywhere with this folder on PYTHONPATH)::
 
 ``build`` returns an :class:`edgetune.workloads.Workload`. Here the model is a small 1-D convolutional
 classifier of sensor windows (an accelerometer's 3 axes, 128 samples: the kind of model edge devices
-fine-tune on their own data), trained on synthetic windows whose class sets the frequency of a sine wave.
-Replace the model and ``make_batch`` with yours; keep drawing randomness from ``generator``.
+fine-tune on their own data), trained on a recorded set of windows whose class sets the frequency of a sine
+wave. Replace the model and ``recorded_windows`` with yours: any map-style ``torch.utils.data.Dataset``
+whose samples are ``(inputs, target)`` (``Workload.from_dataset``; the search's batch sizes stop at its
+size). Where your data has no end (a simulator, a live stream), pass ``make_batch`` to
+``Workload.from_model`` instead, drawing all its randomness from ``generator``.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import math
 
 import torch
 from torch import nn
+from torch.utils.data import TensorDataset
 
 from edgetune.workloads import Workload
 
 AXES, WINDOW, CLASSES = 3, 128, 6
+RECORDED = 4096  # windows in the recorded set
 
 
 def make_batch(batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,16 +38,21 @@ def make_batch(batch_size: int, generator: torch.Generator) -> tuple[torch.Tenso
     return signal + 0.5 * torch.randn(batch_size, AXES, WINDOW, generator=generator), labels
 
 
+def recorded_windows() -> TensorDataset:
+    """The recorded set: the same windows on every run, as a dataset on disk would be."""
+    return TensorDataset(*make_batch(RECORDED, torch.Generator().manual_seed(2024)))
+
+
 def build(seed: int = 0) -> Workload:
     model = nn.Sequential(
         nn.Conv1d(AXES, 32, 5, padding=2), nn.ReLU(), nn.MaxPool1d(2),
         nn.Conv1d(32, 64, 5, padding=2), nn.ReLU(), nn.AdaptiveAvgPool1d(1),
         nn.Flatten(), nn.Linear(64, CLASSES),
     )
-    return Workload.from_model(
+    return Workload.from_dataset(
         "har-cnn1d",
         model,
-        make_batch,
+        recorded_windows(),
         optimizer=torch.optim.Adam(model.parameters(), lr=1e-2),
         default_batch_size=64,
         seed=seed,

@@ -87,8 +87,8 @@ def test_every_readme_example_runs_as_written(tmp_path, monkeypatch, capsys):
     empty.mkdir()
     work = tmp_path / "work"
     work.mkdir()
-    # data the trace and steps-to-target commands name by relative path
-    for rel in ("experiments/data/zeus-nsdi23", "experiments/data/convergence"):
+    # data the trace and steps-to-target commands name by relative path, and the example workload
+    for rel in ("experiments/data/zeus-nsdi23", "experiments/data/convergence", "examples"):
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
         (work / rel).symlink_to(REPO / rel)
     monkeypatch.chdir(work)

@@ -177,14 +177,15 @@ class SearchSpace:
         return f"{self.size} settings: " + ", ".join(parts)
 
 
-def default_batch_sizes(default: int) -> tuple[int, ...]:
-    """Powers of two around the workload's default: default/8 .. default*8 (the default always included)."""
+def default_batch_sizes(default: int, largest: int | None = None) -> tuple[int, ...]:
+    """Powers of two around the workload's default: default/8 .. default*8 (the default always included),
+    none above ``largest`` (the workload's data size, where it has one)."""
     sizes = {default}
     for k in range(-3, 4):
         b = default * 2.0 ** k
         if b >= 1 and b == int(b):
             sizes.add(int(b))
-    return tuple(sorted(sizes))
+    return tuple(sorted(b for b in sizes if largest is None or b <= largest))
 
 
 def build_space(
@@ -193,6 +194,7 @@ def build_space(
     batch_sizes: Sequence[int] | None = None,
     knobs: Sequence[str] | None = None,
     values: Mapping[str, Sequence[Any]] | None = None,
+    max_batch_size: int | None = None,
 ) -> SearchSpace:
     """The space for ``device`` from the config's ``[space]`` keys.
 
@@ -202,12 +204,18 @@ def build_space(
         batch_sizes: ``space.batch_sizes`` or None.
         knobs: ``space.knobs`` or None for every writable knob.
         values: ``space.values``: allowed subset per knob, in the user's words (``"918MHz"``, ``"max"``).
+        max_batch_size: the largest batch the workload's data gives (``Workload.max_batch_size``), or None.
 
     Raises:
-        SpaceError: unknown or read-only knob, value not allowed (names the nearest allowed values).
+        SpaceError: unknown or read-only knob, value not allowed (names the nearest allowed values), a batch
+            size larger than ``max_batch_size``.
     """
     values = dict(values or {})
-    bs = tuple(sorted(set(batch_sizes))) if batch_sizes else default_batch_sizes(default_batch_size)
+    bs = tuple(sorted(set(batch_sizes))) if batch_sizes else default_batch_sizes(default_batch_size, max_batch_size)
+    if max_batch_size is not None and bs[-1] > max_batch_size:
+        over = ", ".join(str(b) for b in bs if b > max_batch_size)
+        raise SpaceError(f"batch sizes (--batch-sizes, space.batch_sizes) {over}: larger than the workload's data "
+                         f"({max_batch_size} samples); give batch sizes up to {max_batch_size}")
     if knobs is None:
         names = [n for n, k in device.knobs.items() if k.writable and len(k.values) > 1]
     else:

@@ -1,6 +1,6 @@
 """Training workloads: the built-in models and the user's own, selected by one spec string.
 
-A workload is a model, its optimizer, a loss and a seeded source of synthetic batches, plus what one
+A workload is a model, its optimizer, a loss and a seeded source of batches, plus what one
 training step asks of the hardware (:class:`~edgetune.power.base.WorkloadCost`), measured once from the
 real model. Everything that tunes or simulates a device drives training through
 :meth:`Workload.train_step`, one real forward/backward/optimizer step.
@@ -34,6 +34,9 @@ Write a function that returns a :class:`Workload` and give its ``module:function
                                    default_batch_size=64)
 
 and run ``edgetune run --workload my_workload:build ...`` (a path works too: ``./my_workload.py:build``).
+For your own data, any map-style ``torch.utils.data.Dataset`` of ``(inputs, target)`` samples,
+``Workload.from_dataset(name, model, dataset, ...)`` draws each batch's samples at random and collates
+them; the search's batch sizes stop at the dataset's size.
 ``make_batch(batch_size, generator)`` returns ``(inputs, targets)``; draw all its randomness from
 ``generator`` so that the same seed gives the same batches. The loss is ``loss_fn(model(inputs), targets)``
 (cross-entropy unless you pass ``loss_fn=``); a tuple of inputs is unpacked into the model's arguments.
@@ -46,7 +49,8 @@ Package layout
 ``core``     :class:`Workload`, :class:`WorkloadError`, the batch and loss types
 ``cost``     :class:`CostMeter` (the one definition of a step's cost, also used by the runtime controller),
              the group-aware FLOP formula, :func:`measure_cost`
-``data``     seeded synthetic data: prototype images, grammar text, :func:`encode` / :func:`decode`
+``data``     seeded synthetic data (prototype images, grammar text, :func:`encode` / :func:`decode`) and
+             :func:`dataset_batches`, batches of your own map-style ``Dataset``
 ``models``   the built-in models and their ``build_*`` functions, :data:`BUILTIN_WORKLOADS`
 ``loading``  :func:`load_workload`: built-in names and ``module:function`` specs
 ``placement`` :func:`place`: where training runs (the processor the power hardware measures)
@@ -69,6 +73,7 @@ from edgetune.workloads.data import (
     NUM_CLASSES,
     TEXT_SENTENCES,
     VOCAB,
+    dataset_batches,
     decode,
     encode,
     image_batches,
@@ -122,6 +127,7 @@ __all__ = [
     "build_chartransformer",
     "build_cnn",
     "build_mobilenet",
+    "dataset_batches",
     "decode",
     "encode",
     "image_batches",

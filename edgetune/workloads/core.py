@@ -15,6 +15,7 @@ from typing import Any, Union
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.data import Dataset
 
 from edgetune.power.base import WorkloadCost
 from edgetune.power.knobs import BatchSizeError, check_batch_size
@@ -63,6 +64,9 @@ class Workload:
         b_noise: the gradient noise scale B_noise of this workload, in samples, as measured (McCandlish et
             al. 2018: around this batch size, doubling the batch stops nearly halving the steps to a
             target; see :mod:`edgetune.predictors`); None when unknown. Not used yet.
+        max_batch_size: the largest batch the data can give, in samples (a dataset's size: a batch holds
+            distinct samples); None for a source without end, such as synthetic data. The search's batch
+            sizes stop there.
         cost: what one training step asks of the hardware, measured once by
             :func:`~edgetune.workloads.measure_cost`.
     """
@@ -75,6 +79,7 @@ class Workload:
     default_batch_size: int = DEFAULT_BATCH_SIZE
     seed: int = 0
     b_noise: float | None = None
+    max_batch_size: int | None = None
     cost: WorkloadCost = field(init=False)
 
     def __post_init__(self) -> None:
@@ -91,13 +96,19 @@ class Workload:
                 raise WorkloadError(f"workload {self.name!r}: b_noise must be a positive number of samples "
                                     f"or None, got {self.b_noise!r}")
             self.b_noise = float(self.b_noise)
+        if self.max_batch_size is not None:
+            self.max_batch_size = _check_batch_size(self.max_batch_size, "max_batch_size")
+            if self.default_batch_size > self.max_batch_size:
+                raise WorkloadError(f"workload {self.name!r}: default_batch_size {self.default_batch_size} is "
+                                    f"larger than its data ({self.max_batch_size} samples); give a smaller one")
         self._generator = torch.Generator().manual_seed(self.seed)
+        cost_batch = min(_COST_BATCH_SIZE, self.max_batch_size or _COST_BATCH_SIZE)
         try:
-            self.cost = measure_cost(self)
+            self.cost = measure_cost(self, cost_batch)
         except WorkloadError:
             raise
         except Exception as exc:
-            raise WorkloadError(f"workload {self.name!r}: one training step on a batch of {_COST_BATCH_SIZE} "
+            raise WorkloadError(f"workload {self.name!r}: one training step on a batch of {cost_batch} "
                                 f"failed: {_one_line(exc)}") from exc
 
     @classmethod
@@ -112,6 +123,7 @@ class Workload:
         default_batch_size: int = DEFAULT_BATCH_SIZE,
         seed: int = 0,
         b_noise: float | None = None,
+        max_batch_size: int | None = None,
     ) -> Workload:
         """The workload of ``model`` trained on batches from ``make_batch``.
 
@@ -126,13 +138,47 @@ class Workload:
             default_batch_size: the batch size you would train with without edgetune.
             seed: seeds the batch stream.
             b_noise: the workload's measured gradient noise scale in samples, if known.
+            max_batch_size: the largest batch ``make_batch`` can give (your data's size), if it has one.
         """
         if optimizer is None:
             optimizer = torch.optim.SGD(model.parameters(), lr=_DEFAULT_SGD_LR, momentum=_DEFAULT_SGD_MOMENTUM)
         elif not isinstance(optimizer, torch.optim.Optimizer) and callable(optimizer):
             optimizer = optimizer(model.parameters())
         return cls(name, model, make_batch, loss_fn, optimizer, default_batch_size=default_batch_size, seed=seed,
-                   b_noise=b_noise)
+                   b_noise=b_noise, max_batch_size=max_batch_size)
+
+    @classmethod
+    def from_dataset(
+        cls,
+        name: str,
+        model: nn.Module,
+        dataset: Dataset[Any],
+        *,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        loss_fn: LossFn = F.cross_entropy,
+        optimizer: OptimizerSpec = None,
+        default_batch_size: int = DEFAULT_BATCH_SIZE,
+        seed: int = 0,
+        b_noise: float | None = None,
+    ) -> Workload:
+        """The workload of ``model`` trained on your own data: batches of distinct samples of ``dataset``.
+
+        ``dataset`` is a map-style ``torch.utils.data.Dataset`` (``__len__`` and ``__getitem__``: a
+        ``TensorDataset``, a torchvision dataset, your own class); each batch draws its samples at random
+        (:func:`~edgetune.workloads.data.dataset_batches`) and ``collate_fn`` (torch's ``default_collate``
+        unless given) makes them ``(inputs, targets)``. Batch sizes stop at the dataset's size. The other
+        arguments are :meth:`from_model`'s.
+
+        Loading and collating the samples is part of each measured step, as in a ``DataLoader`` with
+        ``num_workers=0``: where your training loads in worker processes, give a dataset that holds its
+        samples decoded in memory, so the step measured is the one your training runs.
+        """
+        from edgetune.workloads.data import dataset_batches
+
+        source = dataset_batches(dataset, collate_fn)
+        return cls.from_model(name, model, source, loss_fn=loss_fn, optimizer=optimizer,
+                              default_batch_size=default_batch_size, seed=seed, b_noise=b_noise,
+                              max_batch_size=len(dataset))  # type: ignore[arg-type]  # checked by dataset_batches
 
     # -- training ---------------------------------------------------------------------------------------
 
@@ -174,6 +220,9 @@ class Workload:
         left untouched: :func:`~edgetune.workloads.measure_cost` draws its batch that way).
         """
         batch_size = _check_batch_size(batch_size, "batch size")
+        if self.max_batch_size is not None and batch_size > self.max_batch_size:
+            raise WorkloadError(f"batch size {batch_size} is larger than the data of workload {self.name!r} "
+                                f"({self.max_batch_size} samples); choose at most {self.max_batch_size}")
         inputs, targets = self.batch_source(batch_size, self._generator if generator is None else generator)
         device = self.device
         if device.type != "cpu":

@@ -1,4 +1,4 @@
-"""Synthetic training data for the built-in workloads: labelled images and printable text, seeded.
+"""Training data for workloads: the built-ins' seeded synthetic images and text, and batches of your dataset.
 
 Each source is a :data:`~edgetune.workloads.core.BatchSource`, ``make_batch(batch_size, generator) ->
 (inputs, targets)``, drawing all its randomness from ``generator`` so that one seed gives one stream.
@@ -7,11 +7,13 @@ Each source is a :data:`~edgetune.workloads.core.BatchSource`, ``make_batch(batc
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from edgetune.workloads.core import Batch, BatchSource, WorkloadError
 
@@ -21,6 +23,7 @@ __all__ = [
     "NUM_CLASSES",
     "TEXT_SENTENCES",
     "VOCAB",
+    "dataset_batches",
     "decode",
     "encode",
     "image_batches",
@@ -124,3 +127,58 @@ def text_batches(tokens: Tensor, seq_len: int) -> BatchSource:
         return windows[:, :-1], windows[:, 1:]
 
     return make_batch
+
+
+# ---------------------------------------------------------------------------------------------- your data
+
+
+def dataset_batches(dataset: Dataset[Any], collate_fn: Callable[[list[Any]], Any] | None = None) -> BatchSource:
+    """Batches of distinct samples of a map-style ``dataset``, drawn at random, collated to ``(inputs, targets)``.
+
+    Each batch draws ``batch_size`` different indices from ``generator`` (as a shuffling ``DataLoader`` does
+    within an epoch), reads them with ``dataset[i]`` and joins them with ``collate_fn`` (torch's
+    ``default_collate`` by default: ``(x, y)`` samples become a batch of ``x`` and a batch of ``y``).
+
+    Raises:
+        WorkloadError: an iterable-style dataset, a dataset without ``__len__`` or empty; when a batch is
+            drawn, a batch larger than the dataset, or samples that collate to something other than
+            ``(inputs, targets)``.
+    """
+    if isinstance(dataset, IterableDataset):
+        raise WorkloadError("an IterableDataset has no random access; give a map-style Dataset (__len__ and "
+                            "__getitem__), or write make_batch(batch_size, generator) that reads your stream")
+    try:
+        size = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        raise WorkloadError(f"the dataset ({type(dataset).__name__}) has no length; give a map-style Dataset "
+                            f"with __len__ and __getitem__") from None
+    if size < 1:
+        raise WorkloadError(f"the dataset ({type(dataset).__name__}) is empty")
+    collate = default_collate if collate_fn is None else collate_fn
+
+    def make_batch(batch_size: int, generator: torch.Generator) -> Batch:
+        if batch_size > size:
+            raise WorkloadError(f"batch size {batch_size} is larger than the dataset ({size} samples); "
+                                f"choose at most {size}")
+        batch = collate([dataset[i] for i in _distinct_indices(size, batch_size, generator)])
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            kind = f"{len(batch)} items" if isinstance(batch, (tuple, list)) else type(batch).__name__
+            raise WorkloadError(f"the dataset's samples collate to {kind}, not (inputs, targets); give "
+                                f"collate_fn= returning (inputs, targets)")
+        return batch[0], batch[1]
+
+    return make_batch
+
+
+def _distinct_indices(size: int, count: int, generator: torch.Generator) -> list[int]:
+    """``count`` different indices below ``size``, in random order, all drawn from ``generator``.
+
+    A permutation where the batch is a large part of the data; otherwise draws until ``count`` differ, which
+    costs about ``count`` draws rather than ``size`` (a batch of 64 from a million samples)."""
+    if 2 * count >= size:
+        return torch.randperm(size, generator=generator)[:count].tolist()
+    chosen: dict[int, None] = {}
+    while len(chosen) < count:
+        for i in torch.randint(0, size, (count - len(chosen),), generator=generator).tolist():
+            chosen.setdefault(i)
+    return list(chosen)
