@@ -418,7 +418,7 @@ class EfficiencySection:
                         "steps to target at a very large batch (S_min, McCandlish et al. 2018)",
                         flag=Flag("--s-min", _flag_number, group=MEASUREMENT))
     b_noise: float | str = _key(WORKLOAD, _b_noise, f'gradient noise scale B_noise in samples, "{WORKLOAD}" (the '
-                                "workload's measured value; 256 for one without) or "
+                                f"workload's measured value; measured as with \"{MEASURE}\" for one without) or "
                                 f'"{MEASURE}" (from gradient norms during the warm-up)',
                                 flag=Flag("--b-noise", _flag_number_or_measure, group=MEASUREMENT))
     b_noise_warmups: int = _key(B_NOISE_WARMUPS, _integer(1), f'with b_noise = "{MEASURE}": the warm-ups '

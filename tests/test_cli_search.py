@@ -156,7 +156,7 @@ def _spawn(helper: Path, out: Path, marker: Path, hang_after: int) -> subprocess
     # `python -m edgetune search`, with Ctrl-C delivered as in a terminal (fakes/terminal.py)
     argv = [*edgetune_argv("search"), *FAST, "--workload", "helper_wl:build", "--budget", "10",
             "--batch-sizes", "8,16", "--knobs", "gpu_freq", "--n-trials", "6", "--warmup-steps", "1",
-            "--real-steps", "1", "-o", str(out)]
+            "--real-steps", "1", "--b-noise", "256", "-o", str(out)]  # a B_noise given: the steps are the trials'
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -197,7 +197,7 @@ def test_a_trial_killed_with_kill_9_is_failed_and_queued_again_on_resume(helper,
     assert len(running) == 1  # the killed worker's trial, left RUNNING
     assert main(["search", *FAST, "--workload", "helper_wl:build", "--budget", "10", "--batch-sizes", "8,16",
                  "--knobs", "gpu_freq", "--n-trials", "6", "--warmup-steps", "1", "--real-steps", "1",
-                 "-o", str(out)]) == 0
+                 "--b-noise", "256", "-o", str(out)]) == 0
     assert "resuming study" in capsys.readouterr().err
     trials = {t.number: t for t in optuna.load_study(study_name=name, storage=url).trials}
     assert trials[running[0]].state == TrialState.FAIL

@@ -1110,6 +1110,50 @@ def test_cli_b_noise_never_positive_in_the_warmups_is_one_line_exit_2(tmp_path, 
     assert not (tmp_path / "o").exists()  # nothing written
 
 
+USER_WORKLOADS = """
+import torch
+from edgetune.workloads import Workload
+
+def batches(batch_size, generator):
+    x = torch.randn(batch_size, 8, generator=generator)
+    return x, (x[:, 0] > 0).long()
+
+def linear(seed=0):
+    return Workload.from_model("linear", torch.nn.Linear(8, 2), batches, default_batch_size=16, seed=seed)
+
+def flat(seed=0):
+    return Workload.from_model("flat", torch.nn.Linear(8, 2), batches, default_batch_size=16, seed=seed,
+                               loss_fn=lambda out, y: out.sum() * 0.0)
+"""
+
+
+@pytest.mark.parametrize(("function", "objective", "source"), [
+    ("linear", "time", "linear carries none; measured from gradient norms: the median of 2 warm-up(s)"),
+    ("flat", "energy", "fallback: flat carries no measured B_noise"),  # measuring failed: said so
+    ("linear", "throughput", "fallback: linear carries no measured B_noise"),  # no steps to target: not measured
+])
+def test_cli_a_workload_without_b_noise_has_it_measured(tmp_path, capsys, function, objective, source):
+    """The default b_noise = "workload" for your own model, which carries none: measured from gradient norms
+    where the objective needs steps to target, rather than a constant deciding the batch size unsaid."""
+    (tmp_path / "mine.py").write_text(USER_WORKLOADS)
+    argv = ["search", "--device", "sim:orin-nano", "--workload", f"{tmp_path / 'mine.py'}:{function}", "--budget",
+            "10", "--objective", objective, "--batch-sizes", "8,16", "--knobs", "gpu_freq", "--n-trials", "2",
+            "--sampler", "random", "--measure-s", "0.5", "--warmup-steps", "0", "--real-steps", "0",
+            "--b-noise-warmups", "2", "--soak-s", "0", "-o", str(tmp_path / "o")]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    best = json.loads((tmp_path / "o" / "best.json").read_text())
+    assert best["target_model"]["b_noise_source"].startswith(source)
+    if function == "flat":
+        assert ("B_noise: flat carries none, and measuring it failed (the gradient noise scale of flat was not "
+                "positive in enough of 2 warm-ups of 20 steps (not positive, not positive)): the fallback of 256 "
+                "samples decides the batch size; set efficiency.b_noise (--b-noise)") in err
+    elif objective == "time":
+        assert f"B_noise {source}" in err and best["target_model"]["b_noise"] != 256.0
+    else:
+        assert "B_noise" not in err
+
+
 # ---------------------------------------------------------------------------------------------- samplers
 
 

@@ -120,7 +120,7 @@ def search(args: argparse.Namespace) -> int:
             notes.append(f"note: budget {budget:g} W is at or above the most {device.name} can draw "
                          f"({device.max_power_w:.1f} W): no constraint binds; searching unconstrained")
         target = trace.target if trace and trace.target else _target(cfg.efficiency, workload, cfg.workload,
-                                                                       cfg.seed)
+                                                                       cfg.seed, cfg.objective)
         study_name = cfg.study_name(device.name, workload.name)
         out = output_folder(cfg, device.name, workload.name)
         _refuse_other_results(out, study_name)
@@ -289,14 +289,13 @@ def measurement_protocol(section: ProtocolSection) -> MeasurementProtocol:
 B_NOISE_STEPS = 20
 
 
-def _target(section: EfficiencySection, workload, spec: str, seed: int) -> TargetModel:
+def _target(section: EfficiencySection, workload, spec: str, seed: int, objective: str) -> TargetModel:
     """The steps-to-target model: the user's runs (``efficiency.steps_to_target``), else the law with B_noise
-    the workload's, from the config, or measured over warm-ups (the workload's own, then
-    ``section.b_noise_warmups - 1`` copies built from ``spec`` with the next seeds)."""
+    the workload's, from the config, or measured over warm-ups (:func:`_measured_target`). A workload that
+    carries no B_noise has it measured, where the objective needs steps to target (not ``throughput``)."""
     from edgetune.config import MEASURE, WORKLOAD
-    from edgetune.search.efficiency import TargetModel, measure_b_noise_warmups
+    from edgetune.search.efficiency import TargetModel
     from edgetune.search.runs_target import RunsTarget, RunsTargetError
-    from edgetune.workloads import WorkloadError, load_workload
 
     if section.steps_to_target:
         try:
@@ -308,28 +307,56 @@ def _target(section: EfficiencySection, workload, spec: str, seed: int) -> Targe
               file=sys.stderr)
         return runs
     if section.b_noise == WORKLOAD:
-        return TargetModel.for_workload(workload, section.s_min)
+        if workload.b_noise is not None or objective == "throughput":
+            return TargetModel.for_workload(workload, section.s_min)
+        return _measured_target(section, workload, spec, seed, fallback=True)
     if section.b_noise != MEASURE:
         return TargetModel(section.s_min, section.b_noise, "config")
+    return _measured_target(section, workload, spec, seed, fallback=False)
+
+
+def _measured_target(section: EfficiencySection, workload, spec: str, seed: int, *, fallback: bool) -> TargetModel:
+    """The law with B_noise measured from gradient norms: the median over ``section.b_noise_warmups`` warm-ups
+    (the workload's own, then copies built from ``spec`` with the next seeds).
+
+    ``fallback``: the default ``b_noise = "workload"`` for a workload that carries none. A measurement that
+    fails then leaves :data:`~edgetune.search.efficiency.FALLBACK_B_NOISE`, with a line that says it decides
+    the batch size; asked for (``b_noise = "measure"``), it is a :class:`UsageError`."""
+    from edgetune.config import MEASURE
+    from edgetune.search.efficiency import TargetModel, measure_b_noise_warmups
+    from edgetune.workloads import WorkloadError, load_workload
+
     n = section.b_noise_warmups
     copies = (load_workload(spec, seed=seed + i).to(workload.device) for i in range(1, n))
+    key = f"efficiency.b_noise = \"{MEASURE}\""
     try:
         measured = measure_b_noise_warmups(itertools.chain([workload], copies), workload.default_batch_size,
                                            steps=B_NOISE_STEPS)
     except (ValueError, WorkloadError) as exc:
-        raise UsageError(f"efficiency.b_noise = \"{MEASURE}\": {exc}") from None
-    value = measured.b_noise
-    each = ", ".join(f"{v:.1f}" if v > 0 and math.isfinite(v) else "not positive" for v in measured.estimates)
-    if not (value > 0 and math.isfinite(value)):
-        raise UsageError(f"efficiency.b_noise = \"{MEASURE}\": the gradient noise scale of {workload.name} was "
-                         f"not positive in enough of {n} warm-ups of {B_NOISE_STEPS} steps ({each}); set "
-                         f"efficiency.b_noise to a number of samples, or measure more warm-ups "
-                         f"(efficiency.b_noise_warmups)")
-    how = (f"measured from gradient norms: the median of {n} warm-up(s) of {B_NOISE_STEPS} steps, each on the "
-           f"workload built with the next seed" if n > 1 else
-           f"measured from gradient norms over {B_NOISE_STEPS} warm-up steps")
-    print(f"B_noise {how}: {value:.0f} samples (each warm-up: {each})", file=sys.stderr)
-    return TargetModel(section.s_min, value, how)
+        if not fallback:
+            raise UsageError(f"{key}: {exc}") from None
+        problem = str(exc)
+    else:
+        value = measured.b_noise
+        each = ", ".join(f"{v:.1f}" if v > 0 and math.isfinite(v) else "not positive" for v in measured.estimates)
+        if value > 0 and math.isfinite(value):
+            how = (f"measured from gradient norms: the median of {n} warm-up(s) of {B_NOISE_STEPS} steps, each on "
+                   f"the workload built with the next seed" if n > 1 else
+                   f"measured from gradient norms over {B_NOISE_STEPS} warm-up steps")
+            if fallback:
+                how = f"{workload.name} carries none; {how}"
+            print(f"B_noise {how}: {value:.0f} samples (each warm-up: {each})", file=sys.stderr)
+            return TargetModel(section.s_min, value, how)
+        problem = (f"the gradient noise scale of {workload.name} was not positive in enough of {n} warm-ups of "
+                   f"{B_NOISE_STEPS} steps ({each})")
+    if not fallback:
+        raise UsageError(f"{key}: {problem}; set efficiency.b_noise to a number of samples, or measure more "
+                         f"warm-ups (efficiency.b_noise_warmups)")
+    target = TargetModel.for_workload(workload, section.s_min)
+    print(f"B_noise: {workload.name} carries none, and measuring it failed ({problem}): the fallback of "
+          f"{target.b_noise:g} samples decides the batch size; set efficiency.b_noise (--b-noise) to your model's, "
+          f"or give your runs to the target (--steps-to-target)", file=sys.stderr)
+    return target
 
 
 def _write_results(result: SearchResult, out: Path, *, plots: bool = True) -> list[Path]:

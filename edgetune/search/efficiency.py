@@ -20,7 +20,8 @@ with max power the device's maximum power (Zeus: the GPU's largest power limit),
 ``S_min`` scales every setting alike: it changes the absolute figures reported, never which setting wins.
 ``B_noise`` does decide the winner. By default (``efficiency.b_noise = "workload"``) it is the workload's
 own, :attr:`edgetune.workloads.Workload.b_noise`: the built-in workloads carry one measured on real data by
-``experiments/convergence_truth.py``; a workload without one falls back to :data:`FALLBACK_B_NOISE`. Set a
+``experiments/convergence_truth.py``; for a workload without one, ``edgetune search`` measures it as
+``"measure"`` does (a :class:`TargetModel` built here falls back to :data:`FALLBACK_B_NOISE`). Set a
 number from your own run, or use ``"measure"`` to estimate it from gradient norms during the warm-up steps
 (:class:`edgetune.predictors.GradientNoiseScale`): the median of ``efficiency.b_noise_warmups``
 (:data:`edgetune.config.B_NOISE_WARMUPS`) warm-ups, each on the workload built again with another seed
