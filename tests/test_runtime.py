@@ -3,6 +3,7 @@ accounting, restore on every exit, the loader's batch-size changes, online tunin
 
 from __future__ import annotations
 
+import contextlib
 import doctest
 import itertools
 import json
@@ -651,8 +652,225 @@ def test_hf_trainer_callback_applies_the_plan_and_restores(tmp_path, cnn_cost):
     assert s.knobs_restored and dev.settings() == before
 
 
+def test_between_steps_leaves_an_evaluation_out_of_the_steps(cnn_cost):
+    """An evaluation taking 2 s of device time between steps 2 and 3: outside the block it is charged to
+    step 3 (what every step was before); inside it, to no step. The twin's clock moves only where told, so
+    the figures are exact."""
+
+    def run(block: bool):
+        model, opt, _ = mlp()
+        with edgetune.tune(model, opt, batch_size=32, budget_w=15, device="sim:orin-nano", online=False,
+                           cost=cnn_cost, print_summary=False) as tuner:
+            for k in range(4):
+                if k == 2:
+                    with tuner.between_steps() if block else contextlib.nullcontext():
+                        tuner.device.clock.sleep(2.0)  # the evaluation
+                loss = model(torch.randn(32, 16)).sum()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        return tuner.accounting.steps, tuner.summary
+
+    charged, left_out = run(False), run(True)
+    assert charged[0][2].time_s == pytest.approx(2.0 + charged[0][1].time_s, abs=1e-3)
+    assert left_out[0][2].time_s == pytest.approx(left_out[0][1].time_s, abs=1e-3)
+    assert left_out[1].steps == 4 and left_out[1].time_s == pytest.approx(charged[1].time_s - 2.0, abs=1e-3)
+    assert left_out[1].energy_j < charged[1].energy_j - 2.0 * 3.0  # the board draws watts while it evaluates
+
+
+def test_count_samples_accounts_what_each_step_trained_on(cnn_cost):
+    model, opt, _ = mlp()
+    with edgetune.tune(model, opt, batch_size=32, budget_w=15, device="sim:orin-nano", online=False,
+                       cost=cnn_cost, print_summary=False) as tuner:
+        for samples in (32, 32, 20):  # an epoch's smaller last batch
+            tuner.count_samples(samples)
+            opt.step()
+        opt.step()  # none counted: the batch size in force
+    steps = tuner.accounting.steps
+    assert [(r.batch_size, r.samples) for r in steps] == [(32, 32), (32, 32), (32, 20), (32, 32)]
+    assert tuner.summary.samples == 116
+    assert steps[2].time_s < steps[1].time_s  # the twin times the step it trained
+
+
+def test_batch_samples_reads_the_first_tensors_leading_dimension():
+    from edgetune.runtime.adapters import batch_samples
+
+    x = torch.zeros(7, 3)
+    assert batch_samples(x) == 7 and batch_samples((x, torch.zeros(7))) == 7
+    assert batch_samples({"input_ids": torch.zeros(5, 12), "labels": torch.zeros(5)}) == 5
+    assert batch_samples(((), {"x": x})) == 7  # a forward's (args, kwargs)
+    assert batch_samples(["text"]) is None and batch_samples(torch.tensor(1.0)) is None
+
+
+class _SizedModule:
+    """A Lightning module without a batch_size attribute: its batch size lives in the loader given to fit()."""
+
+    @staticmethod
+    def build(pl, dev=None, *, scheduler=False, validate_s=0.0):
+        class Module(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+                self.seen, self.lrs = 0, []
+
+            def training_step(self, batch, _):
+                self.seen += len(batch[0])
+                self.lrs.append(self.trainer.optimizers[0].param_groups[0]["lr"])
+                return torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+            def validation_step(self, batch, _):
+                dev.clock.sleep(validate_s)  # a validation pass taking device time
+                self.log("val_loss", torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1]))
+
+            def configure_optimizers(self):
+                opt = torch.optim.SGD(self.parameters(), lr=0.05)
+                if not scheduler:
+                    return opt
+                return [opt], [{"scheduler": torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0),
+                                "interval": "step"}]
+
+        return Module()
+
+
+def _fit(pl, tmp_path, module, dev, loaders, *, callback_options=(), **trainer_options):
+    from edgetune.runtime.adapters import LightningCallback
+
+    before = dev.settings()
+    callback = LightningCallback(budget_w=10.0, device=dev, plan=write_plan(tmp_path, batch_size=32),
+                                 print_summary=False, **dict(callback_options))
+    trainer = pl.Trainer(callbacks=[callback], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path,
+                         **{"max_epochs": 1, **trainer_options})
+    trainer.fit(module, *loaders)
+    assert callback.summary.knobs_restored and dev.settings() == before
+    return callback.summary
+
+
+def test_lightning_accounts_the_loaders_batch_size_and_an_epochs_smaller_last_batch(tmp_path, cnn_cost):
+    pl = pytest.importorskip("pytorch_lightning")
+    dev = open_device("sim:orin-nano", seed=0)
+    torch.manual_seed(0)
+    module = _SizedModule.build(pl, dev)
+    loader = torch.utils.data.DataLoader(_ToyData(250), batch_size=16)  # 15 batches of 16 and one of 10
+    s = _fit(pl, tmp_path, module, dev, [loader], callback_options={"cost": cnn_cost})
+    assert s.batch_size == 16 and s.steps == 16 and s.samples == module.seen == 250
+    assert any("batch size 16 is in force, not the plan's 32" in text for _, text in s.events)
+
+
+def test_lightning_accumulation_cut_short_at_an_epochs_end_counts_its_batches(tmp_path, cnn_cost):
+    pl = pytest.importorskip("pytorch_lightning")
+    dev = open_device("sim:orin-nano", seed=0)
+    module = _SizedModule.build(pl, dev)
+    loader = torch.utils.data.DataLoader(_ToyData(256), batch_size=32)  # 8 batches: steps of 3, 3 and 2
+    s = _fit(pl, tmp_path, module, dev, [loader], callback_options={"cost": cnn_cost}, max_epochs=2,
+             accumulate_grad_batches=3)
+    assert s.steps == 6 and s.samples == module.seen == 512 and [e.samples for e in s.epochs] == [256, 256]
+
+
+def test_lightning_validation_is_no_training_step(tmp_path, cnn_cost):
+    pl = pytest.importorskip("pytorch_lightning")
+    dev = open_device("sim:orin-nano", seed=0)
+    module = _SizedModule.build(pl, dev, validate_s=2.0)
+    train = torch.utils.data.DataLoader(_ToyData(256), batch_size=32)
+    val = torch.utils.data.DataLoader(_ToyData(64), batch_size=64)
+    s = _fit(pl, tmp_path, module, dev, [train, val], callback_options={"cost": cnn_cost}, val_check_interval=4,
+             num_sanity_val_steps=0)
+    # two validations of 2 s of device time each, after steps 4 and 8: in no step
+    assert s.steps == 8 and s.time_s < 1.0
+
+
+def test_lightning_schedulers_keep_the_learning_rate_scaled_for_the_batch_size(tmp_path, cnn_cost):
+    pl = pytest.importorskip("pytorch_lightning")
+    dev = open_device("sim:orin-nano", seed=0)
+    module = _SizedModule.build(pl, dev, scheduler=True)
+    loader = torch.utils.data.DataLoader(_ToyData(256), batch_size=32)
+    s = _fit(pl, tmp_path, module, dev, [loader], callback_options={"cost": cnn_cost, "lr_batch_size": 16},
+             max_steps=4)
+    # 0.05 set for batch 16, scaled linearly to the loader's 32; the scheduler recomputes it from base_lrs
+    assert module.lrs == pytest.approx([0.1] * 4)
+    assert any("scaled to batch size 32" in text for _, text in s.events)
+
+
+def test_a_run_resumed_from_a_checkpoint_is_tuned_but_not_recorded(tmp_path, cnn_cost, caplog):
+    from edgetune.runtime._adapter import _Adapter
+
+    model, opt, _ = mlp()
+    runs = tmp_path / "runs.csv"
+    adapter = _Adapter(budget_w=10.0, device="sim:orin-nano", plan=write_plan(tmp_path, batch_size=32),
+                       cost=cnn_cost, print_summary=False, target=edgetune.Target("acc", 0.5), runs_file=runs)
+    with caplog.at_level("WARNING"):
+        adapter._start(model, opt, 32, resumed_at=6)
+    assert "resumes from a checkpoint at step 6" in caplog.text and "not recorded in" in caplog.text
+    for value in (0.2, 0.6):
+        opt.step()
+        adapter.tuner.report(value)
+    adapter._stop()
+    assert adapter.summary.steps == 2 and not runs.exists()
+    assert any("resumed from a checkpoint at step 6" in text for _, text in adapter.summary.events)
+
+
+def _hf_trainer(transformers, tmp_path, model, callback, **args):
+    options = {"output_dir": str(tmp_path / "hf"), "num_train_epochs": 1, "per_device_train_batch_size": 16,
+               "learning_rate": 0.05, "report_to": [], "save_strategy": "no", "logging_strategy": "no",
+               "use_cpu": True, "disable_tqdm": True, **args}
+    data = _ToyData()
+    return transformers.Trainer(model=model, args=transformers.TrainingArguments(**options),
+                                train_dataset=DictData(data.x, data.y), eval_dataset=DictData(data.x, data.y),
+                                callbacks=[callback])
+
+
+def test_hf_evaluation_before_the_first_step_is_not_measured_as_one(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from edgetune.runtime.adapters import HFTrainerCallback
+
+    costs = []
+    for eval_on_start in (False, True):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+        callback = HFTrainerCallback(budget_w=10.0, device="sim:orin-nano", plan=write_plan(tmp_path, batch_size=16),
+                                     print_summary=False)
+        _hf_trainer(transformers, tmp_path, LabelledClassifier(net), callback, eval_on_start=eval_on_start,
+                    max_steps=4).train()
+        costs.append(callback.summary)
+    # the step's cost is measured from the first training step, not from the evaluation the Trainer runs first
+    assert costs[0].steps == costs[1].steps == 4
+    assert costs[1].time_s == pytest.approx(costs[0].time_s, rel=1e-6)
+
+
+def test_hf_train_again_after_an_exception_closes_the_first_tuner(tmp_path, cnn_cost):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from edgetune.runtime.adapters import HFTrainerCallback
+
+    calls = {"n": 0}
+
+    class Failing(LabelledClassifier):
+        def forward(self, x, labels=None):
+            calls["n"] += self.training
+            if self.training and calls["n"] == 3:
+                raise RuntimeError("CUDA out of memory (simulated)")
+            return super().forward(x, labels)
+
+    torch.manual_seed(0)
+    dev = open_device("sim:orin-nano", seed=0)
+    before = dev.settings()
+    callback = HFTrainerCallback(budget_w=10.0, device=dev, plan=write_plan(tmp_path, batch_size=16), cost=cnn_cost,
+                                 print_summary=False)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    trainer = _hf_trainer(transformers, tmp_path, Failing(net), callback)
+    with pytest.raises(RuntimeError, match="simulated"):
+        trainer.train()
+    first = callback.tuner
+    assert first is not None and first._entered  # no hook for the exception: still open, knobs set
+    trainer.train()  # again, as in a notebook
+    assert not first._entered and not first._hook_handles and first.steps == 2
+    assert callback.summary.steps == 256 // 16 and callback.summary.samples == 256
+    assert callback.summary.knobs_restored and dev.settings() == before
+
+
 def test_adapters_refuse_online_tuning():
-    from edgetune.runtime.adapters import _Adapter
+    from edgetune.runtime._adapter import _Adapter
 
     with pytest.raises(ValueError, match="online tuning needs edgetune's loader"):
         _Adapter(budget_w=10, online=True)

@@ -60,7 +60,7 @@ def run(tmp_path, *, target=0.9, batch_size=32, epochs=8, runs_file="runs.csv", 
 
 
 def records(*sizes, time_s=0.1, energy_j=1.0):
-    return [StepRecord(k, 0, b, k * time_s, (k + 1) * time_s, time_s, energy_j, energy_j / time_s, 10.0, 10.0, "")
+    return [StepRecord(k, 0, b, b, k * time_s, (k + 1) * time_s, time_s, energy_j, energy_j / time_s, 10.0, 10.0, "")
             for k, b in enumerate(sizes)]
 
 
@@ -286,7 +286,7 @@ def test_the_hf_callback_finds_the_eval_prefixed_metric_and_stops(tmp_path, capl
 
 
 def test_an_adapter_says_once_when_the_target_metric_is_not_logged(caplog):
-    from edgetune.runtime.adapters import _Adapter
+    from edgetune.runtime._adapter import _Adapter
 
     model, optimizer, _ = toy()
     with _Adapter(budget_w=10.0, device="sim:orin-nano", plan=plan(32), print_summary=False,

@@ -10,6 +10,9 @@ the guard its short and 1-s moving averages from a ring of the last two seconds.
 
 A budget violation is an interval in which the 1-s moving average of board power exceeds the budget in
 force (budgets can change during the run). For each: start, end, the worst average and the budget.
+
+Time between steps that is no training (an evaluation: :meth:`Accounting.mark_gap`) is left out of every
+step; its power still counts against the budget.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ if TYPE_CHECKING:
     from edgetune.runtime.target import TargetOutcome
 
 __all__ = ["Accounting", "EpochRecord", "RunSummary", "SampleTap", "StepRecord", "Violation"]
+
+#: the batch size of a pending mark that is no step (:meth:`Accounting.mark_gap`)
+_GAP = 0
 
 
 class SampleTap:
@@ -158,6 +164,9 @@ class StepRecord:
     step: int
     epoch: int
     batch_size: int
+    #: the samples it trained on: ``batch_size`` but for a framework's smaller last batch of an epoch or a
+    #: gradient accumulation cut short (:meth:`edgetune.runtime.Tuner.count_samples`)
+    samples: int
     start_s: float
     end_s: float
     time_s: float
@@ -349,7 +358,7 @@ class Accounting:
         self._p = np.empty(0)
         self._e = np.empty(0)
         self._t0: float | None = None
-        self._pending: list[tuple[float, int, str, int]] = []  # (end time, batch size, setting, epoch)
+        self._pending: list[tuple[float, int, int, str, int]] = []  # (end time, batch size, samples, setting, epoch)
         self._last_end: float | None = None
         self.steps: list[StepRecord] = []
         self.epochs: list[EpochRecord] = []
@@ -369,9 +378,15 @@ class Accounting:
         """The run starts at device time ``t``: the first step is measured from here."""
         self._last_end = t
 
-    def mark_step(self, end_s: float, batch_size: int, setting: str, epoch: int) -> None:
-        """A step ended at device time ``end_s`` (O(1); the arithmetic runs in :meth:`update`)."""
-        self._pending.append((end_s, batch_size, setting, epoch))
+    def mark_step(self, end_s: float, batch_size: int, setting: str, epoch: int, samples: int | None = None) -> None:
+        """A step at ``batch_size`` (``samples``: what it trained on, where fewer) ended at device time ``end_s``
+        (O(1); the arithmetic runs in :meth:`update`)."""
+        self._pending.append((end_s, batch_size, batch_size if samples is None else samples, setting, epoch))
+
+    def mark_gap(self, end_s: float) -> None:
+        """No step ran from the last step's end to device time ``end_s`` (an evaluation): the next step is
+        measured from ``end_s``. Its samples still count against the budget."""
+        self._pending.append((end_s, _GAP, 0, "", -1))
 
     # -- processing ---------------------------------------------------------------------------------
     def _energy_at(self, x: np.ndarray) -> np.ndarray:
@@ -462,9 +477,11 @@ class Accounting:
         peaks = np.where(i < t.size, peaks, np.interp(ends, t, p))  # no sample inside: the power at the end
         budgets = (self.budgets_at(ends) if self.budgets_at is not None
                    else np.array([self.budget_at(float(x)) for x in ends]))
-        for k, (end, batch, setting, epoch) in enumerate(self._pending[:ready]):
+        for k, (end, batch, samples, setting, epoch) in enumerate(self._pending[:ready]):
+            if batch == _GAP:
+                continue
             step_dt, step_e = float(dt[k]), float(energy[k])
-            rec = StepRecord(len(self.steps), epoch, batch, float(starts[k]), end, step_dt, step_e,
+            rec = StepRecord(len(self.steps), epoch, batch, samples, float(starts[k]), end, step_dt, step_e,
                              step_e / step_dt if step_dt > 0 else math.nan, float(peaks[k]), float(budgets[k]),
                              setting)
             self.steps.append(rec)
@@ -493,7 +510,7 @@ class Accounting:
             steps = [s for s in pending if s.epoch == e]
             time_s = sum(s.time_s for s in steps)
             energy = sum(s.energy_j for s in steps)
-            rec = EpochRecord(e, len(steps), sum(s.batch_size for s in steps), time_s, energy,
+            rec = EpochRecord(e, len(steps), sum(s.samples for s in steps), time_s, energy,
                               energy / time_s if time_s > 0 else math.nan, max(s.peak_w for s in steps),
                               self._epoch_max_avg)
             self.epochs.append(rec)
@@ -530,4 +547,4 @@ class Accounting:
     def totals(self) -> tuple[float, float, int]:
         """(time s, energy J, samples) over the closed steps."""
         return (sum(s.time_s for s in self.steps), sum(s.energy_j for s in self.steps),
-                sum(s.batch_size for s in self.steps))
+                sum(s.samples for s in self.steps))

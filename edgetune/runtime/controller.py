@@ -49,6 +49,7 @@ records events.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -56,7 +57,7 @@ import threading
 import time
 import types
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any, TextIO
 
@@ -204,6 +205,7 @@ class Tuner:
         self.steps = 0
         self.epoch = 0
         self._batch_size = batch_size or 0
+        self._step_samples = 0  # samples counted for the step in progress (count_samples); 0: batch_size
         self.setting: dict[str, KnobValue] = {}
         self._cost_meter: CostMeter | None = None
         self._first_batch_bytes = 0.0
@@ -266,20 +268,42 @@ class Tuner:
                                "tune() was given no optimizer")
         self._on_step()
 
+    def count_samples(self, samples: int) -> None:
+        """Add ``samples`` to the training step in progress: what it trains on, where a framework's loader
+        forms the batches (a last, smaller batch; gradient accumulation cut short at an epoch's end). A step
+        with none counted is accounted at :attr:`batch_size`. The framework adapters call this per batch;
+        ``tuner.loader`` needs none of it."""
+        self._step_samples += int(samples)
+
+    @contextlib.contextmanager
+    def between_steps(self) -> Iterator[None]:
+        """Evaluate, save a checkpoint or do anything else that is not training inside this block: the device
+        time and energy from the last step's end to the block's end are then left out of the steps (and of
+        the time and energy to the target), not charged to the next step. The budget still holds them. The
+        framework adapters do this around validation."""
+        try:
+            yield
+        finally:
+            self._steps_resume()
+
     def end_epoch(self) -> None:
         """Close an epoch in the accounting. ``tuner.loader`` does this itself at the end of each pass; call it
         when the batches come from elsewhere (the framework adapters call it from their epoch hooks)."""
         self._on_epoch_end(self.epoch)
         self.epoch += 1
 
-    def set_batch_size(self, batch_size: int, at: str | None = None) -> None:
-        """Change the batch size at the next step (or epoch: ``at="epoch"``), scaling the learning rate."""
+    def set_batch_size(self, batch_size: int, at: str | None = None, *, scale_lr: bool = True) -> None:
+        """Change the batch size at the next step (or epoch: ``at="epoch"``), scaling the learning rate
+        (``scale_lr=False``: where the batches come from elsewhere and changed without it, such as a
+        framework's gradient accumulation scheduled per epoch)."""
         at = at or self.resize_at
         if self.loader is not None:
             self.loader.set_batch_size(batch_size, at=at)
         else:
             old, self._batch_size = self._batch_size, batch_size
-            if self.optimizer is not None and old and old != batch_size:
+            if not scale_lr and old and old != batch_size:
+                self._on_resize(old, batch_size, [])
+            elif self.optimizer is not None and old and old != batch_size:
                 b_noise = self.online.b_noise if self.online is not None else None
                 options = {"b_noise": b_noise} if self.lr_rule == "adascale" else {}
                 rates = rescale_lr(self.optimizer, old, batch_size, self.lr_rule, **options)
@@ -706,15 +730,22 @@ class Tuner:
         self.apply_setting(candidate.knobs, f"{why}: batch size {candidate.batch_size}")
 
     # -- step boundaries ----------------------------------------------------------------------------------
+    def _steps_resume(self) -> None:
+        """Training steps resume now: the time since the last step's end was no step (:meth:`between_steps`)."""
+        with self._lock:
+            if self._entered:
+                self.accounting.mark_gap(self.device.clock.now())
+
     def _on_step(self) -> None:
         b = self.batch_size
+        samples, self._step_samples = self._step_samples or b, 0
         if self._cost_meter is not None and self._cost_meter.active:
-            self.cost = self._cost_meter.finish(b, self.optimizer, self._first_batch_bytes or 0.0)
+            self.cost = self._cost_meter.finish(samples, self.optimizer, self._first_batch_bytes or 0.0)
             self._cost_meter = None
             self._event(f"step cost measured from the first step: {self.cost.flops_per_sample / _FLOP_PER_MFLOP:.1f} "
                         f"MFLOP per sample")
         try:
-            self.device.run_step(_noop, b, self.cost)  # real: wait for the GPU; twin: advance the virtual clock
+            self.device.run_step(_noop, samples, self.cost)  # real: wait for the GPU; twin: advance its clock
         except Exception as exc:
             # the twin says a candidate's batch does not fit: exploration records it and moves on
             if not (is_out_of_memory(exc) and self.online is not None and self.online.exploring):
@@ -723,7 +754,7 @@ class Tuner:
             return
         t = self.device.clock.now()
         self.steps += 1
-        self.accounting.mark_step(t, b, self._setting_label(), self.epoch)
+        self.accounting.mark_step(t, b, self._setting_label(), self.epoch, samples)
         if self.online is not None:
             with self._lock:  # the guard's thread may move the online tuner too (real clock)
                 self._follow(self.online.after_step(RunState(t, self.batch_size, self.budget_w, dict(self.setting))))

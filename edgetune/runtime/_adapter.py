@@ -1,0 +1,146 @@
+"""What the framework adapters share (:mod:`edgetune.runtime.adapters`): the tuner's life in a framework's
+hooks, the samples of a batch, the framework's optimizer and schedulers."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import types
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from edgetune.log import get_logger
+from edgetune.runtime.api import tune
+from edgetune.runtime.controller import Tuner
+from edgetune.runtime.plan import load_plan
+
+__all__ = ["batch_samples"]
+
+_log = get_logger(__name__)
+
+
+def _innermost(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer under framework wrappers (accelerate's AcceleratedOptimizer, Lightning's)."""
+    seen = 0
+    while not type(optimizer).__module__.startswith("torch.optim") and hasattr(optimizer, "optimizer") and seen < 5:
+        optimizer = optimizer.optimizer
+        seen += 1
+    return optimizer
+
+
+def batch_samples(batch: Any) -> int | None:
+    """The samples in a batch as a framework hands it over: the length of the first tensor's first dimension
+    in a tensor, a tuple or list, or a mapping (a Hugging Face batch); None where no tensor is found."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() > 0 else None
+    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
+    for item in items:
+        n = batch_samples(item)
+        if n is not None:
+            return n
+    return None
+
+
+class _Adapter:
+    """What both adapters share: build the tuner once the framework has its model and optimizer."""
+
+    def __init__(self, *, budget_w: float | None = None, device: Any = "auto", plan: Any = None,
+                 **tune_options: Any) -> None:
+        if tune_options.get("online"):
+            raise ValueError("online tuning needs edgetune's loader; in a framework, pass a plan from `edgetune search`")
+        self.budget_w = budget_w
+        self.device = device
+        self.plan = load_plan(plan) if plan is not None and not hasattr(plan, "batch_size") else plan
+        self.options = tune_options
+        self.tuner: Tuner | None = None
+        self._summary = None
+        self._atexit = False
+        self._target_missing_noted = False
+
+    def _start(self, model: torch.nn.Module, optimizer: Any, batch_size: int | None, *,
+               schedulers: Iterable[Any] = (), resumed_at: int = 0, processes: int = 1) -> None:
+        """Open the tuner. ``schedulers``: the framework's learning-rate schedulers, scaled with the optimizer
+        for ``lr_batch_size``; ``resumed_at``: the optimizer steps a checkpoint resumed from (0: a fresh run);
+        ``processes``: the training processes sharing this machine."""
+        if self.tuner is not None:  # a train() that ended on an exception the framework gave no hook for
+            self._stop()
+        options = dict(self.options)
+        if resumed_at and options.get("runs_file") is not None:
+            _log.warning("this run resumes from a checkpoint at step %d: its steps to the target did not start at "
+                         "zero, so it is not recorded in %s", resumed_at, os.fspath(options["runs_file"]))
+            options["runs_file"] = None
+        tuner = tune(model, _innermost(optimizer), batch_size=batch_size, budget_w=self.budget_w,
+                     device=self.device, plan=self.plan, online=False, **options)
+        tuner.__enter__()
+        self.tuner = tuner
+        if not self._atexit:
+            atexit.register(self._stop)
+            self._atexit = True
+        if resumed_at:
+            tuner._event(f"resumed from a checkpoint at step {resumed_at}: steps are counted from there")
+        if processes > 1:
+            tuner._event(f"{processes} training processes share this machine: this one (local rank 0) tunes the "
+                         f"board and accounts its own samples; the power measured is the board's")
+        self._scale_schedulers(schedulers)
+
+    def _scale_schedulers(self, schedulers: Iterable[Any]) -> None:
+        """Scale the schedulers' ``base_lrs`` as the tuner scaled the optimizer's rate for ``lr_batch_size``
+        (a scheduler computes each rate from them, and would undo the scaling at its first step)."""
+        from edgetune.predictors import scale_lr
+
+        tuner = self.tuner
+        ref = self.options.get("lr_batch_size")
+        if tuner is None or ref is None or ref == tuner.batch_size:
+            return
+        for scheduler in schedulers:
+            base = getattr(scheduler, "base_lrs", None)
+            if isinstance(base, list):
+                scheduler.base_lrs = [scale_lr(lr, ref, tuner.batch_size, tuner.lr_rule) for lr in base]
+
+    def _report(self, metrics: Mapping[str, Any], prefix: str = "") -> bool:
+        """Report the target's metric from the framework's validation metrics (``metric``, else ``prefix +
+        metric``); True once the target is reached (the callback then stops training)."""
+        target = self.options.get("target")
+        if self.tuner is None or target is None:
+            return False
+        value = metrics.get(target.metric, metrics.get(prefix + target.metric))
+        if value is None:
+            if not self._target_missing_noted:
+                self._target_missing_noted = True
+                _log.warning("target metric %r is not among the validation metrics (%s): log it under that name",
+                             target.metric, ", ".join(sorted(map(str, metrics))) or "none")
+            return False
+        return self.tuner.report(float(value.item() if hasattr(value, "item") else value))
+
+    def _evaluated(self, metrics: Mapping[str, Any], prefix: str = "") -> bool:
+        """After the framework's validation: its time is no step's; the target's metric is reported."""
+        if self.tuner is not None:
+            self.tuner._steps_resume()
+        return self._report(metrics, prefix)
+
+    def _count(self, batch: Any) -> None:
+        """Count a training batch's samples in the step in progress."""
+        n = batch_samples(batch)
+        if self.tuner is not None and n is not None:
+            self.tuner.count_samples(n)
+
+    def _stop(self, exc: BaseException | None = None) -> None:
+        tuner, self.tuner = self.tuner, None
+        if tuner is not None:
+            tuner.__exit__(type(exc) if exc is not None else None, exc, None)
+            self._summary = tuner.summary
+
+    def __enter__(self) -> _Adapter:  # noqa: PYI034 - not subclassed by users
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: types.TracebackType | None) -> bool:
+        self._stop(exc)
+        return False
+
+    @property
+    def summary(self):
+        """The run's :class:`~edgetune.runtime.accounting.RunSummary` once training ended."""
+        return self._summary

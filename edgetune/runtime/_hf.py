@@ -1,0 +1,79 @@
+"""The Hugging Face ``TrainerCallback`` that :func:`edgetune.runtime.adapters.HFTrainerCallback` builds.
+
+A module of its own, imported only when an adapter is built, so that the class has a name to be imported by.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+try:
+    from transformers import TrainerCallback
+except ImportError:
+    raise ImportError("the Hugging Face adapter needs transformers: pip install edgetune[hf]") from None
+
+from edgetune.runtime._adapter import _Adapter
+
+__all__ = ["HFTunerCallback"]
+
+
+def _local_processes() -> int:
+    """Training processes on this machine (``torchrun`` and ``accelerate launch`` set LOCAL_WORLD_SIZE)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+class HFTunerCallback(_Adapter, TrainerCallback):
+    """A ``TrainerCallback`` running the edgetune controller in ``Trainer.train`` (see
+    :mod:`edgetune.runtime.adapters`)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._waiting: tuple[Any, Any, Any] | None = None
+        self._hook: Any = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
+                       lr_scheduler: Any = None, **kw: Any) -> None:
+        if optimizer is None:
+            raise RuntimeError("the Trainer passed no optimizer to its callbacks; edgetune needs it to mark steps")
+        self._stop()  # a tuner left open by a train() that ended on an exception (the Trainer has no hook for it)
+        # the tuner opens at the first step, so an evaluation the Trainer runs first (eval_on_start) is no step
+        self._waiting = (model, optimizer, lr_scheduler) if state.is_local_process_zero else None
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self._waiting is None:
+            return
+        model, optimizer, scheduler = self._waiting
+        self._waiting = None
+        # the batch the optimizer sees: per device x devices (x accumulation steps per optimizer step); the
+        # arguments', not the state's, which a checkpoint resumed from replaces
+        per_step = args.train_batch_size * max(1, args.gradient_accumulation_steps)
+        self._start(model, optimizer, per_step, schedulers=[scheduler] if scheduler is not None else [],
+                    resumed_at=state.global_step, processes=_local_processes())
+        if model is not None:  # each training forward pass is a micro-batch: its samples are the step's
+            self._hook = model.register_forward_pre_hook(self._forward, with_kwargs=True)
+
+    def _forward(self, module: Any, args: Any, kwargs: Any) -> None:
+        if module.training:
+            self._count((args, kwargs))
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.tuner is not None:
+            self.tuner.end_epoch()
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kw: Any) -> None:
+        if self._evaluated(metrics or {}, prefix="eval_"):
+            control.should_training_stop = True
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._waiting = None
+        self._stop()
+
+    def _stop(self, exc: BaseException | None = None) -> None:
+        hook, self._hook = self._hook, None
+        if hook is not None:
+            hook.remove()
+        super()._stop(exc)

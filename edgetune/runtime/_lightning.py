@@ -1,0 +1,81 @@
+"""The PyTorch Lightning callback that :func:`edgetune.runtime.adapters.LightningCallback` builds.
+
+A module of its own, imported only when an adapter is built, so that the class has a name to be imported by:
+spawned processes (``strategy="ddp_spawn"``) unpickle the callback by it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    import pytorch_lightning as pl
+except ImportError:  # the unified package names it lightning.pytorch
+    try:
+        import lightning.pytorch as pl  # type: ignore[no-redef]
+    except ImportError:
+        raise ImportError("the Lightning adapter needs PyTorch Lightning: pip install edgetune[lightning]") from None
+
+from torch.utils.data import DataLoader
+
+from edgetune.runtime._adapter import _Adapter
+
+__all__ = ["LightningTunerCallback"]
+
+
+def _loader_batch_size(loader: Any) -> int | None:
+    """The batch size of the loader Lightning built for training; None for several loaders or none."""
+    if not isinstance(loader, DataLoader):
+        return None
+    return loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
+
+
+def _accumulation(trainer: Any) -> int:
+    """Batches per optimizer step now (a GradientAccumulationScheduler changes it between epochs)."""
+    return max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1))
+
+
+class LightningTunerCallback(_Adapter, pl.Callback):
+    """A ``Callback`` running the edgetune controller in ``Trainer.fit`` (see :mod:`edgetune.runtime.adapters`)."""
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        # before the loaders are built: the plan's batch size, where the user's code reads an attribute
+        if stage == "fit" and self.plan is not None:
+            for holder in (trainer.datamodule, pl_module):
+                if holder is not None and hasattr(holder, "batch_size"):
+                    holder.batch_size = self.plan.batch_size
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.local_rank != 0:  # one tuner per board: the machine's first process
+            return
+        holder = trainer.datamodule if getattr(trainer.datamodule, "batch_size", None) else pl_module
+        per_batch = (_loader_batch_size(trainer.train_dataloader) or getattr(holder, "batch_size", None)
+                     or (self.plan.batch_size if self.plan else None))
+        self._per_batch = per_batch
+        # a step is an optimizer step: with gradient accumulation it takes that many batches
+        self._start(pl_module, trainer.optimizers[0], per_batch * _accumulation(trainer) if per_batch else None,
+                    schedulers=[config.scheduler for config in trainer.lr_scheduler_configs],
+                    resumed_at=trainer.global_step, processes=trainer.num_devices)
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        per_batch = getattr(self, "_per_batch", None)
+        if self.tuner is not None and per_batch and per_batch * _accumulation(trainer) != self.tuner.batch_size:
+            # the framework's accumulation changed (GradientAccumulationScheduler): the batch per step with it
+            self.tuner.set_batch_size(per_batch * _accumulation(trainer), scale_lr=False)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._count(batch)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.tuner is not None:
+            self.tuner.end_epoch()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if not trainer.sanity_checking and self._evaluated(trainer.callback_metrics):
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._stop()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._stop(exception)
