@@ -732,13 +732,13 @@ class _SizedModule:
         return Module()
 
 
-def _fit(pl, tmp_path, module, dev, loaders, *, callback_options=(), **trainer_options):
+def _fit(pl, tmp_path, module, dev, loaders, *, callback_options=(), callbacks_after=(), **trainer_options):
     from edgetune.runtime.adapters import LightningCallback
 
     before = dev.settings()
     callback = LightningCallback(budget_w=10.0, device=dev, plan=write_plan(tmp_path, batch_size=32),
                                  print_summary=False, **dict(callback_options))
-    trainer = pl.Trainer(callbacks=[callback], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+    trainer = pl.Trainer(callbacks=[callback, *callbacks_after], logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path,
                          **{"max_epochs": 1, **trainer_options})
     trainer.fit(module, *loaders)
@@ -755,6 +755,23 @@ def test_lightning_accounts_the_loaders_batch_size_and_an_epochs_smaller_last_ba
     s = _fit(pl, tmp_path, module, dev, [loader], callback_options={"cost": cnn_cost})
     assert s.batch_size == 16 and s.steps == 16 and s.samples == module.seen == 250
     assert any("batch size 16 is in force, not the plan's 32" in text for _, text in s.events)
+
+
+def test_lightning_measures_the_steps_input_as_input_not_activations(tmp_path):
+    pl = pytest.importorskip("pytorch_lightning")
+    dev = open_device("sim:orin-nano", seed=0)
+    module = _SizedModule.build(pl, dev)
+    tuners = []
+
+    class Grab(pl.Callback):
+        def on_train_batch_end(self, trainer, *_):
+            tuners.append(trainer.callbacks[0].tuner)
+
+    loader = torch.utils.data.DataLoader(_ToyData(256), batch_size=32)
+    _fit(pl, tmp_path, module, dev, [loader], accumulate_grad_batches=2, callbacks_after=[Grab()])
+    cost = tuners[-1].cost  # measured from the first step: two batches of 32 x (16 float32 + an int64 label)
+    assert cost.input_bytes_per_sample == 16 * 4 + 8
+    assert cost.activation_bytes_per_sample < 3 * (32 + 32 + 2) * 4  # the layers' outputs, not the inputs
 
 
 def test_lightning_accumulation_cut_short_at_an_epochs_end_counts_its_batches(tmp_path, cnn_cost):

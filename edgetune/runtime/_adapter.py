@@ -121,10 +121,14 @@ class _Adapter:
         return self._report(metrics, prefix)
 
     def _count(self, batch: Any) -> None:
-        """Count a training batch's samples in the step in progress."""
+        """Count a training batch's samples in the step in progress (and, in the first step, its bytes as the
+        step's input in the measured cost, not as activations)."""
+        if self.tuner is None:
+            return
         n = batch_samples(batch)
-        if self.tuner is not None and n is not None:
+        if n is not None:
             self.tuner.count_samples(n)
+        self.tuner._on_batch(batch)
 
     def _stop(self, exc: BaseException | None = None) -> None:
         tuner, self.tuner = self.tuner, None

@@ -797,6 +797,7 @@ class Tuner:
         _log.info("%.3f s: %s", t, text)
 
     def _on_batch(self, batch: Any) -> None:
-        """The loader's first batch: its bytes are the step's input, not activations."""
-        if self._cost_meter is not None and self._cost_meter.active and not self._first_batch_bytes:
-            self._first_batch_bytes = self._cost_meter.exclude(batch)
+        """A batch of the first step (the loader's first; each micro-batch of a framework's first optimizer step,
+        from the adapters): its bytes are the step's input, not activations."""
+        if self._cost_meter is not None and self._cost_meter.active:
+            self._first_batch_bytes += self._cost_meter.exclude(batch)
