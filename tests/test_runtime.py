@@ -692,6 +692,20 @@ def test_count_samples_accounts_what_each_step_trained_on(cnn_cost):
     assert steps[2].time_s < steps[1].time_s  # the twin times the step it trained
 
 
+def test_the_loaders_smaller_last_batch_is_accounted_at_its_samples(cnn_cost):
+    model, opt, _ = mlp()
+    data = TensorDataset(torch.randn(100, 16), torch.randint(0, 4, (100,)))
+    with edgetune.tune(model, opt, dataset=data, batch_size=32, budget_w=15, device="sim:orin-nano", online=False,
+                       cost=cnn_cost, print_summary=False) as tuner:
+        for x, y in tuner.loader:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert [(r.batch_size, r.samples) for r in tuner.accounting.steps] == [(32, 32)] * 3 + [(32, 4)]
+    assert tuner.summary.samples == tuner.summary.epochs[0].samples == 100
+
+
 def test_batch_samples_reads_the_first_tensors_leading_dimension():
     from edgetune.runtime.adapters import batch_samples
 

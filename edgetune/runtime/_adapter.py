@@ -14,6 +14,7 @@ import torch
 from edgetune.log import get_logger
 from edgetune.runtime.api import tune
 from edgetune.runtime.controller import Tuner
+from edgetune.runtime.loader import batch_samples
 from edgetune.runtime.plan import load_plan
 
 __all__ = ["batch_samples"]
@@ -28,19 +29,6 @@ def _innermost(optimizer: Any) -> torch.optim.Optimizer:
         optimizer = optimizer.optimizer
         seen += 1
     return optimizer
-
-
-def batch_samples(batch: Any) -> int | None:
-    """The samples in a batch as a framework hands it over: the length of the first tensor's first dimension
-    in a tensor, a tuple or list, or a mapping (a Hugging Face batch); None where no tensor is found."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() > 0 else None
-    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
-    for item in items:
-        n = batch_samples(item)
-        if n is not None:
-            return n
-    return None
 
 
 class _Adapter:

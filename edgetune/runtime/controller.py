@@ -74,7 +74,7 @@ from edgetune.runtime.board import governed_setting, placement_warning
 from edgetune.runtime.budget import BudgetSource, check_watts
 from edgetune.runtime.guard import Decision, GuardMove, Observation, build_ladder, frequency_prior
 from edgetune.runtime.ladder_guard import LadderGuard
-from edgetune.runtime.loader import BatchLoader, rescale_lr
+from edgetune.runtime.loader import BatchLoader, batch_samples, rescale_lr
 from edgetune.runtime.online import (
     DEFAULT_START_BATCH_SIZE,
     OnlineDecision,
@@ -415,7 +415,7 @@ class Tuner:
                 self._dataset, self._batch_size, optimizer=self.optimizer, lr_rule=ls.lr_rule,
                 shuffle=ls.shuffle, seed=ls.seed, drop_last=ls.drop_last,
                 on_epoch_start=self._on_epoch_start, on_epoch_end=self._on_epoch_end,
-                on_resize=self._on_resize, on_batch=self._on_batch, **ls.options)
+                on_resize=self._on_resize, on_batch=self._on_loader_batch, **ls.options)
         self._build_guard()
         if self.optimizer is not None:
             self._hook_handles.append(self.optimizer.register_step_post_hook(lambda opt, args, kwargs: self._on_step()))
@@ -795,6 +795,13 @@ class Tuner:
         t = self.device.clock.now() if hasattr(self, "device") else 0.0
         self.events.append((t, text))
         _log.info("%.3f s: %s", t, text)
+
+    def _on_loader_batch(self, batch: Any) -> None:
+        """A batch of ``tuner.loader``: the samples its step trains on (fewer at an epoch's end), its bytes."""
+        n = batch_samples(batch)
+        if n is not None:
+            self.count_samples(n)
+        self._on_batch(batch)
 
     def _on_batch(self, batch: Any) -> None:
         """A batch of the first step (the loader's first; each micro-batch of a framework's first optimizer step,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Callable, Iterator, Mapping, Sized
 from typing import Any
 
 import torch
@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from edgetune.power.knobs import check_batch_size
 
-__all__ = ["BatchLoader", "ResizableBatchSampler", "rescale_lr"]
+__all__ = ["BatchLoader", "ResizableBatchSampler", "batch_samples", "rescale_lr"]
 
 
 def rescale_lr(optimizer: torch.optim.Optimizer, old_batch_size: int, new_batch_size: int, rule: str,
@@ -44,6 +44,19 @@ def rescale_lr(optimizer: torch.optim.Optimizer, old_batch_size: int, new_batch_
                                            **rule_options)
         rates.append(group["lr"])
     return rates
+
+
+def batch_samples(batch: Any) -> int | None:
+    """The samples in a batch as a framework hands it over: the length of the first tensor's first dimension
+    in a tensor, a tuple or list, or a mapping (a Hugging Face batch); None where no tensor is found."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() > 0 else None
+    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
+    for item in items:
+        n = batch_samples(item)
+        if n is not None:
+            return n
+    return None
 
 
 class ResizableBatchSampler(Sampler[list[int]]):
