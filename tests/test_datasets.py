@@ -128,6 +128,29 @@ def test_samples_that_are_not_input_target_pairs_need_a_collate_fn() -> None:
     assert w.train_step(16) > 0
 
 
+class KeywordModel(torch.nn.Module):
+    """A model called as a tokenizer's output is passed: keyword arguments, an output object with logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, features: torch.Tensor, scale: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"logits": self.net(features * scale[:, None])}
+
+
+def test_mapping_inputs_are_the_models_keyword_arguments() -> None:
+    def collate(items):
+        features = torch.stack([d["features"] for d in items])
+        return {"features": features, "scale": torch.ones(len(items))}, torch.stack([d["label"] for d in items])
+
+    w = Workload.from_dataset("keywords", KeywordModel(), Dicts(N), collate_fn=collate,
+                              loss_fn=lambda out, y: torch.nn.functional.cross_entropy(out["logits"], y))
+    inputs, _ = w.make_batch(8)
+    assert set(inputs) == {"features", "scale"} and w.train_step(8) > 0
+    assert w.cost.input_bytes_per_sample == 8 * 4 + 4 + 8  # features, scale and the label, per sample
+
+
 def test_the_search_space_stops_at_the_dataset_size() -> None:
     assert default_batch_sizes(32, 200) == (4, 8, 16, 32, 64, 128)
     assert default_batch_sizes(32) == (4, 8, 16, 32, 64, 128, 256)

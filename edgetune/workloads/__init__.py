@@ -39,7 +39,8 @@ For your own data, any map-style ``torch.utils.data.Dataset`` of ``(inputs, targ
 them; the search's batch sizes stop at the dataset's size.
 ``make_batch(batch_size, generator)`` returns ``(inputs, targets)``; draw all its randomness from
 ``generator`` so that the same seed gives the same batches. The loss is ``loss_fn(model(inputs), targets)``
-(cross-entropy unless you pass ``loss_fn=``); a tuple of inputs is unpacked into the model's arguments.
+(cross-entropy unless you pass ``loss_fn=``); a tuple of inputs is unpacked into the model's arguments, a
+dict (a tokenizer's output) into its keyword arguments.
 If ``build`` takes a ``seed`` argument it receives the run's seed; either way torch's global generator is
 seeded with it while ``build`` runs, so the initial weights are reproducible. ``examples/my_workload.py``
 is a complete example.

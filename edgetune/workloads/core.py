@@ -8,7 +8,7 @@ forward/backward/optimizer step. Build a workload with :meth:`Workload.from_mode
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from edgetune.power.base import WorkloadCost
 from edgetune.power.knobs import BatchSizeError, check_batch_size
-from edgetune.workloads.cost import _COST_BATCH_SIZE, measure_cost
+from edgetune.workloads.cost import _COST_BATCH_SIZE, apply_model, measure_cost
 
 __all__ = ["DEFAULT_BATCH_SIZE", "Batch", "BatchSource", "LossFn", "OptimizerSpec", "Workload", "WorkloadError"]
 
@@ -230,10 +230,10 @@ class Workload:
         return inputs, targets
 
     def loss(self, batch: Batch) -> Tensor:
-        """The training loss of the model on ``batch`` (forward pass only)."""
+        """The training loss of the model on ``batch`` (forward pass only): a tuple or list of inputs is
+        unpacked into the model's arguments, a mapping (a tokenizer's output) into its keyword arguments."""
         inputs, targets = batch
-        outputs = self.model(*inputs) if isinstance(inputs, (tuple, list)) else self.model(inputs)
-        return self.loss_fn(outputs, targets)
+        return self.loss_fn(apply_model(self.model, inputs), targets)
 
     def train_step(self, batch_size: int) -> float:
         """One real training step (forward, backward, optimizer) on a fresh batch; returns the loss."""
@@ -270,9 +270,11 @@ def _check_batch_size(batch_size: Any, what: str) -> int:
 
 
 def _to(x: Any, device: torch.device) -> Any:
-    """``x`` (a tensor, or tuples and lists of them) on ``device``."""
+    """``x`` (a tensor, or tuples, lists and dicts of them) on ``device``."""
     if isinstance(x, Tensor):
         return x.to(device)
     if isinstance(x, (tuple, list)):
         return type(x)(_to(v, device) for v in x)
+    if isinstance(x, Mapping):
+        return {k: _to(v, device) for k, v in x.items()}
     return x

@@ -165,6 +165,16 @@ class CostMeter:
         )
 
 
+def apply_model(model: nn.Module, inputs: Any) -> Any:
+    """``model`` called on a batch's inputs: a tuple or list unpacked into its arguments, a mapping (a
+    tokenizer's output) into its keyword arguments, anything else its one argument."""
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
 def measure_cost(workload: Workload, batch_size: int = _COST_BATCH_SIZE) -> WorkloadCost:
     """Measure what one training step of ``workload`` asks of the hardware, from the real model.
 
@@ -193,8 +203,7 @@ def measure_cost(workload: Workload, batch_size: int = _COST_BATCH_SIZE) -> Work
     model.train()
     optimizer.zero_grad(set_to_none=True)
     with torch.random.fork_rng(devices=[]), meter:
-        outputs = model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
-        loss = workload.loss_fn(outputs, targets)
+        loss = workload.loss_fn(apply_model(model, inputs), targets)
         loss.backward()
     optimizer.step()
     cost = meter.finish(batch_size, optimizer, input_bytes)
