@@ -706,14 +706,37 @@ def test_the_loaders_smaller_last_batch_is_accounted_at_its_samples(cnn_cost):
     assert tuner.summary.samples == tuner.summary.epochs[0].samples == 100
 
 
-def test_batch_samples_reads_the_first_tensors_leading_dimension():
+def test_batch_samples_is_the_leading_dimension_the_batchs_tensors_agree_on():
     from edgetune.runtime.adapters import batch_samples
 
     x = torch.zeros(7, 3)
     assert batch_samples(x) == 7 and batch_samples((x, torch.zeros(7))) == 7
     assert batch_samples({"input_ids": torch.zeros(5, 12), "labels": torch.zeros(5)}) == 5
-    assert batch_samples(((), {"x": x})) == 7  # a forward's (args, kwargs)
+    assert batch_samples([torch.zeros(5, 12), torch.zeros(5, 12)]) == 5  # a forward's arguments, flattened
+    # pad_sequence's (T, B) beside (B,) labels, per-image tuples of a detection batch, text: not known
+    assert batch_samples((torch.zeros(50, 4), torch.zeros(4))) is None
+    assert batch_samples(((torch.zeros(3, 8, 8), torch.zeros(3, 8, 8)), ({"boxes": x}, {"boxes": x}))) is None
     assert batch_samples(["text"]) is None and batch_samples(torch.tensor(1.0)) is None
+
+
+def test_gradient_accumulation_in_a_plain_loop_times_each_micro_batch(cnn_cost):
+    """Four batches of 32 per optimizer step: the twin times four steps of 32 (not one of 128, which need
+    not fit), and a run recorded to the target is at the batch an optimizer step trains on."""
+    model, opt, data = mlp()
+    with edgetune.tune(model, opt, dataset=data, batch_size=32, budget_w=15, device="sim:orin-nano", online=False,
+                       cost=cnn_cost, print_summary=False) as tuner:
+        for k, (x, y) in enumerate(tuner.loader):
+            (torch.nn.functional.cross_entropy(model(x), y) / 4).backward()
+            if k % 4 == 3:
+                opt.step()
+                opt.zero_grad()
+            if k == 15:
+                break
+    steps = tuner.accounting.steps
+    assert [(r.batch_size, r.samples) for r in steps] == [(32, 128)] * 4
+    twin = open_device("sim:orin-nano", seed=0).backend
+    one = twin.expected(cnn_cost, 32, dict(tuner.setting)).step_time_s
+    assert steps[1].time_s == pytest.approx(4 * one, rel=0.15)  # four micro-batches' time, the twin's jitter aside
 
 
 class _SizedModule:

@@ -115,6 +115,20 @@ def test_time_and_energy_run_to_the_crossing_and_only_one_batch_size_is_a_run():
     assert not changed.recordable and "32 -> 16" in changed.why
 
 
+def test_a_run_is_recorded_at_the_batch_an_optimizer_step_trains_on():
+    tracker = TargetTracker(Target("accuracy", 0.9))
+    tracker.report(3, 1.0)
+    # gradient accumulation of 4 batches of 32, the epoch's last step holding 3: a run at batch 128
+    steps = [StepRecord(k, 0, 32, n, k * 0.1, (k + 1) * 0.1, 0.1, 1.0, 10.0, 10.0, 10.0, "")
+             for k, n in enumerate((128, 128, 96, 128))]
+    got = outcome(tracker, steps, ended_normally=True)
+    assert got.recordable and got.batch_size == 128
+    # an epoch's smaller last batch is no other batch size
+    last = [StepRecord(k, 0, 32, n, k * 0.1, (k + 1) * 0.1, 0.1, 1.0, 10.0, 10.0, 10.0, "")
+            for k, n in enumerate((32, 32, 20))]
+    assert outcome(tracker, last, ended_normally=True).batch_size == 32
+
+
 def test_a_missed_target_is_a_run_only_when_the_run_ended_normally():
     tracker = TargetTracker(Target("accuracy", 0.9))
     tracker.report(4, 0.5)

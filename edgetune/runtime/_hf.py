@@ -58,7 +58,7 @@ class HFTunerCallback(_Adapter, TrainerCallback):
 
     def _forward(self, module: Any, args: Any, kwargs: Any) -> None:
         if module.training:
-            self._count((args, kwargs))
+            self._count([*args, *kwargs.values()])
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self.tuner is not None:

@@ -74,7 +74,7 @@ from edgetune.runtime.board import governed_setting, placement_warning
 from edgetune.runtime.budget import BudgetSource, check_watts
 from edgetune.runtime.guard import Decision, GuardMove, Observation, build_ladder, frequency_prior
 from edgetune.runtime.ladder_guard import LadderGuard
-from edgetune.runtime.loader import BatchLoader, batch_samples, rescale_lr
+from edgetune.runtime.loader import BatchLoader, rescale_lr
 from edgetune.runtime.online import (
     DEFAULT_START_BATCH_SIZE,
     OnlineDecision,
@@ -205,7 +205,7 @@ class Tuner:
         self.steps = 0
         self.epoch = 0
         self._batch_size = batch_size or 0
-        self._step_samples = 0  # samples counted for the step in progress (count_samples); 0: batch_size
+        self._step_batches: list[int] = []  # samples of each batch of the step in progress (count_samples)
         self.setting: dict[str, KnobValue] = {}
         self._cost_meter: CostMeter | None = None
         self._first_batch_bytes = 0.0
@@ -269,11 +269,11 @@ class Tuner:
         self._on_step()
 
     def count_samples(self, samples: int) -> None:
-        """Add ``samples`` to the training step in progress: what it trains on, where a framework's loader
-        forms the batches (a last, smaller batch; gradient accumulation cut short at an epoch's end). A step
-        with none counted is accounted at :attr:`batch_size`. The framework adapters call this per batch;
-        ``tuner.loader`` needs none of it."""
-        self._step_samples += int(samples)
+        """A batch of ``samples`` in the training step in progress: what it trains on, where a framework's
+        loader forms the batches (a last, smaller batch; the micro-batches of gradient accumulation, the twin
+        timing each as run). A step with none counted is one batch of :attr:`batch_size`. The framework
+        adapters call this per batch; ``tuner.loader`` does it itself."""
+        self._step_batches.append(int(samples))
 
     @contextlib.contextmanager
     def between_steps(self) -> Iterator[None]:
@@ -738,14 +738,19 @@ class Tuner:
 
     def _on_step(self) -> None:
         b = self.batch_size
-        samples, self._step_samples = self._step_samples or b, 0
+        batches, self._step_batches = self._step_batches or [b], []
+        samples = sum(batches)
         if self._cost_meter is not None and self._cost_meter.active:
             self.cost = self._cost_meter.finish(samples, self.optimizer, self._first_batch_bytes or 0.0)
             self._cost_meter = None
             self._event(f"step cost measured from the first step: {self.cost.flops_per_sample / _FLOP_PER_MFLOP:.1f} "
                         f"MFLOP per sample")
         try:
-            self.device.run_step(_noop, samples, self.cost)  # real: wait for the GPU; twin: advance its clock
+            if self._virtual:  # the twin times each batch of the step (micro-batches under accumulation) as run
+                for n in batches:
+                    self.device.run_step(_noop, n, self.cost)
+            else:  # real hardware ran them: wait for the GPU
+                self.device.run_step(_noop, samples, self.cost)
         except Exception as exc:
             # the twin says a candidate's batch does not fit: exploration records it and moves on
             if not (is_out_of_memory(exc) and self.online is not None and self.online.exploring):
@@ -796,11 +801,9 @@ class Tuner:
         self.events.append((t, text))
         _log.info("%.3f s: %s", t, text)
 
-    def _on_loader_batch(self, batch: Any) -> None:
-        """A batch of ``tuner.loader``: the samples its step trains on (fewer at an epoch's end), its bytes."""
-        n = batch_samples(batch)
-        if n is not None:
-            self.count_samples(n)
+    def _on_loader_batch(self, batch: Any, samples: int) -> None:
+        """A batch of ``tuner.loader`` and the samples it holds (fewer at an epoch's end): its step's, its bytes."""
+        self.count_samples(samples)
         self._on_batch(batch)
 
     def _on_batch(self, batch: Any) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import Any
 
 import torch
@@ -47,16 +47,22 @@ def rescale_lr(optimizer: torch.optim.Optimizer, old_batch_size: int, new_batch_
 
 
 def batch_samples(batch: Any) -> int | None:
-    """The samples in a batch as a framework hands it over: the length of the first tensor's first dimension
-    in a tensor, a tuple or list, or a mapping (a Hugging Face batch); None where no tensor is found."""
+    """The samples in a batch as a framework hands it over: the leading dimension its tensors agree on.
+
+    The tensors are the batch itself, or the items of a tuple, list or mapping (a Hugging Face batch). Where
+    they disagree (a ``(T, B)`` sequence batch from ``pad_sequence`` beside its ``(B,)`` labels) or there are
+    none (a detection batch of per-image tuples), the count is not known: None.
+    """
     if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() > 0 else None
-    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
-    for item in items:
-        n = batch_samples(item)
-        if n is not None:
-            return n
-    return None
+        items: Iterable[Any] = (batch,)
+    elif isinstance(batch, Mapping):
+        items = batch.values()
+    elif isinstance(batch, (tuple, list)):
+        items = batch
+    else:
+        return None
+    sizes = {int(t.shape[0]) for t in items if isinstance(t, torch.Tensor) and t.dim() > 0}
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 class ResizableBatchSampler(Sampler[list[int]]):
@@ -80,8 +86,8 @@ class ResizableBatchSampler(Sampler[list[int]]):
         self.seed = seed
         self.drop_last = drop_last
         self.epoch = 0
-        # nominal batch size of every batch drawn and not yet consumed (workers prefetch ahead)
-        self.drawn: deque[int] = deque()
+        # (nominal batch size, samples) of every batch drawn and not yet consumed (workers prefetch ahead)
+        self.drawn: deque[tuple[int, int]] = deque()
 
     def __iter__(self) -> Iterator[list[int]]:
         if self.shuffle:
@@ -96,8 +102,9 @@ class ResizableBatchSampler(Sampler[list[int]]):
             b = self.batch_size  # read per batch: a change takes effect at the next batch drawn
             if self.drop_last and pos + b > self.num_samples:
                 return
-            self.drawn.append(b)
-            yield order[pos: pos + b]
+            indices = order[pos: pos + b]
+            self.drawn.append((b, len(indices)))
+            yield indices
             pos += b
 
     def __len__(self) -> int:
@@ -119,7 +126,8 @@ class BatchLoader:
         shuffle, seed, drop_last: as :class:`ResizableBatchSampler`.
         on_epoch_start, on_epoch_end: called with the epoch number (the controller's accounting).
         on_resize: called with (old, new, learning rates) after a change took effect.
-        on_batch: called with each batch before the loop receives it.
+        on_batch: called with each batch and the samples it holds (fewer than the batch size at an epoch's
+            end) before the loop receives it.
         loader_options: passed to ``torch.utils.data.DataLoader`` (``num_workers``, ``collate_fn``,
             ``pin_memory`` ...). With workers, a change reaches the loop after the batches already prefetched;
             the learning rate changes with the first batch of the new size, not before.
@@ -130,7 +138,7 @@ class BatchLoader:
                  on_epoch_start: Callable[[int], None] | None = None,
                  on_epoch_end: Callable[[int], None] | None = None,
                  on_resize: Callable[[int, int, list[float]], None] | None = None,
-                 on_batch: Callable[[Any], None] | None = None,
+                 on_batch: Callable[[Any, int], None] | None = None,
                  **loader_options: Any) -> None:
         if not isinstance(dataset, Sized):
             raise TypeError("the dataset needs a length (a map-style torch Dataset); iterable datasets cannot "
@@ -185,7 +193,7 @@ class BatchLoader:
         if self.on_epoch_start is not None:
             self.on_epoch_start(self.epoch)
         for batch in self._loader:
-            nominal = self.sampler.drawn.popleft() if self.sampler.drawn else self.sampler.batch_size
+            nominal, samples = self.sampler.drawn.popleft() if self.sampler.drawn else (self.sampler.batch_size,) * 2
             if nominal != self._effective:
                 old, self._effective = self._effective, nominal
                 options = {"b_noise": self.b_noise} if self.lr_rule == "adascale" else {}
@@ -194,7 +202,7 @@ class BatchLoader:
                 if self.on_resize is not None:
                     self.on_resize(old, nominal, rates)
             if self.on_batch is not None:
-                self.on_batch(batch)
+                self.on_batch(batch, samples)
             yield batch
         if self.on_epoch_end is not None:
             self.on_epoch_end(self.epoch)

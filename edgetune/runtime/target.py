@@ -57,6 +57,7 @@ class StepLike(Protocol):
     """What :func:`outcome` reads of a training step (:class:`~edgetune.runtime.accounting.StepRecord`)."""
 
     batch_size: int
+    samples: int
     time_s: float
     energy_j: float
 
@@ -227,8 +228,11 @@ def outcome(tracker: TargetTracker, records: Sequence[StepLike], *, ended_normal
                f"no one batch size, no run recorded")
     else:
         why = ""
+    # the batch an optimizer step trains on: the batch size in force, or with gradient accumulation the samples
+    # of its full steps (an epoch's last step may hold fewer)
+    batch = max(sizes[0], max(r.samples for r in upto)) if len(sizes) == 1 else 0
     return TargetOutcome(target=tracker.target, steps=crossing, evaluations=len(tracker.steps),
-                         steps_run=len(records), batch_size=sizes[0] if len(sizes) == 1 else 0, time_s=time_s,
+                         steps_run=len(records), batch_size=batch, time_s=time_s,
                          energy_j=energy_j, recordable=not why, why=why if recording else "")
 
 
