@@ -678,6 +678,51 @@ def test_between_steps_leaves_an_evaluation_out_of_the_steps(cnn_cost):
     assert left_out[1].energy_j < charged[1].energy_j - 2.0 * 3.0  # the board draws watts while it evaluates
 
 
+def test_online_tuning_measures_the_steps_and_not_the_evaluations_between_them():
+    """An evaluation of 0.3 s of device time every 4 steps, inside between_steps: each candidate's window
+    pauses there, so its step time and power are the steps' own (before: ten times the step time)."""
+    cnn = load_workload("cnn", seed=0)
+    x, y = cnn.make_batch(512)
+    dev = open_device("sim:orin-nano", seed=0)
+    options = {"batch_sizes": [8, 16, 32], "steps_per_candidate": 6, "warmup_steps": 2, "max_candidates": 4}
+    with edgetune.tune(cnn.model, cnn.optimizer, dataset=TensorDataset(x, y), batch_size=16, budget_w=9.0,
+                       device=dev, online=options, print_summary=False) as tuner:
+        for _ in range(2):
+            for bx, by in tuner.loader:
+                loss = cnn.loss_fn(cnn.model(bx), by)
+                cnn.optimizer.zero_grad()
+                loss.backward()
+                cnn.optimizer.step()
+                if tuner.steps % 4 == 0:
+                    with tuner.between_steps():
+                        dev.clock.sleep(0.3)  # the evaluation
+    measured = tuner.online.measurements
+    assert len(measured) == 3 and tuner.online.chosen is not None
+    for m in measured:  # the twin's truth, for scoring only
+        truth = dev.backend.expected(cnn.cost, m.candidate.batch_size, m.candidate.knobs)
+        assert m.step_time_s == pytest.approx(truth.step_time_s, rel=0.05)
+        assert m.power_w == pytest.approx(truth.power_w, abs=0.4)
+
+
+def test_an_evaluation_before_the_first_step_is_not_measured_as_its_cost():
+    costs = []
+    for evaluate in (False, True):
+        model, opt, data = mlp()
+        with edgetune.tune(model, opt, dataset=data, batch_size=32, budget_w=15, device="sim:orin-nano",
+                           online=False, print_summary=False) as tuner:
+            if evaluate:
+                with tuner.between_steps(), torch.no_grad():  # a baseline evaluation of 1024 samples
+                    model(torch.randn(1024, 16))
+            for k, (x, y) in enumerate(tuner.loader):
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                if k == 2:
+                    break
+        costs.append(tuner.cost)
+    assert costs[1] == costs[0]
+
+
 def test_count_samples_accounts_what_each_step_trained_on(cnn_cost):
     model, opt, _ = mlp()
     with edgetune.tune(model, opt, batch_size=32, budget_w=15, device="sim:orin-nano", online=False,
@@ -704,6 +749,79 @@ def test_the_loaders_smaller_last_batch_is_accounted_at_its_samples(cnn_cost):
             opt.step()
     assert [(r.batch_size, r.samples) for r in tuner.accounting.steps] == [(32, 32)] * 3 + [(32, 4)]
     assert tuner.summary.samples == tuner.summary.epochs[0].samples == 100
+
+
+def _warmup(opt):
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 4))
+
+
+def _train_lrs(tuner, model, opt, scheduler, halve_at=None):
+    lrs = []
+    for k, (x, y) in enumerate(tuner.loader):
+        if k == halve_at:
+            tuner.set_batch_size(16)
+        lrs.append(round(opt.param_groups[0]["lr"], 6))
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        scheduler.step()
+    return lrs
+
+
+def test_schedulers_given_keep_every_scaling_of_the_learning_rate(cnn_cost, caplog):
+    """0.1 was set for batch 128; the run starts at 32 (linear: 0.025), with a 4-step warm-up LambdaLR, which
+    computes each rate from its base_lrs: those are scaled too, at the start and at a batch-size change."""
+    model, opt, _ = mlp()
+    opt.param_groups[0]["lr"] = 0.1
+    data = TensorDataset(torch.randn(6 * 32, 16), torch.randint(0, 4, (6 * 32,)))
+    sched = _warmup(opt)  # created before tune(), as in most scripts
+    with edgetune.tune(model, opt, dataset=data, batch_size=32, lr_batch_size=128, schedulers=[sched], budget_w=15,
+                       device="sim:orin-nano", online=False, cost=cnn_cost, print_summary=False) as tuner:
+        lrs = _train_lrs(tuner, model, opt, sched)
+    assert lrs == pytest.approx([0.00625, 0.0125, 0.01875, 0.025, 0.025, 0.025])
+    # one created inside the block, then the batch halves: the warm-up's rates follow the halving
+    model, opt, _ = mlp()
+    with edgetune.tune(model, opt, dataset=data, batch_size=32, budget_w=15, device="sim:orin-nano", online=False,
+                       cost=cnn_cost, print_summary=False) as tuner:
+        sched = _warmup(opt)
+        tuner.add_scheduler(sched)
+        lrs = _train_lrs(tuner, model, opt, sched, halve_at=2)
+    # mlp's 0.05 warming up; batch 16 arrives at the fourth batch drawn, halving the rate from there on
+    assert lrs == pytest.approx([0.0125, 0.025, 0.0375] + [0.025] * 6)
+    assert "scheduler" not in caplog.text
+
+
+def test_a_run_records_the_rate_its_scheduler_computes_from(tmp_path, cnn_cost):
+    from edgetune.predictors.convergence import read_convergence_rows
+
+    model, opt, data = mlp()  # lr 0.05, annealed to zero over the run
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 8)
+    runs = tmp_path / "runs.csv"
+    with edgetune.tune(model, opt, dataset=TensorDataset(data.tensors[0][:256], data.tensors[1][:256]), batch_size=32,
+                       schedulers=[sched], budget_w=15, device="sim:orin-nano", online=False, cost=cnn_cost,
+                       print_summary=False, target=edgetune.Target("accuracy", 0.5), runs_file=runs,
+                       workload="mlp") as tuner:
+        for x, y in tuner.loader:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+            with tuner.between_steps():
+                tuner.report(1.0 if tuner.steps >= 6 else 0.0)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-9)
+    (row,) = read_convergence_rows(runs)
+    assert row.lr == pytest.approx(0.05) and row.batch_size == 32
+
+
+def test_a_scheduler_not_given_is_named_when_edgetune_scales_the_rate(cnn_cost, caplog):
+    model, opt, data = mlp()
+    _warmup(opt)
+    with caplog.at_level("WARNING"), edgetune.tune(model, opt, dataset=data, batch_size=32, lr_batch_size=128,
+                                                   budget_w=15, device="sim:orin-nano", online=False, cost=cnn_cost,
+                                                   print_summary=False) as tuner:
+        pass
+    assert "the optimizer has a learning-rate scheduler edgetune was not given" in caplog.text
+    assert any("tune(schedulers=[...])" in text for _, text in tuner.events)
 
 
 def test_batch_samples_is_the_leading_dimension_the_batchs_tensors_agree_on():

@@ -50,7 +50,7 @@ class _Adapter:
     def _start(self, model: torch.nn.Module, optimizer: Any, batch_size: int | None, *,
                schedulers: Iterable[Any] = (), resumed_at: int = 0, processes: int = 1) -> None:
         """Open the tuner. ``schedulers``: the framework's learning-rate schedulers, scaled with the optimizer
-        for ``lr_batch_size``; ``resumed_at``: the optimizer steps a checkpoint resumed from (0: a fresh run);
+        (``lr_batch_size``, the guard's batch moves); ``resumed_at``: the optimizer steps a checkpoint resumed from (0: a fresh run);
         ``processes``: the training processes sharing this machine."""
         if self.tuner is not None:  # a train() that ended on an exception the framework gave no hook for
             self._stop()
@@ -60,7 +60,7 @@ class _Adapter:
                          "zero, so it is not recorded in %s", resumed_at, os.fspath(options["runs_file"]))
             options["runs_file"] = None
         tuner = tune(model, _innermost(optimizer), batch_size=batch_size, budget_w=self.budget_w,
-                     device=self.device, plan=self.plan, online=False, **options)
+                     device=self.device, plan=self.plan, online=False, schedulers=list(schedulers), **options)
         tuner.__enter__()
         self.tuner = tuner
         if not self._atexit:
@@ -71,21 +71,6 @@ class _Adapter:
         if processes > 1:
             tuner._event(f"{processes} training processes share this machine: this one (local rank 0) tunes the "
                          f"board and accounts its own samples; the power measured is the board's")
-        self._scale_schedulers(schedulers)
-
-    def _scale_schedulers(self, schedulers: Iterable[Any]) -> None:
-        """Scale the schedulers' ``base_lrs`` as the tuner scaled the optimizer's rate for ``lr_batch_size``
-        (a scheduler computes each rate from them, and would undo the scaling at its first step)."""
-        from edgetune.predictors import scale_lr
-
-        tuner = self.tuner
-        ref = self.options.get("lr_batch_size")
-        if tuner is None or ref is None or ref == tuner.batch_size:
-            return
-        for scheduler in schedulers:
-            base = getattr(scheduler, "base_lrs", None)
-            if isinstance(base, list):
-                scheduler.base_lrs = [scale_lr(lr, ref, tuner.batch_size, tuner.lr_rule) for lr in base]
 
     def _report(self, metrics: Mapping[str, Any], prefix: str = "") -> bool:
         """Report the target's metric from the framework's validation metrics (``metric``, else ``prefix +

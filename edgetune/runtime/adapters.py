@@ -28,9 +28,9 @@ evaluation are no training steps: their time and energy are left out of the step
 to the target), while the budget still holds them.
 
 A run resumed from a checkpoint (``ckpt_path``, ``resume_from_checkpoint``) is tuned and accounted from where
-it resumed, but not recorded in ``runs_file``: its steps to the target did not start at zero. With
-``lr_batch_size=``, the framework's learning-rate schedulers are scaled with the optimizer (their
-``base_lrs``), or they would undo the scaling at their first step.
+it resumed, but not recorded in ``runs_file``: its steps to the target did not start at zero. The
+framework's learning-rate schedulers are given to the tuner (``tune(schedulers=...)``), so every scaling of the
+rate (``lr_batch_size``, the guard's batch moves) scales their ``base_lrs`` too, or they would undo it.
 
 In several processes on one machine (DDP, ``torchrun``), only the first process of the machine (local rank 0)
 tunes: the board has one set of knobs. It accounts its own samples, and the events say how many processes

@@ -7,7 +7,7 @@ It groups its keyword arguments into the settings of :mod:`edgetune.runtime.sett
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 import torch
@@ -27,7 +27,7 @@ def tune(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer 
          dataset: Any = None, batch_size: int | None = None, budget_w: float | None = None,
          device: str | Device = "auto", plan: str | os.PathLike | Plan | None = None,
          online: bool | Mapping[str, Any] | None = None, lr_rule: str = "linear",
-         lr_batch_size: int | None = None, resize_at: str = "step",
+         lr_batch_size: int | None = None, schedulers: Sequence[Any] = (), resize_at: str = "step",
          seed: int = 0, shuffle: bool = True, drop_last: bool = False, cost: WorkloadCost | None = None,
          log: str | os.PathLike | None = None, budget_file: str | os.PathLike | None = None,
          guard: bool | GuardParams = True, monitor_rate_hz: float | None = None,
@@ -58,6 +58,10 @@ def tune(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer 
         lr_batch_size: the batch size the optimizer's learning rate was set for: a run starting at another
             batch size (the plan's) scales the rate to it by ``lr_rule`` first. Default: the rate is used as
             given at the starting batch size.
+        schedulers: the optimizer's learning-rate schedulers (``torch.optim.lr_scheduler``). Whenever edgetune
+            scales the learning rate (``lr_batch_size``, a batch-size change), it scales their base rates too;
+            a scheduler not given computes its next rate from the old ones and undoes the scaling (one
+            created inside the ``with`` block: ``tuner.add_scheduler(s)``).
         resize_at: when batch-size changes take effect: ``step`` (next step) or ``epoch`` (next epoch).
         seed, shuffle, drop_last: the loader's sampling.
         cost: the step's cost for the twin, instead of measuring it from the first step.
@@ -104,6 +108,7 @@ def tune(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer 
     if isinstance(online, Mapping):
         online = OnlineOptions(**online) if online else False
     return Tuner(model, optimizer, dataset=dataset, device=device, device_options=device_options, plan=plan,
+                 schedulers=schedulers,
                  batch_size=batch_size, budget_w=budget_w, budget_file=budget_file, online=online, cost=cost,
                  loader=LoaderSettings(lr_rule=lr_rule, lr_batch_size=lr_batch_size, resize_at=resize_at, seed=seed,
                                        shuffle=shuffle, drop_last=drop_last, options=dict(loader_options or {})),

@@ -57,7 +57,7 @@ import threading
 import time
 import types
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TextIO
 
@@ -149,10 +149,14 @@ class Tuner:
                  plan: str | os.PathLike | Plan | None = None, batch_size: int | None = None,
                  budget_w: float | None = None, budget_file: str | os.PathLike | None = None,
                  online: bool | OnlineOptions | None = None, cost: WorkloadCost | None = None,
+                 schedulers: Sequence[Any] = (),
                  loader: LoaderSettings | None = None, guard: GuardSettings | None = None,
                  record: RecordSettings | None = None, target: TargetSettings | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
+        #: the optimizer's learning-rate schedulers, scaled with its rate (:meth:`add_scheduler`)
+        self.schedulers: list[Any] = list(schedulers)
+        self._scheduler_warned = False
         self._dataset = dataset
         self.plan: Plan | None = plan if isinstance(plan, Plan) else (load_plan(plan) if plan is not None else None)
         if budget_w is None and self.plan is not None:
@@ -268,6 +272,12 @@ class Tuner:
                                "tune() was given no optimizer")
         self._on_step()
 
+    def add_scheduler(self, scheduler: Any) -> None:
+        """A learning-rate scheduler of the optimizer, created inside the ``with`` block: its base rates are
+        scaled with every later batch-size change, as ``tune(schedulers=...)``'s are."""
+        if scheduler not in self.schedulers:
+            self.schedulers.append(scheduler)
+
     def count_samples(self, samples: int) -> None:
         """A batch of ``samples`` in the training step in progress: what it trains on, where a framework's
         loader forms the batches (a last, smaller batch; the micro-batches of gradient accumulation, the twin
@@ -281,6 +291,7 @@ class Tuner:
         time and energy from the last step's end to the block's end are then left out of the steps (and of
         the time and energy to the target), not charged to the next step. The budget still holds them. The
         framework adapters do this around validation."""
+        self._steps_pause()
         try:
             yield
         finally:
@@ -306,7 +317,8 @@ class Tuner:
             elif self.optimizer is not None and old and old != batch_size:
                 b_noise = self.online.b_noise if self.online is not None else None
                 options = {"b_noise": b_noise} if self.lr_rule == "adascale" else {}
-                rates = rescale_lr(self.optimizer, old, batch_size, self.lr_rule, **options)
+                rates = rescale_lr(self.optimizer, old, batch_size, self.lr_rule, schedulers=self.schedulers,
+                                   **options)
                 self._on_resize(old, batch_size, rates)
 
     def report(self, value: float) -> bool:
@@ -415,7 +427,8 @@ class Tuner:
                 self._dataset, self._batch_size, optimizer=self.optimizer, lr_rule=ls.lr_rule,
                 shuffle=ls.shuffle, seed=ls.seed, drop_last=ls.drop_last,
                 on_epoch_start=self._on_epoch_start, on_epoch_end=self._on_epoch_end,
-                on_resize=self._on_resize, on_batch=self._on_loader_batch, **ls.options)
+                on_resize=self._on_resize, on_batch=self._on_loader_batch, schedulers=self.schedulers,
+                **ls.options)
         self._build_guard()
         if self.optimizer is not None:
             self._hook_handles.append(self.optimizer.register_step_post_hook(lambda opt, args, kwargs: self._on_step()))
@@ -454,9 +467,23 @@ class Tuner:
         ref = self.loader_settings.lr_batch_size
         if ref is None or self.optimizer is None or ref == self._batch_size:
             return
-        rates = rescale_lr(self.optimizer, ref, self._batch_size, self.lr_rule)
+        rates = rescale_lr(self.optimizer, ref, self._batch_size, self.lr_rule, schedulers=self.schedulers)
         self._event(f"learning rate set for batch size {ref}, scaled to batch size {self._batch_size} "
                     f"({self.lr_rule}): {rates[0]:.4g}")
+        self._warn_unknown_scheduler()
+
+    def _warn_unknown_scheduler(self) -> None:
+        """Once: the optimizer steps a learning-rate scheduler this tuner was not given (torch marks the step
+        it wraps), which computes its next rate from base rates edgetune did not scale."""
+        if self._scheduler_warned or self.schedulers or self.optimizer is None \
+                or not getattr(self.optimizer.step, "_wrapped_by_lr_sched", False):
+            return
+        self._scheduler_warned = True
+        text = ("the optimizer has a learning-rate scheduler edgetune was not given: its next step computes the "
+                "rate from base rates edgetune did not scale, undoing the scaling; pass tune(schedulers=[...]), "
+                "or tuner.add_scheduler(s) for one created inside the with block")
+        self.events.append((self.device.clock.now(), text))
+        _log.warning("%s", text)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: types.TracebackType | None) -> bool:
@@ -541,6 +568,14 @@ class Tuner:
         check_appendable(settings.runs_file)
         return workload
 
+    def _run_lr(self) -> float:
+        """The learning rate the run trained at, for its runs-file row: the first group's base rate where a
+        scheduler computes the rate from one (it may end the run at zero), else its rate now."""
+        if self.optimizer is None:
+            return math.nan
+        base = next((s.base_lrs for s in self.schedulers if isinstance(getattr(s, "base_lrs", None), list)), None)
+        return float(base[0]) if base else float(self.optimizer.param_groups[0]["lr"])
+
     def _target_outcome(self, *, ended_normally: bool) -> TargetOutcome | None:
         """The run against its target; its row appended to the runs file where it stands as one run."""
         if self._tracker is None:
@@ -551,7 +586,7 @@ class Tuner:
         if runs_file is None or not result.recordable:
             return result
         assert self._runs_workload is not None, "checked when the tuner was built"
-        lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else math.nan
+        lr = self._run_lr()
         try:
             return record_run(result, runs_file, workload=self._runs_workload, seed=self.seed, lr=lr,
                               wall_s=time.perf_counter() - self._wall_start, device=self.device.name)
@@ -730,11 +765,27 @@ class Tuner:
         self.apply_setting(candidate.knobs, f"{why}: batch size {candidate.batch_size}")
 
     # -- step boundaries ----------------------------------------------------------------------------------
-    def _steps_resume(self) -> None:
-        """Training steps resume now: the time since the last step's end was no step (:meth:`between_steps`)."""
+    def _steps_pause(self) -> None:
+        """The run leaves training now (:meth:`between_steps`): the online tuner's window pauses."""
         with self._lock:
-            if self._entered:
-                self.accounting.mark_gap(self.device.clock.now())
+            if self._entered and self.online is not None:
+                self.online.pause(self.device.clock.now())
+
+    def _steps_resume(self) -> None:
+        """Training steps resume now: the time since the last step's end was no step (:meth:`between_steps`).
+        The online tuner's window goes on, and before the first step the cost meter starts over (what it
+        counted was the evaluation)."""
+        with self._lock:
+            if not self._entered:
+                return
+            t = self.device.clock.now()
+            self.accounting.mark_gap(t)
+            if self.online is not None:
+                self.online.resume(t)
+            if self._cost_meter is not None and self._cost_meter.active and self.model is not None:
+                self._cost_meter.close()
+                self._cost_meter = CostMeter(self.model).start()
+                self._first_batch_bytes = 0.0
 
     def _on_step(self) -> None:
         b = self.batch_size
@@ -793,6 +844,8 @@ class Tuner:
         with self._lock:
             own = self._guard.batch_arrived(new)  # the guard's own move, or the run's new choice
             self._event(f"batch size {old} -> {new}{' (guard)' if own else ''}{lr}")
+            if rates:
+                self._warn_unknown_scheduler()
             if self._guard.ladder:
                 self._build_guard()  # power depends on the batch size: start the ladder's observations afresh
 

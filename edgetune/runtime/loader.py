@@ -27,22 +27,37 @@ from edgetune.power.knobs import check_batch_size
 __all__ = ["BatchLoader", "ResizableBatchSampler", "batch_samples", "rescale_lr"]
 
 
-def rescale_lr(optimizer: torch.optim.Optimizer, old_batch_size: int, new_batch_size: int, rule: str,
-               **rule_options: Any) -> list[float]:
+#: parameter-group keys that hold learning rates: the rate, and those schedulers compute it from (every
+#: scheduler's ``initial_lr``; OneCycleLR's peak and floor)
+_GROUP_RATES = ("lr", "initial_lr", "max_lr", "min_lr")
+#: scheduler attributes that hold the rates it computes from (every scheduler's; CyclicLR's peaks)
+_SCHEDULER_RATES = ("base_lrs", "max_lrs")
+
+
+def rescale_lr(optimizer: torch.optim.Optimizer, old_batch_size: int, new_batch_size: int, rule: str, *,
+               schedulers: Iterable[Any] = (), **rule_options: Any) -> list[float]:
     """Scale every parameter group's learning rate for a batch-size change; returns the new rates.
 
-    The optimizer's state (momentum buffers, Adam moments) is untouched: only ``lr`` (and a scheduler's
-    ``initial_lr``) change.
+    The rates ``schedulers`` compute from (``base_lrs``; a group's ``initial_lr``, OneCycleLR's ``max_lr``
+    and ``min_lr``) are scaled alike, or a scheduler's next step would undo the change. The optimizer's
+    state (momentum buffers, Adam moments) is untouched.
     """
     from edgetune.predictors import scale_lr
 
+    def scaled(lr: float) -> float:
+        return scale_lr(lr, old_batch_size, new_batch_size, rule, **rule_options)
+
     rates = []
     for group in optimizer.param_groups:
-        group["lr"] = scale_lr(group["lr"], old_batch_size, new_batch_size, rule, **rule_options)
-        if "initial_lr" in group:
-            group["initial_lr"] = scale_lr(group["initial_lr"], old_batch_size, new_batch_size, rule,
-                                           **rule_options)
+        for key in _GROUP_RATES:
+            if isinstance(group.get(key), (int, float)):
+                group[key] = scaled(group[key])
         rates.append(group["lr"])
+    for scheduler in schedulers:
+        for name in _SCHEDULER_RATES:
+            values = getattr(scheduler, name, None)
+            if isinstance(values, list):
+                setattr(scheduler, name, [scaled(v) for v in values])
     return rates
 
 
@@ -126,6 +141,7 @@ class BatchLoader:
         shuffle, seed, drop_last: as :class:`ResizableBatchSampler`.
         on_epoch_start, on_epoch_end: called with the epoch number (the controller's accounting).
         on_resize: called with (old, new, learning rates) after a change took effect.
+        schedulers: the optimizer's learning-rate schedulers, scaled with it (:func:`rescale_lr`).
         on_batch: called with each batch and the samples it holds (fewer than the batch size at an epoch's
             end) before the loop receives it.
         loader_options: passed to ``torch.utils.data.DataLoader`` (``num_workers``, ``collate_fn``,
@@ -139,7 +155,7 @@ class BatchLoader:
                  on_epoch_end: Callable[[int], None] | None = None,
                  on_resize: Callable[[int, int, list[float]], None] | None = None,
                  on_batch: Callable[[Any, int], None] | None = None,
-                 **loader_options: Any) -> None:
+                 schedulers: list[Any] | None = None, **loader_options: Any) -> None:
         if not isinstance(dataset, Sized):
             raise TypeError("the dataset needs a length (a map-style torch Dataset); iterable datasets cannot "
                             "be re-batched: take tuner.batch_size and batch them yourself")
@@ -152,6 +168,7 @@ class BatchLoader:
         self.on_epoch_end = on_epoch_end
         self.on_resize = on_resize
         self.on_batch = on_batch
+        self.schedulers = schedulers if schedulers is not None else []  # scaled with the rate (shared list)
         self._loader = DataLoader(dataset, batch_sampler=self.sampler, **loader_options)
         self._effective = batch_size  # the batch size the learning rate is set for
         #: the gradient noise scale the ``adascale`` rule needs (the online tuner sets it once measured)
@@ -197,7 +214,7 @@ class BatchLoader:
             if nominal != self._effective:
                 old, self._effective = self._effective, nominal
                 options = {"b_noise": self.b_noise} if self.lr_rule == "adascale" else {}
-                rates = (rescale_lr(self.optimizer, old, nominal, self.lr_rule, **options)
+                rates = (rescale_lr(self.optimizer, old, nominal, self.lr_rule, schedulers=self.schedulers, **options)
                          if self.optimizer is not None else [])
                 if self.on_resize is not None:
                     self.on_resize(old, nominal, rates)

@@ -235,6 +235,13 @@ class _Window:
     open: bool = False
     first_t: float = math.nan  # end of the candidate's first step
     last_t: float = math.nan
+    paused: bool = False  # the run left training (an evaluation) with the window open
+    resuming: bool = False  # training resumed: the window goes on from the end of the next step
+    counted: int = 0  # steps inside the window
+    #: the window's closed segments (before each pause): seconds, joules, the highest power read
+    done_s: float = 0.0
+    done_j: float = 0.0
+    done_peak_w: float = 0.0
 
     def step_time(self) -> float:
         return (self.last_t - self.first_t) / (self.steps - 1) if self.steps >= 2 else math.nan
@@ -357,12 +364,21 @@ class OnlineTuner:
             self._windows.begin_window("online")
             w.open = True
             self._t_open = t
-        elif w.steps >= self.steps_per_candidate and w.open:
+        elif w.open and w.resuming:
+            self._windows.begin_window("online")
+            self._t_open = t
+            w.resuming = False
+        elif w.open and not w.paused:
+            w.counted += 1
+        if w.steps >= self.steps_per_candidate and w.open and not (w.paused or w.resuming) and w.counted:
             stats = self._windows.end_window("online")
             w.open = False
-            n = w.steps - self.warmup_steps
-            m = Measurement(w.candidate, n, (t - self._t_open) / n, stats.mean_w, stats.peak_w)
-            if stats.mean_w > now.budget_w * (1 - OVER_BUDGET_MARGIN_FRACTION * self.margin):
+            n = w.counted
+            span = max(t - self._t_open, 0.0)
+            total_s = w.done_s + span  # the window's time in training, its pauses left out
+            mean_w = (w.done_j + stats.mean_w * span) / total_s if total_s > 0 else stats.mean_w
+            m = Measurement(w.candidate, n, total_s / n, mean_w, max(stats.peak_w, w.done_peak_w))
+            if mean_w > now.budget_w * (1 - OVER_BUDGET_MARGIN_FRACTION * self.margin):
                 m.status = MeasurementStatus.OVER_BUDGET
             return self._record(m, now)
         return _NOTHING
@@ -377,6 +393,29 @@ class OnlineTuner:
         return self._record(Measurement(w.candidate, w.steps, w.step_time(), power_w, power_w,
                                         status=MeasurementStatus.OVER_BUDGET), now)
 
+    def pause(self, t: float) -> None:
+        """The run leaves training at device time ``t`` (an evaluation: ``tuner.between_steps``): the open
+        window's segment closes here, so the evaluation's time and power are no candidate's."""
+        w = self._window
+        if w is None or not w.open or w.paused:
+            return
+        w.paused = True
+        if w.resuming:  # left again before a step: no segment is open
+            return
+        stats = self._windows.end_window("online")
+        span = max(t - self._t_open, 0.0)
+        w.done_s += span
+        w.done_j += stats.mean_w * span
+        w.done_peak_w = max(w.done_peak_w, stats.peak_w)
+
+    def resume(self, t: float) -> None:
+        """Training resumes at device time ``t``: the candidate's window goes on from the end of the next
+        step, so that the segment starts, as the window did, at a step's end and not in the evaluation's
+        trailing power."""
+        w = self._window
+        if w is not None and w.paused:
+            w.paused, w.resuming = False, True
+
     def on_out_of_memory(self, now: RunState) -> OnlineDecision:
         """The candidate's batch does not fit in device memory (only while exploring)."""
         w = self._window
@@ -386,9 +425,9 @@ class OnlineTuner:
         return self._record(Measurement(w.candidate, 0, status=MeasurementStatus.OUT_OF_MEMORY), now)
 
     def _close_window(self, w: _Window) -> None:
-        if w.open:
+        if w.open and not (w.paused or w.resuming):
             self._windows.end_window("online")
-            w.open = False
+        w.open = w.paused = w.resuming = False
 
     # -- choosing ---------------------------------------------------------------------------------
     def _record(self, m: Measurement, now: RunState) -> OnlineDecision:
