@@ -811,6 +811,8 @@ def test_a_run_records_the_rate_its_scheduler_computes_from(tmp_path, cnn_cost):
     assert opt.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-9)
     (row,) = read_convergence_rows(runs)
     assert row.lr == pytest.approx(0.05) and row.batch_size == 32
+    with pytest.raises(RuntimeError, match=r"tuner.report\(\) after the with block: the run and its summary"):
+        tuner.report(1.0)  # it would reach no summary and no runs file
 
 
 def test_a_scheduler_not_given_is_named_when_edgetune_scales_the_rate(cnn_cost, caplog):

@@ -331,6 +331,9 @@ class Tuner:
         """
         if self._tracker is None:
             raise RuntimeError("tuner.report() needs a target: pass target=edgetune.Target(metric, value) to tune()")
+        if self.summary is not None:
+            raise RuntimeError("tuner.report() after the with block: the run and its summary have ended; report "
+                               "each evaluation inside the block")
         with self._lock:
             was = self._tracker.reached
             reached = self._tracker.report(self.steps, value)
