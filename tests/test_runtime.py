@@ -84,6 +84,17 @@ def last_over(tuner, t0, t1):
 # ---------------------------------------------------------------------------------------------- plan, restore
 
 
+def train_epochs(tuner, workload, epochs, after_step):
+    """``epochs`` passes over ``tuner.loader`` training ``workload``; ``after_step(loss)`` after each step."""
+    for _ in range(epochs):
+        for x, y in tuner.loader:
+            loss = workload.loss_fn(workload.model(x), y)
+            workload.optimizer.zero_grad()
+            loss.backward()
+            workload.optimizer.step()
+            after_step(loss)
+
+
 def write_plan(tmp_path, **over):
     plan = {"device": "sim:orin-nano", "simulated": True, "workload": "cnn", "budget_w": 10.0,
             "objective": "time", "batch_size": 64, "setting": {"gpu_freq": 408000000, "emc_freq": 2133000000}}
@@ -496,13 +507,7 @@ def test_online_tuning_trains_while_it_explores_and_settles_under_the_budget():
     options = {"batch_sizes": [8, 16, 32], "steps_per_candidate": 6, "warmup_steps": 2, "max_candidates": 5}
     with edgetune.tune(w.model, w.optimizer, dataset=data, batch_size=16, budget_w=9.0, device=dev,
                        online=options, keep_trace=True, print_summary=False) as tuner:
-        for _ in range(2):
-            for bx, by in tuner.loader:
-                loss = w.loss_fn(w.model(bx), by)
-                w.optimizer.zero_grad()
-                loss.backward()
-                w.optimizer.step()
-                losses.append(loss.item())
+        train_epochs(tuner, w, 2, lambda loss: losses.append(loss.item()))
     online = tuner.online
     assert 3 <= len(online.measurements) <= 5 and online.chosen is not None
     # the exploration moved batch size and GPU clock
@@ -685,17 +690,15 @@ def test_online_tuning_measures_the_steps_and_not_the_evaluations_between_them()
     x, y = cnn.make_batch(512)
     dev = open_device("sim:orin-nano", seed=0)
     options = {"batch_sizes": [8, 16, 32], "steps_per_candidate": 6, "warmup_steps": 2, "max_candidates": 4}
+
+    def evaluate(_loss):
+        if tuner.steps % 4 == 0:
+            with tuner.between_steps():
+                dev.clock.sleep(0.3)  # the evaluation
+
     with edgetune.tune(cnn.model, cnn.optimizer, dataset=TensorDataset(x, y), batch_size=16, budget_w=9.0,
                        device=dev, online=options, print_summary=False) as tuner:
-        for _ in range(2):
-            for bx, by in tuner.loader:
-                loss = cnn.loss_fn(cnn.model(bx), by)
-                cnn.optimizer.zero_grad()
-                loss.backward()
-                cnn.optimizer.step()
-                if tuner.steps % 4 == 0:
-                    with tuner.between_steps():
-                        dev.clock.sleep(0.3)  # the evaluation
+        train_epochs(tuner, cnn, 2, evaluate)
     measured = tuner.online.measurements
     assert len(measured) == 3 and tuner.online.chosen is not None
     for m in measured:  # the twin's truth, for scoring only
