@@ -829,6 +829,22 @@ def test_a_scheduler_not_given_is_named_when_edgetune_scales_the_rate(cnn_cost, 
     assert any("tune(schedulers=[...])" in text for _, text in tuner.events)
 
 
+def test_persistent_loader_workers_stop_with_the_run(cnn_cost):
+    import multiprocessing
+
+    model, opt, data = mlp()
+    with edgetune.tune(model, opt, dataset=data, batch_size=256, budget_w=15, device="sim:orin-nano", online=False,
+                       cost=cnn_cost, print_summary=False,
+                       loader_options={"num_workers": 1, "persistent_workers": True}) as tuner:
+        for _ in range(2):
+            for x, y in tuner.loader:
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+        assert multiprocessing.active_children()  # kept between the epochs
+    assert not multiprocessing.active_children() and tuner.summary.samples == 2 * 2048
+
+
 def test_batch_samples_is_the_leading_dimension_the_batchs_tensors_agree_on():
     from edgetune.runtime.adapters import batch_samples
 

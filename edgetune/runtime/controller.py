@@ -504,6 +504,8 @@ class Tuner:
             self._hook_handles.clear()
             if self._cost_meter is not None:
                 self._cost_meter.close()
+            if self.loader is not None:
+                self.loader.close()
         finally:
             try:
                 restored = self.device.restore()

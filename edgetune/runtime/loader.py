@@ -203,6 +203,15 @@ class BatchLoader:
     def __len__(self) -> int:
         return len(self.sampler)
 
+    def close(self) -> None:
+        """Stop the loader's worker processes now. ``persistent_workers`` keeps them between epochs, and
+        torch stops them only when the loader is collected: after the run they would hold their memory (a
+        copy of the dataset each, on a board whose memory the GPU shares) for as long as the tuner is kept."""
+        iterator = getattr(self._loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+        self._loader._iterator = None
+
     def __iter__(self) -> Iterator[Any]:
         if self._at_epoch is not None:
             self.sampler.batch_size, self._at_epoch = self._at_epoch, None
