@@ -201,6 +201,9 @@ def test_a_study_resumed_with_another_b_noise_is_scored_again_or_refused_by_optu
     base = [a for a in SEARCH if a not in ("--n-trials", "14")] + ["-o", str(out), "--n-trials", "5"]
     assert main([*base, "--b-noise", "5"]) == 0
     capsys.readouterr()
+    # B_noise measured again (a GPU's last digits differ from run to run): the same law, nothing scored again
+    assert main([*base, "--b-noise", "5.000001", "--sampler", "tpe"]) == 0
+    assert "scored again" not in capsys.readouterr().err
     assert main([*base, "--b-noise", "500"]) == 0
     assert ("was scored with the noise-scale law's steps to target (B_noise 5); its 5 measured settings are scored "
             "again with the noise-scale law's steps to target (B_noise 500)") in capsys.readouterr().err

@@ -52,11 +52,17 @@ def _steps_text(steps: Mapping[Any, Any] | None, law: Mapping[str, Any] | None) 
     return f"your runs' median steps to target ({medians})"
 
 
+#: relative difference under which two of the law's numbers are one: a B_noise measured again on a GPU (a
+#: resumed search, each worker of a fleet) differs in its last digits from run to run, far inside the law's 5%
+LAW_SAME_REL = 1e-3
+
+
 def _same_numbers(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """The same keys and values, NaN equal to NaN (a trace table's target has no law)."""
+    """The same keys and values, numbers within :data:`LAW_SAME_REL`, NaN equal to NaN (a trace table's target
+    has no law)."""
     def same(x: Any, y: Any) -> bool:
-        if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
-            return True
+        if isinstance(x, float) and isinstance(y, float):
+            return (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=LAW_SAME_REL)
         return x == y
     return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
 
