@@ -1062,6 +1062,29 @@ def test_hf_train_again_after_an_exception_closes_the_first_tuner(tmp_path, cnn_
     assert callback.summary.knobs_restored and dev.settings() == before
 
 
+def test_a_process_that_does_not_tune_stops_at_the_target_with_the_one_that_does(tmp_path):
+    """HF under torchrun: a process other than the machine's first trains without a tuner (one per board),
+    but follows the target from the same evaluation metrics, so every process stops together."""
+    transformers = pytest.importorskip("transformers")
+    from edgetune.runtime.adapters import HFTrainerCallback
+
+    callback = HFTrainerCallback(budget_w=10.0, device="sim:orin-nano", plan=write_plan(tmp_path, batch_size=16),
+                                 print_summary=False, target=edgetune.Target("accuracy", 0.9))
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), report_to=[], use_cpu=True)
+    state = transformers.TrainerState(is_local_process_zero=False)
+    control = transformers.TrainerControl()
+    model, opt, _ = mlp()
+    callback.on_train_begin(args, state, control, model=model, optimizer=opt)
+    callback.on_step_begin(args, state, control)
+    assert callback.tuner is None  # the board is the first process's to tune
+    for step, accuracy in ((4, 0.5), (8, 0.95)):
+        state.global_step = step
+        callback.on_evaluate(args, state, control, metrics={"eval_accuracy": accuracy})
+        assert control.should_training_stop is (accuracy > 0.9)
+    callback.on_train_end(args, state, control)
+    assert callback.summary is None
+
+
 def test_adapters_refuse_online_tuning():
     from edgetune.runtime._adapter import _Adapter
 

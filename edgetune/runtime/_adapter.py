@@ -16,6 +16,7 @@ from edgetune.runtime.api import tune
 from edgetune.runtime.controller import Tuner
 from edgetune.runtime.loader import batch_samples
 from edgetune.runtime.plan import load_plan
+from edgetune.runtime.target import TargetTracker
 
 __all__ = ["batch_samples"]
 
@@ -46,6 +47,9 @@ class _Adapter:
         self._summary = None
         self._atexit = False
         self._target_missing_noted = False
+        #: in a process that does not tune (another on this machine does): the target followed alone, so that
+        #: every process stops at it together
+        self._follower: TargetTracker | None = None
 
     def _start(self, model: torch.nn.Module, optimizer: Any, batch_size: int | None, *,
                schedulers: Iterable[Any] = (), resumed_at: int = 0, processes: int = 1) -> None:
@@ -72,11 +76,18 @@ class _Adapter:
             tuner._event(f"{processes} training processes share this machine: this one (local rank 0) tunes the "
                          f"board and accounts its own samples; the power measured is the board's")
 
-    def _report(self, metrics: Mapping[str, Any], prefix: str = "") -> bool:
-        """Report the target's metric from the framework's validation metrics (``metric``, else ``prefix +
-        metric``); True once the target is reached (the callback then stops training)."""
+    def _follow_only(self) -> None:
+        """This process trains but does not tune (local rank > 0): it follows the target alone, from the same
+        validation metrics, to stop where the tuning process stops."""
         target = self.options.get("target")
-        if self.tuner is None or target is None:
+        self._follower = TargetTracker(target) if target is not None else None
+
+    def _report(self, metrics: Mapping[str, Any], prefix: str = "", step: int = 0) -> bool:
+        """Report the target's metric from the framework's validation metrics (``metric``, else ``prefix +
+        metric``), evaluated after ``step`` optimizer steps; True once the target is reached (the callback
+        then stops training)."""
+        target = self.options.get("target")
+        if (self.tuner is None and self._follower is None) or target is None:
             return False
         value = metrics.get(target.metric, metrics.get(prefix + target.metric))
         if value is None:
@@ -85,13 +96,18 @@ class _Adapter:
                 _log.warning("target metric %r is not among the validation metrics (%s): log it under that name",
                              target.metric, ", ".join(sorted(map(str, metrics))) or "none")
             return False
-        return self.tuner.report(float(value.item() if hasattr(value, "item") else value))
+        number = float(value.item() if hasattr(value, "item") else value)
+        if self.tuner is None:
+            assert self._follower is not None
+            return self._follower.report(step, number)
+        return self.tuner.report(number)
 
-    def _evaluated(self, metrics: Mapping[str, Any], prefix: str = "") -> bool:
-        """After the framework's validation: its time is no step's; the target's metric is reported."""
+    def _evaluated(self, metrics: Mapping[str, Any], prefix: str = "", step: int = 0) -> bool:
+        """After the framework's validation (after ``step`` optimizer steps): its time is no step's; the
+        target's metric is reported."""
         if self.tuner is not None:
             self.tuner._steps_resume()
-        return self._report(metrics, prefix)
+        return self._report(metrics, prefix, step)
 
     def _count(self, batch: Any) -> None:
         """Count a training batch's samples in the step in progress (and, in the first step, its bytes as the

@@ -42,6 +42,8 @@ class HFTunerCallback(_Adapter, TrainerCallback):
         self._stop()  # a tuner left open by a train() that ended on an exception (the Trainer has no hook for it)
         # the tuner opens at the first step, so an evaluation the Trainer runs first (eval_on_start) is no step
         self._waiting = (model, optimizer, lr_scheduler) if state.is_local_process_zero else None
+        if not state.is_local_process_zero:
+            self._follow_only()  # the Trainer's evaluation metrics are the same in every process
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self._waiting is None:
@@ -65,7 +67,7 @@ class HFTunerCallback(_Adapter, TrainerCallback):
             self.tuner.end_epoch()
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kw: Any) -> None:
-        if self._evaluated(metrics or {}, prefix="eval_"):
+        if self._evaluated(metrics or {}, prefix="eval_", step=state.global_step):
             control.should_training_stop = True
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:

@@ -47,6 +47,7 @@ class LightningTunerCallback(_Adapter, pl.Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if trainer.local_rank != 0:  # one tuner per board: the machine's first process
+            self._follow_only()
             return
         holder = trainer.datamodule if getattr(trainer.datamodule, "batch_size", None) else pl_module
         per_batch = (_loader_batch_size(trainer.train_dataloader) or getattr(holder, "batch_size", None)
@@ -71,7 +72,14 @@ class LightningTunerCallback(_Adapter, pl.Callback):
             self.tuner.end_epoch()
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        if not trainer.sanity_checking and self._evaluated(trainer.callback_metrics):
+        if trainer.sanity_checking:
+            return
+        reached = self._evaluated(trainer.callback_metrics, step=trainer.global_step)
+        if self.options.get("target") is not None and trainer.world_size > 1:
+            # every process stops when any reached it (metrics not synced across them may differ), as
+            # Lightning's EarlyStopping decides: a process left training alone would wait for the others forever
+            reached = trainer.strategy.reduce_boolean_decision(reached, all=False)
+        if reached:
             trainer.should_stop = True
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
