@@ -54,8 +54,8 @@ class _Adapter:
     def _start(self, model: torch.nn.Module, optimizer: Any, batch_size: int | None, *,
                schedulers: Iterable[Any] = (), resumed_at: int = 0, processes: int = 1) -> None:
         """Open the tuner. ``schedulers``: the framework's learning-rate schedulers, scaled with the optimizer
-        (``lr_batch_size``, the guard's batch moves); ``resumed_at``: the optimizer steps a checkpoint resumed from (0: a fresh run);
-        ``processes``: the training processes sharing this machine."""
+        (``lr_batch_size``, the guard's batch moves); ``resumed_at``: the optimizer steps a checkpoint resumed
+        from (0: a fresh run); ``processes``: the training processes sharing this machine."""
         if self.tuner is not None:  # a train() that ended on an exception the framework gave no hook for
             self._stop()
         options = dict(self.options)
