@@ -726,6 +726,25 @@ def test_an_evaluation_before_the_first_step_is_not_measured_as_its_cost():
     assert costs[1] == costs[0]
 
 
+def test_a_compiled_model_compiles_after_the_twin_measured_its_cost():
+    """The cost meter's FLOP counter makes torch.compile skip the frames it meets for good: the run must
+    compile them afresh once the first step's cost is measured (before: eager for the whole run)."""
+    from torch._dynamo.utils import counters
+
+    model, opt, data = mlp()
+    compiled = torch.compile(model, backend="eager")
+    counters.clear()
+    with edgetune.tune(compiled, opt, dataset=data, batch_size=256, budget_w=15, device="sim:orin-nano",
+                       online=False, print_summary=False) as tuner:
+        for x, y in tuner.loader:
+            torch.nn.functional.cross_entropy(compiled(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    assert tuner.cost is not None and tuner.cost.flops_per_sample > 0
+    assert counters["stats"]["unique_graphs"] >= 1
+    torch.compiler.reset()
+
+
 def test_count_samples_accounts_what_each_step_trained_on(cnn_cost):
     model, opt, _ = mlp()
     with edgetune.tune(model, opt, batch_size=32, budget_w=15, device="sim:orin-nano", online=False,

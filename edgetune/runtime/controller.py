@@ -125,6 +125,12 @@ ACCOUNTING_PERIOD_S = 1.0
 _FLOP_PER_MFLOP = 1e6
 
 
+def _compiled(model: torch.nn.Module | None) -> bool:
+    """Whether ``model`` runs through torch.compile (``torch.compile(model)`` or ``model.compile()``)."""
+    return model is not None and (hasattr(model, "_orig_mod") or getattr(model, "_compiled_call_impl", None)
+                                  is not None)
+
+
 def _noop() -> None:
     return None
 
@@ -799,6 +805,10 @@ class Tuner:
         if self._cost_meter is not None and self._cost_meter.active:
             self.cost = self._cost_meter.finish(samples, self.optimizer, self._first_batch_bytes or 0.0)
             self._cost_meter = None
+            if _compiled(self.model):
+                # torch.compile skips, for good, the frames it first met under the meter's FLOP counter: compile
+                # them afresh, or the model runs eager for the rest of the run
+                torch.compiler.reset()
             self._event(f"step cost measured from the first step: {self.cost.flops_per_sample / _FLOP_PER_MFLOP:.1f} "
                         f"MFLOP per sample")
         try:
