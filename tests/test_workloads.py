@@ -493,3 +493,23 @@ def test_training_elsewhere_than_measured_is_allowed_and_noted() -> None:
                            "all it measures: the power measured is not the training's")
     assert place("cpu", _compute("cpu"), "sim:orin-nano", simulated=True).note is None  # the twin models the step
     assert place("cpu", _compute("cuda:0"), "sim:orin-nano", simulated=True).note is None
+
+
+def test_a_compiled_model_still_compiles_after_its_cost_is_measured() -> None:
+    """measure_cost counts FLOPs under a dispatch mode, which makes torch.compile skip the frames it meets for
+    good; the workload's compiled model must compile when it trains (before: eager for the whole search)."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)),
+                          backend="eager")
+
+    def make_batch(batch_size: int, generator: torch.Generator):
+        return torch.randn(batch_size, 8, generator=generator), torch.randint(0, 3, (batch_size,), generator=generator)
+
+    workload = Workload.from_model("compiled", model, make_batch, default_batch_size=16)
+    counters.clear()
+    for _ in range(3):
+        workload.train_step(16)
+    assert workload.cost.flops_per_sample > 0 and counters["stats"]["unique_graphs"] >= 1
+    torch.compiler.reset()

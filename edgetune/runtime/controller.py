@@ -101,6 +101,7 @@ from edgetune.runtime.settings import (
 from edgetune.runtime.target import TargetOutcome, TargetTracker, outcome, record_run
 from edgetune.runtime.ticker import Ticker
 from edgetune.workloads import CostMeter
+from edgetune.workloads.cost import recompile_after_counting
 
 # Plan, PlanError and load_plan live in edgetune.runtime.plan; importing them from here keeps working
 __all__ = ["Plan", "PlanError", "Tuner", "load_plan"]
@@ -123,12 +124,6 @@ UNKNOWN_TOP_POWER_BUDGETS = 1.5
 ACCOUNTING_PERIOD_S = 1.0
 #: FLOP per MFLOP, for the event that reports the measured step cost
 _FLOP_PER_MFLOP = 1e6
-
-
-def _compiled(model: torch.nn.Module | None) -> bool:
-    """Whether ``model`` runs through torch.compile (``torch.compile(model)`` or ``model.compile()``)."""
-    return model is not None and (hasattr(model, "_orig_mod") or getattr(model, "_compiled_call_impl", None)
-                                  is not None)
 
 
 def _noop() -> None:
@@ -805,10 +800,8 @@ class Tuner:
         if self._cost_meter is not None and self._cost_meter.active:
             self.cost = self._cost_meter.finish(samples, self.optimizer, self._first_batch_bytes or 0.0)
             self._cost_meter = None
-            if _compiled(self.model):
-                # torch.compile skips, for good, the frames it first met under the meter's FLOP counter: compile
-                # them afresh, or the model runs eager for the rest of the run
-                torch.compiler.reset()
+            if self.model is not None:
+                recompile_after_counting(self.model)
             self._event(f"step cost measured from the first step: {self.cost.flops_per_sample / _FLOP_PER_MFLOP:.1f} "
                         f"MFLOP per sample")
         try:

@@ -165,6 +165,15 @@ class CostMeter:
         )
 
 
+def recompile_after_counting(model: nn.Module) -> None:
+    """After a :class:`CostMeter` counted ``model``'s step: where the model runs through torch.compile
+    (``torch.compile(model)``, ``model.compile()``), clear torch's compile caches, since dynamo skips for good
+    the frames it first meets under a FLOP counter and the model would run eager from then on. Other compiled
+    functions compile again once."""
+    if hasattr(model, "_orig_mod") or getattr(model, "_compiled_call_impl", None) is not None:
+        torch.compiler.reset()
+
+
 def apply_model(model: nn.Module, inputs: Any) -> Any:
     """``model`` called on a batch's inputs: a tuple or list unpacked into its arguments, a mapping (a
     tokenizer's output) into its keyword arguments, anything else its one argument."""
@@ -207,6 +216,7 @@ def measure_cost(workload: Workload, batch_size: int = _COST_BATCH_SIZE) -> Work
         loss.backward()
     optimizer.step()
     cost = meter.finish(batch_size, optimizer, input_bytes)
+    recompile_after_counting(workload.model)
     _log.debug("workload %r: %.1f MFLOP, %.0f activation bytes per sample (measured at batch %d)",
                workload.name, cost.flops_per_sample / 1e6, cost.activation_bytes_per_sample, batch_size)
     return cost
