@@ -14,7 +14,6 @@ import torch
 from edgetune.log import get_logger
 from edgetune.runtime.api import tune
 from edgetune.runtime.controller import Tuner
-from edgetune.runtime.loader import batch_samples
 from edgetune.runtime.plan import load_plan
 from edgetune.runtime.target import TargetTracker
 
@@ -30,6 +29,25 @@ def _innermost(optimizer: Any) -> torch.optim.Optimizer:
         optimizer = optimizer.optimizer
         seen += 1
     return optimizer
+
+
+def batch_samples(batch: Any) -> int | None:
+    """The samples in a batch as a framework hands it over: the leading dimension its tensors agree on.
+
+    The tensors are the batch itself, or the items of a tuple, list or mapping (a Hugging Face batch). Where
+    they disagree (a ``(T, B)`` sequence batch from ``pad_sequence`` beside its ``(B,)`` labels) or there are
+    none (a detection batch of per-image tuples), the count is not known: None.
+    """
+    if isinstance(batch, torch.Tensor):
+        items: Iterable[Any] = (batch,)
+    elif isinstance(batch, Mapping):
+        items = batch.values()
+    elif isinstance(batch, (tuple, list)):
+        items = batch
+    else:
+        return None
+    sizes = {int(t.shape[0]) for t in items if isinstance(t, torch.Tensor) and t.dim() > 0}
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 class _Adapter:

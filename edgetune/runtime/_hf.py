@@ -41,9 +41,11 @@ class HFTunerCallback(_Adapter, TrainerCallback):
             raise RuntimeError("the Trainer passed no optimizer to its callbacks; edgetune needs it to mark steps")
         self._stop()  # a tuner left open by a train() that ended on an exception (the Trainer has no hook for it)
         # the tuner opens at the first step, so an evaluation the Trainer runs first (eval_on_start) is no step
-        self._waiting = (model, optimizer, lr_scheduler) if state.is_local_process_zero else None
-        if not state.is_local_process_zero:
-            self._follow_only()  # the Trainer's evaluation metrics are the same in every process
+        if state.is_local_process_zero:
+            self._waiting = (model, optimizer, lr_scheduler)
+        else:  # one tuner per board; the Trainer's evaluation metrics are the same in every process
+            self._waiting = None
+            self._follow_only()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self._waiting is None:

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgetune.runtime.loader import batch_samples
+from edgetune.runtime._adapter import batch_samples
 
 __all__ = ["HFTrainerCallback", "LightningCallback", "batch_samples"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any
 
 import torch
@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from edgetune.power.knobs import check_batch_size
 
-__all__ = ["BatchLoader", "ResizableBatchSampler", "batch_samples", "rescale_lr"]
+__all__ = ["BatchLoader", "ResizableBatchSampler", "rescale_lr"]
 
 
 #: parameter-group keys that hold learning rates: the rate, and those schedulers compute it from (every
@@ -59,25 +59,6 @@ def rescale_lr(optimizer: torch.optim.Optimizer, old_batch_size: int, new_batch_
             if isinstance(values, list):
                 setattr(scheduler, name, [scaled(v) for v in values])
     return rates
-
-
-def batch_samples(batch: Any) -> int | None:
-    """The samples in a batch as a framework hands it over: the leading dimension its tensors agree on.
-
-    The tensors are the batch itself, or the items of a tuple, list or mapping (a Hugging Face batch). Where
-    they disagree (a ``(T, B)`` sequence batch from ``pad_sequence`` beside its ``(B,)`` labels) or there are
-    none (a detection batch of per-image tuples), the count is not known: None.
-    """
-    if isinstance(batch, torch.Tensor):
-        items: Iterable[Any] = (batch,)
-    elif isinstance(batch, Mapping):
-        items = batch.values()
-    elif isinstance(batch, (tuple, list)):
-        items = batch
-    else:
-        return None
-    sizes = {int(t.shape[0]) for t in items if isinstance(t, torch.Tensor) and t.dim() > 0}
-    return sizes.pop() if len(sizes) == 1 else None
 
 
 class ResizableBatchSampler(Sampler[list[int]]):
@@ -219,12 +200,13 @@ class BatchLoader:
         if self.on_epoch_start is not None:
             self.on_epoch_start(self.epoch)
         for batch in self._loader:
-            nominal, samples = self.sampler.drawn.popleft() if self.sampler.drawn else (self.sampler.batch_size,) * 2
+            drawn = self.sampler.drawn
+            nominal, samples = drawn.popleft() if drawn else (self.sampler.batch_size,) * 2
             if nominal != self._effective:
                 old, self._effective = self._effective, nominal
                 options = {"b_noise": self.b_noise} if self.lr_rule == "adascale" else {}
-                rates = (rescale_lr(self.optimizer, old, nominal, self.lr_rule, schedulers=self.schedulers, **options)
-                         if self.optimizer is not None else [])
+                rates = (rescale_lr(self.optimizer, old, nominal, self.lr_rule, schedulers=self.schedulers,
+                                    **options) if self.optimizer is not None else [])
                 if self.on_resize is not None:
                     self.on_resize(old, nominal, rates)
             if self.on_batch is not None:
