@@ -557,6 +557,30 @@ def test_import_edgetune_stays_light():
     assert out == ["False", "True"]
 
 
+
+def test_a_run_without_online_tuning_never_imports_scikit_learn(tmp_path):
+    """An edge CPU pays about a second and 70 MiB for scikit-learn and scipy: a run at a chosen setting (a
+    batch-size change, a target, a runs file) needs neither, only online tuning's hardware model does."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys, torch, edgetune
+m = torch.nn.Linear(4, 2); o = torch.optim.SGD(m.parameters(), 0.1)
+ds = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+with edgetune.tune(m, o, dataset=ds, budget_w=8, device="sim:orin-nano", batch_size=8, online=False,
+                   target=edgetune.Target("loss", 10.0, higher_is_better=False), runs_file={str(tmp_path / 'runs.csv')!r},
+                   workload="toy", print_summary=False) as tuner:
+    for x, y in tuner.loader:
+        loss = torch.nn.functional.cross_entropy(m(x), y); o.zero_grad(); loss.backward(); o.step()
+        tuner.report(float(loss))
+        if tuner.steps == 2:
+            tuner.set_batch_size(16)
+print(tuner.batch_size, sorted(k for k in ("sklearn", "scipy", "optuna") if k in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[-2] == "16 []", out
+
 # ---------------------------------------------------------------------------------------------- adapters
 
 
