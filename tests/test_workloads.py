@@ -17,6 +17,7 @@ import edgetune
 from edgetune.workloads import (
     _FLOP_FORMULAS,
     BUILTIN_WORKLOADS,
+    CostMeter,
     Workload,
     WorkloadError,
     load_workload,
@@ -158,6 +159,55 @@ def test_activation_bytes_are_per_sample(builtins: dict[str, Workload]) -> None:
     # the conv stages' outputs alone (before BN, ReLU, pooling) are saved for backward
     conv_outputs = 4 * (32 * 32 * 32 + 64 * 16 * 16 + 128 * 8 * 8)
     assert large.activation_bytes_per_sample > conv_outputs
+
+
+def _mlp_step_cost(optimizer_cls, **options):
+    """The CostMeter's figures for one optimizer step of a small MLP on a batch of 16."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    opt = optimizer_cls(model.parameters(), **options)
+    x, y = torch.randn(16, 64), torch.randint(0, 10, (16,))
+    evaluations = []
+
+    def closure():
+        evaluations.append(1)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    meter = CostMeter(model).start()
+    input_bytes = meter.exclude((x, y))
+    opt.step(closure)
+    return meter.finish(16, opt, input_bytes), len(evaluations)
+
+
+def test_a_closure_optimizer_holds_one_evaluations_activations_at_a_time():
+    """LBFGS evaluates its closure several times per step: the FLOPs add up, the memory does not (each
+    backward frees its pass's tensors). Summed, the twin would take 10-20x the memory and refuse batches that
+    fit."""
+    sgd, once = _mlp_step_cost(torch.optim.SGD, lr=0.1)
+    lbfgs, evaluations = _mlp_step_cost(torch.optim.LBFGS, max_iter=8)
+    assert once == 1 and evaluations > 3
+    assert lbfgs.activation_bytes_per_sample == sgd.activation_bytes_per_sample > 0
+    assert lbfgs.flops_per_sample == pytest.approx(evaluations * sgd.flops_per_sample, rel=0.01)
+
+
+def test_accumulated_micro_batches_peak_at_one_micro_batch(builtins: dict[str, Workload]) -> None:
+    """A first step of four micro-batches of 8 (gradient accumulation through ``tuner.loader``) holds one
+    micro-batch's activations at a time: per sample, the figure of one batch of 8."""
+    workload = load_workload("cnn", seed=0)
+    x, y = workload.make_batch(32)
+    with edgetune.tune(workload.model, workload.optimizer, dataset=TensorDataset(x, y), batch_size=8,
+                       budget_w=15, device="sim:orin-nano", online=False, print_summary=False) as tuner:
+        for i, batch in enumerate(tuner.loader):
+            workload.loss(batch).backward()
+            if i % 4 == 3:
+                workload.optimizer.step()
+                workload.optimizer.zero_grad()
+    assert tuner.steps == 1 and tuner.summary.samples == 32
+    expected = builtins["cnn"].cost.activation_bytes_per_sample
+    assert tuner.cost.activation_bytes_per_sample == pytest.approx(expected, rel=0.02)
 
 
 @pytest.mark.parametrize("name", BUILTIN_WORKLOADS)

@@ -798,7 +798,8 @@ class Tuner:
         batches, self._step_batches = self._step_batches or [b], []
         samples = sum(batches)
         if self._cost_meter is not None and self._cost_meter.active:
-            self.cost = self._cost_meter.finish(samples, self.optimizer, self._first_batch_bytes or 0.0)
+            self.cost = self._cost_meter.finish(samples, self.optimizer, self._first_batch_bytes or 0.0,
+                                                pass_batch_size=max(batches))
             self._cost_meter = None
             if self.model is not None:
                 recompile_after_counting(self.model)

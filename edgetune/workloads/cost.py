@@ -8,6 +8,7 @@ and the runtime controller meters the user's own first step as it passes (``edge
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,23 @@ def _conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padd
 _FLOP_FORMULAS = {torch.ops.aten.convolution_backward: _conv_backward_flops}
 
 
+class _Saved:
+    """A tensor autograd saved for backward, as :class:`CostMeter` hands it over: while autograd holds it, its
+    storage is live activation memory (CPython frees it the moment autograd lets go)."""
+
+    __slots__ = ("_key", "_meter", "tensor")
+
+    def __init__(self, tensor: Tensor, key: tuple[int, int], meter: CostMeter) -> None:
+        self.tensor, self._key, self._meter = tensor, key, meter
+
+    def __del__(self) -> None:
+        self._meter._release(self._key)
+
+
+def _unpack(saved: Tensor | _Saved) -> Tensor:
+    return saved.tensor if isinstance(saved, _Saved) else saved
+
+
 class CostMeter:
     """Measures what one training step asks of the hardware while the step runs; no extra step is computed.
 
@@ -80,7 +98,11 @@ class CostMeter:
     * FLOPs with :class:`torch.utils.flop_counter.FlopCounterMode` and a group-aware convolution backward
       (matrix products, convolutions, attention kernels; elementwise work is not counted);
     * the tensors autograd saves for backward (:func:`torch.autograd.graph.saved_tensors_hooks`), each
-      storage once, leaving out the model's parameters and every tensor passed to :meth:`exclude`.
+      storage once, leaving out the model's parameters and every tensor passed to :meth:`exclude`: the
+      activation memory is the most they held at once, the step's peak. A step of several forward and
+      backward passes (LBFGS's closure, gradient accumulation) frees each pass's tensors in its backward,
+      so it peaks at one pass, not at their sum; the tensors ``torch.utils.checkpoint`` recomputes in
+      backward are its own and not counted (the peak is then the segments' inputs).
 
     Usage: ``meter = CostMeter(model).start()``; ``input_bytes = meter.exclude(batch)`` before the forward
     pass; forward, backward and ``optimizer.step()``; then ``meter.finish(batch_size, optimizer,
@@ -90,9 +112,12 @@ class CostMeter:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self._excluded = {_storage_key(p) for p in model.parameters()}
-        self._saved: dict[tuple[int, int], int] = {}
+        self._holders: dict[tuple[int, int], int] = {}  # storage -> saved tensors autograd holds on it
+        self._live_bytes = 0
+        self._peak_bytes = 0
+        self._lock = threading.Lock()  # CUDA's autograd threads release what the main thread saved
         self._flops = FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS)
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._active = False
         self._started = False
 
@@ -124,11 +149,26 @@ class CostMeter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _pack(self, t: Tensor) -> Tensor:
+    def _pack(self, t: Tensor) -> Tensor | _Saved:
         key = _storage_key(t)
-        if key not in self._excluded:
-            self._saved[key] = key[1]
-        return t
+        if key in self._excluded:
+            return t
+        with self._lock:
+            held = self._holders.get(key, 0)
+            self._holders[key] = held + 1
+            if not held:
+                self._live_bytes += key[1]
+                self._peak_bytes = max(self._peak_bytes, self._live_bytes)
+        return _Saved(t, key, self)
+
+    def _release(self, key: tuple[int, int]) -> None:
+        """Autograd let go of a saved tensor (its backward ran, or its graph was dropped)."""
+        with self._lock:
+            held = self._holders.pop(key, 0) - 1
+            if held > 0:
+                self._holders[key] = held
+            elif held == 0:
+                self._live_bytes -= key[1]
 
     def exclude(self, batch: Any) -> float:
         """Count ``batch``'s tensors (nested tuples, lists, dicts) as the step's input, not as activations;
@@ -139,13 +179,17 @@ class CostMeter:
             total += t.numel() * t.element_size()
         return total
 
-    def finish(self, batch_size: int, optimizer: torch.optim.Optimizer | None, input_bytes: float) -> WorkloadCost:
+    def finish(self, batch_size: int, optimizer: torch.optim.Optimizer | None, input_bytes: float, *,
+               pass_batch_size: int | None = None) -> WorkloadCost:
         """Close the meter and return the step's cost per sample of a ``batch_size`` batch.
 
         Args:
             batch_size: samples in the measured step.
             optimizer: the optimizer, after its first step (its state is the optimizer's memory), or None.
             input_bytes: bytes of the step's inputs and targets (what :meth:`exclude` returned).
+            pass_batch_size: samples of the largest batch one forward pass took, where the step ran several
+                (the micro-batches of gradient accumulation): the activation peak is that batch's.
+                Default: ``batch_size``.
         """
         self.close()
         params = list(self.model.parameters())
@@ -159,7 +203,7 @@ class CostMeter:
         return WorkloadCost(
             flops_per_sample=self._flops.get_total_flops() / batch_size,
             param_bytes=float(sum(p.numel() * p.element_size() for p in params)),
-            activation_bytes_per_sample=sum(self._saved.values()) / batch_size,
+            activation_bytes_per_sample=self._peak_bytes / (pass_batch_size or batch_size),
             input_bytes_per_sample=input_bytes / batch_size,
             optimizer_state_bytes=float(sum(state_storages.values())),
         )
