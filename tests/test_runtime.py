@@ -20,7 +20,7 @@ from torch.utils.data import TensorDataset
 
 import edgetune
 from edgetune.power import Knob, open_device
-from edgetune.runtime import GuardParams, Plan, PlanError, load_plan
+from edgetune.runtime import GuardParams, OnlineOptions, Plan, PlanError, load_plan
 from edgetune.runtime.guard import GuardMove
 from edgetune.workloads import load_workload
 
@@ -1361,6 +1361,52 @@ def test_a_guard_trip_ends_the_candidate_as_over_budget(cnn_cost):
     assert m.steps == 4 and m.step_time_s > 0
     assert d.kind is OnlineMove.MOVE and d.candidate != first
     assert "over budget (" in d.notes[0]
+
+
+def _online_run(profile, budget_w, cost, caplog):
+    """Online tuning on the twin, its steps timed by ``cost``: a one-weight stand-in trains, as experiments/
+    online_gap.py runs it. Returns the summary and the warnings logged."""
+    model = torch.nn.Linear(1, 1, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    data = TensorDataset(torch.zeros(2048, 1))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="edgetune"), \
+            edgetune.tune(model, opt, dataset=data, batch_size=32, budget_w=budget_w, cost=cost,
+                          device=open_device(f"sim:{profile}", seed=0, compute=False), print_summary=False,
+                          online=OnlineOptions(batch_sizes=[16, 32, 64], b_noise=13.2)) as tuner:
+        while tuner.online.exploring:
+            for (x,) in tuner.loader:
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+                if not tuner.online.exploring:
+                    break
+    return tuner.summary, [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_online_tuning_says_when_the_knobs_it_leaves_as_found_hold_nothing_under_the_budget(cnn_cost, caplog):
+    """Online tuning varies the batch size and the GPU clock; at 5 W no such candidate on an Orin NX in 15W
+    (four cores, the CPU and memory clocks at their maximum) holds the budget: it says so, and names the
+    search, which also moves those knobs (experiments/online_gap.py: 14 of its 36 rows)."""
+    summary, warnings = _online_run("orin-nx", 5.0, cnn_cost, caplog)
+    line = next(t for t in warnings if t.startswith("online: limit"))
+    assert "no batch size and gpu_freq with the other knobs as found" in line and "power_mode=15W" in line
+    assert "cpu_cores=4 cores" in line and "the 5 W budget" in line and "edgetune search" in line
+    assert line in summary.table()
+    assert any(t.startswith("online: no candidate held the budget") for _, t in summary.events)
+
+
+def test_online_tuning_says_when_the_power_mode_keeps_the_run_well_under_the_budget(cnn_cost, caplog):
+    """An AGX Orin found in MODE_30W: every candidate of online tuning draws about 15 W or less (the mode caps
+    the GPU clock), far from a 27 W budget that MAXN could use; a budget it binds says nothing."""
+    summary, warnings = _online_run("orin-agx", 27.0, cnn_cost, caplog)
+    line = next(t for t in warnings if t.startswith("online: limit"))
+    assert "every batch size and gpu_freq online tuning can choose draws at most 1" in line
+    assert "of the 27 W budget" in line and "MODE_30W" in line
+    assert line in summary.table()
+    summary, warnings = _online_run("orin-agx", 16.0, cnn_cost, caplog)
+    assert any(t.startswith("online: settled") for _, t in summary.events)
+    assert not any(t.startswith("online: limit") for t in warnings)
 
 
 def test_tune_groups_its_keywords_into_settings(tmp_path, cnn_cost):

@@ -286,7 +286,7 @@ class RunSummary:
                      if moves.get(GuardMove.SHRINK_BATCH) or moves.get(GuardMove.GROW_BATCH) else "")
             lines.append(f"guard: {moves.get(GuardMove.TRIP, 0)} trip(s), {moves.get(GuardMove.CLIMB, 0)} climb(s), "
                          f"{moves.get(GuardMove.UNDO_CLIMB, 0)} climb(s) undone (clock capped){batch}")
-        lines.extend(t for t in texts if t.startswith("online: settled"))
+        lines.extend(t for t in texts if t.startswith(("online: settled", "online: limit")))
         if self.target is not None:
             lines.append(self.target.line())
         setting = ", ".join(f"{k}={v}" for k, v in self.setting.items())

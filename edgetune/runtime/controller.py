@@ -752,6 +752,9 @@ class Tuner:
     def _note(self, decision: OnlineDecision) -> None:
         for text in decision.notes:
             self._event(text)
+        for text in decision.warnings:  # a warning, not an info event: a script without logging set up shows it
+            self.events.append((self.device.clock.now(), text))
+            _log.warning("%s", text)
 
     def _follow(self, decision: OnlineDecision) -> None:
         """Apply the online tuner's decision: record its notes, move to its candidate."""

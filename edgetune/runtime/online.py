@@ -84,6 +84,12 @@ OVER_BUDGET_MARGIN_FRACTION = 0.5
 MIN_RUNG_ABOVE_IDLE_W = 1e-3
 #: W: a dynamic range below this counts as none when the rung priors are rescaled
 ZERO_RANGE_W = 1e-9
+#: every candidate of online tuning's space draws under this fraction of the budget (measured and predicted):
+#: the knobs it leaves as found (the power mode's caps) keep the run from the budget's speed, which it says
+LIMIT_HEADROOM = 0.8
+#: what the notes on online tuning's limits advise
+SEARCH_ADVICE = ("`edgetune search` also searches the power mode, online cores and the CPU and memory clocks: "
+                 "run it and pass its best.json as tune(plan=...)")
 #: ms per s (step times in the events are in ms)
 _MS_PER_S = 1e3
 
@@ -180,11 +186,13 @@ class OnlineMove(enum.Enum):
 
 @dataclass(frozen=True)
 class OnlineDecision:
-    """The online tuner's answer: the kind of move, the candidate to apply, notes for the run's events."""
+    """The online tuner's answer: the kind of move, the candidate to apply, notes for the run's events and
+    warnings (events the user sees without logging set up: where online tuning's space shows its limit)."""
 
     kind: OnlineMove = OnlineMove.NONE
     candidate: Candidate | None = None
     notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
 
 _NOTHING = OnlineDecision()
@@ -439,7 +447,7 @@ class OnlineTuner:
         nxt = self._next_candidate(now)
         if nxt is None:
             settled = self._settle(now)
-            return OnlineDecision(settled.kind, settled.candidate, (note, *settled.notes))
+            return OnlineDecision(settled.kind, settled.candidate, (note, *settled.notes), settled.warnings)
         self._window = _Window(nxt)
         return OnlineDecision(OnlineMove.MOVE, nxt, (note,))
 
@@ -526,13 +534,46 @@ class OnlineTuner:
         elif self._ok():
             # nothing held the budget: the lowest-power measurement, and the guard takes it from there
             best = min(self._ok(), key=lambda m: m.power_w)
+        elif any(m.status is MeasurementStatus.OVER_BUDGET for m in self.measurements):
+            return OnlineDecision(OnlineMove.STOP, None, (
+                "online: no candidate held the budget; keeping the current setting, which the guard lowers",),
+                (self._limit_note(None, now),))
         else:
             return OnlineDecision(OnlineMove.STOP, None,
                                   ("online: no candidate could be measured; keeping the current setting",))
         self.chosen = best
         note = (f"online: settled on batch size {best.candidate.batch_size}, {self._describe(best.candidate)} "
                 f"after {len(self.measurements)} candidates (B_noise {b_noise:.0f} samples, {source})")
-        return OnlineDecision(OnlineMove.SETTLE, best.candidate, (note,))
+        limit = self._limit_note(best if ok else None, now)
+        return OnlineDecision(OnlineMove.SETTLE, best.candidate, (note,), (limit,) if limit else ())
+
+    def _limit_note(self, best: Measurement | None, now: RunState) -> str:
+        """Where the space online tuning explores (batch size x the primary knob, the other knobs as found)
+        shows its limit: nothing in it held the budget (``best`` None), or its best held candidate runs the
+        primary knob's highest value well under the budget. Empty otherwise."""
+        fixed = ", ".join(f"{k}={format_value(v, self._knobs[k].unit)}" for k, v in sorted(now.setting.items())
+                          if k != self.primary and k in self._knobs)
+        what = f"batch size and {self.primary}" if self.primary else "batch size"
+        if best is None:
+            return (f"online: limit: no {what} with the other knobs as found ({fixed or 'none writable'}) held the "
+                    f"{now.budget_w:g} W budget; the guard lowers the clocks and the batch size as far as they go, "
+                    f"and the run may still draw over it. {SEARCH_ADVICE}")
+        top_w = self._space_top_w(now)
+        if any(m.status is MeasurementStatus.OVER_BUDGET for m in self.measurements) \
+                or not top_w < LIMIT_HEADROOM * now.budget_w:
+            return ""
+        return (f"online: limit: every {what} online tuning can choose draws at most {top_w:.1f} W (measured and "
+                f"predicted) of the {now.budget_w:g} W budget: the knobs as found ({fixed}) keep the run from "
+                f"using the rest. {SEARCH_ADVICE}")
+
+    def _space_top_w(self, now: RunState) -> float:
+        """The most power any candidate of the space draws, W: the highest measured, and the hardware model's
+        highest prediction over the grid where it is fitted (nan: nothing measured)."""
+        top = max((m.power_w for m in self.measurements if m.usable), default=math.nan)
+        if self.model is not None:
+            predicted = self.model.predict([self._features(c) for c in self._grid(now.setting)]).power_w
+            top = max(top, float(np.max(predicted)))
+        return top
 
     # -- the guard's prior -----------------------------------------------------------------------------
     def ladder_prior(self, ladder: Sequence[Mapping[str, KnobValue]], batch_size: int, knobs: Mapping[str, Knob],
