@@ -1,5 +1,5 @@
 """The oracle benchmark's pure scoring functions (experiments/benchlib.py); the benchmark itself is run by
-experiments/oracle_gap.py, not here."""
+experiments/oracle_gap.py, not here. One case of experiments/online_gap.py runs end to end (seconds)."""
 
 from __future__ import annotations
 
@@ -331,3 +331,33 @@ def test_convergence_truth_refuses_warmup_seeds_as_measured_seeds_and_keep_with_
         convergence_truth.main(["--warmup-only", "--keep-warmup"])
     assert exit_.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- online tuning
+
+
+def test_online_batch_sizes_are_its_default_span_inside_the_measured_range() -> None:
+    from online_gap import online_batch_sizes
+
+    assert online_batch_sizes(32, (8, 16, 32, 64, 128, 256)) == [8, 16, 32, 64, 128]
+    assert online_batch_sizes(16, (16, 32, 64, 128, 256)) == [16, 32, 64]
+
+
+def test_online_gap_scores_what_the_run_trained_at_against_the_whole_space() -> None:
+    """One case of experiments/online_gap.py end to end: an Orin NX at the middle cnn budget. Online tuning's
+    own space (batch size x GPU clock, the rest as found) is part of the whole, so its best is no better than the
+    honest oracle, and the run ends at a setting that holds the budget."""
+    import online_gap
+    from benchlib import CONVERGENCE_TABLE, Bench, make_cases
+
+    bench = Bench.load(["orin-nx"], ["cnn"], CONVERGENCE_TABLE, seed=0)
+    case = make_cases(bench.truths, "time")[0][1]
+    row = online_gap.run_online(bench, case, seed=0, steps=150)
+    assert row.settled is not None and row.final is not None and row.honest is not None
+    # here the guard left the settled setting alone, and it is the best its space holds
+    assert row.final == row.settled and row.gap_pct == pytest.approx(row.reach_gap_pct) and row.reach_gap_pct > 3.0
+    assert not row.violation and row.final.max_avg_w <= case.budget_w
+    assert 1 <= row.candidates <= 6 and 0 < row.explore_steps <= 6 * 20 and row.explore_s > 0
+    lines = online_gap.summary([row])
+    assert lines[-1].startswith(f"online: worst gap {row.gap_pct:.2f}% | median gap {row.gap_pct:.2f}% | within 3%: "
+                                f"0 of 1")
