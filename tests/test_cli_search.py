@@ -95,7 +95,7 @@ def test_output_flag_is_the_folder_itself(tmp_path, capsys):
     assert (out / "best.json").is_file() and (out / "study.db").is_file()
 
 
-def test_another_studys_results_in_the_output_folder_are_refused_and_kept(tmp_path, capsys):
+def test_another_studys_results_in_the_output_folder_are_refused_and_kept(tmp_path, capsys, monkeypatch):
     out = tmp_path / "mine"
     kept = _first_search(out)
     capsys.readouterr()
@@ -106,6 +106,17 @@ def test_another_studys_results_in_the_output_folder_are_refused_and_kept(tmp_pa
     assert {name: (out / name).read_bytes() for name in kept} == kept
     # the same study resumes and writes its own results again
     assert main(["search", *FAST, "--budget", "10", "--n-trials", "2", "-o", str(out)]) == 0
+    # the same study's name in another storage is another study: its 1 trial would replace the folder's 2
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    kept = {name: (out / name).read_bytes() for name in kept}
+    assert main(["search", *FAST, "--budget", "10", "--n-trials", "1", "-o", str(out), "--storage", other]) == 2
+    line = _one_error_line(capsys)
+    assert f"in another storage (sqlite:///{out / 'study.db'})" in line and f"in {other} would write" in line
+    assert {name: (out / name).read_bytes() for name in kept} == kept
+    # and the folder's own storage, spelt as a relative path, is the same one
+    monkeypatch.chdir(out)
+    assert main(["search", *FAST, "--budget", "10", "--n-trials", "3", "-o", str(out), "--storage",
+                 "sqlite:///study.db"]) == 0
     # a best.json edgetune cannot read is not written over either
     (out / "best.json").write_text("{not json")
     assert main(["search", *FAST, "--budget", "10", "--n-trials", "2", "-o", str(out)]) == 2

@@ -123,8 +123,8 @@ def search(args: argparse.Namespace) -> int:
                                                                        cfg.seed, cfg.objective)
         study_name = cfg.study_name(device.name, workload.name)
         out = output_folder(cfg, device.name, workload.name)
-        _refuse_other_results(out, study_name)
         cfg = cfg.with_values(output=str(out))  # the default storage, study.db, lives in the study's folder
+        _refuse_other_results(out, study_name, cfg.storage_url())
         prior = _prior(cfg.search.prior, space, device)
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -219,24 +219,31 @@ def output_folder(cfg: Config, device_name: str, workload_name: str) -> Path:
     return Path(cfg.output) / (_FOLDER_CHARS.sub("-", name).strip("-.") or "study")
 
 
-def _refuse_other_results(out: Path, study_name: str) -> None:
+def _refuse_other_results(out: Path, study_name: str, storage_url: str) -> None:
     """Refuse, before anything is measured, a search that would write its results over another study's: an
-    ``--output`` folder whose best.json a search of another study wrote (or that edgetune cannot read).
+    ``--output`` folder whose best.json a search of another study wrote (another name, or the same name in
+    another storage), or that edgetune cannot read.
 
     Each study's files are its own: the same study resumed rewrites them, another one goes elsewhere.
     """
+    from edgetune.search.storage import redact, same_storage
+
     best = out / "best.json"
     if not best.is_file():
         return
     try:
-        held = json.loads(best.read_text()).get("study", {}).get("name")
+        study = json.loads(best.read_text()).get("study", {})
+        held, held_storage = study.get("name"), study.get("storage")
     except (OSError, ValueError, AttributeError):
-        held = None
-    if held == study_name:
+        held = held_storage = None
+    if held == study_name and isinstance(held_storage, str) and same_storage(held_storage, storage_url):
         return
-    what = f"the results of study {held!r}" if isinstance(held, str) else "a best.json edgetune cannot read"
-    raise UsageError(f"{best} holds {what}; study {study_name!r} would write its results over it: pass another "
-                     f"--output, or leave it out (each study then gets a folder of its own)")
+    if held == study_name and isinstance(held_storage, str):
+        what = f"the results of study {held!r} in another storage ({redact(held_storage)})"
+    else:
+        what = f"the results of study {held!r}" if isinstance(held, str) else "a best.json edgetune cannot read"
+    raise UsageError(f"{best} holds {what}; study {study_name!r} in {redact(storage_url)} would write its results "
+                     f"over it: pass another --output, or leave it out (each study then gets a folder of its own)")
 
 
 def _stored_records(storage, study_name: str, space) -> list | None:

@@ -30,6 +30,7 @@ import socket
 import threading
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -140,6 +141,23 @@ def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_INTERVAL_S, grace_s: 
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SearchError(f"cannot open storage {redact(given)}: {first[:_MESSAGE_CHARS]}; check the URL, that "
                           f"the server runs and accepts this user (or use the default SQLite file)") from None
+
+
+def _file_of(url: str) -> Path | None:
+    """The file behind a journal or SQLite URL, resolved (None: a server, or SQLite in memory)."""
+    if url.startswith("journal:"):
+        return Path(url[len("journal:"):].removeprefix("//")).resolve()
+    if url.startswith("sqlite"):
+        path = _sqlite_path(url)
+        return Path(path).resolve() if path else None
+    return None
+
+
+def same_storage(a: str, b: str) -> bool:
+    """Whether two storage URLs name the same storage: the same file for journal and SQLite URLs (relative
+    paths taken from the working directory), else the same URL."""
+    fa, fb = _file_of(a), _file_of(b)
+    return fa == fb if fa is not None or fb is not None else a == b
 
 
 def _sqlite_path(url: str) -> str | None:
