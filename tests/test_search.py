@@ -1695,11 +1695,44 @@ def test_a_study_trained_on_a_gpu_is_not_resumed_on_the_cpu_nor_the_reverse():
     assert "torch_device" not in identity("cpu").fields and identity("cuda:0").fields["torch_device"] == "cuda:0"
     for made, resumed in (("cpu", "cuda:0"), ("cuda:0", "cpu")):
         study = optuna.create_study(study_name="s")
-        identity(made).check(study, storage_url="sqlite:///x.db", sampler="guided", tolerance=0.0, window_s=1.0)
-        identity(made).check(study, storage_url="sqlite:///x.db", sampler="guided", tolerance=0.0, window_s=1.0)
+        identity(made).check(study, storage_url="sqlite:///x.db", sampler="guided", **RULE)
+        identity(made).check(study, storage_url="sqlite:///x.db", sampler="guided", **RULE)
         with pytest.raises(SearchError, match=r"^study 's' in sqlite:///x.db was made with a different torch_device;"):
-            identity(resumed).check(study, storage_url="sqlite:///x.db", sampler="guided", tolerance=0.0,
-                                    window_s=1.0)
+            identity(resumed).check(study, storage_url="sqlite:///x.db", sampler="guided", **RULE)
+
+
+RULE = {"tolerance": 0.0, "window_s": 1.0, "guard_sigma": 2.0}
+
+
+@pytest.mark.parametrize(("key", "flag", "value"), [("tolerance", "--tolerance", 0.1), ("window_s", "--window", 5.0),
+                                                     ("guard_sigma", "--guard-sigma", 0.0)])
+def test_a_study_is_resumed_only_under_the_budget_rule_its_verdicts_were_made_by(key, flag, value):
+    """A trial's verdict on the budget (its constraint) is made once, by the study's tolerance, window and guard
+    band: a resume under another would keep 10.2 W as within a 10 W budget beside new trials judged without the
+    tolerance. Refused in one line naming the flags to resume with; a study that never recorded its guard band
+    (made before it did) resumes under any."""
+    from edgetune.search import records
+    from edgetune.search.identity import StudyIdentity
+    from edgetune.search.study import SearchError
+
+    space = build_space(open_device("sim:orin-nano", seed=0), 32, [16, 32])
+    identity = StudyIdentity.of(space=space, objective="time", budget_w=10.0, workload="cnn", device="sim:orin-nano",
+                                target=TargetModel(1000.0, 256.0, "config"))
+    study = optuna.create_study(study_name="s")
+    identity.check(study, storage_url="sqlite:///x.db", sampler="guided", **RULE)
+    assert records.read_budget_rule(study) == RULE
+    with pytest.raises(SearchError) as err:
+        identity.check(study, storage_url="sqlite:///x.db", sampler="guided", **{**RULE, key: value})
+    line = str(err.value)
+    assert f"judged the budget with {flag} {RULE[key]:g}, not {flag} {value:g}" in line
+    assert f"resume it with {flag} {RULE[key]:g}" in line and len(line.splitlines()) == 1
+    identity.check(study, storage_url="sqlite:///x.db", sampler="guided", **RULE)
+    if key == "guard_sigma":  # a study's attributes as one made before the guard band was recorded
+        old = optuna.create_study(study_name="old")
+        for k, v in study.user_attrs.items():
+            if k != "guard_sigma":
+                old.set_user_attr(k, v)
+        identity.check(old, storage_url="sqlite:///x.db", sampler="guided", **{**RULE, key: value})
 
 
 def test_a_real_boards_clocks_as_found_are_taken_as_their_governor_runs_them():

@@ -52,6 +52,9 @@ def _steps_text(steps: Mapping[Any, Any] | None, law: Mapping[str, Any] | None) 
     return f"your runs' median steps to target ({medians})"
 
 
+#: the flag that sets each part of a study's budget rule (``records.read_budget_rule``), for messages
+_RULE_FLAGS = {"tolerance": "--tolerance", "window_s": "--window", "guard_sigma": "--guard-sigma"}
+
 #: relative difference under which two of the law's numbers are one: a B_noise measured again on a GPU (a
 #: resumed search, each worker of a fleet) differs in its last digits from run to run, far inside the law's 5%
 LAW_SAME_REL = 1e-3
@@ -103,7 +106,7 @@ class StudyIdentity:
         return cls(fields, {"s_min": target.s_min, "b_noise": target.b_noise}, target.is_law)
 
     def check(self, study: optuna.Study, *, storage_url: str, sampler: str, tolerance: float,
-              window_s: float) -> None:
+              window_s: float, guard_sigma: float) -> None:
         """Record this identity in a new study; check a resumed one is for the same, and where only its steps
         to target differ and ``sampler`` ranks measurements, score it again (module docs).
 
@@ -111,13 +114,22 @@ class StudyIdentity:
             SearchError: the study was made for something else, or with other steps to target (or scored again
                 with them) and ``sampler`` ranks the values Optuna was told (one line, with the way out).
         """
+        rule = {"tolerance": tolerance, "window_s": window_s, "guard_sigma": guard_sigma}
         stored = records.read_identity(study)
         if stored is None:
-            records.write_identity(study, self.fields, tolerance=tolerance, window_s=window_s, target=self.law)
+            records.write_identity(study, self.fields, target=self.law, **rule)
             return
         where = f"study {study.study_name!r} in {redact(storage_url)}"
         prior_hint = (f"(--prior '{redact(storage_url)}{NAME_SEP}{study.study_name}' starts it from this "
                       f"study's measurements)")
+        # its trials' verdicts on the budget were made under its rule: another one would mix two
+        changed = {k: v for k, v in records.read_budget_rule(study).items() if not math.isclose(v, rule[k])}
+        if changed:
+            was = ", ".join(f"{_RULE_FLAGS[k]} {v:g}" for k, v in changed.items())
+            now = ", ".join(f"{_RULE_FLAGS[k]} {rule[k]:g}" for k in changed)
+            raise SearchError(f"{where} judged the budget with {was}, not {now}: its measured settings' verdicts "
+                              f"hold under that rule; resume it with {was}, or start anew with another --output "
+                              f"{prior_hint}")
         diff = sorted(k for k in self.fields.keys() | stored.keys() if stored.get(k) != self.fields.get(k))
         if diff and diff != ["steps_to_target"]:
             raise SearchError(f"{where} was made with a different {', '.join(diff)}; use another --study-name or "
@@ -141,4 +153,4 @@ class StudyIdentity:
                      records.measured_count(study.get_trials(deepcopy=False)),
                      _steps_text(self.fields.get("steps_to_target"), self.law))
         records.write_rescored(study, was if was is not None else {"law": dict(was_law or {})})
-        records.write_identity(study, self.fields, tolerance=tolerance, window_s=window_s, target=self.law)
+        records.write_identity(study, self.fields, target=self.law, **rule)

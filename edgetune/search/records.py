@@ -48,6 +48,7 @@ __all__ = [
     "enqueue",
     "is_measured",
     "measured_count",
+    "read_budget_rule",
     "read_identity",
     "read_observation",
     "read_records",
@@ -80,6 +81,9 @@ _TRACE_W = "trace_w"  # W
 _IDENTITY = "identity"
 _TOLERANCE = "tolerance"
 _WINDOW_S = "window_s"
+_GUARD_SIGMA = "guard_sigma"
+#: the study attributes of its budget rule (:func:`read_budget_rule`)
+BUDGET_RULE_KEYS = (_TOLERANCE, _WINDOW_S, _GUARD_SIGMA)
 _TARGET = "target"
 _RESCORED = "rescored"  # the steps to target a study was scored with before (runs' medians, or {"law": ...})
 
@@ -235,12 +239,19 @@ def write_duplicate(trial: optuna.Trial, source: FrozenTrial) -> None:
 
 
 def write_identity(study: optuna.Study, identity: Mapping[str, Any], *, tolerance: float, window_s: float,
-                   target: Mapping[str, Any]) -> None:
+                   guard_sigma: float, target: Mapping[str, Any]) -> None:
     """What a study was made for (a resume with anything else is refused) and how it judges the budget."""
     study.set_user_attr(_IDENTITY, dict(identity))
     study.set_user_attr(_TOLERANCE, tolerance)
     study.set_user_attr(_WINDOW_S, window_s)
+    study.set_user_attr(_GUARD_SIGMA, guard_sigma)
     study.set_user_attr(_TARGET, dict(target))
+
+
+def read_budget_rule(study: optuna.Study) -> dict[str, float]:
+    """How the study judged its trials against the budget: ``tolerance``, ``window_s``, ``guard_sigma``, those
+    :func:`write_identity` stored (a study older than the guard band's record lacks ``guard_sigma``)."""
+    return {k: float(study.user_attrs[k]) for k in BUDGET_RULE_KEYS if k in study.user_attrs}
 
 
 def write_rescored(study: optuna.Study, previous_steps: Any) -> None:

@@ -304,7 +304,7 @@ class Search:
                                     device=self.device.name, target=self.target, cost=self.cost,
                                     torch_device=self._torch_device)
         identity.check(study, storage_url=self.storage_url, sampler=self.sampler_name, tolerance=self.tolerance,
-                       window_s=self.window_s)
+                       window_s=self.window_s, guard_sigma=self.guard_sigma)
         self._aim_sampler(study)
         return study
 
