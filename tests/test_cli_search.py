@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import textwrap
@@ -117,6 +118,11 @@ def test_another_studys_results_in_the_output_folder_are_refused_and_kept(tmp_pa
     monkeypatch.chdir(out)
     assert main(["search", *FAST, "--budget", "10", "--n-trials", "3", "-o", str(out), "--storage",
                  "sqlite:///study.db"]) == 0
+    # a folder moved or copied (from the board to a laptop) resumes on its own study.db
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved)
+    assert main(["search", *FAST, "--budget", "10", "--n-trials", "4", "-o", str(moved)]) == 0
+    assert "resuming study 'sim:orin-nano-cnn-10W-time': 3 settings measured" in capsys.readouterr().err
     # a best.json edgetune cannot read is not written over either
     (out / "best.json").write_text("{not json")
     assert main(["search", *FAST, "--budget", "10", "--n-trials", "2", "-o", str(out)]) == 2

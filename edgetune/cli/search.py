@@ -124,7 +124,7 @@ def search(args: argparse.Namespace) -> int:
         study_name = cfg.study_name(device.name, workload.name)
         out = output_folder(cfg, device.name, workload.name)
         cfg = cfg.with_values(output=str(out))  # the default storage, study.db, lives in the study's folder
-        _refuse_other_results(out, study_name, cfg.storage_url())
+        _refuse_other_results(out, study_name, cfg.storage_url(), own_db=not cfg.search.storage)
         prior = _prior(cfg.search.prior, space, device)
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -219,14 +219,17 @@ def output_folder(cfg: Config, device_name: str, workload_name: str) -> Path:
     return Path(cfg.output) / (_FOLDER_CHARS.sub("-", name).strip("-.") or "study")
 
 
-def _refuse_other_results(out: Path, study_name: str, storage_url: str) -> None:
+def _refuse_other_results(out: Path, study_name: str, storage_url: str, *, own_db: bool) -> None:
     """Refuse, before anything is measured, a search that would write its results over another study's: an
     ``--output`` folder whose best.json a search of another study wrote (another name, or the same name in
     another storage), or that edgetune cannot read.
 
-    Each study's files are its own: the same study resumed rewrites them, another one goes elsewhere.
+    Each study's files are its own: the same study resumed rewrites them, another one goes elsewhere. The
+    folder's own study.db (``own_db``: no ``--storage``) is the same storage wherever the folder was when it
+    was written: a folder moved or copied (from the board to a laptop) resumes.
     """
-    from edgetune.search.storage import redact, same_storage
+    from edgetune.config import STUDY_DB
+    from edgetune.search.storage import redact, same_storage, sqlite_file
 
     best = out / "best.json"
     if not best.is_file():
@@ -236,8 +239,10 @@ def _refuse_other_results(out: Path, study_name: str, storage_url: str) -> None:
         held, held_storage = study.get("name"), study.get("storage")
     except (OSError, ValueError, AttributeError):
         held = held_storage = None
-    if held == study_name and isinstance(held_storage, str) and same_storage(held_storage, storage_url):
-        return
+    if held == study_name and isinstance(held_storage, str):
+        moved_own_db = own_db and (sqlite_file(held_storage) or Path()).name == STUDY_DB
+        if moved_own_db or same_storage(held_storage, storage_url):
+            return
     if held == study_name and isinstance(held_storage, str):
         what = f"the results of study {held!r} in another storage ({redact(held_storage)})"
     else:

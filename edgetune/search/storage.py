@@ -143,14 +143,20 @@ def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_INTERVAL_S, grace_s: 
                           f"the server runs and accepts this user (or use the default SQLite file)") from None
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file of an SQLite URL (None: not SQLite, in memory, or not a file URL)."""
+    if not url.startswith("sqlite"):
+        return None
+    path = _sqlite_path(url)
+    return Path(path) if path else None
+
+
 def _file_of(url: str) -> Path | None:
     """The file behind a journal or SQLite URL, resolved (None: a server, or SQLite in memory)."""
     if url.startswith("journal:"):
         return Path(url[len("journal:"):].removeprefix("//")).resolve()
-    if url.startswith("sqlite"):
-        path = _sqlite_path(url)
-        return Path(path).resolve() if path else None
-    return None
+    path = sqlite_file(url)
+    return path.resolve() if path is not None else None
 
 
 def same_storage(a: str, b: str) -> bool:
