@@ -68,6 +68,27 @@ def _setting_text(r: TrialRecord, units: dict[str, str]) -> str:
     return ", ".join(f"{k}={format_value(v, units.get(k, ''))}" for k, v in r.candidate.setting)
 
 
+def _pooled_pick_line(result: SearchResult) -> str:
+    """Where the pick's windows were pooled and held the budget though some window alone did not (trials.csv
+    and the progress lines judge each window alone): why the two verdicts differ. Empty otherwise."""
+    from edgetune.search.window import judged_power_w
+
+    best = result.best
+    if best is None or result.limit_w is None or int((best.measurement or {}).get("windows", 1)) < 2:
+        return ""
+    windows = [r for r in result.measured if r.candidate == best.candidate]
+    alone_over = [r.number for r in windows if not r.feasible]
+    if not alone_over:
+        return ""
+    m = best.measurement or {}
+    judged = judged_power_w(float(m["max_avg_power_w"]), float(m.get("power_se_w") or 0.0), result.guard_sigma or 0.0)
+    return (f"the chosen setting is {len(windows)} windows pooled (trials {', '.join(f'#{r.number}' for r in windows)}): "
+            f"their mean, {m['max_avg_power_w']:.3f} W with the guard band of the mean ({judged:.3f} W judged), holds "
+            f"the limit of {result.limit_w:.3f} W, though window{'s' if len(alone_over) > 1 else ''} "
+            f"{', '.join(f'#{n}' for n in alone_over)} alone, with one window's wider band, did not (trials.csv "
+            f"judges each window alone)")
+
+
 def summary_table(result: SearchResult, workload_spec: str | None = None) -> str:
     """The end-of-search summary: chosen vs baseline, then one line on the search itself.
 
@@ -101,6 +122,9 @@ def summary_table(result: SearchResult, workload_spec: str | None = None) -> str
               f"{result.budget_w:g} W" + ("" if result.constrained else " (above the device maximum: "
                                                                           "no constraint binds)"))
     lines = [table, ""]
+    pooled = _pooled_pick_line(result)
+    if pooled:
+        lines.append(pooled)
     sp = result.speedup
     if sp is not None:
         lines.append(_gain_line(result.objective, sp))

@@ -226,3 +226,27 @@ def test_a_prior_study_gives_one_observation_per_setting():
     assert [o.candidate for o in out] == [a, b] and out[1] is obs[1]
     assert out[0].step_time_s == pytest.approx(0.11) and out[0].max_avg_power_w == pytest.approx(8.2)
     assert out[0].power_se_w == pytest.approx(0.2) and out[0].peak_power_w == 9.5 and not out[0].feasible
+
+
+def test_the_summary_says_why_a_pick_of_pooled_windows_holds_though_each_window_alone_did_not():
+    """Two windows of one setting at 9.88 W, each with a standard error of 0.07 W: alone each is judged 10.02 W
+    (over a 10 W budget, as trials.csv and the progress lines show), pooled 9.98 W (the mean's band is
+    narrower by sqrt 2), so the pick holds. The summary says so instead of contradicting its trials."""
+    from edgetune.report import summary_table
+    from edgetune.search.results import SearchResult
+
+    first, again = window(18, 1e9, 0.0096, 9.88, se_w=0.07), window(20, 1e9, 0.0096, 9.88, se_w=0.07, role=Role.CONFIRM)
+    assert not first.feasible and not again.feasible
+    (pick,) = pool_windows([first, again], limit_w=LIMIT_W, guard_sigma=2.0)
+    assert pick.feasible
+    space = build_space(open_device("sim:orin-nano", seed=0), 32, [32])
+    result = SearchResult(study_name="s", storage_url="sqlite:///s.db", objective="time", budget_w=LIMIT_W,
+                          constrained=True, tolerance=0.0, space=space, target=TARGET, records=[first, again],
+                          best=pick, baseline=None, pareto=[], stop_reason="test", protocol="", device_name="d",
+                          device_description="", simulated=True, workload="cnn", guard_sigma=2.0)
+    text = summary_table(result)
+    assert ("the chosen setting is 2 windows pooled (trials #18, #20): their mean, 9.880 W with the guard band of "
+            "the mean (9.979 W judged), holds the limit of 10.000 W, though windows #18, #20 alone") in text
+    # a pick of one window needs no such line
+    result.best, result.records = first, [first]
+    assert "windows pooled" not in summary_table(result)

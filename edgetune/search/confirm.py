@@ -27,8 +27,8 @@ search ends, its contenders are measured again (:attr:`~edgetune.search.records.
    Orin AGX mobilenet 11.1 W, its optimum measured 0.019 W short of the line, picked a setting 101% worse).
 
 The pick is made on the pooled windows (:func:`pool_windows`): the mean of each figure, a setting held the
-budget when the mean of its windows' judged powers did (a window stopped over the budget counts with what it
-measured until it was stopped: at a setting whose true power sits within the guard band of the budget, one
+budget when the mean of its windows' powers did, judged with the guard band of that mean (a window stopped over
+the budget counts with what it measured until it was stopped: at a setting whose true power sits within the guard band of the budget, one
 window in two may be stopped, and one such window says no more than one that held). Confirmations
 add windows, not settings: ``n_trials`` and the "measured settings" of every report count settings.
 """
@@ -107,9 +107,12 @@ def pool_windows(measured: Sequence[TrialRecord], *, limit_w: float | None, guar
     one's number, role, worker and power trace; its outcome and figures are the windows' means (peak power:
     the highest; steps, energy, idle and wall seconds, and time over the budget: the sums; the power's
     standard error: that of the mean, ``sqrt(sum se^2) / n``);
-    ``measurement["windows"]`` counts them. It held the budget when every window ran and the mean of their
-    judged powers (each with its guard band; a window stopped over the budget with what it measured until
-    then) is within ``limit_w`` (None: unconstrained); ``aborted_over_budget`` says whether any was stopped.
+    ``measurement["windows"]`` counts them. It held the budget when every window ran and their mean power
+    (a window stopped over the budget with what it measured until then), judged with the guard band of that
+    mean (``guard_sigma`` standard errors of the mean: narrower than one window's, as the module docs say of
+    the edge), is within ``limit_w`` (None: unconstrained); so a setting each of whose windows alone read over
+    the budget by less than its own band may hold it pooled. ``aborted_over_budget`` says whether any window
+    was stopped.
     """
     by_setting: dict[Candidate, list[TrialRecord]] = {}
     for r in sorted(measured, key=lambda r: r.number):
