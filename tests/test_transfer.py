@@ -114,6 +114,9 @@ def test_load_prior_names_a_missing_folder_or_file(tmp_path):
     with pytest.raises(PriorError, match="no such file"):
         load_prior(f"sqlite:///{tmp_path / 'missing.db'}")
     assert not (tmp_path / "missing.db").exists()  # not created by the attempt
+    with pytest.raises(PriorError, match="no such file"):
+        load_prior(f"journal:{tmp_path / 'missing.log'}#x")
+    assert not (tmp_path / "missing.log").exists()
 
 
 # ---------------------------------------------------------------------------------------------- transfer

@@ -118,11 +118,14 @@ def _storage_url(spec: str) -> tuple[str, str | None]:
     url, _, name = spec.partition(NAME_SEP)
     name = name.strip() or None
     if "://" in url or url.startswith("journal:"):
+        file = None
         if url.startswith("sqlite:///") and not url.endswith(":memory:"):
-            path = Path(url[len("sqlite:///"):])
-            if not path.is_file():  # SQLAlchemy would create an empty database
-                raise PriorError(f"--prior {spec}: no such file {path}; give the output folder of an earlier "
-                                 f"search or its {STUDY_DB}")
+            file = Path(url[len("sqlite:///"):])  # SQLAlchemy would create an empty database
+        elif url.startswith("journal:"):
+            file = Path(url[len("journal:"):].removeprefix("//"))  # and Optuna an empty journal
+        if file is not None and not file.is_file():
+            raise PriorError(f"--prior {spec}: no such file {file}; give the output folder of an earlier search, "
+                             f"its {STUDY_DB} or its journal file")
         return url, name
     path = Path(url)
     if path.is_dir():
