@@ -204,3 +204,34 @@ def test_a_power_cap_search_with_a_safe_spread_measures_past_its_design(small_ta
                     power_cv=plan.power_cv)
     result = search.run()
     assert len(result.measured) > 6 and result.best is not None and result.best.feasible
+
+
+@pytest.mark.parametrize("rows", [["700,8,0.12,8.1", "700,16,0.23,8.6", "700,32,0.46,9.2", "700,64,0.9,10.1"],
+                                  ["700,8,0.12,8.1"]])
+def test_cli_a_table_whose_knob_holds_one_value_searches_and_writes_its_results(tmp_path, capsys, rows):
+    """A knob with one value is not tuned (not in the space); the report still finds each searched row, with
+    that knob where the replay held it, and writes best.json and trials.csv (it used to raise KeyError after
+    every trial had run, leaving only study.db)."""
+    path = tmp_path / "const.csv"
+    path.write_text("\n".join(["gpu_freq_mhz,batch_size,step_time_s,power_w", *rows]) + "\n")
+    out = tmp_path / "o"
+    rc = main(["search", "--device", f"trace:{path}", "--budget", "9.5", "--n-trials", "6", "--output", str(out),
+               "--quiet", "--seed", "0"])
+    assert rc == 0
+    assert "gap to the oracle +0.00%" in capsys.readouterr().out
+    gap = json.loads((out / "best.json").read_text())["oracle_gap"]
+    assert gap["chosen"] == gap["oracle"] and gap["oracle"]["setting"] == {"gpu_freq": 7e8}
+    assert gap["table_rows"] == len(rows) and (out / "trials.csv").stat().st_size > 0
+
+
+def test_cli_a_search_of_some_of_a_tables_knobs_scores_the_rows_it_ran(tmp_path, capsys):
+    """--knobs names a subset: the untuned knobs stay where the replay starts (each at its largest value)."""
+    out = tmp_path / "o"
+    rc = main(["search", "--device", f"trace:{SWEEP}", "--budget", "10", "--knobs", "emc_freq", "--n-trials", "4",
+               "--output", str(out), "--quiet", "--seed", "0"])
+    assert rc in (0, 1)
+    gap = json.loads((out / "best.json").read_text())["oracle_gap"]
+    table = load_table(SWEEP)
+    top = {k: max(table.knob_values(k)) for k in table.knobs if k != "emc_freq"}
+    assert gap["table_rows"] == int(np.all(table.settings[:, [table.knobs.index(k) for k in top]]
+                                            == list(top.values()), axis=1).sum()) > 0

@@ -54,7 +54,7 @@ from edgetune.power.knobs import Candidate, knob_unit
 from edgetune.power.registry import PlatformProbe
 from edgetune.tables import Table, TableError, load_table
 
-__all__ = ["DEFAULT_SENSOR_PERIOD_S", "OracleRow", "TraceReplay", "TraceSensor", "open", "probe"]
+__all__ = ["DEFAULT_SENSOR_PERIOD_S", "OracleRow", "TraceReplay", "TraceSensor", "open", "probe", "starting_setting"]
 
 T = TypeVar("T")
 
@@ -95,6 +95,13 @@ class TraceSensor:
 
     def energy_j(self) -> float | None:
         return self._replay.energy_at(self._replay.clock.now())
+
+
+def starting_setting(table: Table) -> dict[str, float]:
+    """The knob values a replay of ``table`` starts at: each knob's largest (a board found at its highest clocks
+    and limits). A search leaves the knobs it does not tune there (a knob with one value is never tuned), so a
+    searched row is its tuned knobs' values on top of these."""
+    return {k: max(table.knob_values(k)) for k in table.knobs}
 
 
 class TraceReplay:
@@ -138,7 +145,7 @@ class TraceReplay:
             table.default_batch_size if table.batch_size is None else None)
         self._step_time = table.step_time()
         self._spread = table.spread()
-        self._values: dict[str, float] = {k: max(table.knob_values(k)) for k in table.knobs}
+        self._values: dict[str, float] = starting_setting(table)
         self._writes = 0  # knob writes so far: a write ends the current measurement window
         self.knobs: dict[str, Knob] = {
             name: Knob(name, knob_unit(name), table.knob_values(name),

@@ -266,6 +266,14 @@ def _scored_table(result: SearchResult) -> tuple[Table, np.ndarray, np.ndarray, 
     return table, batch, ttt, ttt * table.power_w
 
 
+def _row_of(table: Table, knobs: dict[str, Any], batch_size: int) -> int | None:
+    """The table's row a searched candidate ran at: its tuned knobs, every other knob where the replay left it
+    (:func:`~edgetune.power.trace.starting_setting`; a knob with one value in the table is never tuned)."""
+    from edgetune.power.trace import starting_setting
+
+    return table.find({**starting_setting(table), **{k: float(v) for k, v in knobs.items()}}, batch_size)
+
+
 def oracle_gap(result: SearchResult) -> dict[str, Any] | None:
     """The chosen setting against the table's oracle (None unless the search ran on a table).
 
@@ -289,7 +297,7 @@ def oracle_gap(result: SearchResult) -> dict[str, Any] | None:
     objective = "energy" if result.objective == "energy" else "time"
     searched = np.isin(batch, list(result.space.batch_sizes))
     if result.space.rows is not None:
-        rows = {table.find({k: float(v) for k, v in c.knobs.items()}, c.batch_size) for c in result.space.rows}
+        rows = {_row_of(table, c.knobs, c.batch_size) for c in result.space.rows}
         searched &= np.isin(np.arange(len(table)), [r for r in rows if r is not None])
     cost = ttt if objective == "time" else ett
     ok = searched & np.isfinite(cost) & (table.power_w <= (math.inf if limit is None else limit))
@@ -304,8 +312,7 @@ def oracle_gap(result: SearchResult) -> dict[str, Any] | None:
     certifiable = int(np.flatnonzero(sure)[np.argmin(cost[sure])]) if sure.any() else None
     chosen = None
     if result.best is not None:
-        chosen = table.find({k: float(v) for k, v in result.best.candidate.knobs.items()},
-                            result.best.candidate.batch_size)
+        chosen = _row_of(table, result.best.candidate.knobs, result.best.candidate.batch_size)
     gap = certifiable_gap = None
     if oracle is not None and chosen is not None:
         gap = 100.0 * (float(cost[chosen]) / float(cost[oracle]) - 1.0)
