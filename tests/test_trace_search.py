@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 import numpy as np
@@ -235,3 +236,20 @@ def test_cli_a_search_of_some_of_a_tables_knobs_scores_the_rows_it_ran(tmp_path,
     top = {k: max(table.knob_values(k)) for k in table.knobs if k != "emc_freq"}
     assert gap["table_rows"] == int(np.all(table.settings[:, [table.knobs.index(k) for k in top]]
                                             == list(top.values()), axis=1).sum()) > 0
+
+
+@pytest.mark.parametrize("batch_sizes", [[], ["--batch-sizes", "128"]])
+def test_cli_a_budget_below_a_traces_idle_power_is_one_line_with_the_lowest_row(small_table, tmp_path, capsys,
+                                                                                  batch_sizes):
+    """A trace knows its lowest feasible budget: the least power of the rows searched (it used to raise
+    TypeError dividing the twin-only hint's None)."""
+    table = load_table(small_table)
+    searched = table.batch_size == 128 if batch_sizes else np.ones(len(table), dtype=bool)
+    lowest_w = math.ceil(float(table.power_w[searched].min()) / 0.1) * 0.1
+    out = tmp_path / "o"
+    rc = main(["search", "--device", f"trace:{small_table}", "--budget", "50", *batch_sizes, "--output", str(out),
+               "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and not out.exists()
+    assert err[0].startswith("edgetune: error: --budget 50 W is below the idle power of trace:") and "infeasible" in err[0]
+    assert f"the lowest feasible budget is about {lowest_w:g} W (the least power of the table's rows searched)" in err[0]

@@ -77,7 +77,7 @@ def search(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # edgetune prints its own progress and summary
     from edgetune.cli.run import place_workload
     from edgetune.power import open_device
-    from edgetune.search.oracle import prepare_trace
+    from edgetune.search.oracle import lowest_row_power_w, prepare_trace
     from edgetune.search.records import Role
     from edgetune.search.space import SpaceError, build_space
     from edgetune.search.storage import close_storage
@@ -109,10 +109,13 @@ def search(args: argparse.Namespace) -> int:
         budget = cfg.power_budget_w
         src = cfg.sources.get("power_budget_w", "power_budget_w")
         if device.idle_power_w is not None and budget <= device.idle_power_w:
-            low = _lowest_power_w(device, workload, space)
-            lowest_w = math.ceil(low / BUDGET_HINT_STEP_W) * BUDGET_HINT_STEP_W
-            hint = (f"the lowest feasible budget is about {lowest_w:g} W (smallest batch size "
-                    f"at the lowest knob values)" if low else f"use a budget above {device.idle_power_w:g} W")
+            # a trace knows its lowest budget from its rows: the least power the table measured among them
+            low = lowest_row_power_w(device, space) if trace else _lowest_power_w(device, workload, space)
+            where = ("the least power of the table's rows searched" if trace else
+                     "smallest batch size at the lowest knob values")
+            hint = (f"use a budget above {device.idle_power_w:g} W" if low is None else
+                    f"the lowest feasible budget is about "
+                    f"{math.ceil(low / BUDGET_HINT_STEP_W) * BUDGET_HINT_STEP_W:g} W ({where})")
             raise UsageError(f"{src} {budget:g} W is below the idle power of {device.name} "
                              f"({device.idle_power_w:.2f} W): no setting can hold it (infeasible); {hint}")
         notes = list(trace.notes) if trace else []

@@ -48,8 +48,8 @@ from edgetune.tables import Table
 if TYPE_CHECKING:
     from edgetune.search.results import SearchResult
 
-__all__ = ["BUDGET_RULE", "TableTarget", "TracePlan", "estimate_epochs", "oracle_fields", "oracle_gap",
-           "oracle_lines", "prepare_trace"]
+__all__ = ["BUDGET_RULE", "TableTarget", "TracePlan", "estimate_epochs", "lowest_row_power_w", "oracle_fields",
+           "oracle_gap", "oracle_lines", "prepare_trace"]
 
 BUDGET_RULE = ("window's measured power plus guard_sigma x the table's stated power spread (a window's power is "
                "one draw, constant through its steps) <= budget * (1 + tolerance); the oracle and the "
@@ -272,6 +272,18 @@ def _row_of(table: Table, knobs: dict[str, Any], batch_size: int) -> int | None:
     from edgetune.power.trace import starting_setting
 
     return table.find({**starting_setting(table), **{k: float(v) for k, v in knobs.items()}}, batch_size)
+
+
+def lowest_row_power_w(device: Device, space: Any) -> float | None:
+    """The least median power of the table's rows in ``space`` on a ``trace:`` device: the lowest budget any
+    searched row holds (the trace's counterpart of the twin's noise-free power at the least setting); None
+    for any other device."""
+    replay = _replay(device)
+    if replay is None or space.rows is None:
+        return None
+    table: Table = replay.table
+    rows = [_row_of(table, c.knobs, c.batch_size) for c in space.rows]
+    return min((float(table.power_w[i]) for i in rows if i is not None), default=None)
 
 
 def oracle_gap(result: SearchResult) -> dict[str, Any] | None:
