@@ -271,6 +271,26 @@ def test_knob_columns_map_to_registry_roles_in_registry_units(tmp_path):
     assert u.knob_values("power_limit") == [150.0, 225.5]  # mW -> W; a knob with no role stays as it is
 
 
+@pytest.mark.parametrize("header", ["\ufeffgpu_freq_mhz,power_limit_w", "gpu_freq (MHz),power_limit (W)",
+                                    "gpu_freq [MHz],Power_Limit [mW]", "\ufeffGPU_Clock ( MHz ),power_limit(W)",
+                                    "gpu (MHz),power_limit [W]"])
+def test_a_byte_order_mark_or_a_unit_in_brackets_reads_as_the_suffix_does(tmp_path, header):
+    """Excel's CSV starts with a byte-order mark, and spreadsheets write units in brackets: both used to turn
+    the column into a knob with no role, its values unconverted."""
+    scale_w = 1e-3 if "mW" in header else 1.0
+    t = load_table(write(tmp_path, f"{header},batch_size,step_time_s,power_w\n306,150000,8,0.1,6\n"
+                                   f"624.75,225000,8,0.06,9\n"))
+    assert t.knobs == ("gpu_freq", "power_limit")
+    assert t.roles == {"gpu_freq": KnobRole.GPU_CLOCK, "power_limit": KnobRole.POWER_LIMIT}
+    assert t.knob_values("gpu_freq") == [306e6, 624.75e6]  # MHz -> Hz
+    assert t.knob_values("power_limit") == pytest.approx([150000 * scale_w, 225000 * scale_w])
+
+
+def test_a_unit_in_brackets_on_a_knob_with_no_role_stays_its_name(tmp_path):
+    t = load_table(write(tmp_path, "fan (rpm),cpu_cores (cores),step_time_s,power_w\n700,4,0.1,6\n900,6,0.1,7\n"))
+    assert t.knobs == ("fan (rpm)", "cpu_cores") and t.roles == {"cpu_cores": KnobRole.CPU_CORES}
+
+
 def test_repeats_are_aggregated_with_their_spread_and_survive_a_round_trip(tmp_path):
     t = load_table(write(tmp_path, REPEATED))
     assert len(t) == 2 and t.batch_size is None and t.batch_sizes == []
@@ -394,6 +414,12 @@ def test_predict_eval_on_a_sweep_without_batch_size_says_what_to_declare(tmp_pat
     ("gpu_freq_hz,gpu_clk_mhz,step_time_s,power_w\n1e8,100,0.1,5\n", "two columns give 'gpu_freq'"),
     ("gpu_freq_w,step_time_s,power_w\n1,0.1,5\n", "a power suffix (_w) on gpu_freq (gpu_clock, unit Hz)"),
     ("cpu_cores_mhz,step_time_s,power_w\n1,0.1,5\n", "a frequency suffix (_mhz) on cpu_cores"),
+    ("gpu_freq (rpm),step_time_s,power_w\n1,0.1,5\n", ("column 'gpu_freq (rpm)': edgetune reads no unit 'rpm' on "
+     "gpu_freq; name the column 'gpu_freq (<unit>)' or gpu_freq_<unit> with a unit of ghz, mhz, khz, hz, or "
+     "gpu_freq in Hz")),
+    ("gpu_freq [W],step_time_s,power_w\n1,0.1,5\n", "a power suffix (_w) on gpu_freq (gpu_clock, unit Hz)"),
+    ("cores (count),step_time_s,power_w\n1,0.1,5\n", ("edgetune reads no unit 'count' on cpu_cores; name the "
+     "column cpu_cores")),
     ("vdd_in_mw,step_time_s,power_w\n5000,0.1,5\n", ("column 'vdd_in_mw' holds a power (unit suffix _mw) but is "
      "not a power limit")),
     ("power_mode,step_time_s,power_w\nMAXN,0.1,5\n", "power_mode = 'MAXN' is not a number"),

@@ -6,7 +6,8 @@ reports its gap to a table's own oracle.
 
 Table format v2
 ---------------
-One header line. Lines starting with ``#`` before it are notes (e.g. the source), except declarations:
+UTF-8 text (a leading byte-order mark, as Excel writes CSV, is skipped). One header line. Lines starting
+with ``#`` before it are notes (e.g. the source), except declarations:
 ``# edgetune: key=value, key=value`` (see below). Columns:
 
 =========================  ===========  ===================================================================
@@ -33,7 +34,8 @@ Knob columns are mapped to the registry's roles (:mod:`edgetune.power.knobs`: GP
 clock, online cores, power limit, power mode) by name and unit suffix, and renamed to the registry's name
 in its unit: ``gpu_freq_hz`` -> ``gpu_freq`` (Hz), ``emc_freq_mhz`` -> ``emc_freq`` (x1e6, Hz),
 ``cpu_freq_khz`` -> ``cpu_freq`` (kHz), ``cpu_cores``, ``power_limit_w``; aliases such as ``gpu_clk``,
-``online_cores``, ``nvpmodel`` too (:mod:`edgetune.tables.columns`). Two columns of one role are refused
+``online_cores``, ``nvpmodel`` too (:mod:`edgetune.tables.columns`); a unit in brackets is the same suffix
+(``gpu_freq (MHz)``, ``power_limit [W]``). Two columns of one role are refused
 (keep one, or ignore one). Other columns are knobs with no role (the hardware model treats them
 generically); a power-suffixed column that is not a power limit is refused. Power modes are nvpmodel mode
 numbers. Every value is a finite number (except the empty and ``inf`` cases above).

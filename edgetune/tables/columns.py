@@ -9,7 +9,9 @@ A column is mapped to a knob of the registry (:data:`edgetune.power.knobs.KNOBS`
   registry's unit;
 * any of those with a unit suffix (:data:`UNIT_SUFFIXES`: ``_ghz``, ``_mhz``, ``_khz``, ``_hz`` for clocks,
   ``_w``, ``_mw`` for a power limit), converted to the registry's unit (``emc_freq_mhz`` -> ``emc_freq`` in
-  Hz, ``cpu_freq_khz`` -> ``cpu_freq`` in kHz). The short stems ``gpu``, ``emc``, ``mem`` and ``cpu`` name a
+  Hz, ``cpu_freq_khz`` -> ``cpu_freq`` in kHz). A unit in brackets after the name, as spreadsheets write it
+  (``gpu_freq (MHz)``, ``power_limit [W]``), is the same suffix; a unit edgetune does not read there, on a
+  name of the registry, is refused (on any other name it stays part of a knob with no role). The short stems ``gpu``, ``emc``, ``mem`` and ``cpu`` name a
   clock only with a frequency suffix (``gpu_mhz``); alone they are too vague.
 
 Matching ignores case. Every other column is a knob with no role: it keeps its header as its name and the
@@ -20,6 +22,7 @@ a name of the forms above (or ``ignore`` to drop it, or a reserved column such a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from edgetune.power.knobs import KNOBS, KnobRole, knob_of_role
@@ -102,14 +105,47 @@ def _split_suffix(name: str) -> tuple[str, str | None]:
     return name, None
 
 
+#: ``<name> (<unit>)`` or ``<name> [<unit>]``: a unit in brackets after the name
+_UNIT_IN_BRACKETS = re.compile(r"^(?P<name>[^()\[\]]*?)\s*[(\[]\s*(?P<unit>[^()\[\]]*?)\s*[)\]]$")
+
+
+def _bracketed_unit_as_suffix(header: str, text: str) -> str:
+    """``gpu_freq (mhz)`` -> ``gpu_freq_mhz``, ``cpu_cores (cores)`` -> ``cpu_cores`` (the registry's unit;
+    ``text`` is lower case); ``text`` itself without a unit in brackets, or where its name is no registry knob
+    and its unit no suffix (a knob with no role keeps it).
+
+    Raises:
+        ColumnNameError: a unit edgetune does not read after the name of a registry knob.
+    """
+    match = _UNIT_IN_BRACKETS.match(text)
+    if match is None or not match["name"]:
+        return text
+    stem, unit = match["name"].strip(), match["unit"]
+    if unit in UNIT_SUFFIXES:
+        return f"{stem}_{unit}"
+    knob = ALIASES.get(stem)
+    if knob is not None and unit == KNOBS[knob].unit.lower():  # the registry's own unit: ``cpu_cores (cores)``
+        return stem
+    knob = knob or _SUFFIX_ONLY.get(stem)
+    if knob is None:
+        return text
+    quantity = _REGISTRY_UNITS.get(KNOBS[knob].unit, (None,))[0]
+    units = [u for u, (q, _) in UNIT_SUFFIXES.items() if q == quantity]
+    raise ColumnNameError(
+        f"column {header!r}: edgetune reads no unit {unit!r} on {knob}; name the column "
+        + (f"'{stem} (<unit>)' or {stem}_<unit> with a unit of {', '.join(units)}, or {knob} in "
+           f"{KNOBS[knob].unit}" if units else knob))
+
+
 def resolve_knob_name(header: str, name: str | None = None) -> KnobColumn:
     """The knob that column ``header`` holds, by its own name or by the declared ``name``.
 
     Raises:
         ColumnNameError: a unit suffix that does not fit the knob's role (``gpu_freq_w``), a power suffix on a
-            name that is no power limit, or a declared name that names no knob.
+            name that is no power limit, a unit in brackets that is no suffix after a registry knob's name
+            (``gpu_freq (rpm)``), or a declared name that names no knob.
     """
-    text = (header if name is None else name).strip().lower()
+    text = _bracketed_unit_as_suffix(header, (header if name is None else name).strip().lower())
     if text in ALIASES:
         knob = ALIASES[text]
         return KnobColumn(header, knob, KNOBS[knob].role)

@@ -181,7 +181,7 @@ def load_table(path: str | os.PathLike) -> Table:
     """Read, map, aggregate and validate a measurement table (format: :mod:`edgetune.tables`)."""
     src = os.fspath(path)
     try:
-        with open(src, newline="", encoding="utf-8") as f:
+        with open(src, newline="", encoding="utf-8-sig") as f:  # a byte-order mark (Excel's CSV) is no header
             lines = f.read().splitlines()
     except OSError as exc:
         raise TableError(f"cannot read table {src}: {exc.strerror or exc}") from None
