@@ -253,3 +253,46 @@ def test_cli_a_budget_below_a_traces_idle_power_is_one_line_with_the_lowest_row(
     assert rc == 2 and len(err) == 1 and not out.exists()
     assert err[0].startswith("edgetune: error: --budget 50 W is below the idle power of trace:") and "infeasible" in err[0]
     assert f"the lowest feasible budget is about {lowest_w:g} W (the least power of the table's rows searched)" in err[0]
+
+
+@pytest.mark.parametrize(("extra", "given"), [(["--steps-to-target", "RUNS"], "--steps-to-target"),
+                                              (["--b-noise", "measure"], "--b-noise"),
+                                              (["--s-min", "10"], "--s-min")])
+def test_cli_a_steps_to_target_option_the_tables_convergence_overrides_is_refused(small_table, tmp_path, capsys,
+                                                                                 extra, given):
+    """The table's epochs_to_target decide the steps to target on a trace; these options were silently ignored."""
+    runs = tmp_path / "runs.csv"
+    runs.write_text("batch_size,steps\n8,1000\n32,400\n")
+    out = tmp_path / "o"
+    rc = main(["search", "--device", f"trace:{small_table}", "--budget", "150", "--output", str(out), "--quiet",
+               *[str(runs) if a == "RUNS" else a for a in extra]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and not out.exists()
+    assert err[0] == (f"edgetune: error: {given}: on a trace the table's epochs_to_target column decides the steps "
+                      f"to target (time to target = its epochs to target x time per epoch), so it would be ignored; "
+                      f"drop it, or search a table without an epochs_to_target column")
+
+
+CONST_ROWS = "gpu_freq_mhz,batch_size,step_time_s,power_w\n700,8,0.12,8.1\n700,16,0.23,8.6\n"
+
+
+def test_cli_a_workload_named_on_a_trace_says_what_of_it_is_used(small_table, tmp_path, capsys):
+    """--workload on a trace: a note says the table is the training run and what the search still takes from
+    the workload (it used to pass without a word); a table without convergence still takes --steps-to-target."""
+    args = ["search", "--budget", "150", "--n-trials", "1", "--quiet", "--workload", "mobilenet"]
+    assert main([*args, "--device", f"trace:{small_table}", "--output", str(tmp_path / "a")]) in (0, 1)
+    assert ("note: --workload mobilenet is not used: on a trace the table is the training run, the workload's step "
+            "is not run") in capsys.readouterr().err.splitlines()
+    bare = tmp_path / "bare.csv"
+    bare.write_text(CONST_ROWS)
+    assert main([*args, "--device", f"trace:{bare}", "--output", str(tmp_path / "b")]) in (0, 1)
+    note = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: --workload")]
+    assert note == [("note: --workload mobilenet: on a trace the table is the training run, the workload's step is "
+                    "not run; the search takes only its default batch size 128 for the baseline (the table declares "
+                    "none; the baseline runs the nearest batch size searched) and its B_noise for the steps to target "
+                    "(the table has no convergence data) from it")]
+    runs = tmp_path / "runs.csv"
+    runs.write_text("batch_size,steps\n8,1000\n16,600\n")
+    assert main(["search", "--budget", "150", "--n-trials", "1", "--quiet", "--device", f"trace:{bare}",
+                 "--steps-to-target", str(runs), "--output", str(tmp_path / "c")]) in (0, 1)
+    assert f"steps to target from your runs ({runs}" in capsys.readouterr().err

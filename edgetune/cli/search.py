@@ -58,6 +58,46 @@ def _config(args: argparse.Namespace) -> Config:
     return cfg
 
 
+#: the keys that set the steps-to-target model: on a trace whose table has its own convergence, it decides
+_TARGET_KEYS = ("efficiency.steps_to_target", "efficiency.b_noise", "efficiency.s_min", "efficiency.b_noise_warmups")
+
+
+def _given_by(cfg: Config, key: str) -> str | None:
+    """How the user set ``key``: ``--flag`` or ``key in <file>``; None where it is the default."""
+    src = cfg.sources.get(key)
+    if src is None:
+        return None
+    return src if src.startswith("--") else f"{key} in {src}"
+
+
+def _trace_options(cfg: Config, trace, workload) -> list[str]:
+    """What a trace makes of the options that shape the training run: the steps-to-target model's keys are
+    refused where the table's own convergence decides it (they would be ignored); a workload the user named
+    gets a line saying what of it the search still uses (its training step is never run on a trace)."""
+    from edgetune.config import MEASURE, WORKLOAD
+
+    if trace.target is not None:
+        for key in _TARGET_KEYS:
+            given = _given_by(cfg, key)
+            if given is not None:
+                raise UsageError(f"{given}: on a trace the table's epochs_to_target column decides the steps to "
+                                 f"target (time to target = its epochs to target x time per epoch), so it would "
+                                 f"be ignored; drop it, or search a table without an epochs_to_target column")
+    given = _given_by(cfg, "workload")
+    if given is None:
+        return []
+    uses = []
+    if trace.baseline_batch_size is None:
+        uses.append(f"its default batch size {workload.default_batch_size} for the baseline (the table declares "
+                    f"none; the baseline runs the nearest batch size searched)")
+    if trace.target is None and cfg.efficiency.b_noise in (WORKLOAD, MEASURE) and not cfg.efficiency.steps_to_target:
+        uses.append("its B_noise for the steps to target (the table has no convergence data)")
+    ran = "on a trace the table is the training run, the workload's step is not run"
+    if not uses:
+        return [f"note: {given} {cfg.workload} is not used: {ran}"]
+    return [f"note: {given} {cfg.workload}: {ran}; the search takes only {' and '.join(uses)} from it"]
+
+
 def _lowest_power_w(device, workload, space) -> float | None:
     """The twin's noise-free power of the least demanding setting in the space (None off the twin)."""
     expected = getattr(device.backend, "expected", None)
@@ -119,6 +159,8 @@ def search(args: argparse.Namespace) -> int:
             raise UsageError(f"{src} {budget:g} W is below the idle power of {device.name} "
                              f"({device.idle_power_w:.2f} W): no setting can hold it (infeasible); {hint}")
         notes = list(trace.notes) if trace else []
+        if trace is not None:
+            notes += _trace_options(cfg, trace, workload)
         if device.max_power_w is not None and budget >= device.max_power_w:
             notes.append(f"note: budget {budget:g} W is at or above the most {device.name} can draw "
                          f"({device.max_power_w:.1f} W): no constraint binds; searching unconstrained")
