@@ -14,6 +14,7 @@ from edgetune.power.knobs import KnobRole
 from edgetune.tables import (
     DEFAULT_POWER_CV,
     DEFAULT_TIME_CV,
+    Table,
     TableError,
     check_train_size,
     load_table,
@@ -425,10 +426,18 @@ def test_predict_eval_on_a_sweep_without_batch_size_says_what_to_declare(tmp_pat
     ("power_mode,step_time_s,power_w\nMAXN,0.1,5\n", "power_mode = 'MAXN' is not a number"),
     ("gpu_freq,step_time_s,power_w,repeats\n1e8,0.1,5,2\n1e8,0.1,5,2\n", ("repeated rows for gpu_freq=1e+08 in a "
      "table with a repeats column (already aggregated)")),
-    ("gpu_freq,step_time_s,power_w,repeats\n1e8,0.1,5,1.5\n", "repeats must hold whole numbers"),
-    ("gpu_freq,step_time_s,power_w,power_cv\n1e8,0.1,5,-0.2\n", "row 1: power_cv must be >= 0"),
+    ("gpu_freq,step_time_s,power_w,repeats\n1e8,0.1,5,1.5\n", "line 2: repeats must hold whole numbers, got 1.5"),
+    ("gpu_freq,step_time_s,power_w,power_cv\n1e8,0.1,5,-0.2\n", "line 2: power_cv must be >= 0 (or empty), got -0.2"),
+    ("# a note\n\ngpu_freq,step_time_s,power_w\n1e8,0.1,5\n\n2e8,0.1,-5\n", ("line 6: power_w must be a positive "
+     "finite number, got -5; fix or drop the row")),
+    ("gpu_freq,step_time_s,power_w\n1e8,0.1,5\n1e8,0.1,5\n2e8,0.1,-5\n2e8,0.1,-5\n", ("line 4: power_w must be "
+     "a positive finite number, got -5")),  # repeats aggregated: the line the setting is first given on
+    ("gpu_freq,batch_size,step_time_s,power_w\n1e8,8,0.1,5\n1e8,8,0.1,5\n2e8,8.5,0.1,5\n", ("line 4: batch_size "
+     "must hold whole numbers, got 8.5")),
+    ("gpu_freq,step_time_s,power_w,epochs_to_target\n1e8,0.1,5,-3\n", ("line 2: epochs_to_target must be "
+     "positive (or inf), got -3")),
     (("gpu_freq,batch_size,step_time_s,power_w,epochs_to_target,convergence_runs,convergence_failures\n"
-      "1e8,8,0.1,5,3,2,3\n"), "row 1: convergence_failures exceeds convergence_runs"),
+      "1e8,8,0.1,5,3,2,3\n"), "line 2: convergence_failures exceeds convergence_runs"),
     ("gpu_freq,step_time_s,power_w,epochs_to_target\n1e8,0.1,5,3\n2e8,0.1,5,4\n",
      "epochs_to_target differs between every row"),
     ("gpu_freq,step_time_s,power_w\n,0.1,5\n", "line 2: missing value in column gpu_freq"),
@@ -438,3 +447,12 @@ def test_malformed_v2_tables_give_one_clear_line(tmp_path, text, message):
     with pytest.raises(TableError, match=re.escape(message)) as info:
         load_table(write(tmp_path, text))
     assert "\n" not in str(info.value) and str(info.value).startswith(str(tmp_path))
+
+
+def test_a_table_built_in_code_counts_its_rows_and_a_loaded_one_keeps_its_lines_through_a_subset(tmp_path):
+    with pytest.raises(TableError, match=re.escape("<table>: row 2: power_w must be a positive finite number, "
+                                                   "got -5; fix or drop the row")):
+        Table(knobs=("gpu_freq",), settings=np.array([[1e8], [2e8]]), batch_size=None,
+              power_w=np.array([5.0, -5.0]), step_time_s=np.array([0.1, 0.1]))
+    t = load_table(write(tmp_path, REPEATED))
+    assert t.lines == (3, 4) and t.subset([1]).lines == (4,)

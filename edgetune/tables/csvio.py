@@ -132,18 +132,20 @@ def _spread_of(values: np.ndarray) -> float:
     return float(f"{np.std(values, ddof=1) / np.median(values):.4g}")
 
 
-def _aggregate(columns: dict[str, np.ndarray], knobs: tuple[str, ...], src: str) -> dict[str, np.ndarray]:
-    """One row per (setting, batch size): the median of the repeats, their count and relative spread."""
+def _aggregate(columns: dict[str, np.ndarray], knobs: tuple[str, ...], src: str,
+               lines: tuple[int, ...]) -> tuple[dict[str, np.ndarray], tuple[int, ...]]:
+    """One row per (setting, batch size): the median of the repeats, their count and relative spread; and the
+    file line each row is first given on (``lines``: each measurement's)."""
     n = len(next(iter(columns.values())))
     if n == 0:
-        return columns
+        return columns, lines
     key_names = [*knobs, *([BATCH_SIZE] if BATCH_SIZE in columns else [])]
     keys = np.column_stack([columns[k] for k in key_names]) if key_names else np.zeros((n, 0))
     _, first, inverse, counts = np.unique(keys, axis=0, return_index=True, return_inverse=True,
                                           return_counts=True)
     inverse = inverse.reshape(-1)
     if counts.max() <= 1:
-        return columns
+        return columns, lines
     given = [c for c in (REPEATS, TIME_CV, POWER_CV) if c in columns]
     if given:
         dup = keys[first[np.argmax(counts > 1)]]
@@ -174,7 +176,7 @@ def _aggregate(columns: dict[str, np.ndarray], knobs: tuple[str, ...], src: str)
             out[cv_name] = np.array([_spread_of(col[rows]) for rows in groups])
     _log.debug("%s: %d rows aggregated into %d settings (median of up to %d repeats)", src, n, len(groups),
               int(counts.max()))
-    return out
+    return out, tuple(lines[rows[0]] for rows in groups)
 
 
 def load_table(path: str | os.PathLike) -> Table:
@@ -219,12 +221,14 @@ def load_table(path: str | os.PathLike) -> Table:
             _log.debug("%s: column %s", src, c.describe())
     knobs = tuple(c.name for c in knob_columns)
     values: dict[str, list[float]] = {name: [] for name in names}
+    row_lines: list[int] = []  # the file line of each measurement
     for offset, row in enumerate(reader):
         line = start + 2 + offset
         if not row or all(not c.strip() for c in row):
             continue
         if len(row) != len(header):
             raise TableError(f"{src}: line {line}: {len(row)} values for {len(header)} columns")
+        row_lines.append(line)
         for column, cell in zip(mapped, row):
             if column is None:
                 continue
@@ -232,7 +236,8 @@ def load_table(path: str | os.PathLike) -> Table:
                 values[column.name].append(column.convert(_number(cell, src, line, column.header)))
             else:
                 values[column].append(_number(cell, src, line, column))
-    columns = _aggregate({k: np.asarray(v, dtype=float) for k, v in values.items()}, knobs, src)
+    columns, lines_of = _aggregate({k: np.asarray(v, dtype=float) for k, v in values.items()}, knobs, src,
+                                   tuple(row_lines))
     n = len(columns[POWER])
     batch = columns.get(BATCH_SIZE)
     if batch is None and declared.default_batch_size is not None:
@@ -240,7 +245,7 @@ def load_table(path: str | os.PathLike) -> Table:
     settings = np.column_stack([columns[k] for k in knobs]) if knobs else np.zeros((n, 0))
     return Table(knobs=knobs, settings=settings.reshape(n, len(knobs)), batch_size=batch,
                  **{attr: columns.get(name) for name, attr in ATTRIBUTES.items()},
-                 source=src, notes=tuple(notes), declared=declared)
+                 source=src, notes=tuple(notes), declared=declared, lines=lines_of)
 
 
 def _format(value: float) -> str:

@@ -114,6 +114,8 @@ class Table:
         source: where the table came from (a path), for messages.
         notes: the ``#`` lines before the header, without the ``#`` (declarations excluded).
         declared: the ``# edgetune:`` declarations.
+        lines: the file line each row was (first) given on, for messages; None for a table not read from a
+            file (messages then count its rows from 1).
     """
 
     knobs: tuple[str, ...]
@@ -133,6 +135,7 @@ class Table:
     source: str = "<table>"
     notes: tuple[str, ...] = field(default_factory=tuple)
     declared: Declarations = field(default_factory=Declarations)
+    lines: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -254,7 +257,8 @@ class Table:
                        samples_per_epoch=pick(self.samples_per_epoch),
                        convergence_runs=pick(self.convergence_runs),
                        convergence_failures=pick(self.convergence_failures), repeats=pick(self.repeats),
-                       time_cv=pick(self.time_cv), power_cv=pick(self.power_cv))
+                       time_cv=pick(self.time_cv), power_cv=pick(self.power_cv),
+                       lines=None if self.lines is None else tuple(self.lines[i] for i in idx))
 
     def find(self, setting: Mapping[str, float], batch_size: int | None) -> int | None:
         """Row index of a (setting, batch size), or None. Every knob must be given; ``batch_size`` is
@@ -310,6 +314,16 @@ def describe_setting(knobs: Sequence[str], values: Sequence[float], batch_size: 
     return ", ".join(parts) or "the only setting"
 
 
+def _where(t: Table, i: int) -> str:
+    """Where row ``i`` is, for a message: its line in the file, else its number among the rows (from 1)."""
+    return f"row {i + 1}" if t.lines is None else f"line {t.lines[i]}"
+
+
+def _plain(value: float) -> str:
+    """A number as a user wrote it: ``-5``, ``0.25``, ``inf`` (not ``np.float64(-5.0)``)."""
+    return f"{float(value):g}"
+
+
 def _validate_declared(t: Table) -> None:
     d, src = t.declared, t.source
     b = d.default_batch_size
@@ -335,6 +349,8 @@ def _validate(t: Table) -> None:
             raise TableError(f"{src}: {name!r} is a reserved column, not a knob")
     if t.settings.shape != (n, len(t.knobs)):
         raise TableError(f"{src}: settings have shape {t.settings.shape}, expected {(n, len(t.knobs))}")
+    if t.lines is not None and len(t.lines) != n:
+        raise TableError(f"{src}: lines has {len(t.lines)} values for {n} rows")
     _validate_declared(t)
     columns = {BATCH_SIZE: t.batch_size, **{c: getattr(t, a) for c, a in ATTRIBUTES.items()}}
     for name, a in columns.items():
@@ -346,30 +362,32 @@ def _validate(t: Table) -> None:
             continue
         bad = np.flatnonzero(~np.isfinite(a) | (a <= 0))
         if bad.size:
-            raise TableError(f"{src}: row {bad[0] + 1}: {name} must be a positive finite number, "
-                             f"got {a[bad[0]]!r}; fix or drop the row")
+            raise TableError(f"{src}: {_where(t, bad[0])}: {name} must be a positive finite number, "
+                             f"got {_plain(a[bad[0]])}; fix or drop the row")
     bad = np.flatnonzero(~np.isfinite(t.settings).all(axis=1))
     if bad.size:
-        raise TableError(f"{src}: row {bad[0] + 1}: knob values must be finite numbers; fix or drop the row")
+        raise TableError(f"{src}: {_where(t, bad[0])}: knob values must be finite numbers; fix or drop the row")
     for name in (BATCH_SIZE, REPEATS, CONVERGENCE_RUNS, CONVERGENCE_FAILURES):
         a = columns[name]
-        if a is not None and np.any(np.isfinite(a) & (a != np.round(a))):
-            raise TableError(f"{src}: {name} must hold whole numbers")
+        bad = np.flatnonzero(np.isfinite(a) & (a != np.round(a))) if a is not None else ()
+        if len(bad):
+            raise TableError(f"{src}: {_where(t, bad[0])}: {name} must hold whole numbers, got {_plain(a[bad[0]])}")
     for name in (TIME_CV, POWER_CV, CONVERGENCE_RUNS, CONVERGENCE_FAILURES):
         a = columns[name]
         if a is None:
             continue
         bad = np.flatnonzero(np.isinf(a) | (a < 0))
         if bad.size:
-            raise TableError(f"{src}: row {bad[0] + 1}: {name} must be >= 0 (or empty), got {a[bad[0]]!r}")
+            raise TableError(f"{src}: {_where(t, bad[0])}: {name} must be >= 0 (or empty), got {_plain(a[bad[0]])}")
     if t.epochs_to_target is not None:
         bad = np.flatnonzero(t.epochs_to_target <= 0)
         if bad.size:
-            raise TableError(f"{src}: row {bad[0] + 1}: {EPOCHS_TO_TARGET} must be positive (or inf)")
+            raise TableError(f"{src}: {_where(t, bad[0])}: {EPOCHS_TO_TARGET} must be positive (or inf), got "
+                             f"{_plain(t.epochs_to_target[bad[0]])}")
     if t.convergence_runs is not None and t.convergence_failures is not None:
         bad = np.flatnonzero(t.convergence_failures > t.convergence_runs)
         if bad.size:
-            raise TableError(f"{src}: row {bad[0] + 1}: {CONVERGENCE_FAILURES} exceeds {CONVERGENCE_RUNS}; "
+            raise TableError(f"{src}: {_where(t, bad[0])}: {CONVERGENCE_FAILURES} exceeds {CONVERGENCE_RUNS}; "
                              f"failures are counted among the runs")
     groups = [np.arange(n)] if t.batch_size is None else [np.flatnonzero(t.batch_size == b)
                                                           for b in np.unique(t.batch_size)]
