@@ -210,3 +210,17 @@ def test_a_study_resumed_with_another_b_noise_is_scored_again_or_refused_by_optu
     assert json.loads((out / "best.json").read_text())["target_model"]["b_noise"] == 500
     assert main([*base, "--b-noise", "50", "--sampler", "tpe"]) == 2
     assert "was made with a different B_noise, and sampler 'tpe' ranks the values" in capsys.readouterr().err
+
+
+def test_a_runs_file_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
+    """Excel saves CSV as UTF-8 with a byte-order mark: read as part of the first column's name, it made the file
+    \"missing column(s) batch_size\"."""
+    from edgetune.predictors.convergence import read_convergence_rows
+
+    text = "batch_size,steps,seed\n16,400,0\n32,210,0\n"
+    plain = RunsTarget.from_csv(_write(tmp_path / "plain.csv", text))
+    (tmp_path / "bom.csv").write_text(text, encoding="utf-8-sig")
+    assert RunsTarget.from_csv(tmp_path / "bom.csv").medians == plain.medians == {16: 400.0, 32: 210.0}
+    table = STEPS_CSV.read_text()
+    (tmp_path / "steps.csv").write_text(table, encoding="utf-8-sig")
+    assert read_convergence_rows(tmp_path / "steps.csv") == read_convergence_rows(STEPS_CSV)

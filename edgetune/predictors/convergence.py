@@ -358,7 +358,7 @@ def _fmt(value: object) -> str:
 def _read_rows(path: str | os.PathLike, cls: type) -> list:
     types = {f.name: f.type for f in fields(cls)}
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # a BOM: a table saved by Excel
             lines = [(n, text) for n, text in enumerate(f, start=1) if not text.startswith(COMMENT_PREFIX)]
             reader = csv.DictReader(text for _, text in lines)
             missing = [c for c in types if c not in (reader.fieldnames or [])]
@@ -405,7 +405,7 @@ def save_b_noise_rows(path: str | os.PathLike, rows: Iterable[NoiseScaleRow], co
 
 def _header(path: str | os.PathLike) -> list[str] | None:
     """The column names of a table file (its first line that is not a comment); None: no such line."""
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         for text in f:
             if not text.startswith(COMMENT_PREFIX) and text.strip():
                 return next(csv.reader([text]))
@@ -458,7 +458,7 @@ def append_convergence_row(path: str | os.PathLike, row: ConvergenceRow, comment
 def read_comment(path: str | os.PathLike) -> list[str]:
     """The ``#`` comment lines of a table file written here, without the prefix (raises :class:`ConvergenceError`)."""
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:
             return [text[len(COMMENT_PREFIX):].rstrip("\r\n").removeprefix(" ") for text in f
                     if text.startswith(COMMENT_PREFIX)]
     except OSError as exc:

@@ -115,7 +115,7 @@ class RunsTarget(TargetModel):
         """
         name = os.fspath(path)
         try:
-            with open(path, newline="") as f:
+            with open(path, newline="", encoding="utf-8-sig") as f:  # a BOM: saved by Excel
                 lines = [(n, text) for n, text in enumerate(f, start=1) if not text.startswith(COMMENT_PREFIX)]
         except OSError as exc:
             raise RunsTargetError(f"cannot read {name}: {exc.strerror or exc}") from None
