@@ -1056,7 +1056,7 @@ def test_cli_search_with_real_cnn_steps_writes_results_and_resumes(tmp_path, cap
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    (["--budget", "2"], "is below the idle power of sim:orin-nano"),
+    (["--budget", "2"], "is at or below the idle power of sim:orin-nano"),
     (["--budget", "10", "--workload", "no_such_module:build"], "no_such_module"),
     (["--budget", "10", "--storage", "postgresql://edgetune@127.0.0.1:1/none"], "cannot open storage"),
     (["--budget", "10", "--knobs", "gpu_clock"], "has no knob 'gpu_clock'"),

@@ -251,8 +251,15 @@ def test_cli_a_budget_below_a_traces_idle_power_is_one_line_with_the_lowest_row(
                "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and not out.exists()
-    assert err[0].startswith("edgetune: error: --budget 50 W is below the idle power of trace:") and "infeasible" in err[0]
+    assert err[0].startswith("edgetune: error: --budget 50 W is at or below the idle power of trace:") and "infeasible" in err[0]
     assert f"the lowest feasible budget is about {lowest_w:g} W (the least power of the table's rows searched)" in err[0]
+    if not batch_sizes:  # a budget at the idle power, the least row's: the hint names one above it, not itself
+        idle_w = float(table.power_w.min())
+        assert main(["search", "--device", f"trace:{small_table}", "--budget", repr(idle_w), "--output", str(out),
+                     "--quiet"]) == 2
+        line = capsys.readouterr().err.strip()
+        hint_w = float(line.split("the lowest feasible budget is about ")[1].split(" W")[0])
+        assert "is at or below the idle power" in line and hint_w > idle_w
 
 
 @pytest.mark.parametrize(("extra", "given"), [(["--steps-to-target", "RUNS"], "--steps-to-target"),

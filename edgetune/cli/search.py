@@ -153,10 +153,12 @@ def search(args: argparse.Namespace) -> int:
             low = lowest_row_power_w(device, space) if trace else _lowest_power_w(device, workload, space)
             where = ("the least power of the table's rows searched" if trace else
                      "smallest batch size at the lowest knob values")
+            # rounded up, and above the budget refused (a trace's idle power is its least row's)
+            step_w = BUDGET_HINT_STEP_W
             hint = (f"use a budget above {device.idle_power_w:g} W" if low is None else
                     f"the lowest feasible budget is about "
-                    f"{math.ceil(low / BUDGET_HINT_STEP_W) * BUDGET_HINT_STEP_W:g} W ({where})")
-            raise UsageError(f"{src} {budget:g} W is below the idle power of {device.name} "
+                    f"{max(math.ceil(low / step_w), math.floor(budget / step_w) + 1) * step_w:g} W ({where})")
+            raise UsageError(f"{src} {budget:g} W is at or below the idle power of {device.name} "
                              f"({device.idle_power_w:.2f} W): no setting can hold it (infeasible); {hint}")
         notes = list(trace.notes) if trace else []
         if trace is not None:
