@@ -207,6 +207,26 @@ def test_import_zeus_bad_input(tmp_path, capsys):
     assert_exit_2(capsys, ["trace", "import-zeus", train, train, "--out", out], "not a Zeus power summary")
 
 
+@pytest.mark.parametrize("size", ["0", "-5"])
+def test_import_zeus_refuses_a_size_below_one_in_one_line(tmp_path, capsys, size):
+    power, train = write(tmp_path, ZEUS_POWER, "summary_power_x1.csv"), write(tmp_path, ZEUS_TRAIN, "train.csv")
+    out = tmp_path / "o"
+    args = ["trace", "import-zeus", power, train, "--out", str(out), "--target", "toy=0.5"]
+    assert_exit_2(capsys, [*args, "--samples-per-epoch", f"toy={size}"],
+                  f"--samples-per-epoch toy={size}: a training-set size must be a whole number of samples, at least 1")
+    assert not out.exists()  # nothing written
+
+
+def test_import_zeus_pair_errors_show_a_valid_example(tmp_path, capsys):
+    power, train = write(tmp_path, ZEUS_POWER, "summary_power_x1.csv"), write(tmp_path, ZEUS_TRAIN, "train.csv")
+    args = ["trace", "import-zeus", power, train, "--out", str(tmp_path / "o")]
+    assert_exit_2(capsys, [*args, "--samples-per-epoch", "toy=abc"], "e.g. --samples-per-epoch squad=87599")
+    assert_exit_2(capsys, [*args, "--target", "toy"], "e.g. --target cifar100=0.6")
+    example = "squad=87599"
+    assert main([*args, "--target", "toy=0.5", "--samples-per-epoch", example.replace("squad", "toy")]) == 0
+    assert load_table(tmp_path / "o" / "x1_toy_net.csv").samples_per_epoch[0] == 87599  # the example is valid
+
+
 def test_real_zeus_tables_load():
     names = sorted(os.listdir(os.path.join(ZEUS, "tables")))
     assert len([n for n in names if n.endswith(".csv")]) == 13

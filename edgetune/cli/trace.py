@@ -67,6 +67,9 @@ DATASET_SIZES: dict[str, int] = {
     "sentiment140": 1_600_000,  # Sentiment140 train tweets
 }
 
+#: the valid ``--target`` and ``--samples-per-epoch`` items their error lines show
+TARGET_EXAMPLE = "cifar100=0.6"
+SIZE_EXAMPLE = f"squad={DATASET_SIZES['squad']}"
 #: rows a hardware model is fitted on by default: the budget experiments/predictor_comparison.py measures
 DEFAULT_TRAIN_ROWS = 10
 FIRST_DATA_LINE = 2  # CSV line of the first row (line 1 is the header), for error messages
@@ -240,7 +243,8 @@ def _epochs_to_target(by_batch: dict[int, dict[str, dict[float, float]]], target
     return result, lines
 
 
-def _parse_pairs(items: Sequence[str] | None, flag: str, kind: type) -> dict:
+def _parse_pairs(items: Sequence[str] | None, flag: str, kind: type, example: str) -> dict:
+    """``DATASET=VALUE`` items as {dataset: kind(value)}; ``example`` is a valid item, for the error line."""
     out = {}
     for item in items or ():
         key, sep, value = item.partition("=")
@@ -249,14 +253,28 @@ def _parse_pairs(items: Sequence[str] | None, flag: str, kind: type) -> dict:
                 raise ValueError
             out[key.strip()] = kind(value)
         except ValueError:
-            raise UsageError(f"{flag} {item!r}: expected DATASET=VALUE, e.g. {flag} cifar100=0.6") from None
+            raise UsageError(f"{flag} {item!r}: expected DATASET=VALUE, e.g. {flag} {example}") from None
     return out
 
 
+def _parse_sizes(items: Sequence[str] | None) -> dict[str, int]:
+    """``--samples-per-epoch``'s items: a training-set size is a whole number of samples, at least 1."""
+    flag = "--samples-per-epoch"
+    sizes = _parse_pairs(items, flag, int, SIZE_EXAMPLE)
+    for dataset, size in sizes.items():
+        if size < 1:
+            raise UsageError(f"{flag} {dataset}={size}: a training-set size must be a whole number of samples, "
+                             f"at least 1, e.g. {flag} {SIZE_EXAMPLE}")
+    return sizes
+
+
 def _cmd_import_zeus(args: argparse.Namespace) -> int:
-    targets = _parse_pairs(args.target, "--target", float)
-    sizes = _parse_pairs(args.samples_per_epoch, "--samples-per-epoch", int)
-    tables, report = import_zeus(args.power_csv, args.train_csv, targets, sizes)
+    targets = _parse_pairs(args.target, "--target", float, TARGET_EXAMPLE)
+    sizes = _parse_sizes(args.samples_per_epoch)
+    try:
+        tables, report = import_zeus(args.power_csv, args.train_csv, targets, sizes)
+    except TableError as exc:  # a value the table's own checks refuse: one line, as every bad input
+        raise UsageError(str(exc)) from None
     there = [name for name in tables if os.path.exists(os.path.join(args.out, name))]
     if there and not args.force:  # checked before any is written: all or none
         more = f" (and {len(there) - 1} more of the {len(tables)} tables)" if len(there) > 1 else ""
