@@ -127,7 +127,8 @@ def summary_table(result: SearchResult, workload_spec: str | None = None) -> str
         lines.append(pooled)
     sp = result.speedup
     if sp is not None:
-        lines.append(_gain_line(result.objective, sp))
+        cost_ratio = result.objective == "cost" and result.cost is not None  # then sp is the cost ratio
+        lines.append(_cost_gain_line(result, sp) if cost_ratio else _gain_line(result.objective, sp))
     confirmed = f"; {again} measured again before the pick" if again else ""
     lines.append(f"measured {n} of {result.space.size} settings ({over} over budget, {failed} failed{confirmed}); "
                  f"budget {budget}; stopped: {result.stop_reason}")
@@ -209,6 +210,17 @@ def _gain_line(objective: str, ratio: float) -> str:
     if objective == "throughput":
         return f"throughput vs baseline: {ratio:.2f}x the samples/s"
     return f"speedup over baseline (time to target): {ratio:.2f}x"
+
+
+def _cost_gain_line(result: SearchResult, ratio: float) -> str:
+    """The ``cost`` objective's gain (``ratio``: the baseline's Zeus cost over the chosen one's), labelled a
+    cost, with the speedup in time to target beside it: the two differ unless eta is 0."""
+    cost = result.cost
+    change = f"{1.0 - 1.0 / ratio:.0%} less" if ratio >= 1.0 else f"{1.0 / ratio - 1.0:.0%} more"
+    line = (f"cost to target vs baseline: {change} cost (baseline / chosen = {ratio:.2f}x; Zeus's cost, "
+            f"eta {cost.eta:g} x energy + {1.0 - cost.eta:g} x {cost.max_power_w:g} W x time)")
+    b, c = result.baseline.outcome, result.best.outcome
+    return line + f"; speedup over baseline (time to target): {b.time_to_target_s / c.time_to_target_s:.2f}x"
 
 
 TIME_ENERGY_SIZE_IN = (8, 5.5)  # inches: the scatter, with the legend in a row below it

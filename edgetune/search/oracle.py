@@ -289,10 +289,11 @@ def lowest_row_power_w(device: Device, space: Any) -> float | None:
 def oracle_gap(result: SearchResult) -> dict[str, Any] | None:
     """The chosen setting against the table's oracle (None unless the search ran on a table).
 
-    The oracle is the table's best row by the objective (energy to target for ``energy``, else time to
-    target: the table's epochs to target where it has them, else the search's target model) among the batch
-    sizes searched, whose median power holds the budget. ``gap_pct`` is how much longer (or costlier) the
-    chosen row is, in percent; None when nothing was chosen.
+    The oracle is the table's best row by the objective (energy to target for ``energy``, Zeus's cost to
+    target for ``cost``, each row then carrying ``cost_j``, else time to target: the table's epochs to target
+    where it has them, else the search's target model) among the batch sizes searched, whose median power
+    holds the budget. ``gap_pct`` is how much longer (or costlier) the chosen row is, in percent; None when
+    nothing was chosen.
 
     The certifiable oracle is the best row that a window reading its median power would show to hold the
     budget under the search's own rule (:func:`~edgetune.search.window.judged_power_w`, the standard error
@@ -306,17 +307,21 @@ def oracle_gap(result: SearchResult) -> dict[str, Any] | None:
         return None
     table, batch, ttt, ett = scored
     limit = None if result.budget_w is None else result.budget_w * (1.0 + result.tolerance)
-    objective = "energy" if result.objective == "energy" else "time"
+    zeus = result.cost if result.objective == "cost" else None  # rank by the cost the search minimised
+    objective = "energy" if result.objective == "energy" else "cost" if zeus is not None else "time"
     searched = np.isin(batch, list(result.space.batch_sizes))
     if result.space.rows is not None:
         rows = {_row_of(table, c.knobs, c.batch_size) for c in result.space.rows}
         searched &= np.isin(np.arange(len(table)), [r for r in rows if r is not None])
-    cost = ttt if objective == "time" else ett
+    cost = zeus.of(ttt, ett) if zeus is not None else ttt if objective == "time" else ett
     ok = searched & np.isfinite(cost) & (table.power_w <= (math.inf if limit is None else limit))
 
     def row(i: int) -> dict[str, Any]:
-        return {"batch_size": int(batch[i]), "setting": table.setting(i), "power_w": float(table.power_w[i]),
-                "time_to_target_s": float(ttt[i]), "energy_to_target_j": float(ett[i])}
+        out = {"batch_size": int(batch[i]), "setting": table.setting(i), "power_w": float(table.power_w[i]),
+               "time_to_target_s": float(ttt[i]), "energy_to_target_j": float(ett[i])}
+        if zeus is not None:
+            out["cost_j"] = float(cost[i])
+        return out
 
     oracle = int(np.flatnonzero(ok)[np.argmin(cost[ok])]) if ok.any() else None
     judged = judged_power_w(table.power_w, max(0.0, result.power_cv) * table.power_w, result.guard_sigma or 0.0)
@@ -370,7 +375,7 @@ def oracle_lines(result: SearchResult) -> list[str]:
         return []
     o, c = report["oracle"], report["chosen"]
     what = report["objective"]
-    key = "time_to_target_s" if what.startswith("time") else "energy_to_target_j"
+    key = {"time": "time_to_target_s", "energy": "energy_to_target_j", "cost": "cost_j"}[what.split()[0]]
     unit = "s" if key == "time_to_target_s" else "J"
 
     def text(r: dict[str, Any]) -> str:
