@@ -275,6 +275,17 @@ def test_a_binary_config_or_table_is_one_line_exit_2(tmp_path, capsys, argv, mes
     assert message in line and str(binary) in line
 
 
+def test_a_config_value_in_a_unit_of_another_quantity_is_named_as_run_names_it(tmp_path, capsys):
+    config = tmp_path / "w.toml"
+    config.write_text('device = "sim:orin-nano"\npower_budget_w = 10.0\n[space]\nvalues = { gpu_freq = ["306W"] }\n')
+    assert main(["search", "--config", str(config), "-o", str(tmp_path / "o")]) == 2
+    line = _one_error_line(capsys)
+    assert "space.values: gpu_freq = '306W': gpu_freq is set in Hz, not W" in line and "306 Hz" not in line
+    assert main(["run", "--device", "sim:orin-nano", "--set", "gpu_freq=306W"]) == 2
+    assert line.partition(": gpu_freq is set")[2] == _one_error_line(capsys).partition(": gpu_freq is set")[2]
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_protocol_the_measurement_refuses_is_one_line_exit_2(tmp_path, capsys):
     assert main(["search", *FAST, "--budget", "10", "--measure-steps", "1000000", "-o", str(tmp_path / "o")]) == 2
     assert "--measure-steps) 1000000 is more steps than one measured window holds; use at most 100000" in \

@@ -56,6 +56,14 @@ def test_parse_garbage():
         knob.parse("fast")
 
 
+@pytest.mark.parametrize("text, unit", [("306W", "W"), ("306 mW", "mW"), ("0.3kw", "kw")])
+def test_parse_refuses_a_unit_of_another_quantity(text, unit):
+    knob, _ = make_knob()  # 306 W was read as 306 Hz and refused as a clock value, the W never named
+    with pytest.raises(KnobValueError, match=rf"^gpu_freq = '{text}': gpu_freq is set in Hz, not {unit}; give a "
+                                             r"number in Hz, a value with one of the units GHz, MHz, kHz, Hz"):
+        knob.parse(text)
+
+
 def test_restore_writes_original_once_and_calls_hook_first():
     seen = []
     knob, state = make_knob(on_first_change=lambda k, orig: seen.append((k.name, orig, list(state["writes"]))))

@@ -11,14 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from typing import TYPE_CHECKING
 
 from edgetune.cli import UsageError
 from edgetune.cli.flags import flag_help
 from edgetune.config import SCHEMA
-from edgetune.power.base import Device, format_value
+from edgetune.power.base import Device, format_value, wrong_unit
 
 if TYPE_CHECKING:  # torch: imported by the commands that train, not by `edgetune --help`
     from edgetune.workloads import Placement, Workload
@@ -30,11 +29,6 @@ DEFAULT_WARMUP_STEPS = 5  # steps before measuring: caches, allocator and the cl
 MAX_STEPS = 100_000  # MeasurementProtocol's cap on one window's steps (hours of steps on a board)
 
 
-#: a number followed by a unit, as ``--set`` takes it (``408MHz``, ``0.918 GHz``, ``15W``)
-_NUMBER_UNIT = re.compile(r"^\s*[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\s*([A-Za-z]+)\s*$")
-#: unit suffixes a value may carry, by the knob's unit (the families :meth:`Knob.parse` converts between)
-_SUFFIXES_OF_UNIT = {"Hz": ("GHz", "MHz", "kHz", "Hz"), "kHz": ("GHz", "MHz", "kHz", "Hz"),
-                     "W": ("kW", "W", "mW"), "mW": ("kW", "W", "mW")}
 
 
 def positive_int(text: str) -> int:
@@ -74,14 +68,9 @@ def steps_int(text: str) -> int:
 
 def _check_unit(name: str, text: str, unit: str) -> None:
     """A value's unit suffix must be one of the knob's unit family (``408000000W`` for a clock is refused)."""
-    m = _NUMBER_UNIT.match(text)
-    if m is None or not unit:
-        return
-    suffix = m.group(1).lower()
-    allowed = _SUFFIXES_OF_UNIT.get(unit, (unit,))
-    if suffix not in (a.lower() for a in allowed):
-        raise UsageError(f"--set {name}={text}: {name} is set in {unit}, not {m.group(1)}; give a number in "
-                         f"{unit}, a value with one of the units {', '.join(allowed)}, min or max")
+    why = wrong_unit(text, unit)
+    if why is not None:
+        raise UsageError(f"--set {name}={text}: {name} {why}")
 
 
 def resolve_setting(device: Device, assignments: list[tuple[str, str]]) -> dict:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import enum
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -62,6 +63,7 @@ __all__ = [
     "largest_at_most",
     "restore_order",
     "summed_channels",
+    "wrong_unit",
 ]
 
 
@@ -142,6 +144,26 @@ _PLURAL_UNITS = {"cores": "core"}
 _UNIT_SUFFIXES = {"ghz": 1e9, "mhz": 1e6, "khz": 1e3, "hz": 1.0, "kw": 1e3, "mw": 1e-3, "w": 1.0}
 # a knob unit's size in the base unit of the suffixes above (Hz, W)
 _UNIT_BASES = {"Hz": 1.0, "kHz": 1e3, "W": 1.0, "mW": 1e-3}
+
+
+#: a number followed by a unit (``408MHz``, ``0.918 GHz``, ``15W``)
+_NUMBER_UNIT = re.compile(r"^\s*[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\s*([A-Za-z]+)\s*$")
+#: unit suffixes a value may carry, by the knob's unit (the families :meth:`Knob.parse` converts between)
+_SUFFIXES_OF_UNIT = {"Hz": ("GHz", "MHz", "kHz", "Hz"), "kHz": ("GHz", "MHz", "kHz", "Hz"),
+                     "W": ("kW", "W", "mW"), "mW": ("kW", "W", "mW")}
+
+
+def wrong_unit(text: str, unit: str) -> str | None:
+    """Why the unit ``text`` carries does not fit a knob set in ``unit`` (``306W`` for a clock), as the end of
+    a sentence that starts with the knob's name; None when it fits or ``text`` carries none."""
+    m = _NUMBER_UNIT.match(text)
+    if m is None or not unit:
+        return None
+    allowed = _SUFFIXES_OF_UNIT.get(unit, (unit,))
+    if m.group(1).lower() in (a.lower() for a in allowed):
+        return None
+    return (f"is set in {unit}, not {m.group(1)}; give a number in {unit}, a value with one of the units "
+            f"{', '.join(allowed)}, min or max")
 
 
 def _parse_number_with_unit(text: str, unit: str) -> float | None:
@@ -345,6 +367,9 @@ class Knob:
             return self.min if t.lower() == "min" else self.max
         if not self.numeric:
             return self.validate(t)
+        why = wrong_unit(t, self.unit)  # a unit of another quantity would be read as this knob's: refused
+        if why is not None:
+            raise KnobValueError(f"{self.name} = {t!r}: {self.name} {why}")
         number = _parse_number_with_unit(t, self.unit)
         if number is None:
             raise KnobValueError(f"{self.name}: cannot read {text!r} as a value in {self.unit or 'units'}; "
