@@ -474,6 +474,12 @@ class Config:
     path: Path | None = None
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
+    def label(self, name: str) -> str:
+        """Where the dotted key ``name``'s value came from, as an error about it starts: the flag that set it
+        (``--budget``), else ``FILE: power_budget_w``; the bare key when no source is known."""
+        origin = self.sources.get(name)
+        return name if origin is None else _label(origin, name)
+
     def flat(self) -> dict[str, Any]:
         """Every key's value by dotted name (``{"search.n_trials": 40, ...}``), in :data:`SCHEMA` order."""
         return {name: key.value_in(self) for name, key in SCHEMA.items()}
@@ -553,6 +559,11 @@ def _build(clean: Mapping[str, Any], path: Path | None, sources: Mapping[str, st
     return Config(**top, **sections, path=path, sources=MappingProxyType(dict(sources)))
 
 
+def _label(origin: str, name: str) -> str:
+    """How an error names key ``name`` set by ``origin``: the flag itself, else ``origin: name``."""
+    return origin if origin.startswith("--") else f"{origin}: {name}"
+
+
 def validate(raw: Mapping[str, Any], *, path: Path | None = None,
              sources: Mapping[str, str] | None = None) -> Config:
     """Check every dotted key of ``raw``; fill defaults. ``sources`` names where a key came from."""
@@ -568,9 +579,7 @@ def validate(raw: Mapping[str, Any], *, path: Path | None = None,
         try:
             clean[name] = key.check(raw[name])
         except ValueError as exc:
-            origin = sources.get(name, where_default)
-            label = origin if origin.startswith("--") else f"{origin}: {name}"
-            raise ConfigError(f"{label} {exc}") from None
+            raise ConfigError(f"{_label(sources.get(name, where_default), name)} {exc}") from None
     return _build(clean, path, sources)
 
 

@@ -1071,6 +1071,21 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, extra, message):
         assert "infeasible" in err[0] and "lowest feasible budget is about" in err[0]
 
 
+def test_cli_budget_below_idle_from_a_config_names_the_file_and_key_as_other_config_errors(tmp_path, capsys):
+    config = tmp_path / "budget1.toml"
+    config.write_text('device = "sim:orin-nano"\npower_budget_w = 1.0\n')
+    assert main(["search", "--config", str(config), "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"edgetune: error: {config}: power_budget_w 1 W is below the idle "
+                                               f"power of sim:orin-nano"), err
+    config.write_text('device = "sim:orin-nano"\npower_budget_w = -1.0\n')  # another config error, alike
+    assert main(["search", "--config", str(config), "-o", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.startswith(f"edgetune: error: {config}: power_budget_w must be > 0")
+    # the flag over the file: the flag is named
+    assert main(["search", "--config", str(config), "--budget", "2", "-o", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.startswith("edgetune: error: --budget 2 W is below the idle power")
+
+
 def test_cli_budget_above_the_device_maximum_runs_unconstrained(tmp_path, capsys):
     argv = ["search", "--device", "sim:orin-nano", "--workload", "cnn", "--budget", "100", "--batch-sizes", "8",
             "--knobs", "gpu_freq", "--n-trials", "2", "--sampler", "random", "--measure-s", "0.5",

@@ -147,7 +147,7 @@ def search(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         interrupted: SearchResult | None = None
         budget = cfg.power_budget_w
-        src = cfg.sources.get("power_budget_w", "power_budget_w")
+        src = cfg.label("power_budget_w")  # --budget, or FILE: power_budget_w
         if device.idle_power_w is not None and budget <= device.idle_power_w:
             # a trace knows its lowest budget from its rows: the least power the table measured among them
             low = lowest_row_power_w(device, space) if trace else _lowest_power_w(device, workload, space)
