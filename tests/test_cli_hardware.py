@@ -241,6 +241,18 @@ def test_monitor_never_overwrites_samples_unless_forced(tmp_path, capsys):
     assert rows and "VDD_IN_w" in rows[0]
 
 
+def test_monitor_of_a_simulated_device_says_simulation_on_screen_and_in_the_csv(tmp_path, capsys):
+    out_csv = tmp_path / "power.csv"
+    assert main(["monitor", "--device", "sim:orin-nano", "--duration", "0.3", "--csv", str(out_csv)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("SIMULATION: monitoring NVIDIA Jetson Orin Nano")
+    assert any(line.startswith("SIMULATION: summary: ") for line in lines)
+    rows = list(csv.DictReader(out_csv.open()))  # still read as the samples a board gives, plus the mark
+    assert len(rows) >= 2 and set(rows[0]) == {"t_s", "total_w", "VDD_IN_w", "VDD_CPU_GPU_CV_w", "VDD_SOC_w",
+                                               "simulated"}
+    assert all(row["simulated"] == "True" and float(row["total_w"]) > 0 for row in rows)
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["monitor", "--rate", "0"], "--rate 0 is out of range"),
     (["monitor", "--duration", "-1"], "--duration -1 must be positive"),

@@ -28,6 +28,14 @@ SUBCOMMAND_MODULES = (
 
 EXIT_USAGE = 2  # bad input a user can fix (argparse's own code for usage errors)
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports a command the signal ended
+#: what a command prints from a simulated device (the twin, trace replay) starts with, so no figure is taken
+#: for a measurement
+SIMULATION_LABEL = "SIMULATION: "
+
+
+def simulation_label(simulated: bool) -> str:
+    """:data:`SIMULATION_LABEL` for a simulated device's output, else nothing."""
+    return SIMULATION_LABEL if simulated else ""
 
 
 class UsageError(Exception):

@@ -22,13 +22,15 @@ import os
 import time
 from typing import Any, TextIO
 
-from edgetune.cli import UsageError
+from edgetune.cli import UsageError, simulation_label
 from edgetune.power import registry, state
 from edgetune.power.base import Device, DeviceError, Knob, format_value
 from edgetune.power.monitor import DEFAULT_RATE_HZ, PowerMonitor, energy_j
 
 __all__ = ["describe_device", "register"]
 
+#: the column a simulated device's samples carry in the --csv file, True on every row (best.json's key)
+SIMULATED_COLUMN = "simulated"
 PRINT_INTERVAL_S = 0.5  # one live line per half second: readable as it scrolls, fresh enough to watch a load
 MAX_RATE_HZ = 10_000.0  # beyond this a Python loop cannot keep up; sensors update at most every ~1 ms anyway
 
@@ -247,12 +249,15 @@ def _monitor(device: Device, args: argparse.Namespace) -> int:
     rails = list(sensor.rails)
     out = _open_samples_csv(args.csv, args.force) if args.csv else None
     writer = None
+    marked = [True] if device.simulated else []  # a simulated device's samples say so on every row
     if out is not None:
         writer = csv.writer(out)
-        writer.writerow(["t_s", "total_w", *[f"{r}_w" for r in rails]])
+        writer.writerow(["t_s", "total_w", *[f"{r}_w" for r in rails]]
+                        + ([SIMULATED_COLUMN] if device.simulated else []))
+    label = simulation_label(device.simulated)
     sim = " (simulated)" if device.simulated and "simulated" not in device.description else ""
     update = _period(sensor.update_period_s)  # measured once, now, not in the middle of the run
-    print(f"monitoring {device.description}{sim}: total = {sensor.total_label}, {monitor.rate_hz:g} Hz "
+    print(f"{label}monitoring {device.description}{sim}: total = {sensor.total_label}, {monitor.rate_hz:g} Hz "
           f"(sensor updates every {update})"
           + (f", logging to {args.csv}" if args.csv else "") + "; Ctrl-C to stop", flush=True)
     period = 1.0 / monitor.rate_hz
@@ -271,7 +276,7 @@ def _monitor(device: Device, args: argparse.Namespace) -> int:
                 last = (reading.t, reading.total_w)
                 if writer is not None:
                     writer.writerow([f"{reading.t - t0:.4f}", f"{reading.total_w:.4f}",
-                                     *[f"{reading.rails.get(r, math.nan):.4f}" for r in rails]])
+                                     *[f"{reading.rails.get(r, math.nan):.4f}" for r in rails], *marked])
             now = clock.now()
             if now >= next_print:
                 next_print += PRINT_INTERVAL_S
@@ -300,7 +305,7 @@ def _monitor(device: Device, args: argparse.Namespace) -> int:
         if out is not None:
             out.close()
     stats = monitor.end_window("monitor")
-    print(f"summary: {stats.duration_s:.2f} s, {stats.samples} samples, energy {stats.energy_j:.2f} J "
+    print(f"{label}summary: {stats.duration_s:.2f} s, {stats.samples} samples, energy {stats.energy_j:.2f} J "
           f"({sensor.total_label}), mean {stats.mean_w:.2f} W, peak {stats.peak_w:.2f} W, "
           f"max {stats.avg_window_s:g}-s avg {stats.max_avg_w:.2f} W, dropped samples {stats.dropped}"
           + ("; sensor stale (values stopped changing)" if monitor.stale else ""))

@@ -14,7 +14,7 @@ import math
 import sys
 from typing import TYPE_CHECKING
 
-from edgetune.cli import UsageError
+from edgetune.cli import UsageError, simulation_label
 from edgetune.cli.flags import flag_help
 from edgetune.config import SCHEMA
 from edgetune.power.base import Device, format_value, wrong_unit
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _format_report(r: dict, device: Device) -> str:
-    label = "SIMULATION: " if r["simulated"] else ""
+    label = simulation_label(r["simulated"])
     knobs = ", ".join(f"{n} {format_value(v, device.knobs[n].unit)}" for n, v in r["setting"].items())
     rows = [
         ("steps", f"{r['steps']} measured after {r['warmup_steps']} warm-up"),
