@@ -1076,14 +1076,14 @@ def test_cli_budget_below_idle_from_a_config_names_the_file_and_key_as_other_con
     config.write_text('device = "sim:orin-nano"\npower_budget_w = 1.0\n')
     assert main(["search", "--config", str(config), "-o", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"edgetune: error: {config}: power_budget_w 1 W is below the idle "
+    assert len(err) == 1 and err[0].startswith(f"edgetune: error: {config}: power_budget_w 1 W is at or below the idle "
                                                f"power of sim:orin-nano"), err
     config.write_text('device = "sim:orin-nano"\npower_budget_w = -1.0\n')  # another config error, alike
     assert main(["search", "--config", str(config), "-o", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.startswith(f"edgetune: error: {config}: power_budget_w must be > 0")
     # the flag over the file: the flag is named
     assert main(["search", "--config", str(config), "--budget", "2", "-o", str(tmp_path / "o")]) == 2
-    assert capsys.readouterr().err.startswith("edgetune: error: --budget 2 W is below the idle power")
+    assert capsys.readouterr().err.startswith("edgetune: error: --budget 2 W is at or below the idle power")
 
 
 def test_cli_budget_above_the_device_maximum_runs_unconstrained(tmp_path, capsys):
