@@ -94,6 +94,9 @@ def test_output_flag_is_the_folder_itself(tmp_path, capsys):
     out = tmp_path / "mine"
     assert main(["search", *FAST, "--budget", "12", "--n-trials", "1", "--output", str(out)]) == 0
     assert (out / "best.json").is_file() and (out / "study.db").is_file()
+    # every output of a simulated search says so: best.json, and each row of trials.csv
+    assert json.loads((out / "best.json").read_text())["simulated"] is True
+    assert [row["simulated"] for row in _rows(out / "trials.csv")] == ["True"] * len(_rows(out / "trials.csv")) != []
 
 
 def test_another_studys_results_in_the_output_folder_are_refused_and_kept(tmp_path, capsys, monkeypatch):

@@ -98,6 +98,7 @@ def test_search_on_fake_orin_nano_driven_by_the_twin(tmp_path, monkeypatch, caps
     with open(out / "trials.csv", newline="") as f:
         trials = list(csv.DictReader(f))
     assert best["device"] == "jetson" and best["simulated"] is False
+    assert "simulated" not in trials[0]  # a real board's rows carry no simulation mark
     # the power mode was not searched (7W needs a reboot): the plan says which one its figures hold in
     assert best["untuned_knobs"] == {"power_mode": {"value": BOOT_MODE, "unit": "", "text": BOOT_MODE}}
     assert best["torch_device"] == "cpu"  # where its figures were trained (--torch-device cpu, above)

@@ -7,7 +7,8 @@ workload's step cost, ``untuned_knobs``: the knobs the search left as found, wit
 value carries its unit: ``"setting": {"gpu_freq": {"value": 510000000,
 "unit": "Hz", "text": "510 MHz"}, "cpu_freq": {"value": 806400, "unit": "kHz", "text": "806.4 MHz"}}`` (the
 value in the knob's own unit, :data:`edgetune.power.knobs.KNOBS`, as ``edgetune run --set`` takes it).
-``trials.csv`` has one row per measured trial (every measurement, infeasible ones included).
+``trials.csv`` has one row per measured trial (every measurement, infeasible ones included); a simulated
+search's rows end with ``simulated``, True.
 """
 
 from __future__ import annotations
@@ -455,7 +456,8 @@ def write_trials_csv(result: SearchResult, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     knobs = list(result.space.knob_names)
-    cols = list(TRIAL_COLUMNS[:4]) + knobs + list(TRIAL_COLUMNS[4:])
+    # a simulated search's rows say so, each (best.json's key; the monitor's CSV does the same)
+    cols = list(TRIAL_COLUMNS[:4]) + knobs + list(TRIAL_COLUMNS[4:]) + (["simulated"] if result.simulated else [])
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
@@ -463,6 +465,8 @@ def write_trials_csv(result: SearchResult, path: str | Path) -> Path:
             m = r.measurement or {}
             row = {"trial": r.number, "role": r.role, "worker": r.worker, "batch_size": r.candidate.batch_size,
                    "ok": m.get("ok"), "oom": m.get("oom"), "feasible": r.feasible, "error": m.get("error") or ""}
+            if result.simulated:
+                row["simulated"] = True
             row.update(r.candidate.knobs)
             for k in ("step_time_s", "samples_per_s", "mean_power_w", "peak_power_w", "max_avg_power_w",
                       "max_avg_noise_w", "power_se_w", "judged_span_s", "energy_j", "energy_per_sample_j", "duration_s",
