@@ -1071,6 +1071,19 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, extra, message):
         assert "infeasible" in err[0] and "lowest feasible budget is about" in err[0]
 
 
+@pytest.mark.parametrize(("space", "message"), [
+    ('knobs = ["gpu_freq", "fan_speed"]', "space: sim:orin-nano has no knob 'fan_speed'"),
+    ('knobs = ["gpu_freq"]\nvalues = { emc_freq = [204000000] }', "space.values lists emc_freq, which is not tuned"),
+    ('knobs = ["gpu_freq"]\nvalues = { gpu_freq = [1] }', "space.values: "),
+])
+def test_cli_a_space_error_set_in_a_config_names_the_file(tmp_path, capsys, space, message):
+    config = tmp_path / "space.toml"
+    config.write_text(f'device = "sim:orin-nano"\npower_budget_w = 10\n\n[space]\n{space}\n')
+    assert main(["search", "--config", str(config), "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"edgetune: error: {config}: {message}"), err
+
+
 def test_cli_budget_below_idle_from_a_config_names_the_file_and_key_as_other_config_errors(tmp_path, capsys):
     config = tmp_path / "budget1.toml"
     config.write_text('device = "sim:orin-nano"\npower_budget_w = 1.0\n')

@@ -144,7 +144,9 @@ def search(args: argparse.Namespace) -> int:
                                 trace.batch_sizes if trace else cfg.space.batch_sizes, cfg.space.knobs,
                                 cfg.space.values, None if trace else workload.max_batch_size)
         except SpaceError as exc:
-            raise UsageError(str(exc)) from None
+            origin = cfg.sources.get(exc.key) if exc.key else None
+            where = f"{origin}: " if origin and not origin.startswith("--") else ""  # set in a file: name it
+            raise UsageError(f"{where}{exc}") from None
         interrupted: SearchResult | None = None
         budget = cfg.power_budget_w
         src = cfg.label("power_budget_w")  # --budget, or FILE: power_budget_w

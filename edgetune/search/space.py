@@ -35,7 +35,16 @@ LEVEL = "_level"
 
 
 class SpaceError(ValueError):
-    """A search space that cannot be built from the config (unknown knob, empty list): one line."""
+    """A search space that cannot be built from the config (unknown knob, empty list): one line.
+
+    Attributes:
+        key: the config key at fault (``space.knobs``, ``space.values``, ``space.batch_sizes``; None: the
+            device or table itself), so the caller can say where the user set it.
+    """
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -215,7 +224,7 @@ def build_space(
     if max_batch_size is not None and bs[-1] > max_batch_size:
         over = ", ".join(str(b) for b in bs if b > max_batch_size)
         raise SpaceError(f"batch sizes (--batch-sizes, space.batch_sizes) {over}: larger than the workload's data "
-                         f"({max_batch_size} samples); give batch sizes up to {max_batch_size}")
+                         f"({max_batch_size} samples); give batch sizes up to {max_batch_size}", "space.batch_sizes")
     if knobs is None:
         names = [n for n, k in device.knobs.items() if k.writable and len(k.values) > 1]
     else:
@@ -223,15 +232,15 @@ def build_space(
     for name in list(names) + list(values):
         if name not in device.knobs:
             raise SpaceError(f"space: {device.name} has no knob {name!r}; its knobs: "
-                             f"{', '.join(device.knobs) or 'none'}")
+                             f"{', '.join(device.knobs) or 'none'}", "space.knobs" if name in names else "space.values")
     for name in names:
         if not device.knobs[name].writable:
             why = device.knobs[name].why_read_only or "the platform refuses writes"
             raise SpaceError(f"space.knobs: {name} is read-only on {device.name} ({why}); remove it from "
-                             f"space.knobs")
+                             f"space.knobs", "space.knobs")
     for name in values:
         if name not in names:
-            raise SpaceError(f"space.values lists {name}, which is not tuned; add it to space.knobs")
+            raise SpaceError(f"space.values lists {name}, which is not tuned; add it to space.knobs", "space.values")
     dims: list[tuple[str, tuple[KnobValue, ...]]] = []
     for name in names:
         knob = device.knobs[name]
@@ -239,7 +248,7 @@ def build_space(
             try:
                 chosen = {knob.parse(v) if isinstance(v, str) else knob.validate(v) for v in values[name]}
             except KnobValueError as exc:
-                raise SpaceError(f"space.values: {exc}") from None
+                raise SpaceError(f"space.values: {exc}", "space.values") from None
             ordered = tuple(v for v in knob.values if v in chosen)  # the knob's own order
         else:
             ordered = tuple(knob.values)
