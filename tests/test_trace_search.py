@@ -250,6 +250,16 @@ def test_cli_a_table_whose_knob_holds_one_value_searches_and_writes_its_results(
     assert gap["table_rows"] == len(rows) and (out / "trials.csv").stat().st_size > 0
 
 
+def test_cli_a_table_without_knobs_searches_its_batch_sizes_and_says_so_plainly(tmp_path, capsys):
+    path = tmp_path / "batch_only.csv"
+    path.write_text("batch_size,step_time_s,power_w\n8,0.12,8.1\n16,0.23,8.6\n32,0.46,9.2\n64,0.9,10.1\n")
+    assert main(["search", "--device", f"trace:{path}", "--budget", "9.5", "--n-trials", "4", "--output",
+                 str(tmp_path / "o"), "--quiet", "--seed", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "table oracle (time to target, 4 rows): batch 8: 318 s at 8.1 W" in out
+    assert "chosen: batch 8: 318 s at 8.1 W; gap to the oracle +0.00%" in out
+
+
 def test_cli_a_search_of_some_of_a_tables_knobs_scores_the_rows_it_ran(tmp_path, capsys):
     """--knobs names a subset: the untuned knobs stay where the replay starts (each at its largest value)."""
     out = tmp_path / "o"

@@ -379,8 +379,8 @@ def oracle_lines(result: SearchResult) -> list[str]:
     unit = "s" if key == "time_to_target_s" else "J"
 
     def text(r: dict[str, Any]) -> str:
-        knobs = ", ".join(f"{k}={v:g}" for k, v in r["setting"].items())
-        return f"batch {r['batch_size']}, {knobs}: {r[key]:.4g} {unit} at {r['power_w']:.1f} W"
+        where = ", ".join([f"batch {r['batch_size']}", *(f"{k}={v:g}" for k, v in r["setting"].items())])
+        return f"{where}: {r[key]:.4g} {unit} at {r['power_w']:.1f} W"
 
     if o is None:
         return [f"table oracle: no row of {os.path.basename(report['table'])} holds the budget"]
