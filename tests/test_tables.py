@@ -180,6 +180,16 @@ def test_import_zeus_writes_tables_and_reports_unreached(tmp_path, capsys):
     assert load_table(out / "x1_toy_net_adam.csv").epochs_to_target is None
 
 
+def test_import_zeus_reads_summaries_saved_with_a_byte_order_mark(tmp_path, capsys):
+    """Excel saves CSV with a BOM: it made the first column \ufeffdataset and the file \"not a Zeus summary\"."""
+    for name, text in (("summary_power_x1.csv", ZEUS_POWER), ("train.csv", ZEUS_TRAIN)):
+        (tmp_path / name).write_text(text, encoding="utf-8-sig")
+    out = tmp_path / "tables"
+    assert main(["trace", "import-zeus", str(tmp_path / "summary_power_x1.csv"), str(tmp_path / "train.csv"),
+                 "--out", str(out), "--target", "toy=0.5"]) == 0
+    assert len(load_table(out / "x1_toy_net.csv")) == 6
+
+
 def test_import_zeus_never_overwrites_a_table_unless_forced(tmp_path, capsys):
     power, train = write(tmp_path, ZEUS_POWER, "summary_power_x1.csv"), write(tmp_path, ZEUS_TRAIN, "train.csv")
     out = tmp_path / "tables"

@@ -92,7 +92,7 @@ _TRAIN_COLUMNS = ("dataset", "network", "batch_size", "optimizer", "run", "targe
 
 def _read_csv(path: str, required: Sequence[str], what: str) -> list[dict[str, str]]:
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # a BOM: saved by Excel
             reader = csv.DictReader(f)
             header = reader.fieldnames or []
             missing = [c for c in required if c not in header]
