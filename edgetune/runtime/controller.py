@@ -58,7 +58,6 @@ import time
 import types
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
 from typing import Any, TextIO
 
 import torch
@@ -68,13 +67,12 @@ from edgetune.power.base import Device, DeviceError, KnobValue, WorkloadCost, fo
 from edgetune.power.clock import VirtualClock
 from edgetune.power.knobs import Candidate, check_batch_size, reads_running_clock
 from edgetune.power.monitor import PowerMonitor
-from edgetune.predictors.convergence import ConvergenceError, check_appendable
 from edgetune.runtime.accounting import Accounting, RunSummary, SampleTap
 from edgetune.runtime.board import governed_setting, placement_warning
 from edgetune.runtime.budget import BudgetSource, check_watts
 from edgetune.runtime.guard import Decision, GuardMove, Observation, build_ladder, frequency_prior
 from edgetune.runtime.ladder_guard import LadderGuard
-from edgetune.runtime.loader import BatchLoader, rescale_lr
+from edgetune.runtime.loader import BatchLoader, base_lr, rescale_lr
 from edgetune.runtime.online import (
     DEFAULT_START_BATCH_SIZE,
     OnlineDecision,
@@ -98,7 +96,7 @@ from edgetune.runtime.settings import (
     RecordSettings,
     TargetSettings,
 )
-from edgetune.runtime.target import TargetOutcome, TargetTracker, outcome, record_run
+from edgetune.runtime.target import TargetOutcome, TargetTracker, finish, runs_workload
 from edgetune.runtime.ticker import Ticker
 from edgetune.workloads import CostMeter
 from edgetune.workloads.cost import recompile_after_counting
@@ -177,7 +175,9 @@ class Tuner:
             raise ValueError("give batch_size or a dataset: online tuning changes the batch size through tuner.loader")
         self._online_options = (online if isinstance(online, OnlineOptions) else OnlineOptions()) if online else None
         self.target_settings = target or TargetSettings()
-        self._runs_workload = self._check_runs_file(self.target_settings, online=bool(online))
+        self._runs_workload = runs_workload(self.target_settings.runs_file, self.target_settings.workload,
+                                            online=bool(online),
+                                            plan_workload=self.plan.workload if self.plan is not None else None)
         self._tracker = TargetTracker(self.target_settings.target) if self.target_settings.target else None
         self._wall_start = math.nan
         self._device_arg = device
@@ -559,47 +559,13 @@ class Tuner:
         )
 
     # -- the training target --------------------------------------------------------------------------------
-    def _check_runs_file(self, settings: TargetSettings, *, online: bool) -> str | None:
-        """The workload name a run recorded to ``runs_file`` carries; refuses, before any training, a runs file
-        that cannot take the row, a run without a workload name, and online tuning (it changes the batch size)."""
-        if settings.runs_file is None:
-            return None
-        if online:
-            raise ValueError("runs_file= records steps to the target at one batch size, and online tuning changes "
-                             "it: pass a plan, or online=False")
-        workload = settings.workload or (self.plan.workload if self.plan is not None else None)
-        if not workload:
-            raise ValueError("runs_file= needs workload= (the name edgetune search gives the workload: its "
-                             "--steps-to-target keeps that workload's rows), or a plan that names it")
-        check_appendable(settings.runs_file)
-        return workload
-
-    def _run_lr(self) -> float:
-        """The learning rate the run trained at, for its runs-file row: the first group's base rate where a
-        scheduler computes the rate from one (it may end the run at zero), else its rate now."""
-        if self.optimizer is None:
-            return math.nan
-        base = next((s.base_lrs for s in self.schedulers if isinstance(getattr(s, "base_lrs", None), list)), None)
-        return float(base[0]) if base else float(self.optimizer.param_groups[0]["lr"])
-
     def _target_outcome(self, *, ended_normally: bool) -> TargetOutcome | None:
         """The run against its target; its row appended to the runs file where it stands as one run."""
         if self._tracker is None:
             return None
-        runs_file = self.target_settings.runs_file
-        result = outcome(self._tracker, self.accounting.steps, ended_normally=ended_normally,
-                         recording=runs_file is not None)
-        if runs_file is None or not result.recordable:
-            return result
-        assert self._runs_workload is not None, "checked when the tuner was built"
-        lr = self._run_lr()
-        try:
-            return record_run(result, runs_file, workload=self._runs_workload, seed=self.seed, lr=lr,
-                              wall_s=time.perf_counter() - self._wall_start, device=self.device.name)
-        except (OSError, ConvergenceError) as exc:  # the run is done: say so, keep its figures, let the exit go on
-            why = f"could not write {runs_file}: {getattr(exc, 'strerror', None) or exc}; the row was not recorded"
-            self._event(why)
-            return replace(result, why=why)
+        return finish(self._tracker, self.accounting.steps, self.target_settings.runs_file, self._runs_workload,
+                      ended_normally=ended_normally, seed=self.seed, lr=base_lr(self.optimizer, self.schedulers),
+                      wall_s=time.perf_counter() - self._wall_start, device=self.device.name, on_unwritten=self._event)
 
     # -- plan and knobs ---------------------------------------------------------------------------------
     def _apply_plan(self, plan: Plan) -> None:

@@ -34,6 +34,15 @@ _GROUP_RATES = ("lr", "initial_lr", "max_lr", "min_lr")
 _SCHEDULER_RATES = ("base_lrs", "max_lrs")
 
 
+def base_lr(optimizer: torch.optim.Optimizer | None, schedulers: Iterable[Any] = ()) -> float:
+    """The learning rate a run trains at, for its runs-file row: the first group's base rate where a scheduler
+    computes the rate from one (it may end the run at zero), else its rate now (nan: no optimizer)."""
+    if optimizer is None:
+        return math.nan
+    base = next((s.base_lrs for s in schedulers if isinstance(getattr(s, "base_lrs", None), list)), None)
+    return float(base[0]) if base else float(optimizer.param_groups[0]["lr"])
+
+
 def rescale_lr(optimizer: torch.optim.Optimizer, old_batch_size: int, new_batch_size: int, rule: str, *,
                schedulers: Iterable[Any] = (), **rule_options: Any) -> list[float]:
     """Scale every parameter group's learning rate for a batch-size change; returns the new rates.

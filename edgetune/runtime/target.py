@@ -38,17 +38,22 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from edgetune.log import get_logger
 from edgetune.predictors.convergence import (
+    ConvergenceError,
     ConvergenceRow,
     append_convergence_row,
+    check_appendable,
     crossing_step,
     read_convergence_rows,
 )
 
-__all__ = ["StepLike", "Target", "TargetOutcome", "TargetTracker", "outcome", "record_run"]
+__all__ = ["StepLike", "Target", "TargetOutcome", "TargetTracker", "finish", "outcome", "record_run", "runs_workload"]
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 _log = get_logger(__name__)
 
@@ -258,3 +263,44 @@ def record_run(result: TargetOutcome, path: str | os.PathLike, *, workload: str,
          f"by edgetune.tune on {device}, {now}"),
         "read by: edgetune search --steps-to-target THIS_FILE (the rows of the searched workload)"])
     return replace(result, recorded_in=os.fspath(path))
+
+
+def runs_workload(runs_file: str | os.PathLike | None, workload: str | None, *, online: bool,
+                  plan_workload: str | None) -> str | None:
+    """The workload name a run recorded to ``runs_file`` carries (``workload``, else the plan's; None: no runs
+    file); refuses, before any training, a runs file that cannot take the row, a run without a workload name,
+    and online tuning (it changes the batch size).
+
+    Raises:
+        ValueError: one line, with the fix (``ConvergenceError`` for the file).
+    """
+    if runs_file is None:
+        return None
+    if online:
+        raise ValueError("runs_file= records steps to the target at one batch size, and online tuning changes "
+                         "it: pass a plan, or online=False")
+    workload = workload or plan_workload
+    if not workload:
+        raise ValueError("runs_file= needs workload= (the name edgetune search gives the workload: its "
+                         "--steps-to-target keeps that workload's rows), or a plan that names it")
+    check_appendable(runs_file)
+    return workload
+
+
+def finish(tracker: TargetTracker, records: Sequence[StepLike], runs_file: str | os.PathLike | None,
+           workload: str | None, *, ended_normally: bool, seed: int, lr: float, wall_s: float, device: str,
+           on_unwritten: Callable[[str], None]) -> TargetOutcome:
+    """The run against its target at its end (:func:`outcome`), its row appended to ``runs_file`` where it
+    stands as one run (:func:`record_run`; ``workload`` from :func:`runs_workload`). A file that cannot be
+    written then is said through ``on_unwritten`` and in the outcome's ``why``: the run is done, its figures
+    stay."""
+    result = outcome(tracker, records, ended_normally=ended_normally, recording=runs_file is not None)
+    if runs_file is None or not result.recordable:
+        return result
+    assert workload is not None, "runs_workload checked it before the run"
+    try:
+        return record_run(result, runs_file, workload=workload, seed=seed, lr=lr, wall_s=wall_s, device=device)
+    except (OSError, ConvergenceError) as exc:
+        why = f"could not write {runs_file}: {getattr(exc, 'strerror', None) or exc}; the row was not recorded"
+        on_unwritten(why)
+        return replace(result, why=why)
