@@ -33,7 +33,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 # it picks the oracle itself (seeded); the 2% leaves room for other numpy/scikit-learn builds, not for a worse pick
 PLAIN_OPTIMIZE_GAP = 1.02
 BEST_KEYS = {"device", "simulated", "workload", "torch_device", "budget_w", "objective", "batch_size", "setting",
-             "measured", "predicted", "baseline", "speedup_over_baseline"}
+             "measured", "predicted", "baseline", "speedup_over_baseline", "speedup_measure"}
 
 
 def tiny_workload(seed: int = 0) -> Workload:
@@ -482,7 +482,7 @@ def test_search_enqueues_the_baseline_first_and_holds_the_budget(workload, sampl
         assert set(t.constraints) == {"power_w"}
         assert (t.constraints["power_w"] <= 0) == t.user_attrs["feasible"]
     doc = best_json(result)
-    assert BEST_KEYS <= set(doc)
+    assert BEST_KEYS <= set(doc) and doc["speedup_measure"] == "time to target (baseline / chosen)"
     assert doc["batch_size"] == result.best.candidate.batch_size
     assert {k: v["value"] for k, v in doc["baseline"]["setting"].items()} == result.baseline.candidate.knobs
     json.dumps(doc, allow_nan=False)

@@ -98,6 +98,7 @@ def test_cli_cost_search_labels_its_gain_a_cost_and_ranks_the_oracle_by_cost(sma
     doc = json.loads((out / "best.json").read_text())
     chosen_t, base_t = doc["predicted"]["time_to_target_s"], doc["baseline"]["predicted"]["time_to_target_s"]
     time_speedup, cost_ratio = base_t / chosen_t, doc["speedup_over_baseline"]
+    assert doc["speedup_measure"] == "Zeus cost to target (baseline / chosen)"  # best.json says which ratio it is
     assert f"{time_speedup:.2f}" != f"{cost_ratio:.2f}"  # the case tells the two figures apart
     # the cost ratio is labelled a cost; the time speedup, shown beside it, is the time ratio
     assert f"(baseline / chosen = {cost_ratio:.2f}x; Zeus's cost, eta 0.5 x energy" in text

@@ -2,8 +2,9 @@
 
 ``best.json`` keys (see DEVELOPERS.md, kept stable): ``device``, ``simulated``, ``workload``, ``budget_w``,
 ``objective``, ``batch_size``, ``setting``, ``measured``, ``predicted``, ``baseline``,
-``speedup_over_baseline``; plus context (study, storage, protocol, target model, trials, Pareto front, the
-workload's step cost, ``untuned_knobs``: the knobs the search left as found, with their values). Every knob
+``speedup_over_baseline`` (a ratio of the objective's own measure, which ``speedup_measure`` names: energy
+under ``energy``, Zeus's cost under ``cost``); plus context (study, storage, protocol, target model, trials,
+Pareto front, the workload's step cost, ``untuned_knobs``: the knobs the search left as found, with their values). Every knob
 value carries its unit: ``"setting": {"gpu_freq": {"value": 510000000,
 "unit": "Hz", "text": "510 MHz"}, "cpu_freq": {"value": 806400, "unit": "kHz", "text": "806.4 MHz"}}`` (the
 value in the knob's own unit, :data:`edgetune.power.knobs.KNOBS`, as ``edgetune run --set`` takes it).
@@ -169,7 +170,18 @@ class SearchResult:
         return sum(r.aborted_over_budget for r in self.measured)
 
     @property
+    def speedup_measure(self) -> str:
+        """What :attr:`speedup` is a ratio of, under this objective (best.json ``speedup_measure``)."""
+        if self.objective == "cost" and self.cost is not None:
+            return "Zeus cost to target (baseline / chosen)"
+        return {"energy": "energy to target (baseline / chosen)",
+                "throughput": "samples per second (chosen / baseline)"}.get(self.objective,
+                                                                           "time to target (baseline / chosen)")
+
+    @property
     def speedup(self) -> float | None:
+        """How many times better than the baseline the pick is, in the objective's own measure
+        (:attr:`speedup_measure`; None: no pick or no baseline)."""
         if self.best is None or self.baseline is None or not self.best.outcome or not self.baseline.outcome:
             return None
         b, c = self.baseline.outcome, self.best.outcome
@@ -408,6 +420,7 @@ def best_json(result: SearchResult) -> dict[str, Any]:
         "predicted": best["predicted"],
         "baseline": _plan(result.baseline, units),
         "speedup_over_baseline": _finite(result.speedup),
+        "speedup_measure": result.speedup_measure,
         "target_model": result.target.describe(),
         "study": {"name": result.study_name, "storage": result.storage_url,
                   "trials_measured": len(result.measured), "settings_measured": len(result.settings),
