@@ -232,6 +232,9 @@ def test_import_zeus_pair_errors_show_a_valid_example(tmp_path, capsys):
     args = ["trace", "import-zeus", power, train, "--out", str(tmp_path / "o")]
     assert_exit_2(capsys, [*args, "--samples-per-epoch", "toy=abc"], "e.g. --samples-per-epoch squad=87599")
     assert_exit_2(capsys, [*args, "--target", "toy"], "e.g. --target cifar100=0.6")
+    for value in ("nan", "inf"):  # a target no run can match is refused at the flag, not later
+        assert_exit_2(capsys, [*args, "--target", f"toy={value}"], "a quality target must be a finite number")
+    assert not (tmp_path / "o").exists()
     example = "squad=87599"
     assert main([*args, "--target", "toy=0.5", "--samples-per-epoch", example.replace("squad", "toy")]) == 0
     assert load_table(tmp_path / "o" / "x1_toy_net.csv").samples_per_epoch[0] == 87599  # the example is valid

@@ -268,8 +268,18 @@ def _parse_sizes(items: Sequence[str] | None) -> dict[str, int]:
     return sizes
 
 
+def _parse_targets(items: Sequence[str] | None) -> dict[str, float]:
+    """``--target``'s items: a quality target is a finite number (nan or inf would match no run)."""
+    targets = _parse_pairs(items, "--target", float, TARGET_EXAMPLE)
+    for dataset, value in targets.items():
+        if not math.isfinite(value):
+            raise UsageError(f"--target {dataset}={value}: a quality target must be a finite number, e.g. --target "
+                             f"{TARGET_EXAMPLE}")
+    return targets
+
+
 def _cmd_import_zeus(args: argparse.Namespace) -> int:
-    targets = _parse_pairs(args.target, "--target", float, TARGET_EXAMPLE)
+    targets = _parse_targets(args.target)
     sizes = _parse_sizes(args.samples_per_epoch)
     try:
         tables, report = import_zeus(args.power_csv, args.train_csv, targets, sizes)
