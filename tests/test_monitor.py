@@ -11,10 +11,12 @@ import pytest
 from edgetune.power.base import PowerReading, RealClock, VirtualClock
 from edgetune.power.monitor import (
     PowerMonitor,
+    WindowStats,
     energy_j,
     moving_average_max,
     next_sample_due,
     noise_max_excess_w,
+    reading_fault,
     window_stats,
 )
 
@@ -320,3 +322,13 @@ def test_sampling_thread_due_times_never_drift_and_never_burst():
     assert next_sample_due(0.05, 0.55, period) == pytest.approx(0.56)
     # within a period behind: keep the grid (the next one is due at once)
     assert next_sample_due(0.05, 0.065, period) == pytest.approx(0.06)
+
+
+def test_a_window_that_measures_nothing_says_why():
+    """No valid reading, or an average of zero or less (a dead rail, RAPL counters that never move): the
+    search refuses such a window (edgetune.search.trial) instead of taking every setting as holding the budget."""
+    t = np.linspace(0.0, 2.0, 201)
+    assert reading_fault(window_stats(t, np.full_like(t, 7.5))) is None
+    assert reading_fault(window_stats(t, np.zeros_like(t))) == "an average of 0.00 W over 2.0 s"
+    dead = window_stats(np.array([]), np.array([]))
+    assert reading_fault(WindowStats(**{**dead.__dict__, "dropped": 4})) == "no valid reading (4 dropped)"

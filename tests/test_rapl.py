@@ -130,3 +130,22 @@ def test_no_rapl_is_one_line(tmp_path):
         rapl.open(root=tmp_path / "empty")
     assert "\n" not in str(err.value)
     assert not rapl.probe(root=tmp_path / "empty")[0].found
+
+
+def test_a_run_on_counters_that_never_move_is_refused_in_one_line_and_restores(tmp_path, monkeypatch, capsys):
+    """RAPL counters that never move (many virtual machines) read 0 W: every setting would hold any budget and
+    a search would pick the fastest. The measurement refuses the window instead, and the knobs are restored."""
+    from edgetune.cli import main
+
+    fake = build_rapl(tmp_path / "rapl", cpus=2)
+    monkeypatch.setenv("EDGETUNE_SYSFS_ROOT", str(fake.root))
+    args = ["--device", "rapl", "--workload", "cnn", "--batch-size", "8"]
+    assert main(["run", *args, "--set", "cpu_freq=1GHz", "--warmup", "1", "--steps", "5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("edgetune: error: rapl: the power sensor's total (derived: package-0 + dram-0) gave "
+                              "an average of 0.00 W over ") and "edgetune monitor --device rapl" in err[-1]
+    assert not list((tmp_path / "state").glob("*"))  # nothing left to restore
+    assert main(["search", *args, "--budget", "5", "--n-trials", "2", "--soak-s", "0", "--warmup-steps", "1",
+                 "--measure-steps", "3", "-o", str(tmp_path / "o")]) == 2
+    assert "gave an average of 0.00 W" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "best.json").exists()

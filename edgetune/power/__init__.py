@@ -24,6 +24,7 @@ from edgetune.power.base import (
     KnobWriteError,
     PowerReading,
     PowerSensor,
+    SensorError,
     WorkloadCost,
     is_out_of_memory,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "PowerReading",
     "PowerSensor",
     "RealClock",
+    "SensorError",
     "VirtualClock",
     "WindowStats",
     "WorkloadCost",

@@ -57,6 +57,7 @@ __all__ = [
     "PowerReading",
     "PowerSensor",
     "RealClock",
+    "SensorError",
     "VirtualClock",
     "WorkloadCost",
     "format_value",
@@ -69,6 +70,10 @@ __all__ = [
 
 class DeviceError(RuntimeError):
     """A hardware-layer failure with a one-line, user-facing message."""
+
+
+class SensorError(DeviceError):
+    """The power sensor gives no usable reading (none valid, or none above zero, under load)."""
 
 
 class KnobValueError(DeviceError, ValueError):

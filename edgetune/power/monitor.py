@@ -39,6 +39,7 @@ __all__ = [
     "moving_average_max",
     "next_sample_due",
     "noise_max_excess_w",
+    "reading_fault",
     "window_stats",
 ]
 
@@ -240,6 +241,17 @@ class WindowStats:
     dropped: int = 0
     rail_energy_j: dict[str, float] = field(default_factory=dict)
     hardware_energy_j: float | None = None
+
+
+def reading_fault(stats: WindowStats) -> str | None:
+    """Why a window's readings measure nothing, or None: no valid reading in it (every read dropped), or an
+    average of zero or less (a board drawing power reads more: a dead rail, or an energy counter that never
+    moves, as RAPL's on many virtual machines)."""
+    if stats.samples == 0 or not math.isfinite(stats.mean_w):
+        return f"no valid reading ({stats.dropped} dropped)"
+    if stats.mean_w <= 0.0:
+        return f"an average of {stats.mean_w:.2f} W over {stats.duration_s:.1f} s"
+    return None
 
 
 def window_stats(t: np.ndarray, p: np.ndarray, avg_window_s: float = 1.0) -> WindowStats:

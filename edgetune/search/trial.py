@@ -91,11 +91,13 @@ from typing import Any
 
 import numpy as np
 
-from edgetune.power.base import Device, KnobValue, PowerReading, is_out_of_memory
+from edgetune.log import get_logger
+from edgetune.power.base import Device, KnobValue, PowerReading, SensorError, is_out_of_memory
 from edgetune.power.monitor import (
     PowerMonitor,
     moving_average_max,
     noise_max_excess_w,
+    reading_fault,
     window_stats,
 )
 from edgetune.search.measurement import Measurement, MeasurementProtocol
@@ -110,6 +112,10 @@ from edgetune.search.window import (
 # Measurement and MeasurementProtocol live in edgetune.search.measurement, rest_setting and settle in
 # edgetune.search.rest; importing them from here keeps working
 __all__ = ["Measurement", "MeasurementProtocol", "measure_setting", "rest_setting", "settle"]
+
+_log = get_logger(__name__)
+#: the monitors whose stuck sensor was already reported (once per run: every window after would say it again)
+_STALE_SAID: set[int] = set()
 
 #: shortest span (s, device clock) of this setting's own power before a trial may be stopped over budget: a
 #: few sensor updates (INA3221: 6.6 ms) and more than one 100-Hz monitor sample, so one noisy reading cannot
@@ -346,6 +352,7 @@ def measure_setting(
         steps, real = warm + steps, warm + real  # warm-up steps are always real
         in_window = (times >= t0 - 1e-9) & (times <= t1 + 1e-9)
         stats = window_stats(times[in_window], watts[in_window], monitor.avg_window_s)
+    _check_sensor(device, monitor, stats)
     duration = t1 - t0
     in_window = (times >= t0 - 1e-9) & (times <= t1 + 1e-9)
     result.trace_t, result.trace_w = _downsample(times[in_window] - t0, watts[in_window])
@@ -384,6 +391,23 @@ def measure_setting(
     result.temperature_c = None if temperature_c is None else float(temperature_c)
     result.wall_s = time.perf_counter() - wall0
     return result
+
+
+def _check_sensor(device: Device, monitor: PowerMonitor, stats: Any) -> None:
+    """Refuse a window whose readings measure nothing (:func:`~edgetune.power.monitor.reading_fault`): every
+    setting would hold any budget at 0 W and the search would pick the fastest. A real sensor stuck on one
+    value (:attr:`PowerMonitor.stale`) is said once: it reads the same on every setting."""
+    label = getattr(device.sensor, "total_label", "the total")
+    fault = reading_fault(stats)
+    if fault is not None:
+        raise SensorError(f"{device.name}: the power sensor's total ({label}) gave {fault} of training: it is "
+                          f"not measuring; check it with `edgetune monitor --device {device.name}` (a rail that "
+                          f"reads 0, an energy counter that never moves, as RAPL's on many virtual machines)")
+    if monitor.stale and not device.simulated and id(monitor) not in _STALE_SAID:
+        _STALE_SAID.add(id(monitor))
+        _log.warning("%s: the power sensor's total (%s) has not changed for seconds while training ran: a stuck "
+                     "sensor reads the same on every setting, and the search cannot tell them apart; check it "
+                     "with `edgetune monitor --device %s`", device.name, label, device.name)
 
 
 class _StepWatchdog:
