@@ -9,7 +9,7 @@ import pytest
 from fakes.jetson_tree import BOARDS, CPU_KHZ, GPU_HZ, build_jetson
 
 from edgetune.power import PowerMonitor, VirtualClock, jetson, open_device, probe_platforms, sysfs
-from edgetune.power.base import Capability, KnobValueError, KnobWriteError
+from edgetune.power.base import Capability, DeviceError, KnobValueError, KnobWriteError, RestoreError
 
 
 @pytest.fixture(autouse=True)
@@ -457,11 +457,11 @@ def test_root_from_environment_and_registry(tmp_path, monkeypatch):
 
 def test_not_a_jetson_is_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(jetson.DeviceError, match="no Jetson board under") as err:
+    with pytest.raises(DeviceError, match="no Jetson board under") as err:
         jetson.open(root=tmp_path / "empty")
     assert "\n" not in str(err.value)
     assert not jetson.probe(root=tmp_path / "empty")[0].found
-    with pytest.raises(jetson.DeviceError, match="not a directory"):
+    with pytest.raises(DeviceError, match="not a directory"):
         jetson.open(root=tmp_path / "missing")
 
 
@@ -469,7 +469,7 @@ def test_paths_are_discovered_not_built_from_input(tmp_path):
     fake = build_jetson(tmp_path / "root", "agx-orin-jp5")
     device = _open(fake)
     assert Path(device.backend.paths["gpu_freq"]).resolve() == fake.gpu.resolve()
-    with pytest.raises(jetson.DeviceError):
+    with pytest.raises(DeviceError):
         device.knobs["gpu_freq"].set("../../etc/passwd")
     device.close()
 
@@ -541,3 +541,71 @@ def test_a_board_without_thermal_zones_reads_no_temperature_and_says_so(tmp_path
     assert device.temperature_c is None
     assert any("no tj or GPU thermal zone" in n for n in device.notes)
     device.close()
+
+
+def test_a_knob_file_that_vanishes_is_one_line_and_its_original_kept_until_the_file_is_back(tmp_path):
+    from edgetune.power import state
+
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    before = fake.knob_state()
+    device = _open(fake)
+    device.apply({"gpu_freq": 510_000_000, "cpu_cores": 4})
+    (path,) = (tmp_path / "state").glob("*.json")
+    kept = (fake.gpu / "min_freq").read_bytes()
+    (fake.gpu / "min_freq").unlink()  # the devfreq node went (driver unbound) while the knob is changed
+    with pytest.raises(DeviceError, match=r"^gpu_freq: cannot read .*min_freq \(ENOENT"):
+        device.knobs["gpu_freq"].snapshot()
+    with pytest.raises(RestoreError) as raised:
+        device.restore()
+    line = str(raised.value)
+    assert "\n" not in line and raised.value.knobs == ("gpu_freq",)
+    assert line.startswith("not restored on jetson: gpu_freq: cannot read ") and "min_freq (ENOENT" in line
+    assert f"the state file {path} keeps the original of gpu_freq: run `edgetune restore` once the board is back" \
+        in line
+    assert path.exists() and list(state.load_state(path)["knobs"]) == ["gpu_freq"]  # cpu_cores went back
+    with pytest.raises(RestoreError, match="not restored on jetson: gpu_freq"):
+        device.close()  # the close's restore says the same, and closes the sensor all the same
+    (fake.gpu / "min_freq").write_bytes(kept)  # the board is back
+    (line,) = state.recover(report=lambda line: None)
+    assert line.startswith("restored gpu_freq") and not path.exists()
+    assert fake.knob_state() == before
+    device.restore()  # this process lets go of the knob too: nothing left for its exit to restore
+    assert not state._active
+
+
+def test_a_knob_file_reading_garbage_changes_nothing_and_is_one_line(tmp_path):
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    (fake.gpu / "max_freq").write_text("garbage\n")
+    before = fake.knob_state()
+    device = _open(fake)
+    with pytest.raises(DeviceError, match=r"^gpu_freq: .*max_freq: expected a number, read 'garbage'; "
+                                                 r"check that the board's driver"):
+        device.apply({"gpu_freq": "max"})
+    assert fake.knob_state() == before and not list((tmp_path / "state").glob("*.json"))
+    device.close()
+
+
+def test_a_knob_file_turned_directory_mid_search_is_one_line_and_restored_once_back(tmp_path):
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    before = fake.knob_state()
+    device = _open(fake)
+    device.apply({"gpu_freq": 510_000_000})
+    kept = (fake.gpu / "min_freq").read_bytes()
+    (fake.gpu / "min_freq").unlink()
+    (fake.gpu / "min_freq").mkdir()
+    with pytest.raises(KnobWriteError) as raised:
+        device.apply({"gpu_freq": 408_000_000})  # the next trial's setting
+    assert "\n" not in str(raised.value) and "min_freq (EISDIR: Is a directory)" in str(raised.value)
+    assert "run `edgetune restore` once the board is back" in str(raised.value)
+    with pytest.raises(RestoreError, match=r"min_freq \(EISDIR"):
+        device.restore()
+    (fake.gpu / "min_freq").rmdir()
+    (fake.gpu / "min_freq").write_bytes(kept)
+    assert device.restore() == ["gpu_freq"] and fake.knob_state() == before
+    assert not list((tmp_path / "state").glob("*.json"))
+    device.close()
+
+
+def test_a_write_to_a_vanished_knob_file_says_so_not_that_the_kernel_rejected_it(tmp_path):
+    with pytest.raises(KnobWriteError, match=r"^gpu_freq: cannot write 5 to .*max_freq \(ENOENT: .*\); check that"):
+        sysfs.write_checked(tmp_path / "max_freq", 5, "gpu_freq")

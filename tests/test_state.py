@@ -299,3 +299,43 @@ def test_restore_defaults_on_nvml_unlocks_clocks_and_sets_the_default_power_limi
     assert "gpu_freq" in done.stdout and "mem_freq" in done.stdout and "power_limit" in done.stdout
     (after,) = read_gpus(path)
     assert (after["locked_gpu_mhz"], after["locked_mem_mhz"], after["limit_mw"]) == (0, 0, 300_000)
+
+
+# ------------------------------------------------------------------------------------------ a board that fails
+
+
+def test_run_whose_knob_file_vanishes_exits_with_one_line_and_keeps_the_state_file(tmp_path, monkeypatch, capsys,
+                                                                                   caplog):
+    """The GPU's ``min_freq`` goes while ``edgetune run`` holds the clock: the restore on exit cannot read it."""
+    from fakes.board import FakeJetsonBoard
+
+    from edgetune.cli import main
+    from edgetune.power.sim import Twin
+
+    class VanishingBoard(FakeJetsonBoard):
+        def step(self, cost, batch_size):
+            if len(self.steps) == 3:
+                (self.fake.gpu / "min_freq").rename(tmp_path / "min_freq")  # the devfreq node goes
+            if not (self.fake.gpu / "min_freq").exists():
+                return self.twin.expected(cost, batch_size)  # the silicon runs on; its files are gone
+            return super().step(cost, batch_size)
+
+    monkeypatch.setenv("EDGETUNE_STATE_DIR", str(tmp_path / "state"))
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    before = fake.knob_state()
+    VanishingBoard(fake, Twin("orin-nano", seed=0, compute=False), time_scale=0.01).install(monkeypatch)
+    rc = main(["run", "--device", "jetson", "--torch-device", "cpu", "--batch-size", "8", "--set", "gpu_freq=max",
+               "--steps", "6", "--warmup", "1"])
+    err = capsys.readouterr().err
+    (path,) = _state_files(tmp_path)
+    assert rc != 0 and "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if "error" in x]
+    assert line.startswith("edgetune: error: not restored on jetson: gpu_freq: cannot read ")
+    assert f"the state file {path} keeps the original of gpu_freq: run `edgetune restore` once the board" in line
+    caplog.clear()
+    state._restore_all_active("exit")  # the atexit hook: the same failure, already told, is not told again
+    assert not caplog.records and path.exists()
+    (tmp_path / "min_freq").rename(fake.gpu / "min_freq")  # the board is back
+    state._restore_all_active("exit")  # the hook's retry now succeeds, and says so
+    assert [r.getMessage() for r in caplog.records] == ["exit: restored gpu_freq on jetson"]
+    assert fake.knob_state() == before and not _state_files(tmp_path) and not state._active

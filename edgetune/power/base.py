@@ -57,6 +57,7 @@ __all__ = [
     "PowerReading",
     "PowerSensor",
     "RealClock",
+    "RestoreError",
     "SensorError",
     "VirtualClock",
     "WorkloadCost",
@@ -82,6 +83,41 @@ class KnobValueError(DeviceError, ValueError):
 
 class KnobWriteError(DeviceError):
     """The platform rejected a knob write (permission, kernel refusal, NVML error)."""
+
+
+class RestoreError(KnobWriteError):
+    """Knobs that could not be put back: one line naming each knob and its problem, and where their originals
+    are kept with the way to finish (``edgetune restore`` once the board is back).
+
+    Attributes:
+        failures: ``(knob, problem)`` pairs; each problem is a one-line error that starts with the knob's name.
+        kept: the state file that still holds the originals (None where nothing keeps them).
+        device: the device's name, for the message ("" where unknown).
+    """
+
+    def __init__(self, failures: Sequence[tuple[str, str]], kept: str | None = None, device: str = "") -> None:
+        self.failures = tuple((name, why if why.startswith(f"{name}:") else f"{name}: {why}")
+                              for name, why in failures)
+        self.kept = kept
+        self.device = device
+        names = [name for name, _ in self.failures]
+        which = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        where = f" on {device}" if device else ""
+        line = f"not restored{where}: {'; '.join(why for _, why in self.failures)}"
+        if kept:
+            line += (f"; the state file {kept} keeps the original of {which}: run `edgetune restore` once the "
+                     f"board is back")
+        super().__init__(line)
+
+    @property
+    def knobs(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.failures)
+
+    @classmethod
+    def combine(cls, errors: Sequence[RestoreError], device: str = "") -> RestoreError:
+        """One error for several knobs' (the state file of the first that names one)."""
+        kept = next((e.kept for e in errors if e.kept), None)
+        return cls([f for e in errors for f in e.failures], kept, device or next((e.device for e in errors), ""))
 
 
 class DeviceOutOfMemoryError(DeviceError, MemoryError):
@@ -658,19 +694,26 @@ class Device:
 
         The power mode goes first, as in :meth:`apply` (:func:`restore_order`): a mode change resets the
         clocks under it, so the clocks' originals are written after it, and the board ends as it was found,
-        not at the mode's defaults. Every knob is attempted even if one fails; the first failure is raised
-        after the others ran.
+        not at the mode's defaults. Every knob is attempted even if one fails; then one
+        :class:`RestoreError` names every knob not restored (an unexpected error is raised as it is).
         """
         restored: list[str] = []
+        failed: list[RestoreError] = []
         first_error: BaseException | None = None
         for name in restore_order(self.knobs):
             try:
                 if self.knobs[name].restore():
                     restored.append(name)
+            except RestoreError as exc:
+                failed.append(exc)
+            except DeviceError as exc:  # a knob without a state file: nothing keeps its original
+                failed.append(RestoreError([(name, str(exc))]))
             except Exception as exc:  # noqa: BLE001 - keep restoring the rest
                 first_error = first_error or exc
         if first_error is not None:
             raise first_error
+        if failed:
+            raise RestoreError.combine(failed, self.name)
         return restored
 
     @contextlib.contextmanager

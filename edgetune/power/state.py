@@ -39,7 +39,15 @@ from pathlib import Path
 from typing import Any
 
 from edgetune.log import get_logger
-from edgetune.power.base import DeviceError, Knob, KnobValue, KnobWriteError, format_value, restore_order
+from edgetune.power.base import (
+    DeviceError,
+    Knob,
+    KnobValue,
+    KnobWriteError,
+    RestoreError,
+    format_value,
+    restore_order,
+)
 
 __all__ = [
     "STATE_ENV",
@@ -170,7 +178,7 @@ class RestorableKnob(Knob):
         """Set ``value``; a write the platform rejects leaves the original in place and says so."""
         try:
             super().set(value)
-        except KnobWriteError as exc:
+        except DeviceError as exc:  # a refused write, or a knob file that cannot be read on the way
             if not self._changed:
                 raise
             try:
@@ -183,18 +191,30 @@ class RestorableKnob(Knob):
                 else:
                     self.restore()
                 tail = f"; {self.name} is back at its original value"
+            except RestoreError as again:  # says where the original is kept and how to finish
+                tail = f"; restoring the original failed too: {again}"
             except (DeviceError, OSError, ValueError) as again:
                 tail = f"; restoring the original failed too ({again}); run `edgetune restore`"
             raise KnobWriteError(f"{exc}{tail}") from None
 
     def restore(self) -> bool:
+        """Write the original back; a :class:`RestoreError` (one line: the knob, its problem, the state file
+        that keeps the original) where that fails, the knob then still counted as changed."""
         if not self._changed:
             return False
-        if self._saved is not None:
-            self.restore_snapshot(self._saved)
-        elif self._original is not None:  # no tracker: fall back to the single remembered value
-            assert self._write is not None
-            self._write(self._original)
+        try:
+            if self._saved is not None:
+                self.restore_snapshot(self._saved)
+            elif self._original is not None:  # no tracker: fall back to the single remembered value
+                assert self._write is not None
+                self._write(self._original)
+        except (DeviceError, OSError, ValueError, TypeError, KeyError) as exc:
+            tracker = self.tracker
+            kept = str(tracker.path) if tracker is not None and tracker.keeps(self) else None
+            error = RestoreError([(self.name, str(exc))], kept, tracker.identity.spec if tracker else "")
+            if tracker is not None:
+                tracker.raised(error)
+            raise error from None
         self._forget()
         return True
 
@@ -227,6 +247,11 @@ def _restore_all_active(why: str) -> None:
     for tracker in trackers:
         try:
             names = tracker.restore_all()
+        except RestoreError as exc:  # the file stays for recovery; the line says so
+            if not tracker.told(exc):  # the run's own restore raised this very failure, and the user saw it
+                _say(f"{why}: {exc}")
+                tracker.raised(exc)
+            continue
         except Exception as exc:  # noqa: BLE001 - a handler must never raise; the file stays for recovery
             _say(f"restoring knobs on {tracker.identity.spec} after {why} failed: {exc}; "
                  f"run `edgetune restore`")
@@ -283,6 +308,8 @@ class StateTracker:
         self.directory = directory
         self._knobs: dict[str, RestorableKnob] = {}
         self._entries: dict[str, dict[str, Any]] = {}
+        #: knob -> the problem its failed restore last raised (so the exit's retry does not say it again)
+        self._raised: dict[str, str] = {}
 
     @property
     def path(self) -> Path:
@@ -323,17 +350,36 @@ class StateTracker:
             if not _active:
                 _uninstall_handlers()
 
+    def keeps(self, knob: Knob) -> bool:
+        """Whether the state file holds ``knob``'s original."""
+        return knob.name in self._entries
+
+    def raised(self, error: RestoreError) -> None:
+        """``error`` went to a caller (or the user): remember what it said of each knob."""
+        self._raised.update(error.failures)
+
+    def told(self, error: RestoreError) -> bool:
+        """Whether every knob's problem in ``error`` was raised before, word for word."""
+        return all(self._raised.get(name) == why for name, why in error.failures)
+
     def restore_all(self) -> list[str]:
-        """Restore every changed knob, most recently changed first; names restored."""
-        restored, first_error = [], None
+        """Restore every changed knob, most recently changed first; names restored. Every knob is attempted;
+        then one :class:`RestoreError` names those not restored (their originals stay in the state file)."""
+        restored: list[str] = []
+        failed: list[RestoreError] = []
+        first_error: BaseException | None = None
         for knob in reversed(list(self._knobs.values())):
             try:
                 if knob.restore():
                     restored.append(knob.name)
+            except RestoreError as exc:
+                failed.append(exc)
             except Exception as exc:  # noqa: BLE001 - restore the rest, then report the first failure
                 first_error = first_error or exc
         if first_error is not None:
             raise first_error
+        if failed:
+            raise RestoreError.combine(failed, self.identity.spec)
         return restored
 
     def _take_over_leftover(self) -> None:

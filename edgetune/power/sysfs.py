@@ -31,7 +31,9 @@ __all__ = [
     "cpu_freq_knob",
     "find_cpufreq_policies",
     "is_root",
+    "knob_read_error",
     "read_int",
+    "read_knob",
     "read_text",
     "sysfs_root",
     "writable",
@@ -42,11 +44,15 @@ ROOT_ENV = "EDGETUNE_SYSFS_ROOT"
 
 #: the fix for a permission problem, in one line
 ROOT_FIX = "run edgetune as root (sudo edgetune ...)"
+#: the fix for a knob file that is gone or reads nonsense (an unloaded driver, a removed device, a changed tree)
+BOARD_FIX = "check that the board's driver for it is loaded (`edgetune devices` lists the knob files it finds)"
 
 #: Bytes read from a sysfs attribute: its text is one number or a short word (a rail reads "5072\n").
 _ATTRIBUTE_BYTES = 64
 #: Characters of a malformed attribute shown in an error: enough to recognise it, one line.
 _SHOWN_CHARS = 40
+#: errnos of a write to a path that is no knob file (any more): gone, a directory, a path through a non-directory
+_NOT_A_KNOB_FILE = (errno.ENOENT, errno.EISDIR, errno.ENOTDIR)
 #: Step (kHz) of the cpu_freq table offered where the driver publishes none (intel_pstate, amd-pstate).
 _PSTATE_STEP_KHZ = 100_000
 
@@ -82,6 +88,33 @@ def read_int(path: Path) -> int:
     return parse_int(read_text(path), path)
 
 
+def _os_reason(exc: OSError) -> str:
+    """``ENOENT: No such file or directory``: the errno's name and the kernel's words."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return f"{errno.errorcode.get(exc.errno or 0, 'error')}: {reason}"
+
+
+def read_knob(path: Path, what: str) -> int:
+    """A knob file's integer value, as :func:`read_int`; a :class:`DeviceError` with one line naming the knob,
+    the file and the fix where it cannot be read (missing, a directory, no permission, EIO) or reads no number.
+
+    ``what`` names the knob in the user's words (``gpu_freq``).
+    """
+    try:
+        return read_int(path)
+    except (OSError, ValueError) as exc:
+        raise knob_read_error(path, what, exc) from None
+
+
+def knob_read_error(path: Path, what: str, exc: OSError | ValueError) -> DeviceError:
+    """The one-line error for a knob file that :func:`read_int` could not read (``exc``)."""
+    if isinstance(exc, PermissionError):
+        return DeviceError(f"{what}: no permission to read {path}; {ROOT_FIX}")
+    if isinstance(exc, OSError):
+        return DeviceError(f"{what}: cannot read {path} ({_os_reason(exc)}); {BOARD_FIX}")
+    return DeviceError(f"{what}: {exc}; {BOARD_FIX}")  # parse_int's line names the file and the text
+
+
 def writable(path: Path) -> bool:
     """Whether this process may write ``path``.
 
@@ -111,11 +144,9 @@ def write_checked(path: Path, value: int | str, what: str) -> None:
     except PermissionError:
         raise KnobWriteError(f"{what}: no permission to write {path}; {ROOT_FIX}") from None
     except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        code = errno.errorcode.get(exc.errno or 0, "")
-        raise KnobWriteError(
-            f"{what}: the kernel rejected {value} for {path} ({code or 'error'}: {reason})"
-        ) from None
+        if exc.errno in _NOT_A_KNOB_FILE:  # the file is gone or is not a file: nothing the kernel said
+            raise KnobWriteError(f"{what}: cannot write {value} to {path} ({_os_reason(exc)}); {BOARD_FIX}") from None
+        raise KnobWriteError(f"{what}: the kernel rejected {value} for {path} ({_os_reason(exc)})") from None
 
 
 class FastReader:
@@ -180,12 +211,15 @@ class CpufreqPolicy:
     def limits(self) -> tuple[int, int] | None:
         """The (min, max) limits (kHz), or None while every CPU of the policy is offline (the kernel then
         answers its attributes with EBUSY)."""
-        try:
-            return read_int(self.path / "scaling_min_freq"), read_int(self.path / "scaling_max_freq")
-        except OSError as exc:
-            if _offline(exc):
-                return None
-            raise
+        limits = []
+        for path in (self.path / "scaling_min_freq", self.path / "scaling_max_freq"):
+            try:
+                limits.append(read_int(path))
+            except (OSError, ValueError) as exc:
+                if _offline(exc):
+                    return None
+                raise knob_read_error(path, "cpu_freq", exc) from None
+        return limits[0], limits[1]
 
     def writable(self) -> bool:
         return writable(self.path / "scaling_min_freq") and writable(self.path / "scaling_max_freq")
@@ -280,7 +314,7 @@ def cpu_freq_knob(policies: list[CpufreqPolicy], tracker: StateTracker) -> Resto
         return p.path / "scaling_min_freq", p.path / "scaling_max_freq"
 
     def read() -> int:
-        return read_int(policies[0].path / "scaling_cur_freq")
+        return read_knob(policies[0].path / "scaling_cur_freq", "cpu_freq")
 
     def write(value: int) -> None:
         for p in policies:

@@ -16,7 +16,7 @@ from edgetune.power.state import RestorableKnob, StateTracker
 from edgetune.power.sysfs import (
     first_existing,
     lock_range,
-    read_int,
+    read_knob,
     read_only_reason,
     read_text,
     writable,
@@ -62,21 +62,21 @@ def range_knob(name: str, values: tuple[int, ...], min_file: Path, max_file: Pat
     unit = knob_unit(name)
 
     def read() -> int:
-        return read_int(cur_file)
+        return read_knob(cur_file, name)
 
     def write(value: int) -> None:
-        current = (read_int(min_file), read_int(max_file))
+        current = (read_knob(min_file, name), read_knob(max_file, name))
         lock_range((min_file, max_file), current, (int(value), int(value)), name)
 
     def snapshot() -> dict[str, Any]:
-        return {"min": read_int(min_file), "max": read_int(max_file)}
+        return {"min": read_knob(min_file, name), "max": read_knob(max_file, name)}
 
     def restore(snap: dict[str, Any]) -> None:
         lo, hi = int(snap["min"]), int(snap["max"])
         if not (0 <= lo <= hi <= values[-1]):
             raise ValueError(f"{name}: saved range {lo}..{hi} {unit} is not a valid range here "
                              f"(at most {values[-1]} {unit})")
-        current = (read_int(min_file), read_int(max_file))
+        current = (read_knob(min_file, name), read_knob(max_file, name))
         lock_range((min_file, max_file), current, (lo, hi), name)
 
     files = [min_file, max_file]
@@ -97,7 +97,7 @@ def cpu_cores_knob(root: Path, tracker: StateTracker) -> RestorableKnob | None:
         return None
 
     def online() -> list[int]:
-        return [0] + [c for c, f in online_files.items() if read_int(f) == 1]
+        return [0] + [c for c, f in online_files.items() if read_knob(f, "cpu_cores") == 1]
 
     def apply(wanted: set[int]) -> None:
         # bring CPUs online before taking others offline, so the load always has somewhere to run
@@ -137,19 +137,19 @@ def emc_knob(root: Path, board: BoardInfo, tracker: StateTracker) -> RestorableK
     rate, locked = emc / "rate", emc / "mrq_rate_locked"
     if not (rate.exists() and locked.exists()):
         return None
-    lo, hi = read_int(emc / "min_rate"), read_int(emc / "max_rate")
+    lo, hi = read_knob(emc / "min_rate", "emc_freq"), read_knob(emc / "max_rate", "emc_freq")
     steps = [f for f in EMC_STEPS_HZ.get(board.family, ()) if lo <= f <= hi]
-    values = sorted({*steps, lo, hi}) if steps else sorted({lo, hi, read_int(rate)})
+    values = sorted({*steps, lo, hi}) if steps else sorted({lo, hi, read_knob(rate, "emc_freq")})
 
     def read() -> int:
-        return read_int(rate)
+        return read_knob(rate, "emc_freq")
 
     def write(value: int) -> None:
         write_checked(locked, 1, "emc_freq")
         write_checked(rate, int(value), "emc_freq")
 
     def snapshot() -> dict[str, Any]:
-        return {"rate": read_int(rate), "locked": read_int(locked)}
+        return {"rate": read_knob(rate, "emc_freq"), "locked": read_knob(locked, "emc_freq")}
 
     def restore(snap: dict[str, Any]) -> None:
         r, was_locked = int(snap["rate"]), int(snap["locked"])
