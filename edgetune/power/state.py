@@ -151,6 +151,8 @@ class RestorableKnob(Knob):
             ``restore_snapshot`` accepts (the full devfreq/cpufreq range, every core online, the default
             nvpmodel mode, NVML clocks unlocked and the default power limit); None where the platform
             documents none. ``edgetune restore --defaults`` applies it (:func:`restore_defaults`).
+        describe_snapshot: says what a snapshot puts back, for the user (``gpu_freq 306 MHz..624.75 MHz
+            (the governor's range)``); None: the knob and the value it read before the first change.
     """
 
     def __init__(
@@ -163,10 +165,12 @@ class RestorableKnob(Knob):
         restore_snapshot: Callable[[Snapshot], None],
         tracker: StateTracker | None = None,
         default_snapshot: Callable[[], Snapshot] | None = None,
+        describe_snapshot: Callable[[Snapshot], str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(name, unit, values, **kwargs)
         self.default_snapshot = default_snapshot
+        self.describe_snapshot = describe_snapshot
         self.snapshot = snapshot
         self.restore_snapshot = restore_snapshot
         self.tracker = tracker
@@ -589,7 +593,10 @@ def recover_actions(
                 try:
                     knob.restore_snapshot(entry["snapshot"])
                     original = entry.get("original")
-                    done.append(f"{name}={format_value(original, knob.unit)}" if original is not None else name)
+                    if knob.describe_snapshot is not None:  # what was put back: a range, not the clock it ran at
+                        done.append(knob.describe_snapshot(entry["snapshot"]))
+                    else:
+                        done.append(f"{name}={format_value(original, knob.unit)}" if original is not None else name)
                 except (ValueError, TypeError, KeyError) as exc:
                     failed.append(f"{name} (state file value not accepted: {exc})")
                     failed_names.append(name)

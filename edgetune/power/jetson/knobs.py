@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from edgetune.power.base import format_value
 from edgetune.power.jetson.board import BoardInfo
 from edgetune.power.knobs import knob_unit
 from edgetune.power.state import RestorableKnob, StateTracker
@@ -79,12 +80,19 @@ def range_knob(name: str, values: tuple[int, ...], min_file: Path, max_file: Pat
         current = (read_knob(min_file, name), read_knob(max_file, name))
         lock_range((min_file, max_file), current, (lo, hi), name)
 
+    def describe(snap: dict[str, Any]) -> str:
+        lo, hi = int(snap["min"]), int(snap["max"])
+        if lo == hi:
+            return f"{name} locked at {format_value(lo, unit)}"
+        return f"{name} {format_value(lo, unit)}..{format_value(hi, unit)} (the governor's range)"
+
     files = [min_file, max_file]
     ok = all(writable(f) for f in files)
     return RestorableKnob(name, unit, values, read=read, write=write, writable=ok,
                           why_read_only="" if ok else read_only_reason(files), snapshot=snapshot,
                           restore_snapshot=restore, tracker=tracker, description=description,
-                          default_snapshot=lambda: {"min": values[0], "max": values[-1]})  # the full table
+                          default_snapshot=lambda: {"min": values[0], "max": values[-1]},  # the full table
+                          describe_snapshot=describe)
 
 
 def cpu_cores_knob(root: Path, tracker: StateTracker) -> RestorableKnob | None:
