@@ -8,6 +8,7 @@ import doctest
 import itertools
 import json
 import logging
+import math
 import os
 import signal
 
@@ -1273,6 +1274,83 @@ def test_the_tap_queues_readings_and_keeps_the_monitors_rules():
     t, p = tap.drain()
     assert t.tolist() == [0.0, 0.1, 0.4] and p.tolist() == [4.0, 6.0, 6.0] and tap.drain()[0].size == 0
     assert tap.averages(0.3, 10.0) == (pytest.approx(6.0), pytest.approx(2.3 / 0.4))
+
+
+def test_an_epochs_figures_are_over_its_own_steps():
+    """An epoch's mean, peak and max 1-s average over one set of samples: the sensor silent for 0.5 s across an
+    epoch's start (a busy board), the next epoch shorter than a window, an evaluation hotter than the steps."""
+    from edgetune.power import PowerReading
+    from edgetune.runtime.accounting import Accounting, SampleTap
+
+    def silent(t):
+        return 1.0 < t < 1.5
+
+    class Sensor:  # the hardware boundary: a scripted board power by device time
+        rails, total_label, update_period_s = ("VDD_IN",), "VDD_IN", 0.1
+
+        def __init__(self):
+            self.t = 0.0
+
+        def read(self):
+            return PowerReading(self.t, 9.0 if self.t <= 1.0 else 12.0 if 4.0 < self.t < 4.5 else 7.0, {})
+
+        def energy_j(self):
+            return None
+
+    sensor = Sensor()
+    tap = SampleTap(sensor, keep_s=10.0)
+    acc = Accounting(tap, lambda t: 20.0, budgets_at=lambda t: np.full(len(t), 20.0))
+    acc.start(0.0)
+    epoch = 0
+    # (time, what): a sample every 0.1 s; steps; an epoch's end takes a sample (the controller's), which the
+    # silent sensor answers only at 1.5; a gap (an evaluation) from 4.0 to 4.5
+    samples = [(round(0.1 * n, 1), "sample") for n in range(66) if not silent(0.1 * n)]
+    marks = ([(0.25 * n, "step") for n in range(1, 5)] + [(1.05, "step"), (1.05, "epoch")]
+             + [(1.55 + 0.2 * n, "step") for n in range(6)] + [(2.55, "epoch")]
+             + [(2.7, "step"), (2.85, "step"), (2.85, "epoch")]
+             + [(2.85 + 0.2 * n, "step") for n in range(1, 6)] + [(4.0, "step"), (4.5, "gap")]
+             + [(4.5 + 0.2 * n, "step") for n in range(1, 11)] + [(6.5, "epoch")])
+    for t, what in sorted(samples + marks, key=lambda e: (e[0], e[1] != "sample")):
+        if what == "sample":
+            sensor.t = t
+            tap.sample()
+        elif what == "step":
+            acc.mark_step(t, 8, "", epoch)
+        elif what == "gap":
+            acc.mark_gap(t)
+        else:
+            sensor.t = 1.5 if silent(t) else t
+            tap.sample()
+            acc.update()
+            acc.end_epoch(epoch)
+            epoch += 1
+    e0, e1, e2, e3 = acc.epochs
+    for e in acc.epochs:  # a mean or a 1-s average of an epoch's power cannot exceed its peak
+        assert e.mean_w <= e.peak_w + 1e-9 and not e.max_avg_w > e.peak_w + 1e-9
+    for s in acc.steps:
+        assert s.mean_w <= s.peak_w + 1e-9
+    # epoch 1's first step (1.05 to 1.55) is integrated from the 9 W sample at 1.0 and the 7 W one at 1.5 (8 W
+    # between, apportioned by time): its peak is 9 W, not the 7 W of the samples inside it
+    assert e1.peak_w == 9.0 and e1.mean_w > 7.0
+    # its 1-s windows lie inside it: the highest ends at 2.1, over [1.1, 2.1] (0.4 s at 8 W, then 7 W), not a
+    # window reaching back into epoch 0's 9 W
+    assert e1.max_avg_w == pytest.approx(0.4 * 8.0 + 0.6 * 7.0)
+    assert e0.max_avg_w == pytest.approx(9.0)
+    assert math.isnan(e2.max_avg_w) and e2.mean_w == pytest.approx(7.0) and e2.peak_w == 7.0  # shorter than 1 s
+    # the 12 W evaluation is left out of epoch 3's steps, and its windows do not cross it
+    assert e3.peak_w == pytest.approx(7.0) and e3.max_avg_w == pytest.approx(7.0)
+    # the run's 1-s average (the budget's) holds every window, the evaluation's too
+    assert acc.max_avg_w > 9.0 and acc.peak_w == 12.0
+    rows = [line.split() for line in _table_of(acc).splitlines()[2:6]]
+    assert rows[2][7] == "-"  # the table prints no 1-s average for an epoch shorter than one
+
+
+def _table_of(acc):
+    from edgetune.runtime.accounting import RunSummary
+
+    time_s, energy, samples = acc.totals()
+    return RunSummary("fake", False, False, len(acc.steps), samples, time_s, energy, energy / time_s, acc.peak_w,
+                      acc.max_avg_w, 20.0, acc.violations, acc.epochs).table()
 
 
 def test_a_tuner_on_a_real_clock_runs_one_background_thread():

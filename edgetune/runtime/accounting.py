@@ -42,6 +42,9 @@ __all__ = ["Accounting", "EpochRecord", "RunSummary", "SampleTap", "StepRecord",
 
 #: the batch size of a pending mark that is no step (:meth:`Accounting.mark_gap`)
 _GAP = 0
+#: s: a 1-s window that starts this close to its run of steps' start still lies inside it (float rounding of
+#: device times, far below any sensor's period)
+_WINDOW_SLACK_S = 1e-9
 
 
 class SampleTap:
@@ -159,7 +162,10 @@ class SampleTap:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One training step as the device saw it (device-clock seconds)."""
+    """One training step as the device saw it (device-clock seconds). ``energy_j`` integrates the samples'
+    trapezoid over [start, end], apportioning each sample interval it overlaps by time; ``peak_w`` is the highest of
+    the samples it is integrated from: those inside, the one at or before the start and the one at or after the
+    end (a step shorter than the sensor's period has none inside)."""
 
     step: int
     epoch: int
@@ -179,7 +185,15 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class EpochRecord:
-    """One epoch: totals over its steps, and the highest 1-s moving average seen during it."""
+    """One epoch: its figures over its steps' own time, one set of samples for all of them.
+
+    ``time_s``, ``energy_j`` and ``mean_w`` sum its steps (an evaluation between them is left out); ``peak_w`` is
+    the highest of the samples its steps' energy is integrated from (:class:`StepRecord`); ``max_avg_w`` the highest
+    1-s moving average whose window lies inside its steps: never reaching back into the epoch before, nor across
+    an evaluation inside it. Where no run of its steps lasts a whole window (an epoch shorter than 1 s) it has
+    no 1-s average of its own: NaN (the run's 1-s averages, which the budget judges, straddle epochs:
+    :attr:`RunSummary.max_avg_w`, the violations).
+    """
 
     epoch: int
     steps: int
@@ -271,8 +285,9 @@ class RunSummary:
                   f"{'peak W':>7} {'max 1s W':>8} {'J/sample':>9}")
         lines = [f"edgetune run on {self.device} ({kind}{', measure-only' if self.measure_only else ''})", header]
         for e in self.epochs:
+            max_avg = f"{e.max_avg_w:>8.2f}" if math.isfinite(e.max_avg_w) else f"{'-':>8}"  # shorter than 1 s
             lines.append(f"{e.epoch:>5} {e.steps:>6} {e.samples:>8} {e.time_s:>9.2f} {e.energy_j:>10.1f} "
-                         f"{e.mean_w:>7.2f} {e.peak_w:>7.2f} {e.max_avg_w:>8.2f} {e.energy_per_sample_j:>9.4f}")
+                         f"{e.mean_w:>7.2f} {e.peak_w:>7.2f} {max_avg} {e.energy_per_sample_j:>9.4f}")
         lines.append(f"{'all':>5} {self.steps:>6} {self.samples:>8} {self.time_s:>9.2f} {self.energy_j:>10.1f} "
                      f"{self.mean_w:>7.2f} {self.peak_w:>7.2f} {self.max_avg_w:>8.2f} "
                      f"{self.energy_per_sample_j:>9.4f}")
@@ -366,7 +381,10 @@ class Accounting:
         self._open_violation: list | None = None  # [start, worst, budget]
         self._max_avg = -math.inf
         self._peak = -math.inf
-        self._epoch_max_avg = -math.inf
+        #: per epoch, the highest 1-s average whose window lies inside its steps (:meth:`_epoch_windows`)
+        self._epoch_max_avg: dict[int, float] = {}
+        #: (start, epoch) of the run of one epoch's steps with no gap between that the last closed step is in
+        self._stretch: tuple[float, int] | None = None
         self._epoch_start_step = 0
         self.trace_t: list[float] = []
         self.trace_p: list[float] = []
@@ -427,7 +445,6 @@ class Accounting:
         budget = (self.budgets_at(tn) if self.budgets_at is not None
                   else np.array([self.budget_at(float(x)) for x in tn]))
         self._max_avg = max(self._max_avg, float(avg.max()))
-        self._epoch_max_avg = max(self._epoch_max_avg, float(avg.max()))
         if self.keep_trace:
             self.trace_t.extend(tn.tolist())
             self.trace_p.extend(pn.tolist())
@@ -468,18 +485,25 @@ class Accounting:
         starts = np.maximum(np.concatenate([[first], ends[:-1]]), t0)
         energy = self._energy_at(ends) - self._energy_at(starts)
         dt = ends - starts
-        # peak of the samples in [start, end] (the sample at or after the end included): a max per segment
-        i = np.searchsorted(t, starts, side="left")
+        # peak of the samples the step's energy is integrated from: those in [start, end], the one at or before
+        # the start and the one at or after the end (the energy apportions the sample intervals it overlaps, so
+        # a mean never exceeds it, however long the sensor was silent): a max per segment
+        i = np.maximum(np.searchsorted(t, starts, side="right") - 1, 0)
         j = np.minimum(np.searchsorted(t, ends, side="left") + 1, t.size)
         bounds = np.empty(2 * ready, dtype=np.intp)
-        bounds[0::2], bounds[1::2] = np.minimum(i, t.size - 1), j  # j may be t.size: the sentinel below
+        bounds[0::2], bounds[1::2] = i, j  # j may be t.size: the sentinel below
         peaks = np.maximum.reduceat(np.append(p, -math.inf), bounds)[0::2]
-        peaks = np.where(i < t.size, peaks, np.interp(ends, t, p))  # no sample inside: the power at the end
         budgets = (self.budgets_at(ends) if self.budgets_at is not None
                    else np.array([self.budget_at(float(x)) for x in ends]))
+        stretch_start = np.full(ready, math.nan)
+        step_epoch = np.zeros(ready, dtype=np.int64)
         for k, (end, batch, samples, setting, epoch) in enumerate(self._pending[:ready]):
             if batch == _GAP:
+                self._stretch = None  # a gap ends the run of steps a 1-s window may lie in
                 continue
+            if self._stretch is None or self._stretch[1] != epoch:
+                self._stretch = (float(starts[k]), epoch)
+            stretch_start[k], step_epoch[k] = self._stretch[0], epoch
             step_dt, step_e = float(dt[k]), float(energy[k])
             rec = StepRecord(len(self.steps), epoch, batch, samples, float(starts[k]), end, step_dt, step_e,
                              step_e / step_dt if step_dt > 0 else math.nan, float(peaks[k]), float(budgets[k]),
@@ -487,14 +511,33 @@ class Accounting:
             self.steps.append(rec)
             if self._log is not None:
                 self._log.step(rec)
+        self._epoch_windows(starts, ends, stretch_start, step_epoch)
         self._last_end = float(ends[-1])
         del self._pending[:ready]
 
+    def _epoch_windows(self, starts: np.ndarray, ends: np.ndarray, stretch_start: np.ndarray,
+                       step_epoch: np.ndarray) -> None:
+        """Each epoch's highest 1-s average over the steps just closed, the window lying inside the run of the
+        epoch's steps each ends in (``stretch_start``: that run's start, NaN for a gap): at every sample inside a
+        step where a whole window fits since the run started. These are the run's own moving averages at those
+        samples (:meth:`_moving_average`), so no epoch's figure exceeds the run's."""
+        t = self._t
+        x = t[np.searchsorted(t, starts[0], side="right"):np.searchsorted(t, ends[-1], side="right")]
+        k = np.searchsorted(ends, x, side="left")  # the step each sample is in
+        fits = np.isfinite(stretch_start[k]) & (x - self.window_s >= stretch_start[k] - _WINDOW_SLACK_S)
+        if not fits.any():
+            return
+        x, k = x[fits], k[fits]
+        avg = (self._energy_at(x) - self._energy_at(x - self.window_s)) / self.window_s
+        for epoch in np.unique(step_epoch[k]).tolist():
+            best = float(avg[step_epoch[k] == epoch].max())
+            self._epoch_max_avg[epoch] = max(self._epoch_max_avg.get(epoch, -math.inf), best)
+
     def _trim(self) -> None:
-        # keep what the next moving average and the oldest open step need
+        # keep what the next moving average and the oldest open step need (its 1-s windows reach back one window)
         keep_from = (self._t[-1] - self.window_s - 0.5) if self._t.size else 0.0
         if self._last_end is not None:
-            keep_from = min(keep_from, self._last_end)
+            keep_from = min(keep_from, self._last_end - self.window_s)
         cut = int(np.searchsorted(self._t, keep_from)) - 1
         if cut > 256:
             self._t, self._p, self._e = self._t[cut:], self._p[cut:], self._e[cut:]
@@ -512,11 +555,13 @@ class Accounting:
             energy = sum(s.energy_j for s in steps)
             rec = EpochRecord(e, len(steps), sum(s.samples for s in steps), time_s, energy,
                               energy / time_s if time_s > 0 else math.nan, max(s.peak_w for s in steps),
-                              self._epoch_max_avg)
+                              self._epoch_max_avg.get(e, math.nan))
             self.epochs.append(rec)
             if self._log is not None:
                 self._log.epoch(rec)
-        self._epoch_max_avg = -math.inf
+        for e in [e for e in self._epoch_max_avg if e <= epoch]:
+            del self._epoch_max_avg[e]
+        self._stretch = None  # the next epoch's windows start with its first step
         return rec if rec is not None and rec.epoch == epoch else None
 
     def note_evaluation(self, after_steps: int, metric: str, value: float, t: float) -> None:
