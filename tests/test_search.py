@@ -1283,10 +1283,45 @@ def test_baseline_probes_no_clock_above_the_found_power_modes_cap():
     found = baseline.state(probes).found
     assert found is not None and found.candidate.knobs["gpu_freq"] == 612_000_000
     assert [r.candidate.knobs["gpu_freq"] for r in probes] == [306_000_000, 510_000_000, 612_000_000]
-    # where the mode is not tuned (no caps in the space), every value is probed as before
+    # where the mode is not tuned, the caps of the mode in force: the space holds nothing above them
     untuned = build_space(device, 32, [32, 128], ["gpu_freq"], {})
+    assert max(untuned.knob_values["gpu_freq"]) == 612_000_000 and untuned.found_caps == dict(space.mode_caps)["15W"]
     assert Baseline(untuned, 128, device.settings(), limit_w=10.0).lowered_values() == \
-        list(untuned.knob_values["gpu_freq"])
+        [306_000_000, 408_000_000, 510_000_000, 612_000_000]
+
+
+def test_a_board_found_in_a_mode_it_cannot_leave_searches_and_probes_within_its_caps(tmp_path):
+    """An Orin Nano booted in 7W offers no other mode live (15W gates other TPCs: a reboot), so the power mode is
+    no searched knob; 7W's caps still hold (GPU 408 MHz, CPU 960 MHz, 4 cores): the space stops at them (a value
+    above runs at the cap: the same setting again), and the baseline probes and runs its clocks within them."""
+    from fakes.jetson_tree import build_jetson
+
+    from edgetune.power import jetson
+    from edgetune.search.baseline import Baseline, governed_clocks
+
+    fake = build_jetson(tmp_path / "root", "orin-nano", boot_mode=1)
+    gpu = fake.root / "sys/devices/platform/bus@0/17000000.gpu/devfreq/17000000.gpu"
+    (gpu / "max_freq").write_text("408000000\n")  # what nvpmodel set at boot
+    for policy in ("policy0", "policy4"):
+        (fake.root / f"sys/devices/system/cpu/cpufreq/{policy}/scaling_max_freq").write_text("960000\n")
+    for cpu in ("cpu4", "cpu5"):
+        (fake.root / f"sys/devices/system/cpu/{cpu}/online").write_text("0\n")
+    device = jetson.open(root=fake.root, detect_period_s=0.0)
+    try:
+        assert device.knobs["power_mode"].values == ("7W",)
+        space = build_space(device, 32, [16, 32])
+        values = space.knob_values
+        assert "power_mode" not in space.knob_names and max(values["gpu_freq"]) == 408_000_000
+        assert max(values["cpu_freq"]) == 960_000 and max(values["cpu_cores"]) == 4
+        found = device.settings()
+        runs = governed_clocks(space, found)
+        assert runs["cpu_freq"] == 960_000 and runs["gpu_freq"] == 408_000_000
+        baseline = Baseline(space, 16, runs, limit_w=6.0)
+        assert baseline.lowered_values() == [306_000_000, 408_000_000]
+        first = baseline.state([]).next_probe
+        assert first.knobs["gpu_freq"] == 306_000_000 and first.knobs["cpu_freq"] == 960_000
+    finally:
+        device.close()
 
 
 def test_a_power_limit_baseline_starts_at_the_highest_limit():

@@ -82,7 +82,7 @@ def governed_clocks(space: SearchSpace, found: Mapping[str, KnobValue]) -> dict[
     """
     out = dict(found)
     mode = knob_of_role(space.knob_names, KnobRole.POWER_MODE)
-    caps = dict(space.mode_caps).get(found.get(mode)) if mode is not None else None
+    caps = dict(space.mode_caps).get(found.get(mode)) if mode is not None else space.found_caps
     for name, allowed in space.knobs:
         if reads_running_clock(name) and not isinstance(allowed[0], str):
             out[name] = governed_value(allowed, caps.cap(name) if caps is not None else None)
@@ -126,10 +126,13 @@ class Baseline:
         return values if first is None else values[:first + 1]
 
     def _found_caps(self) -> ModeCaps | None:
-        """What the power mode as found caps (None: no tuned power mode whose caps are known)."""
+        """What the power mode as found caps (None: unknown). A mode not tuned: the mode in force's
+        (:attr:`SearchSpace.found_caps`)."""
         caps = dict(self.space.mode_caps)
         mode = knob_of_role(self.space.knob_names, KnobRole.POWER_MODE)
-        if not caps or mode is None:
+        if mode is None:
+            return self.space.found_caps
+        if not caps:
             return None
         return caps.get(self._grid_candidate(None).knobs[mode])  # as found (the nearest allowed value: class docs)
 

@@ -55,6 +55,10 @@ class SearchSpace:
     it (:class:`~edgetune.power.base.ModeCaps`, from ``nvpmodel.conf`` or the twin's profile): a sampler may
     then treat settings that run the same (a clock set above its mode's cap; a setting two modes of the
     same fixed state both run) as one. Empty: nothing is known, every setting counts as its own.
+
+    ``found_caps``: where the power mode is not tuned (a board that offers only the mode it booted in, or
+    ``space.knobs`` without it), what the mode in force caps, where the device knows it. The space then holds no
+    value above a cap (:func:`build_space`), and the baseline probes and runs its clocks no higher.
     """
 
     batch_sizes: tuple[int, ...]
@@ -62,6 +66,7 @@ class SearchSpace:
     units: tuple[tuple[str, str], ...] = ()
     rows: tuple[Candidate, ...] | None = None  # None: the whole grid; else the only candidates there are
     mode_caps: tuple[tuple[KnobValue, ModeCaps], ...] = ()
+    found_caps: ModeCaps | None = None
 
     @classmethod
     def from_rows(cls, rows: Sequence[Candidate], units: Mapping[str, str] | None = None) -> SearchSpace:
@@ -256,7 +261,30 @@ def build_space(
     units = tuple((name, device.knobs[name].unit) for name in names)
     if device.has(Capability.TABLE_REPLAY):
         return _rows_space(device, bs, dims, dict(units))
-    return SearchSpace(batch_sizes=bs, knobs=tuple(dims), units=units, mode_caps=_mode_caps(device, dims))
+    mode_caps = _mode_caps(device, dims)
+    found_caps = _found_caps(device, names) if not mode_caps else None
+    if found_caps is not None:  # a value above the mode's cap runs at it: the same setting as the cap
+        dims = [(name, _within_cap(found_caps, name, v)) for name, v in dims]
+    return SearchSpace(batch_sizes=bs, knobs=tuple(dims), units=units, mode_caps=mode_caps, found_caps=found_caps)
+
+
+def _found_caps(device: Device, tuned: Sequence[str]) -> ModeCaps | None:
+    """What the power mode in force caps, where the power mode is not tuned and the device knows its caps."""
+    for name, knob in device.knobs.items():
+        if name in KNOBS and KNOBS[name].role.caps_others and name not in tuned:
+            try:
+                return (knob.caps or {}).get(knob.read())
+            except (OSError, ValueError):  # the mode unreadable: its caps unknown, the space as the knobs give it
+                return None
+    return None
+
+
+def _within_cap(caps: ModeCaps, name: str, values: tuple[KnobValue, ...]) -> tuple[KnobValue, ...]:
+    """``values`` (the knob's order, ascending numbers) up to the first at or above ``name``'s cap."""
+    if not values or isinstance(values[0], str):
+        return values
+    first = caps.capped_from(name, values)
+    return values if first is None else values[:first + 1]
 
 
 def _mode_caps(device: Device, dims: list[tuple[str, tuple[KnobValue, ...]]]) -> tuple[tuple[KnobValue, ModeCaps], ...]:
