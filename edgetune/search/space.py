@@ -25,7 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from edgetune.power.base import Capability, Device, KnobValue, KnobValueError, ModeCaps, format_value
+from edgetune.power.base import (
+    Capability,
+    Device,
+    DeviceError,
+    KnobValue,
+    KnobValueError,
+    ModeCaps,
+    format_value,
+)
 from edgetune.power.knobs import KNOBS, Candidate
 
 __all__ = ["Candidate", "SearchSpace", "SpaceError", "build_space", "default_batch_sizes"]
@@ -274,7 +282,7 @@ def _found_caps(device: Device, tuned: Sequence[str]) -> ModeCaps | None:
         if name in KNOBS and KNOBS[name].role.caps_others and name not in tuned:
             try:
                 return (knob.caps or {}).get(knob.read())
-            except (OSError, ValueError):  # the mode unreadable: its caps unknown, the space as the knobs give it
+            except (OSError, ValueError, DeviceError):  # the mode unreadable: caps unknown, the space as the knobs give it
                 return None
     return None
 
