@@ -86,6 +86,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -115,7 +116,7 @@ __all__ = ["Measurement", "MeasurementProtocol", "measure_setting", "rest_settin
 
 _log = get_logger(__name__)
 #: the monitors whose stuck sensor was already reported (once per run: every window after would say it again)
-_STALE_SAID: set[int] = set()
+_STALE_SAID: weakref.WeakSet[PowerMonitor] = weakref.WeakSet()
 
 #: shortest span (s, device clock) of this setting's own power before a trial may be stopped over budget: a
 #: few sensor updates (INA3221: 6.6 ms) and more than one 100-Hz monitor sample, so one noisy reading cannot
@@ -403,8 +404,8 @@ def _check_sensor(device: Device, monitor: PowerMonitor, stats: Any) -> None:
         raise SensorError(f"{device.name}: the power sensor's total ({label}) gave {fault} of training: it is "
                           f"not measuring; check it with `edgetune monitor --device {device.name}` (a rail that "
                           f"reads 0, an energy counter that never moves, as RAPL's on many virtual machines)")
-    if monitor.stale and not device.simulated and id(monitor) not in _STALE_SAID:
-        _STALE_SAID.add(id(monitor))
+    if monitor.stale and not device.simulated and monitor not in _STALE_SAID:
+        _STALE_SAID.add(monitor)
         _log.warning("%s: the power sensor's total (%s) has not changed for seconds while training ran: a stuck "
                      "sensor reads the same on every setting, and the search cannot tell them apart; check it "
                      "with `edgetune monitor --device %s`", device.name, label, device.name)
