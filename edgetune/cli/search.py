@@ -63,11 +63,9 @@ _TARGET_KEYS = ("efficiency.steps_to_target", "efficiency.b_noise", "efficiency.
 
 
 def _given_by(cfg: Config, key: str) -> str | None:
-    """How the user set ``key``: ``--flag`` or ``key in <file>``; None where it is the default."""
-    src = cfg.sources.get(key)
-    if src is None:
-        return None
-    return src if src.startswith("--") else f"{key} in {src}"
+    """How the user set ``key`` (:meth:`Config.label`: ``--flag``, or ``FILE: key``); None where it is the
+    default."""
+    return cfg.label(key) if key in cfg.sources else None
 
 
 def _trace_options(cfg: Config, trace, workload) -> list[str]:
