@@ -69,6 +69,19 @@ def test_sigterm_restores_before_dying(board, tmp_path):
     assert not _state_files(tmp_path)
 
 
+def test_sigterm_says_what_it_could_not_restore_before_dying(board, tmp_path):
+    """A knob file gone when SIGTERM comes: nothing else reports the handler's restore, so it says which knob
+    was not restored and the state file that keeps it, and the process still dies of the signal."""
+    proc = _start_changer(board, tmp_path)
+    (board.gpu / "min_freq").unlink()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM
+    line = next(x for x in err.splitlines() if "SIGTERM: not restored" in x)
+    assert "gpu_freq: cannot read" in line and "run `edgetune restore` once the board is back" in line
+    assert len(_state_files(tmp_path)) == 1
+
+
 def test_sigint_restores(board, tmp_path):
     before = board.knob_state()
     proc = _start_changer(board, tmp_path)

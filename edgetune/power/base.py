@@ -706,6 +706,9 @@ class Device:
                     restored.append(name)
             except RestoreError as exc:
                 failed.append(exc)
+                shown = getattr(self.knobs[name], "shown", None)  # a tracked knob: its tracker remembers it
+                if shown is not None:
+                    shown(exc)
             except DeviceError as exc:  # a knob without a state file: nothing keeps its original
                 failed.append(RestoreError([(name, str(exc))]))
             except Exception as exc:  # noqa: BLE001 - keep restoring the rest

@@ -196,6 +196,7 @@ class RestorableKnob(Knob):
                     self.restore()
                 tail = f"; {self.name} is back at its original value"
             except RestoreError as again:  # says where the original is kept and how to finish
+                self.shown(again)
                 tail = f"; restoring the original failed too: {again}"
             except (DeviceError, OSError, ValueError) as again:
                 tail = f"; restoring the original failed too ({again}); run `edgetune restore`"
@@ -215,12 +216,16 @@ class RestorableKnob(Knob):
         except (DeviceError, OSError, ValueError, TypeError, KeyError) as exc:
             tracker = self.tracker
             kept = str(tracker.path) if tracker is not None and tracker.keeps(self) else None
-            error = RestoreError([(self.name, str(exc))], kept, tracker.identity.spec if tracker else "")
-            if tracker is not None:
-                tracker.raised(error)
-            raise error from None
+            raise RestoreError([(self.name, str(exc))], kept, tracker.identity.spec if tracker else "") from None
         self._forget()
         return True
+
+    def shown(self, error: RestoreError) -> None:
+        """``error`` went to the user (the run's own restore raised it to its caller): the exit's retry, which
+        finds the same failure, does not say it again. The signal handler's restore, which nothing else
+        reports, says it (:func:`_restore_all_active`)."""
+        if self.tracker is not None:
+            self.tracker.raised(error)
 
     def _forget(self) -> None:
         self._changed = False
