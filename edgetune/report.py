@@ -127,8 +127,7 @@ def summary_table(result: SearchResult, workload_spec: str | None = None) -> str
         lines.append(pooled)
     sp = result.speedup
     if sp is not None:
-        cost_ratio = result.objective == "cost" and result.cost is not None  # then sp is the cost ratio
-        lines.append(_cost_gain_line(result, sp) if cost_ratio else _gain_line(result.objective, sp))
+        lines.append(_gain_line(result, sp))
     confirmed = f"; {again} measured again before the pick" if again else ""
     lines.append(f"measured {n} of {result.space.size} settings ({over} over budget, {failed} failed{confirmed}); "
                  f"budget {budget}; stopped: {result.stop_reason}")
@@ -201,26 +200,23 @@ def _no_baseline_why(result: SearchResult) -> str:
     return "none (no probe held the budget)"
 
 
-def _gain_line(objective: str, ratio: float) -> str:
-    """The chosen setting against the baseline, in the objective's own words (``ratio``: baseline over
-    chosen for time and energy, chosen over baseline for throughput; above 1 is better)."""
+def _gain_line(result: SearchResult, ratio: float) -> str:
+    """The chosen setting against the baseline, in the objective's own words (``ratio``: the result's
+    :attr:`~edgetune.search.results.SearchResult.speedup`, in its ``speedup_measure``; above 1 is better). The
+    cost objective's ratio is a cost, with the speedup in time to target beside it: the two differ unless eta is 0."""
+    objective = result.objective
+    change = f"{1.0 - 1.0 / ratio:.0%} less" if ratio >= 1.0 else f"{1.0 / ratio - 1.0:.0%} more"
     if objective == "energy":
-        change = f"{1.0 - 1.0 / ratio:.0%} less" if ratio >= 1.0 else f"{1.0 / ratio - 1.0:.0%} more"
         return f"energy to target vs baseline: {change} energy (baseline / chosen = {ratio:.2f}x)"
     if objective == "throughput":
         return f"throughput vs baseline: {ratio:.2f}x the samples/s"
+    if objective == "cost" and result.cost is not None:
+        cost = result.cost
+        b, c = result.baseline.outcome, result.best.outcome
+        return (f"cost to target vs baseline: {change} cost (baseline / chosen = {ratio:.2f}x; Zeus's cost, "
+                f"eta {cost.eta:g} x energy + {1.0 - cost.eta:g} x {cost.max_power_w:g} W x time); speedup over "
+                f"baseline (time to target): {b.time_to_target_s / c.time_to_target_s:.2f}x")
     return f"speedup over baseline (time to target): {ratio:.2f}x"
-
-
-def _cost_gain_line(result: SearchResult, ratio: float) -> str:
-    """The ``cost`` objective's gain (``ratio``: the baseline's Zeus cost over the chosen one's), labelled a
-    cost, with the speedup in time to target beside it: the two differ unless eta is 0."""
-    cost = result.cost
-    change = f"{1.0 - 1.0 / ratio:.0%} less" if ratio >= 1.0 else f"{1.0 / ratio - 1.0:.0%} more"
-    line = (f"cost to target vs baseline: {change} cost (baseline / chosen = {ratio:.2f}x; Zeus's cost, "
-            f"eta {cost.eta:g} x energy + {1.0 - cost.eta:g} x {cost.max_power_w:g} W x time)")
-    b, c = result.baseline.outcome, result.best.outcome
-    return line + f"; speedup over baseline (time to target): {b.time_to_target_s / c.time_to_target_s:.2f}x"
 
 
 TIME_ENERGY_SIZE_IN = (8, 5.5)  # inches: the scatter, with the legend in a row below it
