@@ -549,8 +549,8 @@ class OnlineTuner:
 
     def _limit_note(self, best: Measurement | None, now: RunState) -> str:
         """Where the space online tuning explores (batch size x the primary knob, the other knobs as found)
-        shows its limit: nothing in it held the budget (``best`` None), or its best held candidate runs the
-        primary knob's highest value well under the budget. Empty otherwise."""
+        shows its limit: nothing in it held the budget (``best`` None), or none was over it and every candidate
+        draws under :data:`LIMIT_HEADROOM` of it (:meth:`_space_top_w`). Empty otherwise."""
         fixed = ", ".join(f"{k}={format_value(v, self._knobs[k].unit)}" for k, v in sorted(now.setting.items())
                           if k != self.primary and k in self._knobs)
         what = f"batch size and {self.primary}" if self.primary else "batch size"
