@@ -82,7 +82,8 @@ def _pooled_pick_line(result: SearchResult) -> str:
         return ""
     m = best.measurement or {}
     judged = judged_power_w(float(m["max_avg_power_w"]), float(m.get("power_se_w") or 0.0), result.guard_sigma or 0.0)
-    return (f"the chosen setting is {len(windows)} windows pooled (trials {', '.join(f'#{r.number}' for r in windows)}): "
+    trials = ", ".join(f"#{r.number}" for r in windows)
+    return (f"the chosen setting is {len(windows)} windows pooled (trials {trials}): "
             f"their mean, {m['max_avg_power_w']:.3f} W with the guard band of the mean ({judged:.3f} W judged), holds "
             f"the limit of {result.limit_w:.3f} W, though window{'s' if len(alone_over) > 1 else ''} "
             f"{', '.join(f'#{n}' for n in alone_over)} alone, with one window's wider band, did not (trials.csv "

@@ -28,9 +28,10 @@ search ends, its contenders are measured again (:attr:`~edgetune.search.records.
 
 The pick is made on the pooled windows (:func:`pool_windows`): the mean of each figure, a setting held the
 budget when the mean of its windows' powers did, judged with the guard band of that mean (a window stopped over
-the budget counts with what it measured until it was stopped: at a setting whose true power sits within the guard band of the budget, one
-window in two may be stopped, and one such window says no more than one that held). Confirmations
-add windows, not settings: ``n_trials`` and the "measured settings" of every report count settings.
+the budget counts with what it measured until it was stopped: at a setting whose true power sits within the
+guard band of the budget, one window in two may be stopped, and one such window says no more than one that
+held). Confirmations add windows, not settings: ``n_trials`` and the "measured settings" of every report count
+settings.
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
 """The search's files: ``best.json`` (the plan ``edgetune run`` and the runtime apply) and ``trials.csv``.
 
 ``best.json`` keys (see DEVELOPERS.md, kept stable): ``device``, ``simulated``, ``workload``, ``budget_w``,
-``objective``, ``batch_size``, ``setting``, ``measured``, ``predicted``, ``baseline``,
-``speedup_over_baseline`` (a ratio of the objective's own measure, which ``speedup_measure`` names: energy
-under ``energy``, Zeus's cost under ``cost``); plus context (study, storage, protocol, target model, trials,
-Pareto front, the workload's step cost, ``untuned_knobs``: the knobs the search left as found, with their values). Every knob
-value carries its unit: ``"setting": {"gpu_freq": {"value": 510000000,
-"unit": "Hz", "text": "510 MHz"}, "cpu_freq": {"value": 806400, "unit": "kHz", "text": "806.4 MHz"}}`` (the
-value in the knob's own unit, :data:`edgetune.power.knobs.KNOBS`, as ``edgetune run --set`` takes it).
-``trials.csv`` has one row per measured trial (every measurement, infeasible ones included); a simulated
-search's rows end with ``simulated``, True.
+``objective``, ``batch_size``, ``setting``, ``measured``, ``predicted``, ``baseline``, ``speedup_over_baseline``
+(a ratio of the objective's own measure, which ``speedup_measure`` names: energy under ``energy``, Zeus's cost
+under ``cost``); plus context (study, storage, protocol, target model, trials, Pareto front, the workload's step
+cost, ``untuned_knobs``: the knobs the search left as found, with their values). Every knob value carries its
+unit: ``"setting": {"gpu_freq": {"value": 510000000, "unit": "Hz", "text": "510 MHz"}, "cpu_freq": {"value":
+806400, "unit": "kHz", "text": "806.4 MHz"}}`` (the value in the knob's own unit,
+:data:`edgetune.power.knobs.KNOBS`, as ``edgetune run --set`` takes it). ``trials.csv`` has one row per measured
+trial (every measurement, infeasible ones included); a simulated search's rows end with ``simulated``, True.
 """
 
 from __future__ import annotations

@@ -282,7 +282,7 @@ def _found_caps(device: Device, tuned: Sequence[str]) -> ModeCaps | None:
         if name in KNOBS and KNOBS[name].role.caps_others and name not in tuned:
             try:
                 return (knob.caps or {}).get(knob.read())
-            except (OSError, ValueError, DeviceError):  # the mode unreadable: caps unknown, the space as the knobs give it
+            except (OSError, ValueError, DeviceError):  # the mode unreadable: caps unknown, the space as given
                 return None
     return None
 

@@ -10,9 +10,10 @@ A column is mapped to a knob of the registry (:data:`edgetune.power.knobs.KNOBS`
 * any of those with a unit suffix (:data:`UNIT_SUFFIXES`: ``_ghz``, ``_mhz``, ``_khz``, ``_hz`` for clocks,
   ``_w``, ``_mw`` for a power limit), converted to the registry's unit (``emc_freq_mhz`` -> ``emc_freq`` in
   Hz, ``cpu_freq_khz`` -> ``cpu_freq`` in kHz). A unit in brackets after the name, as spreadsheets write it
-  (``gpu_freq (MHz)``, ``power_limit [W]``), is the same suffix; a unit edgetune does not read there, on a
-  name of the registry, is refused (on any other name it stays part of a knob with no role). The short stems ``gpu``, ``emc``, ``mem`` and ``cpu`` name a
-  clock only with a frequency suffix (``gpu_mhz``); alone they are too vague.
+  (``gpu_freq (MHz)``, ``power_limit [W]``), is the same suffix; a unit edgetune does not read there, on a name
+  of the registry, is refused (on any other name it stays part of a knob with no role). The short stems ``gpu``,
+  ``emc``, ``mem`` and ``cpu`` name a clock only with a frequency suffix (``gpu_mhz``); alone they are too
+  vague.
 
 Matching ignores case. Every other column is a knob with no role: it keeps its header as its name and the
 hardware model treats it generically. A power suffix on an unknown name (``vdd_in_mw``) is refused: it is
