@@ -1290,7 +1290,7 @@ def test_baseline_probes_no_clock_above_the_found_power_modes_cap():
         [306_000_000, 408_000_000, 510_000_000, 612_000_000]
 
 
-def test_a_board_found_in_a_mode_it_cannot_leave_searches_and_probes_within_its_caps(tmp_path):
+def test_a_board_found_in_a_mode_it_cannot_leave_searches_and_probes_within_its_caps(tmp_path, caplog):
     """An Orin Nano booted in 7W offers no other mode live (15W gates other TPCs: a reboot), so the power mode is
     no searched knob; 7W's caps still hold (GPU 408 MHz, CPU 960 MHz, 4 cores): the space stops at them (a value
     above runs at the cap: the same setting again), and the baseline probes and runs its clocks within them."""
@@ -1320,6 +1320,16 @@ def test_a_board_found_in_a_mode_it_cannot_leave_searches_and_probes_within_its_
         assert baseline.lowered_values() == [306_000_000, 408_000_000]
         first = baseline.state([]).next_probe
         assert first.knobs["gpu_freq"] == 306_000_000 and first.knobs["cpu_freq"] == 960_000
+        # values the user named above the cap are not searched, and the user is told which and why
+        with caplog.at_level("WARNING", logger="edgetune"):
+            named = build_space(device, 32, [16], ["gpu_freq"], {"gpu_freq": ["306MHz", "510MHz", "624.75MHz"]})
+        assert named.knob_values["gpu_freq"] == (306_000_000, 510_000_000)
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == 1 and "gpu_freq 624.75 MHz: above the cap" in warned[0] and "(408 MHz)" in warned[0]
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="edgetune"):
+            build_space(device, 32, [16], ["gpu_freq"])  # the knob's own values: nothing the user named dropped
+        assert not [r for r in caplog.records if r.levelname == "WARNING"]
     finally:
         device.close()
 

@@ -25,10 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from edgetune.log import get_logger
 from edgetune.power.base import (
     Capability,
     Device,
     DeviceError,
+    Knob,
     KnobValue,
     KnobValueError,
     ModeCaps,
@@ -40,6 +42,8 @@ __all__ = ["Candidate", "SearchSpace", "SpaceError", "build_space", "default_bat
 
 BATCH = "batch_size"
 LEVEL = "_level"
+
+_log = get_logger(__name__)
 
 
 class SpaceError(ValueError):
@@ -272,7 +276,11 @@ def build_space(
     mode_caps = _mode_caps(device, dims)
     found_caps = _found_caps(device, names) if not mode_caps else None
     if found_caps is not None:  # a value above the mode's cap runs at it: the same setting as the cap
-        dims = [(name, _within_cap(found_caps, name, v)) for name, v in dims]
+        capped = [(name, _within_cap(found_caps, name, v)) for name, v in dims]
+        for (name, named), (_, kept) in zip(dims, capped):
+            if name in values and len(kept) < len(named):
+                _note_above_cap(device.knobs[name], found_caps, named[len(kept):])
+        dims = capped
     return SearchSpace(batch_sizes=bs, knobs=tuple(dims), units=units, mode_caps=mode_caps, found_caps=found_caps)
 
 
@@ -285,6 +293,17 @@ def _found_caps(device: Device, tuned: Sequence[str]) -> ModeCaps | None:
             except (OSError, ValueError, DeviceError):  # the mode unreadable: caps unknown, the space as given
                 return None
     return None
+
+
+def _note_above_cap(knob: Knob, caps: ModeCaps, dropped: Sequence[KnobValue]) -> None:
+    """Say that values the user named in ``space.values`` are not searched: the power mode in force (not
+    tuned) caps the knob below them, so each would run at the cap, a setting the space already holds."""
+    cap = caps.cap(knob.name)
+    assert cap is not None  # values are dropped only under a cap
+    _log.warning("space.values: %s %s: above the cap of the power mode the board is in (%s), so not searched "
+                 "(each would run at the cap); to search them, tune power_mode too (space.knobs), or boot the "
+                 "board into a higher mode", knob.name, ", ".join(format_value(v, knob.unit) for v in dropped),
+                 format_value(cap, knob.unit))
 
 
 def _within_cap(caps: ModeCaps, name: str, values: tuple[KnobValue, ...]) -> tuple[KnobValue, ...]:
