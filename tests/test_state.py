@@ -91,6 +91,46 @@ def test_sigint_restores(board, tmp_path):
     assert board.knob_state() == before
 
 
+# A run that restores in its own ``finally`` (as `edgetune search` and ``tune()`` do) and reports a failure.
+RESTORING_CHANGER = """
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from edgetune.power import open_device
+from edgetune.power.base import DeviceError
+device = open_device("jetson", detect_period_s=0)
+try:
+    device.apply({"gpu_freq": "408MHz"})
+    print("changed", flush=True)
+    time.sleep(60)
+except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+finally:
+    if sys.argv[1] == "restores":
+        try:
+            device.restore()
+        except DeviceError as exc:
+            print(f"run: {exc}", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("run", ["restores", "swallows"])
+def test_sigint_failing_restore_is_said_once(board, tmp_path, run):
+    """Ctrl-C with a knob file gone: the KeyboardInterrupt unwinds the run through its own restore, which raises
+    the failure to the user; the signal handler does not say it first. A run that swallows the interrupt and
+    restores nothing still hears it, from the exit hook."""
+    proc = subprocess.Popen([sys.executable, "-c", RESTORING_CHANGER, run], env=_env(board, tmp_path), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "changed", proc.stderr.read()
+    (board.gpu / "min_freq").unlink()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    said = [line for line in err.splitlines() if "not restored on jetson: gpu_freq: cannot read" in line]
+    assert len(said) == 1, err
+    assert said[0].startswith("run: " if run == "restores" else "exit: ") and "interrupted" in err
+    assert len(_state_files(tmp_path)) == 1  # kept for `edgetune restore`
+
+
 @pytest.mark.parametrize("command", [["restore"], ["devices"]])
 def test_kill_9_is_recovered_by_next_start(board, tmp_path, command):
     before = board.knob_state()

@@ -8,7 +8,10 @@ Three layers, each covering what the one before cannot:
    restore returns the governor's range rather than pinning the frequency that happened to be current.
 2. While any knob is changed, SIGINT, SIGTERM and SIGHUP handlers (chained to the ones found) and an
    ``atexit`` hook restore the originals; ``Device.restore()`` (normal exit, exceptions through
-   ``with device.restoring()``) does the same and removes the entries.
+   ``with device.restoring()``) does the same and removes the entries. A restore that fails is said once:
+   by the handler for SIGTERM and SIGHUP, which nothing else reports; for SIGINT, which Python turns into a
+   KeyboardInterrupt that unwinds the run, by the run's own restore (or, if the run restores nothing, by
+   the exit hook).
 3. After ``kill -9`` (or a power cut) nothing in-process can run: the state file stays behind, and the
    next ``edgetune`` start - or ``edgetune restore`` - reads it, reopens the same device (platform spec and
    sysfs root are in the file) and writes the originals back, saying so.
@@ -250,14 +253,17 @@ def _say(line: str) -> None:
     _log.warning(line)
 
 
-def _restore_all_active(why: str) -> None:
+def _restore_all_active(why: str, *, say_failures: bool = True) -> None:
+    """Restore every tracked device's changed knobs now, saying what was restored. ``say_failures``: say a
+    restore that failed (the state file stays for recovery either way); False where the program's own restore
+    will raise the same failure to the user (a KeyboardInterrupt unwinding it), so that it is said once."""
     with _lock:
         trackers = list(_active)
     for tracker in trackers:
         try:
             names = tracker.restore_all()
         except RestoreError as exc:  # the file stays for recovery; the line says so
-            if not tracker.told(exc):  # the run's own restore raised this very failure, and the user saw it
+            if say_failures and not tracker.told(exc):  # told: the run's own restore raised it to the user
                 _say(f"{why}: {exc}")
                 tracker.raised(exc)
             continue
@@ -271,7 +277,9 @@ def _restore_all_active(why: str) -> None:
 
 def _handler(signum: int, frame: Any) -> None:
     previous = _previous_handlers.get(signum, signal.SIG_DFL)  # before restoring: that uninstalls
-    _restore_all_active(signal.Signals(signum).name)
+    # Python's SIGINT handler raises KeyboardInterrupt: the program unwinds through its own restore, which
+    # retries a failed knob and raises the failure to the user (and the exit hook says it if nothing does)
+    _restore_all_active(signal.Signals(signum).name, say_failures=previous is not signal.default_int_handler)
     _uninstall_handlers()
     if callable(previous):
         previous(signum, frame)
