@@ -655,6 +655,40 @@ def test_lightning_gradient_accumulation_is_accounted_per_optimizer_step(tmp_pat
     assert s.batch_size == 64 and any("not the plan's 32" in text for _, text in s.events)
 
 
+@pytest.mark.parametrize("board", [True, False])
+def test_processes_sharing_the_machine_are_accounted_by_what_the_sensor_measures(
+        tmp_path, monkeypatch, cnn_cost, caplog, board):
+    """Two DDP processes, local rank 0 tuning. A Jetson's rails measure both: each step counts both processes'
+    samples (energy per sample is the board's over all it trained). The twin models this process's steps
+    alone (as NVML measures one GPU): its own samples, and a warning that the others are not held."""
+    from edgetune.runtime._adapter import _Adapter
+
+    monkeypatch.setenv("EDGETUNE_STATE_DIR", str(tmp_path / "state"))
+    if board:
+        fake = build_jetson(tmp_path / "root", "orin-nano")
+        device = open_device("jetson", root=fake.root, detect_period_s=0)
+    else:
+        device = open_device("sim:orin-nano", seed=0)
+    model, opt, data = mlp()
+    adapter = _Adapter(budget_w=20.0, device=device, cost=cnn_cost, guard=False, print_summary=False)
+    with caplog.at_level("WARNING", logger="edgetune"):
+        adapter._start(model, opt, 32, processes=2)
+    for k in range(4):
+        x = data.tensors[0][32 * k:32 * (k + 1)]
+        adapter._count((x, data.tensors[1][32 * k:32 * (k + 1)]))
+        loss = model(x).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    adapter._stop()
+    device.close()
+    s = adapter.summary
+    warned = [r.getMessage() for r in caplog.records if "training processes" in r.getMessage()]
+    assert s.steps == 4 and s.samples == (2 if board else 1) * 4 * 32
+    assert any("2 training processes share this machine" in text for _, text in s.events) == board
+    assert bool(warned) != board and all("neither tuned nor held to the 20-W budget" in w for w in warned)
+
+
 def test_hf_trainer_callback_applies_the_plan_and_restores(tmp_path, cnn_cost):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")  # the Trainer needs it

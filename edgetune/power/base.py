@@ -548,6 +548,10 @@ class Capability(enum.Enum):
     SKIPS_STEP = "skips_step"
     #: ``sensor.energy_j()`` reads a hardware energy counter.
     ENERGY_COUNTER = "energy_counter"
+    #: the sensor reads the whole machine (a Jetson's board rails, a CPU package's RAPL counters): every
+    #: process training on it draws power it measures. A GPU's own sensor (NVML) reads that GPU alone, and
+    #: the twin models the steps of the process that opened it.
+    WHOLE_MACHINE = "whole_machine"
 
 
 @dataclass(frozen=True)

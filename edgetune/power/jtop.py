@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgetune.power.base import DERIVED_PREFIX, Device, DeviceError, KnobWriteError, PowerReading
+from edgetune.power.base import DERIVED_PREFIX, Capability, Device, DeviceError, KnobWriteError, PowerReading
 from edgetune.power.clock import RealClock
 from edgetune.power.jetson import COMBINED_RAILS, JETSON_COMPUTE, _run_step
 from edgetune.power.jetson.thermal import temperature_reader
@@ -377,7 +377,7 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, interval_s: fl
     temperature = temperature_reader(base) or (lambda: None)
     return Device(name="jtop", description=description, simulated=False, knobs=dict(knobs), sensor=sensor,
                   clock=RealClock(), run_step=_run_step, temperature=temperature, notes=notes, close=close,
-                  backend=backend, compute=JETSON_COMPUTE)
+                  backend=backend, compute=JETSON_COMPUTE, capabilities=frozenset({Capability.WHOLE_MACHINE}))
 
 
 def probe(root: str | os.PathLike | None = None) -> list[PlatformProbe]:

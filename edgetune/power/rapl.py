@@ -191,7 +191,7 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, **_other: Any)
 
     return Device(name="rapl", description=description, simulated=False, knobs=dict(knobs), sensor=sensor,
                   clock=RealClock(), run_step=_run_step, notes=notes, close=close, backend=sensor,
-                  capabilities=frozenset({Capability.ENERGY_COUNTER}))  # energy_uj is the counter itself
+                  capabilities=frozenset({Capability.ENERGY_COUNTER, Capability.WHOLE_MACHINE}))  # energy_uj: the counter
 
 
 def probe(root: str | os.PathLike | None = None) -> list[PlatformProbe]:

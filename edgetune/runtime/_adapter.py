@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from edgetune.log import get_logger
+from edgetune.power.base import Capability
 from edgetune.runtime.api import tune
 from edgetune.runtime.controller import Tuner
 from edgetune.runtime.plan import load_plan
@@ -91,8 +92,25 @@ class _Adapter:
         if resumed_at:
             tuner._event(f"resumed from a checkpoint at step {resumed_at}: steps are counted from there")
         if processes > 1:
+            self._shared_by(tuner, processes)
+
+    @staticmethod
+    def _shared_by(tuner: Tuner, processes: int) -> None:
+        """``processes`` train on this machine (DDP), each on a batch of the tuner's size; this one (local rank
+        0) tunes. A sensor of the whole machine (a Jetson's rails, RAPL) measures them all, so each step trains
+        ``processes`` times this process's samples; a GPU's own sensor (NVML) measures this process's GPU alone,
+        and the others' GPUs are neither tuned nor held to the budget: a warning says so."""
+        device = tuner.device
+        if device.has(Capability.WHOLE_MACHINE):
+            tuner._processes_measured = processes
             tuner._event(f"{processes} training processes share this machine: this one (local rank 0) tunes the "
-                         f"board and accounts its own samples; the power measured is the board's")
+                         f"board; its power is theirs, so each step counts {processes} times this process's "
+                         f"samples (each trains the same batch, as DDP does)")
+            return
+        _log.warning("%d training processes on this machine: this one (local rank 0) tunes and measures %s alone; "
+                     "the other processes' devices are neither tuned nor held to the %g-W budget, and the energy "
+                     "per sample is %s's over this process's samples", processes, device.name, tuner.budget_w,
+                     device.name)
 
     def _follow_only(self) -> None:
         """This process trains but does not tune (local rank > 0): it follows the target alone, from the same

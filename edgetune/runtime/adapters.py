@@ -33,8 +33,10 @@ framework's learning-rate schedulers are given to the tuner (``tune(schedulers=.
 rate (``lr_batch_size``, the guard's batch moves) scales their ``base_lrs`` too, or they would undo it.
 
 In several processes on one machine (DDP, ``torchrun``), only the first process of the machine (local rank 0)
-tunes: the board has one set of knobs. It accounts its own samples, and the events say how many processes
-share the board.
+tunes: the board has one set of knobs. Where its sensor measures the whole machine (a Jetson's rails, RAPL),
+each step counts every process's samples (each trains the same batch, as DDP does), and the events say so;
+where it measures one GPU (NVML), the other processes' GPUs are neither tuned nor held to the budget, and a
+warning says so.
 
 Hugging Face::
 

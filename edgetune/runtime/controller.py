@@ -211,6 +211,9 @@ class Tuner:
         self.epoch = 0
         self._batch_size = batch_size or 0
         self._step_batches: list[int] = []  # samples of each batch of the step in progress (count_samples)
+        #: training processes whose steps the device's power measures, each training what this one does (a
+        #: board's sensor under DDP): the accounting counts this process's samples that many times
+        self._processes_measured = 1
         self.setting: dict[str, KnobValue] = {}
         self._cost_meter: CostMeter | None = None
         self._first_batch_bytes = 0.0
@@ -788,7 +791,7 @@ class Tuner:
             return
         t = self.device.clock.now()
         self.steps += 1
-        self.accounting.mark_step(t, b, self._setting_label(), self.epoch, samples)
+        self.accounting.mark_step(t, b, self._setting_label(), self.epoch, samples * self._processes_measured)
         if self.online is not None:
             with self._lock:  # the guard's thread may move the online tuner too (real clock)
                 self._follow(self.online.after_step(RunState(t, self.batch_size, self.budget_w, dict(self.setting))))

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgetune.power.base import ComputeDevice, Device, DeviceError, KnobWriteError
+from edgetune.power.base import Capability, ComputeDevice, Device, DeviceError, KnobWriteError
 from edgetune.power.clock import RealClock
 from edgetune.power.cuda_order import cuda_step_runner
 from edgetune.power.jetson.board import JETPACK, MODULES, BoardInfo, detect_board
@@ -194,7 +194,7 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, detect_period_
         notes=notes,
         close=close,
         backend=backend,
-        capabilities=frozenset(),  # real clock, real steps; the INA3221 keeps no energy counter
+        capabilities=frozenset({Capability.WHOLE_MACHINE}),  # the INA3221 keeps no energy counter
         compute=JETSON_COMPUTE,
     )
 
