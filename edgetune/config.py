@@ -372,8 +372,9 @@ class SearchSection:
     study_name: str = _key("", _text(nonempty=False), "study name; the same storage and name resume a study",
                            default_text="<device>-<workload>-<budget>W-<objective>",
                            flag=Flag("--study-name", group=SEARCH))
-    patience: int = _key(12, _integer(0), "stop after this many trials without an improvement larger than "
-                         "the margin (0: never)", flag=Flag("--patience", _flag_int, group=SEARCH))
+    patience: int = _key(12, _integer(0), "with --sampler tpe, gp or random: stop after this many trials "
+                         "without an improvement larger than the margin (0: never); the guided sampler stops by "
+                         "its own rule", flag=Flag("--patience", _flag_int, group=SEARCH))
     margin: float = _key(0.01, _number(0.0, MAX_MARGIN), "improvement that counts, as a fraction of the best",
                          flag=Flag("--margin", _flag_number, group=SEARCH))
     timeout_s: float = _key(0.0, _number(0.0, unit="seconds"), "stop starting trials after this many seconds "
@@ -448,7 +449,7 @@ class Config:
     """
 
     device: str = _key("auto", _text(), "auto, sim:<profile> (sim:orin-nano, sim:orin-agx ...), jetson, "
-                       "nvml[:i], rapl, trace:<table.csv>", flag=Flag("--device", group=TUNE))
+                       "jtop, nvml[:i], rapl, trace:<table.csv>", flag=Flag("--device", group=TUNE))
     torch_device: str = _key("auto", _text(), "where training runs: auto (the GPU the device measures; the CPU "
                              "for rapl, sim: and trace:), or a torch device: cpu, cuda, cuda:<n>",
                              flag=Flag("--torch-device", group=TUNE))

@@ -120,7 +120,7 @@ def load_plan(path: str | os.PathLike) -> Plan:
     try:
         raw = json.loads(p.read_text())
     except FileNotFoundError:
-        raise PlanError(f"plan {p}: no such file; run `edgetune search ... --out DIR` and pass DIR/best.json") from None
+        raise PlanError(f"plan {p}: no such file; run `edgetune search ... --output DIR` and pass DIR/best.json") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PlanError(f"plan {p}: not readable JSON ({exc}); pass the best.json that edgetune search wrote") from None
     if not isinstance(raw, dict):
