@@ -314,3 +314,31 @@ def test_a_mig_instance_is_refused_in_one_line(fake_nvml, monkeypatch):
         open_device("nvml")
     assert "\n" not in str(err.value) and "names a MIG instance (MIG-4e0a7f1c" in str(err.value)
     assert str(err.value).endswith("give edgetune a whole GPU (its index or GPU- UUID)")
+
+
+def test_auto_and_nvml_open_the_gpu_the_model_trains_on(fake_nvml, monkeypatch):
+    """``device="nvml"``, and ``auto`` where it picks an NVIDIA GPU, follow the model: a process training on
+    cuda:1 (one of several GPUs, a DDP rank) measures and tunes nvml:1, not the first GPU. A GPU the user
+    numbered, a UUID (CUDA's numbering unknown) and other platforms are opened as given."""
+    import torch
+
+    from edgetune.runtime.board import model_gpu_spec
+    from edgetune.runtime.controller import device_spec
+
+    fake_nvml([a100(), h100(), rtx_a6000()])
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    cuda1 = torch.device("cuda", 1)
+    assert device_spec("auto", cuda1) == ("nvml:1", True)
+    assert device_spec("nvml", cuda1) == ("nvml:1", True)
+    assert device_spec("auto", torch.device("cpu")) == ("nvml:0", False)  # as auto picks it
+    assert device_spec("nvml", None) == ("nvml", False)
+    assert device_spec("nvml:2", cuda1) == ("nvml:2", False)  # the user's number
+    assert device_spec("sim:orin-nano", cuda1) == ("sim:orin-nano", False)
+    device = open_device(device_spec("auto", cuda1)[0])
+    assert "H100" in device.description and device.compute.torch_device == "cuda:1"
+    device.close()
+    assert model_gpu_spec(f"nvml:{h100()['uuid']}", cuda1) is None
+    assert model_gpu_spec("jetson", torch.device("cuda", 0)) is None
+    monkeypatch.delenv("CUDA_DEVICE_ORDER")  # unlike GPUs, CUDA's own order: auto names them by UUID
+    fake_nvml([rtx_a6000(), h100()])
+    assert device_spec("auto", cuda1) == (f"nvml:{rtx_a6000()['uuid']}", False)

@@ -14,7 +14,7 @@ import torch
 from edgetune.log import get_logger
 from edgetune.power.base import Capability
 from edgetune.runtime.api import tune
-from edgetune.runtime.controller import Tuner
+from edgetune.runtime.controller import Tuner, device_spec
 from edgetune.runtime.plan import load_plan
 from edgetune.runtime.target import TargetTracker
 
@@ -71,13 +71,21 @@ class _Adapter:
         self._follower: TargetTracker | None = None
 
     def _start(self, model: torch.nn.Module, optimizer: Any, batch_size: int | None, *,
-               schedulers: Iterable[Any] = (), resumed_at: int = 0, processes: int = 1) -> None:
+               schedulers: Iterable[Any] = (), resumed_at: int = 0, processes: int = 1, local_rank: int = 0) -> None:
         """Open the tuner. ``schedulers``: the framework's learning-rate schedulers, scaled with the optimizer
         (``lr_batch_size``, the guard's batch moves); ``resumed_at``: the optimizer steps a checkpoint resumed
-        from (0: a fresh run); ``processes``: the training processes sharing this machine."""
+        from (0: a fresh run); ``processes``: the training processes sharing this machine; ``local_rank``: this
+        one's (above 0 only where it tunes its own GPU, :meth:`_tunes_own_gpu`: local rank 0 records the run,
+        and a ``log=`` file gets the rank in its name)."""
         if self.tuner is not None:  # a train() that ended on an exception the framework gave no hook for
             self._stop()
         options = dict(self.options)
+        if local_rank:
+            options["runs_file"] = None
+            if options.get("log") is not None:
+                log = os.fspath(options["log"])
+                stem, dot, ext = log.rpartition(".")
+                options["log"] = f"{stem}.rank{local_rank}.{ext}" if dot else f"{log}.rank{local_rank}"
         if resumed_at and options.get("runs_file") is not None:
             _log.warning("this run resumes from a checkpoint at step %d: its steps to the target did not start at "
                          "zero, so it is not recorded in %s", resumed_at, os.fspath(options["runs_file"]))
@@ -92,15 +100,29 @@ class _Adapter:
         if resumed_at:
             tuner._event(f"resumed from a checkpoint at step {resumed_at}: steps are counted from there")
         if processes > 1:
-            self._shared_by(tuner, processes)
+            self._shared_by(tuner, processes, own_gpu=self._tunes_own_gpu(model))
+
+    def _tunes_own_gpu(self, model: torch.nn.Module | None) -> bool:
+        """Whether this process's tuner takes the GPU its model trains on (``device="nvml"``, or ``auto``
+        picking an NVIDIA GPU: :func:`~edgetune.runtime.controller.device_spec`); then every process on the
+        machine tunes its own GPU, where a board's knobs are local rank 0's alone."""
+        if not isinstance(self.device, str) or model is None:
+            return False
+        on = next((p.device for p in model.parameters()), None)
+        return device_spec(self.device, on, **(self.options.get("device_options") or {}))[1]
 
     @staticmethod
-    def _shared_by(tuner: Tuner, processes: int) -> None:
-        """``processes`` train on this machine (DDP), each on a batch of the tuner's size; this one (local rank
-        0) tunes. A sensor of the whole machine (a Jetson's rails, RAPL) measures them all, so each step trains
-        ``processes`` times this process's samples; a GPU's own sensor (NVML) measures this process's GPU alone,
-        and the others' GPUs are neither tuned nor held to the budget: a warning says so."""
+    def _shared_by(tuner: Tuner, processes: int, *, own_gpu: bool = False) -> None:
+        """``processes`` train on this machine (DDP), each on a batch of the tuner's size. Where each tunes its
+        own GPU (``own_gpu``) the budget holds each GPU; else this one (local rank 0) tunes. A sensor of the
+        whole machine (a Jetson's rails, RAPL) measures them all, so each step trains ``processes`` times this
+        process's samples; a GPU this process names by number (``nvml:0``) measures that GPU alone, and the
+        others' GPUs are neither tuned nor held to the budget: a warning says so."""
         device = tuner.device
+        if own_gpu:
+            tuner._event(f"{processes} training processes on this machine: each tunes and measures the GPU it "
+                         f"trains on under the {tuner.budget_w:g}-W budget (this one: {device.name})")
+            return
         if device.has(Capability.WHOLE_MACHINE):
             tuner._processes_measured = processes
             tuner._event(f"{processes} training processes share this machine: this one (local rank 0) tunes the "
@@ -109,8 +131,8 @@ class _Adapter:
             return
         _log.warning("%d training processes on this machine: this one (local rank 0) tunes and measures %s alone; "
                      "the other processes' devices are neither tuned nor held to the %g-W budget, and the energy "
-                     "per sample is %s's over this process's samples", processes, device.name, tuner.budget_w,
-                     device.name)
+                     "per sample is %s's over this process's samples (with device='nvml' each process tunes "
+                     "the GPU it trains on)", processes, device.name, tuner.budget_w, device.name)
 
     def _follow_only(self) -> None:
         """This process trains but does not tune (local rank > 0): it follows the target alone, from the same

@@ -34,6 +34,7 @@ class HFTunerCallback(_Adapter, TrainerCallback):
         super().__init__(**kwargs)
         self._waiting: tuple[Any, Any, Any] | None = None
         self._hook: Any = None
+        self._local_rank = 0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        lr_scheduler: Any = None, **kw: Any) -> None:
@@ -41,8 +42,9 @@ class HFTunerCallback(_Adapter, TrainerCallback):
             raise RuntimeError("the Trainer passed no optimizer to its callbacks; edgetune needs it to mark steps")
         self._stop()  # a tuner left open by a train() that ended on an exception (the Trainer has no hook for it)
         # the tuner opens at the first step, so an evaluation the Trainer runs first (eval_on_start) is no step
-        if state.is_local_process_zero:
+        if state.is_local_process_zero or self._tunes_own_gpu(model):
             self._waiting = (model, optimizer, lr_scheduler)
+            self._local_rank = args.local_process_index
         else:  # one tuner per board; the Trainer's evaluation metrics are the same in every process
             self._waiting = None
             self._follow_only()
@@ -56,7 +58,7 @@ class HFTunerCallback(_Adapter, TrainerCallback):
         # arguments', not the state's, which a checkpoint resumed from replaces
         per_step = args.train_batch_size * max(1, args.gradient_accumulation_steps)
         self._start(model, optimizer, per_step, schedulers=[scheduler] if scheduler is not None else [],
-                    resumed_at=state.global_step, processes=_local_processes())
+                    resumed_at=state.global_step, processes=_local_processes(), local_rank=self._local_rank)
         if model is not None:  # each training forward pass is a micro-batch: its samples are the step's
             self._hook = model.register_forward_pre_hook(self._forward, with_kwargs=True)
 

@@ -46,7 +46,8 @@ class LightningTunerCallback(_Adapter, pl.Callback):
                     holder.batch_size = self.plan.batch_size
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        if trainer.local_rank != 0:  # one tuner per board: the machine's first process
+        rank = trainer.local_rank
+        if rank != 0 and not self._tunes_own_gpu(pl_module):  # one tuner per board: the machine's first process
             self._follow_only()
             return
         holder = trainer.datamodule if getattr(trainer.datamodule, "batch_size", None) else pl_module
@@ -56,7 +57,7 @@ class LightningTunerCallback(_Adapter, pl.Callback):
         # a step is an optimizer step: with gradient accumulation it takes that many batches
         self._start(pl_module, trainer.optimizers[0], per_batch * _accumulation(trainer) if per_batch else None,
                     schedulers=[config.scheduler for config in trainer.lr_scheduler_configs],
-                    resumed_at=trainer.global_step, processes=trainer.num_devices)
+                    resumed_at=trainer.global_step, processes=trainer.num_devices, local_rank=rank)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         per_batch = getattr(self, "_per_batch", None)

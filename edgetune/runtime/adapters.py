@@ -33,10 +33,12 @@ framework's learning-rate schedulers are given to the tuner (``tune(schedulers=.
 rate (``lr_batch_size``, the guard's batch moves) scales their ``base_lrs`` too, or they would undo it.
 
 In several processes on one machine (DDP, ``torchrun``), only the first process of the machine (local rank 0)
-tunes: the board has one set of knobs. Where its sensor measures the whole machine (a Jetson's rails, RAPL),
-each step counts every process's samples (each trains the same batch, as DDP does), and the events say so;
-where it measures one GPU (NVML), the other processes' GPUs are neither tuned nor held to the budget, and a
-warning says so.
+tunes a board: it has one set of knobs. Where its sensor measures the whole machine (a Jetson's rails, RAPL),
+each step counts every process's samples (each trains the same batch, as DDP does), and the events say so.
+With ``device="nvml"``, or ``auto`` picking an NVIDIA GPU, every process tunes the GPU its model trains on,
+each held to the budget; local rank 0 alone records the run in ``runs_file``, and a ``log=`` file gets each
+other rank's number in its name (``steps.rank1.csv``). A GPU named by number (``nvml:0``) is local rank 0's
+alone: the other processes' GPUs are neither tuned nor held to the budget, and a warning says so.
 
 Hugging Face::
 

@@ -14,7 +14,7 @@ import torch
 from edgetune.power.base import Device, KnobValue
 from edgetune.power.knobs import KnobRole, governed_value, knob_of_role, reads_running_clock
 
-__all__ = ["governed_setting", "placement_warning"]
+__all__ = ["governed_setting", "model_gpu_spec", "placement_warning"]
 
 
 def governed_setting(device: Device, setting: Mapping[str, KnobValue],
@@ -51,3 +51,18 @@ def placement_warning(model_device: torch.device | None, device: Device) -> str 
     return (f"the model is on {model_device}, but {device.name} measures {measured}: move it there before tune() "
             f"(model.to({measured!r})), or open the device that measures {model_device}; the power measured is not "
             f"the training's")
+
+
+def model_gpu_spec(spec: str, model_device: torch.device | None) -> str | None:
+    """The GPU a model on ``model_device`` trains on, as a device spec, for an NVIDIA GPU ``spec`` that the
+    user did not number (``nvml``, or the ``nvml:<k>`` that ``auto`` picked): ``nvml:<k>`` for a model on
+    ``cuda:<k>`` (``nvml:<k>`` is the GPU torch calls ``cuda:<k>``), so that a process training on one of
+    several GPUs, a DDP rank among them, measures and tunes its own. None for any other platform, a GPU named
+    by UUID (CUDA's numbering unknown), or a model not on a CUDA GPU."""
+    platform, _, arg = spec.partition(":")
+    if platform != "nvml" or not (arg == "" or arg.isdigit()):
+        return None
+    if model_device is None or model_device.type != "cuda":
+        return None
+    index = model_device.index if model_device.index is not None else torch.cuda.current_device()
+    return f"nvml:{index}"

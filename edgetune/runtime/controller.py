@@ -68,7 +68,7 @@ from edgetune.power.clock import VirtualClock
 from edgetune.power.knobs import Candidate, check_batch_size, reads_running_clock
 from edgetune.power.monitor import PowerMonitor
 from edgetune.runtime.accounting import Accounting, RunSummary, SampleTap
-from edgetune.runtime.board import governed_setting, placement_warning
+from edgetune.runtime.board import governed_setting, model_gpu_spec, placement_warning
 from edgetune.runtime.budget import BudgetSource, check_watts
 from edgetune.runtime.guard import Decision, GuardMove, Observation, build_ladder, frequency_prior
 from edgetune.runtime.ladder_guard import LadderGuard
@@ -102,7 +102,7 @@ from edgetune.workloads import CostMeter
 from edgetune.workloads.cost import recompile_after_counting
 
 # Plan, PlanError and load_plan live in edgetune.runtime.plan; importing them from here keeps working
-__all__ = ["Plan", "PlanError", "Tuner", "load_plan"]
+__all__ = ["Plan", "PlanError", "Tuner", "device_spec", "load_plan"]
 
 _log = get_logger(__name__)
 
@@ -122,6 +122,22 @@ UNKNOWN_TOP_POWER_BUDGETS = 1.5
 ACCOUNTING_PERIOD_S = 1.0
 #: FLOP per MFLOP, for the event that reports the measured step cost
 _FLOP_PER_MFLOP = 1e6
+
+
+def device_spec(spec: str, model_device: torch.device | None, **options: Any) -> tuple[str, bool]:
+    """The device spec ``tune(device=spec)`` opens for a model on ``model_device``, and whether it is the
+    model's own GPU (:func:`~edgetune.runtime.board.model_gpu_spec`: ``nvml``, and ``auto`` where it picks
+    an NVIDIA GPU, name the GPU the model trains on). ``auto`` is resolved by
+    :func:`~edgetune.power.registry.choose_auto` (``options`` as for ``open_device``)."""
+    from edgetune.power.registry import choose_auto
+
+    spec = (spec or "auto").strip()
+    if spec == "auto":
+        spec = choose_auto(**options).spec
+    elif spec != "nvml":  # a GPU the user numbered, a board, the twin: as given
+        return spec, False
+    own = model_gpu_spec(spec, model_device)
+    return (own, True) if own is not None else (spec, False)
 
 
 def _noop() -> None:
@@ -362,7 +378,8 @@ class Tuner:
         if isinstance(self._device_arg, Device):
             self.device = self._device_arg
         else:
-            self.device = open_device(self._device_arg, **self._device_options)
+            spec, _ = device_spec(self._device_arg, self._model_device(), **self._device_options)
+            self.device = open_device(spec, **self._device_options)
             self._owns_device = True
         try:
             self._enter()
