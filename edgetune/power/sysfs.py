@@ -34,6 +34,7 @@ __all__ = [
     "knob_read_error",
     "read_int",
     "read_knob",
+    "read_knob_text",
     "read_text",
     "sysfs_root",
     "writable",
@@ -94,25 +95,38 @@ def _os_reason(exc: OSError) -> str:
     return f"{errno.errorcode.get(exc.errno or 0, 'error')}: {reason}"
 
 
-def read_knob(path: Path, what: str) -> int:
+def read_knob(path: Path, what: str, fix: str = BOARD_FIX) -> int:
     """A knob file's integer value, as :func:`read_int`; a :class:`DeviceError` with one line naming the knob,
     the file and the fix where it cannot be read (missing, a directory, no permission, EIO) or reads no number.
 
-    ``what`` names the knob in the user's words (``gpu_freq``).
+    ``what`` names the knob in the user's words (``gpu_freq``); ``fix`` is the way out of a file that is gone
+    or reads nonsense (a permission problem always gets :data:`ROOT_FIX`).
     """
     try:
-        return read_int(path)
-    except (OSError, ValueError) as exc:
-        raise knob_read_error(path, what, exc) from None
+        return parse_int(read_knob_text(path, what, fix), path)
+    except ValueError as exc:
+        raise knob_read_error(path, what, exc, fix) from None
 
 
-def knob_read_error(path: Path, what: str, exc: OSError | ValueError) -> DeviceError:
-    """The one-line error for a knob file that :func:`read_int` could not read (``exc``)."""
+def read_knob_text(path: Path, what: str, fix: str = BOARD_FIX) -> str:
+    """A board file's text, as :func:`read_text`; where it cannot be read, the one-line :class:`DeviceError`
+    of :func:`read_knob` (for files that hold more than one number: a frequency table, nvpmodel's files, a
+    rail's label). ``what`` names what the file is for in the user's words (``power_mode``, ``power rail
+    VDD_IN``)."""
+    try:
+        return read_text(path)
+    except OSError as exc:
+        raise knob_read_error(path, what, exc, fix) from None
+
+
+def knob_read_error(path: Path, what: str, exc: OSError | ValueError, fix: str = BOARD_FIX) -> DeviceError:
+    """The one-line error for a board file that :func:`read_int` (or a :class:`FastReader`) could not read
+    (``exc``), with ``fix`` for a file that is gone or reads nonsense."""
     if isinstance(exc, PermissionError):
         return DeviceError(f"{what}: no permission to read {path}; {ROOT_FIX}")
     if isinstance(exc, OSError):
-        return DeviceError(f"{what}: cannot read {path} ({_os_reason(exc)}); {BOARD_FIX}")
-    return DeviceError(f"{what}: {exc}; {BOARD_FIX}")  # parse_int's line names the file and the text
+        return DeviceError(f"{what}: cannot read {path} ({_os_reason(exc)}); {fix}")
+    return DeviceError(f"{what}: {exc}; {fix}")  # parse_int's line names the file and the text
 
 
 def writable(path: Path) -> bool:
@@ -161,6 +175,7 @@ class FastReader:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._fd = -1  # closed, should the open fail: __del__ then has nothing to close
         self._fd = os.open(path, os.O_RDONLY)
 
     def _raw(self) -> bytes:
