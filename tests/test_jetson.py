@@ -6,7 +6,7 @@ import itertools
 from pathlib import Path
 
 import pytest
-from fakes.jetson_tree import BOARDS, CPU_KHZ, GPU_HZ, build_jetson
+from fakes.jetson_tree import BOARDS, CPU_KHZ, GPU_HZ, break_file, build_jetson
 
 from edgetune.power import PowerMonitor, VirtualClock, jetson, open_device, probe_platforms, sysfs
 from edgetune.power.base import Capability, DeviceError, KnobValueError, KnobWriteError, RestoreError
@@ -609,3 +609,51 @@ def test_a_knob_file_turned_directory_mid_search_is_one_line_and_restored_once_b
 def test_a_write_to_a_vanished_knob_file_says_so_not_that_the_kernel_rejected_it(tmp_path):
     with pytest.raises(KnobWriteError, match=r"^gpu_freq: cannot write 5 to .*max_freq \(ENOENT: .*\); check that"):
         sysfs.write_checked(tmp_path / "max_freq", 5, "gpu_freq")
+
+
+# ---------------------------------------------------------------------------------- files read at open
+
+
+def test_an_nvpmodel_conf_that_cannot_be_read_is_one_line_naming_it(tmp_path):
+    fake = build_jetson(tmp_path / "root", "xavier-nx")
+    conf = fake.root / "etc/nvpmodel.conf"
+    break_file(conf, "directory")
+    with pytest.raises(DeviceError) as raised:
+        _open(fake)
+    assert str(raised.value) == (f"power_mode: cannot read {conf} (EISDIR: Is a directory); reinstall L4T's "
+                                 f"nvpmodel (`sudo apt install --reinstall nvidia-l4t-nvpmodel`)")
+
+
+@pytest.mark.parametrize(("how", "said"), [
+    ("missing", "usr/sbin/nvpmodel found but no /etc/nvpmodel.conf"),
+    ("N/A\n", "etc/nvpmodel.conf has no < POWER_MODEL ID=n NAME=... > block")])
+def test_an_nvpmodel_conf_gone_or_without_modes_says_why_power_mode_is_not_tunable(tmp_path, how, said):
+    fake = build_jetson(tmp_path / "root", "xavier-nx")
+    break_file(fake.root / "etc/nvpmodel.conf", how)
+    device = _open(fake)
+    assert "power_mode" not in device.knobs  # the other knobs and the rails are all there
+    assert set(device.knobs) == {"gpu_freq", "cpu_freq", "cpu_cores", "emc_freq"}
+    (note,) = [n for n in device.notes if n.startswith("power_mode not tunable: ")]
+    assert said in note and note.endswith("; reinstall L4T's nvpmodel (`sudo apt install --reinstall "
+                                          "nvidia-l4t-nvpmodel`)")
+    device.close()
+
+
+def test_an_nvpmodel_status_file_that_cannot_be_read_is_one_line_and_no_knob_changes(tmp_path):
+    fake = build_jetson(tmp_path / "root", "xavier-nx")
+    status = fake.root / "var/lib/nvpmodel/status"
+    before, kept = fake.knob_state(), status.read_bytes()
+    break_file(status, "directory")
+    device = _open(fake)  # the monitor needs no power mode: the board opens
+    said = (f"power_mode: cannot read {status} (EISDIR: Is a directory); nvpmodel keeps the board's mode "
+            f"there; check it with `sudo nvpmodel -q`")
+    with pytest.raises(DeviceError) as raised:
+        device.knobs["power_mode"].read()
+    assert str(raised.value) == said
+    with pytest.raises(DeviceError) as raised:  # its original cannot be kept: no knob is written
+        device.apply({"power_mode": "MODE_15W_2CORE", "gpu_freq": "min"})
+    assert str(raised.value) == said
+    device.close()
+    status.rmdir()
+    status.write_bytes(kept)
+    assert fake.knob_state() == before

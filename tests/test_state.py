@@ -356,6 +356,27 @@ def test_restore_defaults_on_nvml_unlocks_clocks_and_sets_the_default_power_limi
     assert (after["locked_gpu_mhz"], after["locked_mem_mhz"], after["limit_mw"]) == (0, 0, 300_000)
 
 
+def test_restore_with_an_nvpmodel_conf_that_cannot_be_read_exits_1_with_one_line_and_keeps_the_state(board,
+                                                                                                  tmp_path):
+    before = board.knob_state()
+    path = _leave_state_behind(board, tmp_path)
+    conf = board.root / "etc/nvpmodel.conf"
+    text = conf.read_text()
+    conf.unlink()
+    conf.mkdir()  # as a failing update might leave it
+    done = _restore(board, tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    first, last = done.stdout.strip().splitlines()
+    assert f"power_mode: cannot read {conf} (EISDIR: Is a directory); reinstall L4T's nvpmodel" in first
+    assert first.endswith(f"state file kept at {path}") and path.exists()
+    assert last.startswith("may still be changed on jetson: ")
+    conf.rmdir()
+    conf.write_text(text)  # the board is back: the next restore finishes
+    done = _restore(board, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert board.knob_state() == before and not path.exists()
+
+
 # ------------------------------------------------------------------------------------------ a board that fails
 
 

@@ -414,6 +414,16 @@ else:
 '''
 
 
+def break_file(path: Path, how: str) -> None:
+    """A board file as a failing or changed driver leaves it: ``missing``, a ``directory``, or ``how`` as its
+    text (garbage: ``"N/A"``, empty)."""
+    path.unlink()
+    if how == "directory":
+        path.mkdir()
+    elif how != "missing":
+        path.write_text(how)
+
+
 def reject_writes(path: Path) -> None:
     """Make writes to ``path`` fail as a kernel refusal does (a link to /dev/full: ENOSPC)."""
     path.unlink()

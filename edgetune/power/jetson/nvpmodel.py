@@ -31,10 +31,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from edgetune.power.base import Knob, KnobValue, KnobWriteError, ModeCaps, largest_at_most
+from edgetune.power.base import DeviceError, Knob, KnobValue, KnobWriteError, ModeCaps, largest_at_most
 from edgetune.power.knobs import knob_unit
 from edgetune.power.state import RestorableKnob, StateTracker
-from edgetune.power.sysfs import ROOT_FIX, first_existing, is_root, read_text
+from edgetune.power.sysfs import ROOT_FIX, first_existing, is_root, knob_read_error, read_knob_text, read_text
 
 __all__ = ["PG_MASK", "mode_caps", "pg_masks", "power_mode_knob"]
 
@@ -46,6 +46,11 @@ _SHOWN_CHARS = 60
 PG_MASK = "TPC_PG_MASK"
 #: What nvpmodel prints where a mode needs a reboot.
 _REBOOT_REQUIRED = "reboot required"
+#: The fix for an nvpmodel.conf that is gone or cannot be read: L4T's package installs it (a link to the
+#: module's own conf).
+CONF_FIX = "reinstall L4T's nvpmodel (`sudo apt install --reinstall nvidia-l4t-nvpmodel`)"
+#: The fix for nvpmodel's status file that cannot be read: nvpmodel writes it at every mode change.
+STATUS_FIX = "nvpmodel keeps the board's mode there; check it with `sudo nvpmodel -q`"
 
 _MODE_LINE = re.compile(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=([^\s>]+)")
 _DEFAULT_MODE_LINE = re.compile(r"<\s*PM_CONFIG\s+DEFAULT=(\d+)")
@@ -157,12 +162,16 @@ def power_mode_knob(root: Path, tracker: StateTracker, others: Mapping[str, Knob
     """
     conf = first_existing(root / p for p in ("etc/nvpmodel.conf", "etc/nvpmodel/nvpmodel.conf"))
     binary = first_existing(root / p for p in ("usr/sbin/nvpmodel", "usr/bin/nvpmodel"))
-    if conf is None or binary is None:
+    if conf is None and binary is None:  # no nvpmodel on this board or tree
         return None, []
-    conf_text = conf.read_text(errors="replace")
+    if conf is None or binary is None:  # half of it: said, not passed over
+        found, lacking = (binary, "/etc/nvpmodel.conf") if conf is None else (conf, "nvpmodel command")
+        return None, [f"power_mode not tunable: {found} found but no {lacking}; {CONF_FIX}"]
+    conf_text = read_knob_text(conf, "power_mode", CONF_FIX)  # a directory, EACCES, EIO: one line
     modes = {int(i): name for i, name in _MODE_LINE.findall(conf_text)}
     if not modes:
-        return None, []
+        blockless = f"power_mode not tunable: {conf} has no < POWER_MODEL ID=n NAME=... > block; {CONF_FIX}"
+        return None, [blockless]
     by_name = {name: i for i, name in modes.items()}
     default = _DEFAULT_MODE_LINE.search(conf_text)  # the mode L4T boots into
     default_id = int(default.group(1)) if default and int(default.group(1)) in modes else None
@@ -185,10 +194,14 @@ def power_mode_knob(root: Path, tracker: StateTracker, others: Mapping[str, Knob
         return done.stdout
 
     def current_id() -> int:
-        if status.exists():  # what nvpmodel itself keeps: "pmode:0002 fmode:..."
-            m = re.search(r"pmode:(\d+)", status.read_text())
-            if m:
-                return int(m.group(1))
+        try:  # what nvpmodel itself keeps: "pmode:0002 fmode:..."; gone or without a mode: nvpmodel -q
+            m = re.search(r"pmode:(\d+)", read_text(status))
+        except FileNotFoundError:
+            m = None
+        except OSError as exc:  # a directory, EACCES, EIO: one line naming it, not a traceback
+            raise knob_read_error(status, "power_mode", exc, STATUS_FIX) from None
+        if m:
+            return int(m.group(1))
         out = run("-q")
         numbers = [int(x) for x in re.findall(r"^\s*(\d+)\s*$", out, re.MULTILINE)]
         if numbers:
@@ -224,7 +237,7 @@ def power_mode_knob(root: Path, tracker: StateTracker, others: Mapping[str, Knob
     masks = pg_masks(conf_text)
     try:
         current: str | None = read()
-    except KnobWriteError:  # nvpmodel -q unreadable: the live mask alone decides (reading raises later)
+    except DeviceError:  # nvpmodel -q or its status unreadable: the live mask decides (reading raises later)
         current = None
     live = _live_mask(gpu_devfreq, masks, current or "")
     offered = [modes[i] for i in sorted(modes)
