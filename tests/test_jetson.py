@@ -657,3 +657,40 @@ def test_an_nvpmodel_status_file_that_cannot_be_read_is_one_line_and_no_knob_cha
     status.rmdir()
     status.write_bytes(kept)
     assert fake.knob_state() == before
+
+
+RAIL_FILES = {  # what breaks -> (board, the file under the root, the rail the error names)
+    "hwmon voltage": ("orin-nano", "sys/bus/i2c/devices/1-0040/hwmon/hwmon1/in1_input", "VDD_IN"),
+    "hwmon current": ("xavier-nx", "sys/bus/i2c/devices/7-0040/hwmon/hwmon1/curr3_input", "VDD_SOC"),
+    "hwmon module rail": ("agx-orin-jp6", "sys/bus/i2c/devices/1-0041/hwmon/hwmon2/in2_input",
+                          "VDDQ_VDD2_1V8AO"),
+    "iio power": ("nano", "sys/bus/i2c/drivers/ina3221x/6-0040/iio:device0/in_power1_input", "POM_5V_GPU"),
+}
+
+
+@pytest.mark.parametrize(("rail", "how"), [
+    (rail, how) for rail in sorted(RAIL_FILES) for how in ("missing", "directory", "N/A\n", "")
+    if (rail, how) != ("iio power", "missing")])  # JetPack 4 without in_power files: voltage times current
+def test_a_rail_file_that_is_gone_or_reads_nonsense_at_open_is_one_line_naming_it(tmp_path, rail, how):
+    # a missing file used to leave its rail out without a word (VDD_IN gone: a "derived" total of the module
+    # rails, less than half the board's power), a directory or garbage to drop every sample of the run
+    board, rel, name = RAIL_FILES[rail]
+    fake = build_jetson(tmp_path / "root", board)
+    before = fake.knob_state()
+    break_file(fake.root / rel, how)
+    with pytest.raises(DeviceError) as raised:
+        _open(fake)
+    line = str(raised.value)
+    assert "\n" not in line and line.startswith(f"power rail {name}: ") and str(fake.root / rel) in line
+    assert line.endswith("; check that the ina3221 driver is loaded (the board's power monitor)")
+    reason = {"missing": "(ENOENT: No such file or directory)", "directory": "(EISDIR: Is a directory)"}
+    assert reason.get(how, "expected a number") in line
+    assert fake.knob_state() == before
+
+
+def test_a_rail_label_turned_directory_is_one_line_naming_it(tmp_path):
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    label = fake.root / "sys/bus/i2c/devices/1-0040/hwmon/hwmon1/in2_label"
+    break_file(label, "directory")
+    with pytest.raises(DeviceError, match=rf"^power rail in2: cannot read {label} \(EISDIR: Is a dir"):
+        _open(fake)

@@ -13,7 +13,7 @@ from typing import Any
 
 from edgetune.power.base import DERIVED_PREFIX, DeviceError, PowerReading
 from edgetune.power.clock import Clock, RealClock
-from edgetune.power.sysfs import FastReader, read_int, read_text
+from edgetune.power.sysfs import FastReader, knob_read_error, read_int, read_knob_text, read_text
 
 __all__ = [
     "COMBINED_RAILS",
@@ -42,6 +42,8 @@ _DETECT_POLL_S = 0.0002
 _DETECT_MAX_CHANGES = 8
 #: Fewer changes than this (two gaps) are no measurement: the values are static or barely move.
 _DETECT_MIN_CHANGES = 3
+#: The fix for a rail file that is gone or reads nonsense when the board is opened.
+RAIL_FIX = "check that the ina3221 driver is loaded (the board's power monitor)"
 #: The INA3221 files: mV and mA (hwmon), mW (iio).
 _MILLI_PER_UNIT = 1e3
 _MICRO_PER_UNIT = 1e6
@@ -92,34 +94,68 @@ def _hwmon_dirs(root: Path) -> list[Path]:
     return [found[k] for k in sorted(found)]
 
 
+def _reader(path: Path, rail: str) -> FastReader:
+    """``path`` opened and read once: a rail file that is gone, a directory, unreadable or not a number when
+    the board is opened is a one-line :class:`DeviceError` naming the rail, the file and the fix (a channel
+    left out would change the board's total without a word; a rail that never reads, every sample)."""
+    reader = None
+    try:
+        reader = FastReader(path)
+        reader.read_int()
+    except (OSError, ValueError) as exc:
+        if reader is not None:
+            reader.close()
+        raise knob_read_error(path, f"power rail {rail}", exc, RAIL_FIX) from None
+    return reader
+
+
+def _rail(label: str, files: tuple[Path, ...]) -> Rail:
+    """The rail ``label`` read from ``files``: (mW,) or (mV, mA), each checked by :func:`_reader`."""
+    readers: list[FastReader] = []
+    try:
+        for f in files:
+            readers.append(_reader(f, label))
+    except DeviceError:
+        for r in readers:
+            r.close()
+        raise
+    if len(readers) == 1:
+        return Rail(label, power=readers[0])
+    return Rail(label, voltage=readers[0], current=readers[1])
+
+
 def find_rails(root: Path) -> list[Rail]:
-    """Every connected INA3221 channel under ``root``, hwmon layout first, then iio; opened for reading."""
+    """Every connected INA3221 channel under ``root``, hwmon layout first, then iio; opened for reading.
+
+    A channel is connected where its label names a rail (not ``NC``, not a sum); its files must then read a
+    number now, or the board is refused in one line (:func:`_reader`).
+    """
     rails: list[Rail] = []
     seen: set[str] = set()
-    for hw in _hwmon_dirs(root):
-        for label_file in sorted(hw.glob("in*_label"), key=lambda p: int(re.sub(r"\D", "", p.name) or 0)):
-            k = re.sub(r"\D", "", label_file.name)
-            label = read_text(label_file)
-            volt, curr = hw / f"in{k}_input", hw / f"curr{k}_input"
-            if _skip_channel(label) or not volt.exists() or not curr.exists() or label in seen:
-                continue
-            seen.add(label)
-            rails.append(Rail(label, voltage=FastReader(volt), current=FastReader(curr)))
-    for dev in sorted((root / "sys/bus/i2c/drivers/ina3221x").glob("*/iio:device*")):
-        for name_file in sorted(dev.glob("rail_name_*")):
-            k = name_file.name.rsplit("_", 1)[1]
-            label = read_text(name_file)
-            if _skip_channel(label) or label in seen:
-                continue
-            power, volt, curr = (dev / f"in_power{k}_input", dev / f"in_voltage{k}_input",
-                                 dev / f"in_current{k}_input")
-            if power.exists():
-                rails.append(Rail(label, power=FastReader(power)))
-            elif volt.exists() and curr.exists():
-                rails.append(Rail(label, voltage=FastReader(volt), current=FastReader(curr)))
-            else:
-                continue
-            seen.add(label)
+    try:
+        for hw in _hwmon_dirs(root):
+            for label_file in sorted(hw.glob("in*_label"), key=lambda p: int(re.sub(r"\D", "", p.name) or 0)):
+                k = re.sub(r"\D", "", label_file.name)
+                label = read_knob_text(label_file, f"power rail in{k}", RAIL_FIX)
+                if _skip_channel(label) or label in seen:
+                    continue
+                seen.add(label)
+                rails.append(_rail(label, (hw / f"in{k}_input", hw / f"curr{k}_input")))
+        for dev in sorted((root / "sys/bus/i2c/drivers/ina3221x").glob("*/iio:device*")):
+            for name_file in sorted(dev.glob("rail_name_*")):
+                k = name_file.name.rsplit("_", 1)[1]
+                label = read_knob_text(name_file, f"power rail channel {k}", RAIL_FIX)
+                if _skip_channel(label) or label in seen:
+                    continue
+                power, volt, curr = (dev / f"in_power{k}_input", dev / f"in_voltage{k}_input",
+                                     dev / f"in_current{k}_input")
+                # JetPack 4's driver has the power file; without it, voltage times current
+                rails.append(_rail(label, (power,) if power.exists() or not volt.exists() else (volt, curr)))
+                seen.add(label)
+    except DeviceError:
+        for r in rails:
+            r.close()
+        raise
     return rails
 
 
