@@ -694,3 +694,15 @@ def test_a_rail_label_turned_directory_is_one_line_naming_it(tmp_path):
     break_file(label, "directory")
     with pytest.raises(DeviceError, match=rf"^power rail in2: cannot read {label} \(EISDIR: Is a dir"):
         _open(fake)
+
+
+@pytest.mark.parametrize("how", ["directory", "N/A\n", "306000000 N/A\n", ""])
+def test_a_gpu_frequency_table_that_cannot_be_read_is_one_line_naming_it(tmp_path, how):
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    table = fake.gpu / "available_frequencies"
+    break_file(table, how)
+    with pytest.raises(DeviceError) as raised:
+        _open(fake)
+    line = str(raised.value)
+    assert "\n" not in line and line.startswith("gpu_freq: ") and "available_frequencies" in line
+    assert ("(EISDIR" if how == "directory" else "expected a number") in line

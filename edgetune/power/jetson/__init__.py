@@ -45,6 +45,7 @@ from edgetune.power.jetson.knobs import (
     cpu_cores_knob,
     emc_knob,
     find_gpu_devfreq,
+    frequency_table,
     range_knob,
 )
 from edgetune.power.jetson.nvpmodel import power_mode_knob
@@ -62,7 +63,7 @@ from edgetune.power.jetson.rails import (
 from edgetune.power.jetson.thermal import temperature_reader
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, RestorableKnob, StateTracker
-from edgetune.power.sysfs import cpu_freq_knob, find_cpufreq_policies, read_text, sysfs_root
+from edgetune.power.sysfs import cpu_freq_knob, find_cpufreq_policies, sysfs_root
 
 __all__ = [
     "COMBINED_RAILS",
@@ -133,7 +134,7 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, detect_period_
 
     gpu = find_gpu_devfreq(base)
     if gpu is not None:
-        table = tuple(sorted({int(v) for v in read_text(gpu / "available_frequencies").split()}))
+        table = frequency_table(gpu, "gpu_freq")
         knobs["gpu_freq"] = range_knob("gpu_freq", table, gpu / "min_freq", gpu / "max_freq",
                                         gpu / "cur_freq", tracker, f"GPU clock ({gpu.name} devfreq)")
         paths["gpu_freq"] = str(gpu)

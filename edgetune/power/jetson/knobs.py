@@ -16,15 +16,19 @@ from edgetune.power.knobs import knob_unit
 from edgetune.power.state import RestorableKnob, StateTracker
 from edgetune.power.sysfs import (
     first_existing,
+    knob_read_error,
     lock_range,
+    parse_int,
     read_knob,
+    read_knob_text,
     read_only_reason,
     read_text,
     writable,
     write_checked,
 )
 
-__all__ = ["EMC_STEPS_HZ", "GPU_OF_NODES", "cpu_cores_knob", "emc_knob", "find_gpu_devfreq", "range_knob"]
+__all__ = ["EMC_STEPS_HZ", "GPU_OF_NODES", "cpu_cores_knob", "emc_knob", "find_gpu_devfreq",
+           "frequency_table", "range_knob"]
 
 #: devfreq ``of_node`` names of Jetson GPUs (Maxwell/Pascal/Volta/Ampere/Blackwell) and Thor's generic one.
 GPU_OF_NODES = ("gm20b", "gp10b", "gv11b", "ga10b", "gb10b", "gpu")
@@ -55,6 +59,18 @@ def find_gpu_devfreq(root: Path) -> Path | None:
              "sys/devices/gpu.0/devfreq/57000000.gpu",
              "sys/devices/gpu.0/devfreq/17000000.gp10b")
     return first_existing(root / k for k in known if (root / k / "available_frequencies").exists())
+
+
+def frequency_table(devfreq: Path, name: str) -> tuple[int, ...]:
+    """A devfreq node's ``available_frequencies`` (Hz), ascending; a one-line :class:`DeviceError` naming the
+    knob, the file and the fix where it cannot be read or lists anything but frequencies."""
+    path = devfreq / "available_frequencies"
+    text = read_knob_text(path, name)
+    try:  # every word a number; an empty file is none
+        values = [parse_int(w, path) for w in text.split()] or [parse_int(text, path)]
+    except ValueError as exc:
+        raise knob_read_error(path, name, exc) from None
+    return tuple(sorted(set(values)))
 
 
 def range_knob(name: str, values: tuple[int, ...], min_file: Path, max_file: Path,
