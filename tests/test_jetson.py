@@ -706,3 +706,28 @@ def test_a_gpu_frequency_table_that_cannot_be_read_is_one_line_naming_it(tmp_pat
     line = str(raised.value)
     assert "\n" not in line and line.startswith("gpu_freq: ") and "available_frequencies" in line
     assert ("(EISDIR" if how == "directory" else "expected a number") in line
+
+
+def test_a_junction_zone_that_cannot_be_read_at_open_is_said_once_and_the_gpus_is_read(tmp_path):
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    tj = fake.thermal["tj-thermal"]
+    break_file(tj, "missing")
+    device = _open(fake)
+    assert device.temperature_c == pytest.approx(42.937)  # gpu-thermal's, the next zone in preference
+    notes = [n for n in device.notes if "thermal" in n]
+    assert notes == [(f"thermal zone tj-thermal: cannot read {tj} (ENOENT: No such file or directory); the "
+                      f"board temperature is gpu-thermal's")]
+    device.close()
+
+
+def test_thermal_zones_that_cannot_be_read_at_open_leave_the_run_without_temperature_and_say_so(tmp_path):
+    # the temperature is optional (the thermal soak then sees power only): a note, never an error
+    fake = build_jetson(tmp_path / "root", "xavier-nx")  # CPU-therm, GPU-therm, AUX-therm: no junction zone
+    break_file(fake.thermal["GPU-therm"], "garbage\n")
+    device = _open(fake)
+    assert device.temperature_c is None
+    notes = [n for n in device.notes if "thermal" in n]
+    gpu = fake.thermal["GPU-therm"]
+    assert notes == [(f"thermal zone gpu-therm: {gpu}: expected a number, read 'garbage'; no board "
+                      f"temperature: the thermal soak sees power only (a lower bound of the warm board's)")]
+    device.close()

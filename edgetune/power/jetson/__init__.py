@@ -60,7 +60,7 @@ from edgetune.power.jetson.rails import (
     measure_update_period,
     median_change_gap,
 )
-from edgetune.power.jetson.thermal import temperature_reader
+from edgetune.power.jetson.thermal import board_temperature
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, RestorableKnob, StateTracker
 from edgetune.power.sysfs import cpu_freq_knob, find_cpufreq_policies, sysfs_root
@@ -172,10 +172,9 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, detect_period_
         notes.append(f"measure-only: {why}; the search tunes batch size alone")
 
     backend = JetsonBackend(base, board, sensor, gpu, tracker, paths)
-    temperature = temperature_reader(base)
-    if temperature is None:
-        notes.append("no tj or GPU thermal zone found: the thermal soak sees power only (a lower bound of the "
-                     "warm board's)")
+    temperature, temperature_note = board_temperature(base)  # optional: a note, never an error
+    if temperature_note:
+        notes.append(temperature_note)
 
     def close() -> None:
         try:
