@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fakes.jetson_tree import build_jetson
+from fakes.jetson_tree import break_file, build_jetson
 from fakes.rapl_tree import build_rapl
 from fakes.terminal import edgetune_argv
 
@@ -293,6 +293,49 @@ def test_devices_json_into_a_closed_pipe_is_one_line_exit_2(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "edgetune: error: standard output was closed before the output was written (broken pipe)"]
+
+
+# ------------------------------------------------------------------------------------------ a broken board
+
+#: a board file broken when a command starts -> (board, the file under the root, how, the line it gives)
+BROKEN_AT_START = {
+    "rail input gone": ("orin-nano", "sys/bus/i2c/devices/1-0040/hwmon/hwmon1/in1_input", "missing",
+                        "power rail VDD_IN: cannot read "),
+    "rail label a directory": ("orin-nano", "sys/bus/i2c/devices/1-0040/hwmon/hwmon1/in2_label", "directory",
+                               "power rail in2: cannot read "),
+    "nvpmodel.conf a directory": ("xavier-nx", "etc/nvpmodel.conf", "directory", "power_mode: cannot read "),
+    "GPU table garbage": ("orin-nano", "sys/class/devfreq/17000000.gpu/available_frequencies", "N/A\n",
+                          "gpu_freq: "),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_AT_START))
+def test_a_board_file_broken_at_start_is_one_line_exit_2_for_each_command_and_the_api(tmp_path, monkeypatch,
+                                                                                     capsys, case):
+    import edgetune
+    from edgetune.power import DeviceError
+
+    board, rel, how, line = BROKEN_AT_START[case]
+    fake = build_jetson(tmp_path / "root", board)
+    before = fake.knob_state()
+    break_file(fake.root / rel, how)
+    monkeypatch.setenv("EDGETUNE_SYSFS_ROOT", str(fake.root))
+    monkeypatch.chdir(tmp_path)
+    for command in (["monitor", "--device", "jetson", "--duration", "0.1"],
+                    ["search", "--device", "jetson", "--workload", "cnn", "--budget", "8", "--n-trials", "2",
+                     "--torch-device", "cpu", "--output", "out"]):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert err.startswith(f"edgetune: error: {line}") and err.count("\n") == 1, err
+        assert str(fake.root / rel) in err
+    assert main(["devices"]) == 0
+    assert f"jetson: not found - {line}" in capsys.readouterr().out
+    model = torch.nn.Linear(4, 2)
+    tuner = edgetune.tune(model, torch.optim.SGD(model.parameters(), lr=0.1), batch_size=4, budget_w=8.0,
+                          device="jetson", online=False, print_summary=False)
+    with pytest.raises(DeviceError, match=f"^{line}"), tuner:  # the device opens as the run starts
+        pass
+    assert fake.knob_state() == before and not (tmp_path / "out").exists()
 
 
 # ------------------------------------------------------------------------------------------ restore
