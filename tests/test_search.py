@@ -183,6 +183,34 @@ def test_measure_setting_window_covers_the_budget_window(workload):
     assert device.knobs["gpu_freq"].read() == device.knobs["gpu_freq"].max  # restored
 
 
+def test_a_stuck_sensor_on_a_real_board_is_warned_of_once(tmp_path, monkeypatch, caplog, workload):
+    """An INA3221 that stopped converting: its rail files hold one plausible value (4.75 W on VDD_IN) however
+    the board works. Every window measures (no fault to refuse), yet every setting would read the same: the
+    search says so once, as a warning, and not again at each window after."""
+    from fakes.jetson_tree import build_jetson
+
+    monkeypatch.setenv("EDGETUNE_STATE_DIR", str(tmp_path / "state"))
+    fake = build_jetson(tmp_path / "root", "orin-nano")  # nothing writes its rail files: the sensor is stuck
+    device = open_device("jetson", root=fake.root, detect_period_s=0.0)
+    protocol = MeasurementProtocol(warmup_steps=1, measure_steps=1, measure_s=0.5)
+    stuck = ("jetson: the power sensor's total (VDD_IN) has not changed for seconds while training ran: a "
+             "stuck sensor reads the same on every setting, and the search cannot tell them apart; check it "
+             "with `edgetune monitor --device jetson`")
+    with caplog.at_level("WARNING", logger="edgetune"), device.restoring(), \
+            PowerMonitor(device.sensor, device.clock) as monitor:
+        windows = 0
+        while not monitor.stale:  # real time: stale once 2 s pass without a new value (_STALE_MIN_S)
+            assert measure_setting(device, workload, 16, {}, protocol, monitor).ok
+            windows += 1
+            assert windows < 10
+        for _ in range(2):  # windows measured after the sensor was seen stuck
+            m = measure_setting(device, workload, 16, {}, protocol, monitor)
+            assert m.ok and m.mean_power_w == pytest.approx(5.080 * 0.936)  # plausible: no reading fault
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [stuck]
+    device.close()
+
+
 def test_out_of_memory_is_an_infeasible_result_and_the_monitor_goes_on(workload):
     device = open_device("sim:orin-nano", compute=False)
     protocol = MeasurementProtocol(warmup_steps=1, measure_s=0.5)
