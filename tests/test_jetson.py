@@ -55,7 +55,8 @@ def test_detects_board_rails_and_total(tmp_path, board):
     else:
         assert reading.total_w == reading.rails[total]
     assert device.sensor.energy_j() is None
-    assert device.capabilities == frozenset()  # real clock, real steps, no energy counter on the INA3221
+    # real clock, real steps, no energy counter on the INA3221; its rails measure every process on the board
+    assert device.capabilities == {Capability.WHOLE_MACHINE}
     assert not device.has(Capability.ENERGY_COUNTER) and device.idle_power_w is None
     device.close()
 
