@@ -149,3 +149,29 @@ def test_a_run_on_counters_that_never_move_is_refused_in_one_line_and_restores(t
                  "--measure-steps", "3", "-o", str(tmp_path / "o")]) == 2
     assert "gave an average of 0.00 W" in capsys.readouterr().err
     assert not (tmp_path / "o" / "best.json").exists()
+
+
+@pytest.mark.parametrize("name", ["max_energy_range_uj", "energy_uj"])
+@pytest.mark.parametrize("how", ["missing", "directory", "N/A", ""])
+def test_a_counter_file_broken_at_open_is_one_line_naming_it(tmp_path, monkeypatch, capsys, name, how):
+    """A package's counter or its range gone, a directory or reading nonsense when the device is opened: one
+    line naming the zone, the file and the fix (exit 2 from the CLI), not a traceback, nor a permission hint
+    for a file that is not there; `edgetune devices` lists RAPL as not found, with the same line."""
+    from fakes.jetson_tree import break_file
+
+    from edgetune.cli import main
+    from edgetune.power.base import DeviceError
+
+    fake = build_rapl(tmp_path / "rapl", cpus=2)
+    path = fake.root / "sys/class/powercap/intel-rapl:0" / name
+    break_file(path, how)
+    with pytest.raises(DeviceError) as err:
+        rapl.open(root=fake.root)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith("RAPL package-0: ") and str(path) in line
+    assert "modprobe intel_rapl_msr" in line and "root-only" not in line
+    probe = rapl.probe(root=fake.root)[0]
+    assert not probe.found and probe.summary == line
+    monkeypatch.setenv("EDGETUNE_SYSFS_ROOT", str(fake.root))
+    assert main(["monitor", "--device", "rapl", "--duration", "0.1"]) == 2
+    assert capsys.readouterr().err.strip() == f"edgetune: error: {line}"

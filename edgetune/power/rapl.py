@@ -31,7 +31,8 @@ from edgetune.power.sysfs import (
     FastReader,
     cpu_freq_knob,
     find_cpufreq_policies,
-    read_int,
+    open_reader,
+    read_knob,
     read_text,
     sysfs_root,
 )
@@ -44,6 +45,8 @@ RAPL_UPDATE_PERIOD_S = 0.001
 MIN_INTERVAL_S = 0.002
 #: energy_uj counts microjoules.
 _UJ_PER_J = 1e6
+#: The way out of a RAPL file that is gone or reads nonsense.
+DRIVER_FIX = "check that the RAPL driver is loaded (`sudo modprobe intel_rapl_msr`; `edgetune devices` lists it)"
 READ_FIX = ("energy_uj is root-only since Linux 5.10; run edgetune as root, or allow reading with "
             "`sudo chmod a+r /sys/class/powercap/intel-rapl:*/energy_uj /sys/class/powercap/intel-rapl:*:*/energy_uj`")
 
@@ -59,7 +62,8 @@ class RaplZone:
 
 
 def find_zones(root: Path) -> list[RaplZone]:
-    """Package zones and their DRAM sub-zones under the powercap tree, in package order."""
+    """Package zones and their DRAM sub-zones under the powercap tree, in package order. A zone's
+    ``max_energy_range_uj`` that cannot be read is a one-line :class:`DeviceError` naming it."""
     base = root / "sys/class/powercap"
     zones: list[RaplZone] = []
     for pkg in sorted(base.glob("intel-rapl:[0-9]*"), key=lambda p: [int(x) for x in re.findall(r"\d+", p.name)]):
@@ -73,11 +77,12 @@ def find_zones(root: Path) -> list[RaplZone]:
         if not name.startswith("package"):
             continue  # psys: the whole platform, would count the packages twice
         index = name.removeprefix("package-")  # "0", or "0-die-1" where a package has several dies
-        zones.append(RaplZone(name, pkg, read_int(pkg / "max_energy_range_uj")))
+        zones.append(RaplZone(name, pkg, read_knob(pkg / "max_energy_range_uj", f"RAPL {name}", DRIVER_FIX)))
         for sub in sorted(pkg.glob(f"{pkg.name}:[0-9]*")):
             try:
                 if read_text(sub / "name") == "dram":
-                    zones.append(RaplZone(f"dram-{index}", sub, read_int(sub / "max_energy_range_uj")))
+                    zones.append(RaplZone(f"dram-{index}", sub, read_knob(sub / "max_energy_range_uj",
+                                                                          f"RAPL dram-{index}", DRIVER_FIX)))
             except OSError:
                 continue
     return zones
@@ -95,8 +100,12 @@ class RaplSensor:
         self.rails = tuple(z.name for z in zones)
         self.total_label = DERIVED_PREFIX + " + ".join(self.rails)
         self._lock = threading.Lock()
-        for z in zones:
-            z.counter = FastReader(z.path / "energy_uj")
+        try:  # each counter must read now: a zone whose every read fails would read 0 W
+            for z in zones:
+                z.counter = open_reader(z.path / "energy_uj", f"RAPL {z.name}", DRIVER_FIX)
+        except DeviceError:
+            self.close()
+            raise
         self._last_raw = [z.counter.read_int() for z in zones]  # type: ignore[union-attr]
         self._total_uj = [0] * len(zones)  # unwrapped energy since open
         self._last_t = self._clock.now()
@@ -148,6 +157,11 @@ def _cpu_model(root: Path) -> str:
     return m.group(1).strip() if m else "x86 CPU"
 
 
+def _unreadable(zones: list[RaplZone]) -> list[RaplZone]:
+    """The zones whose counter is there but this process may not read (root-only since Linux 5.10)."""
+    return [z for z in zones if (z.path / "energy_uj").exists() and not os.access(z.path / "energy_uj", os.R_OK)]
+
+
 def _run_step(fn: Callable[[], Any], batch_size: int, cost: WorkloadCost | None) -> Any:
     return fn()  # CPU work is done when fn returns
 
@@ -159,7 +173,7 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, **_other: Any)
     if not zones:
         raise DeviceError(f"no RAPL package zones under {base}/sys/class/powercap; on Intel load the "
                           f"intel_rapl_common module (`sudo modprobe intel_rapl_msr`)")
-    unreadable = [z for z in zones if not os.access(z.path / "energy_uj", os.R_OK)]
+    unreadable = _unreadable(zones)
     if unreadable:
         raise DeviceError(f"RAPL: cannot read {unreadable[0].path / 'energy_uj'}: {READ_FIX}")
     sensor = RaplSensor(zones)
@@ -174,7 +188,10 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, **_other: Any)
     if policies:
         knobs["cpu_freq"] = cpu_freq_knob(policies, tracker)
         driver_file = policies[0].path / "scaling_driver"
-        driver = read_text(driver_file) if driver_file.exists() else ""
+        try:  # for a note alone
+            driver = read_text(driver_file)
+        except OSError:
+            driver = ""
         if driver in ("intel_pstate", "amd-pstate", "amd-pstate-epp"):
             notes.append(f"{driver} publishes no frequency table: cpu_freq offers 100 MHz steps")
     else:
@@ -199,9 +216,16 @@ def probe(root: str | os.PathLike | None = None) -> list[PlatformProbe]:
         base = sysfs_root(root)
     except DeviceError as exc:
         return [PlatformProbe("rapl", False, summary=str(exc))]
-    zones = find_zones(base)
+    try:
+        zones = find_zones(base)
+    except DeviceError as exc:
+        return [PlatformProbe("rapl", False, summary=str(exc))]
     if not zones:
         return [PlatformProbe("rapl", False, summary="no RAPL powercap zones")]
-    if not all(os.access(z.path / "energy_uj", os.R_OK) for z in zones):
+    if _unreadable(zones):
         return [PlatformProbe("rapl", False, summary=f"RAPL present but unreadable: {READ_FIX}")]
+    try:
+        RaplSensor(zones).close()  # every counter reads a number now
+    except DeviceError as exc:
+        return [PlatformProbe("rapl", False, summary=str(exc))]
     return [PlatformProbe("rapl", True, spec="rapl", summary=f"{_cpu_model(base)}: {', '.join(z.name for z in zones)}")]

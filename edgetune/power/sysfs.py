@@ -32,6 +32,7 @@ __all__ = [
     "find_cpufreq_policies",
     "is_root",
     "knob_read_error",
+    "open_reader",
     "read_int",
     "read_knob",
     "read_knob_text",
@@ -369,3 +370,19 @@ def first_existing(paths: Iterable[Path]) -> Path | None:
         if p.exists():
             return p
     return None
+
+
+def open_reader(path: Path, what: str, fix: str = BOARD_FIX) -> FastReader:
+    """``path`` kept open as a :class:`FastReader` and read once: a file that is gone, a directory, unreadable
+    or not a number when the device is opened is a one-line :class:`DeviceError` naming ``what`` it is for,
+    the file and ``fix`` (:func:`knob_read_error`), where a sensor would otherwise drop every sample, or a
+    channel left out change a total without a word."""
+    reader = None
+    try:
+        reader = FastReader(path)
+        reader.read_int()
+    except (OSError, ValueError) as exc:
+        if reader is not None:
+            reader.close()
+        raise knob_read_error(path, what, exc, fix) from None
+    return reader

@@ -13,7 +13,7 @@ from typing import Any
 
 from edgetune.power.base import DERIVED_PREFIX, DeviceError, PowerReading
 from edgetune.power.clock import Clock, RealClock
-from edgetune.power.sysfs import FastReader, knob_read_error, read_int, read_knob_text, read_text
+from edgetune.power.sysfs import FastReader, open_reader, read_int, read_knob_text, read_text
 
 __all__ = [
     "COMBINED_RAILS",
@@ -94,27 +94,13 @@ def _hwmon_dirs(root: Path) -> list[Path]:
     return [found[k] for k in sorted(found)]
 
 
-def _reader(path: Path, rail: str) -> FastReader:
-    """``path`` opened and read once: a rail file that is gone, a directory, unreadable or not a number when
-    the board is opened is a one-line :class:`DeviceError` naming the rail, the file and the fix (a channel
-    left out would change the board's total without a word; a rail that never reads, every sample)."""
-    reader = None
-    try:
-        reader = FastReader(path)
-        reader.read_int()
-    except (OSError, ValueError) as exc:
-        if reader is not None:
-            reader.close()
-        raise knob_read_error(path, f"power rail {rail}", exc, RAIL_FIX) from None
-    return reader
-
-
 def _rail(label: str, files: tuple[Path, ...]) -> Rail:
-    """The rail ``label`` read from ``files``: (mW,) or (mV, mA), each checked by :func:`_reader`."""
+    """The rail ``label`` read from ``files``: (mW,) or (mV, mA), each checked by
+    :func:`~edgetune.power.sysfs.open_reader` (a rail that does not read now refuses the board in one line)."""
     readers: list[FastReader] = []
     try:
         for f in files:
-            readers.append(_reader(f, label))
+            readers.append(open_reader(f, f"power rail {label}", RAIL_FIX))
     except DeviceError:
         for r in readers:
             r.close()
@@ -128,7 +114,7 @@ def find_rails(root: Path) -> list[Rail]:
     """Every connected INA3221 channel under ``root``, hwmon layout first, then iio; opened for reading.
 
     A channel is connected where its label names a rail (not ``NC``, not a sum); its files must then read a
-    number now, or the board is refused in one line (:func:`_reader`).
+    number now, or the board is refused in one line (:func:`_rail`).
     """
     rails: list[Rail] = []
     seen: set[str] = set()
