@@ -314,6 +314,30 @@ def test_lost_service_is_counted_by_the_monitor(fake_jtop):
 # ------------------------------------------------------------------------------------------ auto
 
 
+def test_the_board_temperature_through_jtop_is_the_sysfs_zones_with_a_note_where_one_cannot_be_read(
+        fake_jtop, tmp_path):
+    """The thermal zones are world-readable, so the jtop device reads them itself; a junction zone that cannot
+    be read is passed over for the GPU's and said in the notes, as on the sysfs device."""
+    from fakes.jetson_tree import break_file
+
+    board = build_jetson(tmp_path / "root", "orin-nano")
+    fake_jtop(board.root).start()
+    device = open_device("jtop")
+    try:
+        assert device.temperature_c is not None and not [n for n in device.notes if "thermal" in n]
+    finally:
+        device.close()
+    tj = board.thermal["tj-thermal"]
+    break_file(tj, "N/A")
+    device = open_device("jtop")
+    try:
+        assert device.temperature_c == pytest.approx(42.937)  # gpu-thermal's
+        assert [n for n in device.notes if "thermal" in n] == [
+            f"thermal zone tj-thermal: {tj}: expected a number, read 'N/A'; the board temperature is gpu-thermal's"]
+    finally:
+        device.close()
+
+
 def test_auto_picks_sysfs_where_it_can_write(fake_jtop, tmp_path):
     board = build_jetson(tmp_path / "root", "orin-nano")
     fake_jtop(board.root).start()

@@ -36,7 +36,7 @@ from typing import Any
 from edgetune.power.base import DERIVED_PREFIX, Capability, Device, DeviceError, KnobWriteError, PowerReading
 from edgetune.power.clock import RealClock
 from edgetune.power.jetson import COMBINED_RAILS, JETSON_COMPUTE, _run_step
-from edgetune.power.jetson.thermal import temperature_reader
+from edgetune.power.jetson.thermal import board_temperature
 from edgetune.power.monitor import MIN_UPDATES_PER_WINDOW, min_avg_window_s
 from edgetune.power.registry import PlatformProbe
 from edgetune.power.state import DeviceIdentity, RestorableKnob, StateTracker
@@ -373,11 +373,14 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, interval_s: fl
         finally:
             _close_quietly(client)
 
-    # the thermal zones are world-readable: the board temperature needs no service
-    temperature = temperature_reader(base) or (lambda: None)
+    # the thermal zones are world-readable: the board temperature needs no service (optional: a note, no error)
+    temperature, temperature_note = board_temperature(base)
+    if temperature_note:
+        notes.append(temperature_note)
     return Device(name="jtop", description=description, simulated=False, knobs=dict(knobs), sensor=sensor,
-                  clock=RealClock(), run_step=_run_step, temperature=temperature, notes=notes, close=close,
-                  backend=backend, compute=JETSON_COMPUTE, capabilities=frozenset({Capability.WHOLE_MACHINE}))
+                  clock=RealClock(), run_step=_run_step, temperature=temperature or (lambda: None), notes=notes,
+                  close=close, backend=backend, compute=JETSON_COMPUTE,
+                  capabilities=frozenset({Capability.WHOLE_MACHINE}))
 
 
 def probe(root: str | os.PathLike | None = None) -> list[PlatformProbe]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from edgetune.power.sysfs import knob_read_error, read_int, read_text
 
-__all__ = ["LOWEST_VALID_C", "NO_TEMPERATURE", "board_temperature", "find_thermal_zone", "temperature_reader"]
+__all__ = ["LOWEST_VALID_C", "NO_TEMPERATURE", "board_temperature", "find_thermal_zone"]
 
 #: zone types in order of preference (compared in lower case)
 _ZONE_TYPES = ("tj-thermal", "tj-therm", "gpu-thermal", "gpu-therm")
@@ -69,11 +69,6 @@ def board_temperature(base: Path) -> tuple[Callable[[], float | None] | None, st
 def _unread_note(kind: str, path: Path, exc: OSError | ValueError, then: str) -> str:
     """``thermal zone tj-thermal: cannot read <path> (ENOENT: ...); <then>``: one line, as a knob file's."""
     return str(knob_read_error(path, f"thermal zone {kind}", exc, then))
-
-
-def temperature_reader(base: Path) -> Callable[[], float | None] | None:
-    """:func:`board_temperature`'s reader alone (None where the tree has no zone edgetune reads)."""
-    return board_temperature(base)[0]
 
 
 def _reader(path: Path) -> Callable[[], float | None]:
