@@ -171,6 +171,24 @@ def test_jsonl_log_has_steps_and_epochs(tmp_path, cnn_cost):
     assert kinds.count("step") == tuner.summary.steps and kinds.count("epoch") == len(tuner.summary.epochs)
 
 
+def test_a_log_written_after_the_tuner_was_built_is_never_overwritten(tmp_path, cnn_cost):
+    # the log's existence was checked when the Tuner was built only: a second run of the same tuner, or another
+    # tuner built before the first ran, truncated the first run's rows
+    model, opt, data = mlp()
+    log = tmp_path / "run.csv"
+    kw = {"dataset": data, "batch_size": 256, "budget_w": 15, "device": "sim:orin-nano", "online": False,
+          "cost": cnn_cost, "log": log, "print_summary": False}
+    first, second = edgetune.tune(model, opt, **kw), edgetune.tune(model, opt, **kw)
+    with first:
+        train_until(first, model, opt, 0.3)
+    rows = log.read_text()
+    assert len(rows.splitlines()) == first.summary.steps + 1
+    for tuner in (first, second):
+        with pytest.raises(ValueError, match="exists: edgetune never overwrites a log"), tuner:
+            pass
+    assert log.read_text() == rows
+
+
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
 def test_knobs_are_restored_when_the_loop_raises(tmp_path, cnn_cost, error, capsys):
     model, opt, data = mlp()

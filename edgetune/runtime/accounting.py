@@ -320,7 +320,11 @@ class _StepLog:
         if suffix not in (".csv", ".jsonl"):
             raise ValueError(f"log file {self.path}: use a .csv or .jsonl name")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh: io.TextIOBase = open(self.path, "w", newline="")  # noqa: SIM115 - closed in close()
+        try:  # "x": a log written since the Tuner checked (a second run of it, another tuner) is never overwritten
+            self._fh: io.TextIOBase = open(self.path, "x", newline="")  # noqa: SIM115 - closed in close()
+        except FileExistsError:
+            raise ValueError(f"log file {self.path} exists: edgetune never overwrites a log; move it away or name "
+                             f"another") from None
         self._jsonl = suffix == ".jsonl"
         self._csv = None if self._jsonl else csv.DictWriter(self._fh, fieldnames=list(StepRecord.__dataclass_fields__))
         if self._csv is not None:
