@@ -1592,6 +1592,14 @@ def test_tune_groups_its_keywords_into_settings(tmp_path, cnn_cost):
     assert direct.summary.steps == 5 and not any(t.startswith("guard") for _, t in direct.events)
 
 
+def test_an_unknown_online_option_is_one_line_naming_the_options():
+    # online={"steps": 5} was a raw TypeError from OnlineOptions.__init__ ("unexpected keyword argument")
+    model, opt, data = mlp()
+    with pytest.raises(ValueError, match=r"online= has no option 'steps'; its options: batch_sizes, "
+                                         r"steps_per_candidate, warmup_steps"):
+        edgetune.tune(model, opt, dataset=data, budget_w=10, device="sim:orin-nano", online={"steps": 5})
+
+
 def test_runtime_imports_point_one_way():
     """No import cycle inside edgetune.runtime; the online tuner never reaches the controller; no search."""
     import ast

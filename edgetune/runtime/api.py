@@ -6,6 +6,7 @@ It groups its keyword arguments into the settings of :mod:`edgetune.runtime.sett
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
@@ -106,6 +107,10 @@ def tune(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer 
     True
     """
     if isinstance(online, Mapping):
+        known = [f.name for f in dataclasses.fields(OnlineOptions)]
+        unknown = sorted(str(k) for k in online if k not in known)
+        if unknown:
+            raise ValueError(f"online= has no option {', '.join(map(repr, unknown))}; its options: {', '.join(known)}")
         online = OnlineOptions(**online) if online else False
     return Tuner(model, optimizer, dataset=dataset, device=device, device_options=device_options, plan=plan,
                  schedulers=schedulers,
