@@ -1600,6 +1600,25 @@ def test_an_unknown_online_option_is_one_line_naming_the_options():
         edgetune.tune(model, opt, dataset=data, budget_w=10, device="sim:orin-nano", online={"steps": 5})
 
 
+def test_a_budget_is_checked_alike_by_tune_and_set_budget(cnn_cost):
+    # tune(budget_w="abc") was a raw "could not convert string to float"; tune(budget_w=inf) and "10" were taken
+    # while set_budget refused them; set_budget(np.float32(7)) was refused as "not a positive number of watts"
+    model, opt, data = mlp()
+    for bad in ("abc", "10", math.inf, math.nan, 0, -1, True, None):
+        with pytest.raises(ValueError, match=r"^budget_w must be a positive number of watts \(or come from the "
+                                             r"plan\), got "):
+            edgetune.tune(model, opt, dataset=data, budget_w=bad, device="sim:orin-nano", online=False)
+    with edgetune.tune(model, opt, dataset=data, batch_size=64, budget_w=np.float32(9.5), device="sim:orin-nano",
+                       online=False, cost=cnn_cost, print_summary=False) as tuner:
+        assert tuner.budget_w == 9.5
+        tuner.set_budget(np.float32(7.5))
+        tuner.set_budget(np.int64(8))
+        with pytest.raises(ValueError, match="budget must be a positive number of watts, got inf"):
+            tuner.set_budget(math.inf)
+    assert [text for _, text in tuner.events if text.startswith("budget ")] == ["budget 7.5 W (set_budget)",
+                                                                               "budget 8 W (set_budget)"]
+
+
 def test_runtime_imports_point_one_way():
     """No import cycle inside edgetune.runtime; the online tuner never reaches the controller; no search."""
     import ast

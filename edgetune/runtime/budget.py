@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import numbers
 import os
 import signal
 import threading
@@ -28,7 +29,8 @@ QUOTED_CHARS = 20
 
 def check_watts(value: Any, what: str = "budget") -> float:
     """``value`` as watts when it is a positive finite number; ``ValueError`` (one line) if not."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+    # numbers.Real: numpy's scalars too (np.float32 is no float), as a budget computed with numpy is
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{what} must be a positive number of watts, got {value!r}")
     return float(value)
 

@@ -176,8 +176,11 @@ class Tuner:
         self.plan: Plan | None = plan if isinstance(plan, Plan) else (load_plan(plan) if plan is not None else None)
         if budget_w is None and self.plan is not None:
             budget_w = self.plan.budget_w
-        if budget_w is None or isinstance(budget_w, bool) or not (float(budget_w) > 0):
-            raise ValueError(f"budget_w must be a positive number of watts (or come from the plan), got {budget_w!r}")
+        try:  # the rule set_budget and the budget file follow: a string, inf, nan are refused in one line
+            budget_w = check_watts(budget_w)
+        except ValueError:
+            raise ValueError(f"budget_w must be a positive number of watts (or come from the plan), "
+                             f"got {budget_w!r}") from None
         if batch_size is None:
             batch_size = self.plan.batch_size if self.plan is not None else None
         if batch_size is not None:
