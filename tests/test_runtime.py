@@ -1423,6 +1423,84 @@ def test_an_epochs_figures_are_over_its_own_steps():
     assert rows[2][7] == "-"  # the table prints no 1-s average for an epoch shorter than one
 
 
+def test_a_sensor_that_fails_for_a_while_or_for_good_keeps_the_epochs_and_says_what_was_not_measured(cnn_cost):
+    """The sensor silent from 1.0 to 2.0 s across epoch 0's end: its last steps closed only once the sensor was back,
+    in a second record of epoch 0; silent for good from 3.5 s: the steps after it were left out of every figure
+    without a word (tuner.summary.steps 86 of a run of 340)."""
+    import dataclasses
+
+    from edgetune.power import PowerReading
+    from edgetune.runtime.accounting import Accounting, SampleTap
+
+    def silent(t):
+        return 1.0 < t < 2.0 or t > 3.5
+
+    class Sensor:  # the hardware boundary: a board whose reads fail while silent
+        rails, total_label, update_period_s = ("VDD_IN",), "VDD_IN", 0.1
+
+        def __init__(self):
+            self.t = 0.0
+
+        def read(self):
+            if silent(self.t):
+                raise OSError(f"no reading at {self.t}")
+            return PowerReading(self.t, 8.0, {})
+
+        def energy_j(self):
+            return None
+
+    sensor = Sensor()
+    tap = SampleTap(sensor, keep_s=10.0)
+    acc = Accounting(tap, lambda t: 20.0, budgets_at=lambda t: np.full(len(t), 20.0))
+    acc.start(0.0)
+    samples = [(round(0.1 * n, 1), "sample") for n in range(46)]
+    marks = ([(0.25 * n, "step", 0) for n in range(1, 7)] + [(1.5, "epoch", 0)]
+             + [(1.5 + 0.25 * n, "step", 1) for n in range(1, 7)] + [(3.0, "epoch", 1)]
+             + [(3.0 + 0.25 * n, "step", 2) for n in range(1, 7)])
+    for t, what, *epoch in sorted(samples + marks, key=lambda e: (e[0], e[1] != "sample")):
+        sensor.t = t
+        if what == "sample":
+            tap.sample()
+        elif what == "step":
+            acc.mark_step(t, 8, "", epoch[0])
+        else:  # the controller's epoch end: a sample, the accounting, the epoch
+            tap.sample()
+            acc.update()
+            acc.end_epoch(epoch[0])
+    acc.update()
+    acc.end_epoch(2)
+    acc.finish()
+    assert [(e.epoch, e.steps) for e in acc.epochs] == [(0, 6), (1, 6), (2, 2)]  # each epoch once, whole
+    assert acc.epochs[0].time_s == pytest.approx(1.5) and acc.epochs[0].mean_w == pytest.approx(8.0)
+    assert (acc.unmeasured_steps, acc.unmeasured_s) == (4, pytest.approx(1.0))  # 3.5 .. 4.5: no reading
+
+    # a run: the twin's sensor stops answering at 1 s of device time; the summary says what it did not measure
+    model, opt, data = mlp()
+    dev = open_device("sim:orin-nano", seed=0)
+    real = dev.sensor
+
+    class Failing:  # the twin's sensor, dead from 1 s on
+        rails, total_label, update_period_s = real.rails, real.total_label, real.update_period_s
+
+        def read(self):
+            if dev.clock.now() > 1.0:
+                raise OSError("ina3221: no such device")
+            return real.read()
+
+        def energy_j(self):
+            return None
+
+    failing = dataclasses.replace(dev, sensor=Failing())
+    with edgetune.tune(model, opt, dataset=data, batch_size=64, budget_w=15, device=failing, cost=cnn_cost,
+                       online=False, print_summary=False) as tuner:
+        train_until(tuner, model, opt, 2.5)
+    s = tuner.summary
+    assert s.steps + s.unmeasured_steps == tuner.steps and s.unmeasured_steps > 0
+    assert s.time_s <= 1.0 + 1e-9 and s.unmeasured_s == pytest.approx(1.5, abs=0.2)
+    assert sum(e.steps for e in s.epochs) == s.steps
+    assert f"not measured: the last {s.unmeasured_steps} step(s)" in s.table()
+
+
 def _table_of(acc):
     from edgetune.runtime.accounting import RunSummary
 

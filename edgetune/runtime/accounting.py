@@ -265,6 +265,10 @@ class RunSummary:
     knobs_restored: bool | None = None
     guard_moves: dict[GuardMove, int] = field(default_factory=dict)
     target: TargetOutcome | None = None
+    #: steps that trained after the power sensor's last reading (it failed for good), and their device time:
+    #: not in ``steps`` nor any figure (no reading measured them)
+    unmeasured_steps: int = 0
+    unmeasured_s: float = 0.0
 
     @property
     def time_over_s(self) -> float:
@@ -293,6 +297,9 @@ class RunSummary:
                      f"{self.energy_per_sample_j:>9.4f}")
         lines.append(f"budget {self.budget_w:g} W (1-s moving average): {len(self.violations)} violation(s), "
                      f"{self.time_over_s:.2f} s over, worst +{self.worst_excess_w:.2f} W")
+        if self.unmeasured_steps:
+            lines.append(f"not measured: the last {self.unmeasured_steps} step(s) ({self.unmeasured_s:.2f} s) trained "
+                         f"after the power sensor's last reading (it stopped answering): not in the figures above")
         texts = [text for _, text in self.events]
         if not self.measure_only:
             moves = self.guard_moves
@@ -390,6 +397,14 @@ class Accounting:
         #: (start, epoch) of the run of one epoch's steps with no gap between that the last closed step is in
         self._stretch: tuple[float, int] | None = None
         self._epoch_start_step = 0
+        #: the last epoch :meth:`end_epoch` was asked to close, and the last one closed: an epoch whose last steps
+        #: no sample covers yet (a sensor that failed for a while) closes once they are
+        self._due_epoch = -1
+        self._closed_epoch = -1
+        #: steps that ended after the last sample, and their device time, when the run finished (a sensor that
+        #: failed for good): they trained, but no reading measured them (:meth:`finish`)
+        self.unmeasured_steps = 0
+        self.unmeasured_s = 0.0
         self.trace_t: list[float] = []
         self.trace_p: list[float] = []
         self.trace_avg: list[float] = []
@@ -518,6 +533,8 @@ class Accounting:
         self._epoch_windows(starts, ends, stretch_start, step_epoch)
         self._last_end = float(ends[-1])
         del self._pending[:ready]
+        if self._due_epoch > self._closed_epoch:
+            self._close_epochs()
 
     def _epoch_windows(self, starts: np.ndarray, ends: np.ndarray, stretch_start: np.ndarray,
                        step_epoch: np.ndarray) -> None:
@@ -549,11 +566,24 @@ class Accounting:
     # -- epochs and the end ----------------------------------------------------------------------------
     def end_epoch(self, epoch: int) -> EpochRecord | None:
         """Close epoch ``epoch`` (call after :meth:`update`): totals over its steps. An earlier epoch left
-        open (a loop that broke out of its loader) is closed first. Returns None if it had no steps."""
+        open (a loop that broke out of its loader) is closed first. Returns None if it had no steps, or if
+        steps of it still wait for a sample (the sensor failing for a while): it closes when they are closed
+        (:meth:`update`), or at :meth:`finish`, with all its steps in one record."""
+        self._due_epoch = max(self._due_epoch, epoch)
+        return self._close_epochs()
+
+    def _close_epochs(self, force: bool = False) -> EpochRecord | None:
+        """Record each epoch up to the one due whose steps are all closed (``force``: at the end, whatever is
+        closed of them); the record of the one due, if it closed."""
+        epoch = self._due_epoch
+        waiting = next((e for _, batch, _, _, e in self._pending if batch != _GAP), None)
+        if not force and waiting is not None and waiting <= epoch:
+            epoch = waiting - 1  # steps of ``waiting`` are not closed yet: the epochs before it close now
         pending = self.steps[self._epoch_start_step:]
-        self._epoch_start_step = len(self.steps)
+        pending = pending[:sum(1 for s in pending if s.epoch <= epoch)]  # steps are in epoch order
+        self._epoch_start_step += len(pending)
         rec = None
-        for e in sorted({s.epoch for s in pending if s.epoch <= epoch}):
+        for e in sorted({s.epoch for s in pending}):
             steps = [s for s in pending if s.epoch == e]
             time_s = sum(s.time_s for s in steps)
             energy = sum(s.energy_j for s in steps)
@@ -565,6 +595,9 @@ class Accounting:
                 self._log.epoch(rec)
         for e in [e for e in self._epoch_max_avg if e <= epoch]:
             del self._epoch_max_avg[e]
+        if epoch < self._due_epoch:
+            return None
+        self._closed_epoch = epoch
         self._stretch = None  # the next epoch's windows start with its first step
         return rec if rec is not None and rec.epoch == epoch else None
 
@@ -575,12 +608,19 @@ class Accounting:
             self._log.evaluation(after_steps, metric, value, t)
 
     def finish(self) -> None:
-        """Close the open violation and the log."""
+        """Close the open violation, the epochs still waiting for samples, and the log. Steps no sample covers
+        (the sensor failed for good) stay out of the figures: :attr:`unmeasured_steps` counts them."""
         with self._lock:
             v = self._open_violation
             if v is not None and self._t.size:
                 self.violations.append(Violation(v[0], float(self._t[-1]), v[1], v[2]))
                 self._open_violation = None
+            steps = [end for end, batch, *_ in self._pending if batch != _GAP]
+            if steps:
+                self.unmeasured_steps = len(steps)
+                self.unmeasured_s = steps[-1] - (self._last_end if self._last_end is not None else steps[0])
+            if self._due_epoch > self._closed_epoch:
+                self._close_epochs(force=True)
         if self._log is not None:
             self._log.close()
             self._log = None

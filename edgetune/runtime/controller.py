@@ -579,6 +579,7 @@ class Tuner:
             setting={k: format_value(v, self.device.knobs[k].unit) for k, v in self.setting.items()
                      if k in self.device.knobs and self.device.knobs[k].writable},
             knobs_restored=restored_ok, guard_moves=dict(self._guard_moves),
+            unmeasured_steps=self.accounting.unmeasured_steps, unmeasured_s=self.accounting.unmeasured_s,
         )
 
     # -- the training target --------------------------------------------------------------------------------
