@@ -1678,6 +1678,32 @@ def test_an_unknown_online_option_is_one_line_naming_the_options():
         edgetune.tune(model, opt, dataset=data, budget_w=10, device="sim:orin-nano", online={"steps": 5})
 
 
+def test_tunes_other_arguments_at_the_boundary(cnn_cost):
+    """schedulers=None was a raw TypeError; monitor_rate_hz=0 silently the default; guard="yes" an enabled guard;
+    online={} switched online tuning off; a batch larger than the dataset with drop_last=True trained 0 steps
+    without a word."""
+    model, opt, data = mlp()
+    common = {"dataset": data, "budget_w": 10, "device": "sim:orin-nano", "cost": cnn_cost, "print_summary": False}
+    for rate in (0, -5, math.inf, math.nan, "50", True):
+        with pytest.raises(ValueError, match=r"^monitor_rate_hz must be a positive number of samples per second"):
+            edgetune.tune(model, opt, online=False, monitor_rate_hz=rate, **common)
+    with pytest.raises(TypeError, match=r"^guard= takes True, False or a GuardParams, got 'yes'"):
+        edgetune.tune(model, opt, online=False, guard="yes", **common)
+    assert edgetune.tune(model, opt, online={}, **common)._online_options is not None  # every option's default
+    tuner = edgetune.tune(model, opt, online=False, batch_size=4096, drop_last=True, **common)
+    with pytest.raises(ValueError, match=r"^batch size 4096 is larger than the dataset \(2048 samples\) with "
+                                         r"drop_last=True: no batch would be drawn"), tuner:
+        pass
+    assert tuner.summary is not None and tuner.summary.knobs_restored is not False
+    with edgetune.tune(model, opt, online=False, batch_size=64, schedulers=None, **common) as tuner:
+        x, y = next(iter(tuner.loader))
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert tuner.summary.steps == 1
+
+
 def test_a_budget_is_checked_alike_by_tune_and_set_budget(cnn_cost):
     # tune(budget_w="abc") was a raw "could not convert string to float"; tune(budget_w=inf) and "10" were taken
     # while set_budget refused them; set_budget(np.float32(7)) was refused as "not a positive number of watts"

@@ -7,8 +7,10 @@ It groups its keyword arguments into the settings of :mod:`edgetune.runtime.sett
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping, Sequence
+from numbers import Real
 from typing import Any, TextIO
 
 import torch
@@ -111,9 +113,15 @@ def tune(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer 
         unknown = sorted(str(k) for k in online if k not in known)
         if unknown:
             raise ValueError(f"online= has no option {', '.join(map(repr, unknown))}; its options: {', '.join(known)}")
-        online = OnlineOptions(**online) if online else False
+        online = OnlineOptions(**online)  # {}: online tuning with every option at its default
+    if not isinstance(guard, (bool, GuardParams)):
+        raise TypeError(f"guard= takes True, False or a GuardParams, got {guard!r}")
+    if monitor_rate_hz is not None and (isinstance(monitor_rate_hz, bool) or not isinstance(monitor_rate_hz, Real)
+                                        or not 0 < monitor_rate_hz < math.inf):
+        raise ValueError(f"monitor_rate_hz must be a positive number of samples per second (None: the default, "
+                         f"50), got {monitor_rate_hz!r}")
     return Tuner(model, optimizer, dataset=dataset, device=device, device_options=device_options, plan=plan,
-                 schedulers=schedulers,
+                 schedulers=schedulers or (),
                  batch_size=batch_size, budget_w=budget_w, budget_file=budget_file, online=online, cost=cost,
                  loader=LoaderSettings(lr_rule=lr_rule, lr_batch_size=lr_batch_size, resize_at=resize_at, seed=seed,
                                        shuffle=shuffle, drop_last=drop_last, options=dict(loader_options or {})),

@@ -87,6 +87,10 @@ class ResizableBatchSampler(Sampler[list[int]]):
             raise ValueError("the dataset is empty")
         self.num_samples = num_samples
         self.batch_size = check_batch_size(batch_size)
+        if drop_last and self.batch_size > num_samples:
+            raise ValueError(f"batch size {self.batch_size} is larger than the dataset ({num_samples} samples) with "
+                             f"drop_last=True: no batch would be drawn; give a batch size up to {num_samples}, or "
+                             f"drop_last=False")
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
