@@ -183,9 +183,10 @@ def test_a_log_written_after_the_tuner_was_built_is_never_overwritten(tmp_path, 
         train_until(first, model, opt, 0.3)
     rows = log.read_text()
     assert len(rows.splitlines()) == first.summary.steps + 1
-    for tuner in (first, second):
-        with pytest.raises(ValueError, match="exists: edgetune never overwrites a log"), tuner:
-            pass
+    with pytest.raises(ValueError, match="exists: edgetune never overwrites a log"), second:
+        pass
+    with pytest.raises(RuntimeError, match="this tuner's run has ended"), first:  # a tuner runs one block
+        pass
     assert log.read_text() == rows
 
 
@@ -1747,3 +1748,40 @@ def test_runtime_imports_point_one_way():
     assert not [m for m in graph if m != "edgetune.runtime" and reaches(m, m)]
     assert not reaches("edgetune.runtime.online", "edgetune.runtime.controller")
     assert not reaches("edgetune.runtime.guard", "edgetune.runtime.controller")
+
+
+def test_one_tuner_per_run_and_none_after_its_block(tmp_path, monkeypatch, cnn_cost):
+    """A tune() block nested in another on the same optimizer (or the same board) counted every step twice and
+    restored the knobs under the outer block; a finished tuner's set_budget, set_batch_size, end_epoch and
+    loader changed a run that had ended, and its block could run again over the old summary. Each is one line."""
+    model, opt, data = mlp()
+    common = {"budget_w": 10, "device": "sim:orin-nano", "cost": cnn_cost, "online": False, "print_summary": False}
+    with edgetune.tune(model, opt, dataset=data, batch_size=64, **common) as tuner:
+        inner = edgetune.tune(model, opt, batch_size=64, **common)
+        with pytest.raises(RuntimeError, match=r"^a tune\(\) block already runs on this optimizer: one tuner"):
+            inner.__enter__()
+        x, y = next(iter(tuner.loader))
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert tuner.summary.steps == 1 and tuner.summary.knobs_restored
+    late = {"set_budget()": lambda: tuner.set_budget(8), "set_batch_size()": lambda: tuner.set_batch_size(32),
+            "end_epoch()": tuner.end_epoch, "loader": lambda: next(iter(tuner.loader))}
+    for what, call in late.items():
+        with pytest.raises(RuntimeError, match=r"after the with block: the run and its summary have ended") as err:
+            call()
+        assert str(err.value).startswith(f"tuner.{what} after the with block")
+    with pytest.raises(RuntimeError, match=r"^this tuner's run has ended"):
+        tuner.__enter__()
+    # a board is one set of knobs: a second tuner on it, with its own optimizer, is refused too
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    monkeypatch.setenv("EDGETUNE_STATE_DIR", str(tmp_path / "state"))
+    other_model, other_opt, _ = mlp(seed=1)
+    board = {"batch_size": 64, "budget_w": 10, "cost": cnn_cost, "online": False, "guard": False,
+             "print_summary": False}
+    with edgetune.tune(model, opt, device=open_device("jetson", root=fake.root, detect_period_s=0), **board):
+        second = edgetune.tune(other_model, other_opt, device="jetson",
+                               device_options={"root": fake.root, "detect_period_s": 0}, **board)
+        with pytest.raises(RuntimeError, match=r"already runs on this board \(jetson\)"):
+            second.__enter__()

@@ -56,6 +56,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
@@ -138,6 +139,10 @@ def device_spec(spec: str, model_device: torch.device | None, **options: Any) ->
         return spec, False
     own = model_gpu_spec(spec, model_device)
     return (own, True) if own is not None else (spec, False)
+
+
+#: the tuners whose ``with`` block runs now (:meth:`Tuner.__enter__` refuses a second on the same optimizer or board)
+_RUNNING: weakref.WeakSet[Tuner] = weakref.WeakSet()
 
 
 def _noop() -> None:
@@ -275,6 +280,7 @@ class Tuner:
         re-read when it changes and on SIGUSR1.
         """
         watts = check_watts(watts)
+        self._refuse_after_block("set_budget()")
         with self._lock:
             t = self.device.clock.now() if self._entered else 0.0
             if not self._budget.set(t, watts):
@@ -323,6 +329,7 @@ class Tuner:
     def end_epoch(self) -> None:
         """Close an epoch in the accounting. ``tuner.loader`` does this itself at the end of each pass; call it
         when the batches come from elsewhere (the framework adapters call it from their epoch hooks)."""
+        self._refuse_after_block("end_epoch()")
         self._on_epoch_end(self.epoch)
         self.epoch += 1
 
@@ -330,6 +337,7 @@ class Tuner:
         """Change the batch size at the next step (or epoch: ``at="epoch"``), scaling the learning rate
         (``scale_lr=False``: where the batches come from elsewhere and changed without it, such as a
         framework's gradient accumulation scheduled per epoch)."""
+        self._refuse_after_block("set_batch_size()")
         at = at or self.resize_at
         if self.loader is not None:
             self.loader.set_batch_size(batch_size, at=at)
@@ -354,9 +362,7 @@ class Tuner:
         """
         if self._tracker is None:
             raise RuntimeError("tuner.report() needs a target: pass target=edgetune.Target(metric, value) to tune()")
-        if self.summary is not None:
-            raise RuntimeError("tuner.report() after the with block: the run and its summary have ended; report "
-                               "each evaluation inside the block")
+        self._refuse_after_block("report()", "report each evaluation inside the block")
         with self._lock:
             was = self._tracker.reached
             reached = self._tracker.report(self.steps, value)
@@ -370,6 +376,7 @@ class Tuner:
 
     def apply_setting(self, setting: Mapping[str, KnobValue], why: str) -> None:
         """Apply knob values and re-anchor the guard's ladder on them."""
+        self._refuse_after_block("apply_setting()")
         with self._lock:
             self._apply(setting, why)
             self._build_guard()
@@ -378,6 +385,10 @@ class Tuner:
     def __enter__(self) -> Tuner:  # noqa: PYI034 - Tuner is not subclassed
         from edgetune.power.registry import open_device
 
+        if self.summary is not None:
+            raise RuntimeError("this tuner's run has ended (a tuner runs one with block): call edgetune.tune(...) "
+                               "again for another run")
+        self._refuse_nested()
         if isinstance(self._device_arg, Device):
             self.device = self._device_arg
         else:
@@ -385,11 +396,31 @@ class Tuner:
             self.device = open_device(spec, **self._device_options)
             self._owns_device = True
         try:
+            self._refuse_nested()  # the board, now that it is open
             self._enter()
         except BaseException:
             self._cleanup(None)
             raise
+        _RUNNING.add(self)
         return self
+
+    def _refuse_nested(self) -> None:
+        """A ``with tune(...)`` inside another on the same optimizer or the same board is refused: both would
+        count every step, and the inner block's restore would put the knobs back under the outer one."""
+        for other in list(_RUNNING):
+            same_optimizer = self.optimizer is not None and other.optimizer is self.optimizer
+            device = getattr(self, "device", self._device_arg)
+            same_board = device is other.device or (isinstance(device, Device) and not device.simulated
+                                                    and device.name == other.device.name)
+            if same_optimizer or same_board:
+                what = "optimizer" if same_optimizer else f"board ({other.device.name})"
+                raise RuntimeError(f"a tune() block already runs on this {what}: one tuner per run; use the "
+                                   f"outer block's tuner, or end that block first")
+
+    def _refuse_after_block(self, what: str, fix: str = "call it inside the block") -> None:
+        """``tuner.<what>`` once the ``with`` block ended: one line, where it would change a finished run."""
+        if self.summary is not None:
+            raise RuntimeError(f"tuner.{what} after the with block: the run and its summary have ended; {fix}")
 
     def _enter(self) -> None:
         self._wall_start = time.perf_counter()
@@ -558,6 +589,7 @@ class Tuner:
                 self._write_summary(self.summary, self.record.print_summary)
         finally:
             self._entered = False
+            _RUNNING.discard(self)
             if self._owns_device:
                 self.device.close()
 
@@ -828,6 +860,7 @@ class Tuner:
         return text
 
     def _on_epoch_start(self, epoch: int) -> None:
+        self._refuse_after_block("loader")  # its batches would train unmeasured, the knobs restored
         if epoch > 0:
             with self._lock:  # if the loop left the last epoch early (a break), close it now
                 self.monitor.sample()
