@@ -1785,3 +1785,40 @@ def test_one_tuner_per_run_and_none_after_its_block(tmp_path, monkeypatch, cnn_c
                                device_options={"root": fake.root, "detect_period_s": 0}, **board)
         with pytest.raises(RuntimeError, match=r"already runs on this board \(jetson\)"):
             second.__enter__()
+
+
+def test_the_guard_takes_the_lowest_setting_while_the_sensor_gives_no_reading(tmp_path, cnn_cost, caplog):
+    """The twin's sensor silent from 1.5 to 5 s of device time: the guard judged the last readings it had, so a
+    load rising meanwhile went unseen. After blind_s (2 s) without a reading it holds the lowest setting, warns
+    once, and when readings come back says so and goes on from there (climbing back under the budget)."""
+    import dataclasses
+
+    model, opt, data = mlp()
+    dev = open_device("sim:orin-nano", seed=0)
+    real = dev.sensor
+
+    class Silent:  # the hardware boundary: the twin's sensor, failing for a while
+        rails, total_label, update_period_s = real.rails, real.total_label, real.update_period_s
+
+        def read(self):
+            if 1.5 < dev.clock.now() < 5.0:
+                raise OSError("ina3221: no such device")
+            return real.read()
+
+        def energy_j(self):
+            return None
+
+    with caplog.at_level("WARNING", logger="edgetune"), edgetune.tune(
+            model, opt, dataset=data, plan=write_plan(tmp_path), device=dataclasses.replace(dev, sensor=Silent()),
+            cost=cnn_cost, print_summary=False) as tuner:
+        lowest = tuner._guard.ladder[0]
+        train_until(tuner, model, opt, 4.5)
+        assert all(tuner.setting[k] == v for k, v in lowest.items())  # blind: the lowest setting
+        train_until(tuner, model, opt, 9.0)
+    events = [text for _, text in tuner.summary.events]
+    blind = [(t, text) for t, text in tuner.summary.events if text.startswith("guard blind: no power reading")]
+    assert len(blind) == 1 and 3.5 <= blind[0][0] <= 3.7  # 2 s after the last reading
+    assert any(text.startswith("guard: the power sensor reads again after 1.") for text in events)
+    assert tuner.summary.guard_moves.get(GuardMove.BLIND) == 1 and GuardMove.CLIMB in tuner.summary.guard_moves
+    warned = [r.getMessage() for r in caplog.records if "blind" in r.getMessage()]
+    assert len(warned) == 1 and "(device sim:orin-nano)" in warned[0]

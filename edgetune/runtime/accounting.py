@@ -120,6 +120,13 @@ class SampleTap:
     def energy_j(self) -> float | None:
         return self.sensor.energy_j()
 
+    @property
+    def last_t(self) -> float | None:
+        """Device time of the latest good reading (None before the first)."""
+        with self._lock:
+            self._ingest()
+            return self._t[-1] if self._t else None
+
     def drain(self) -> tuple[np.ndarray, np.ndarray]:
         """The readings taken since the last drain: times and board power."""
         with self._lock:

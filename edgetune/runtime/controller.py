@@ -249,6 +249,8 @@ class Tuner:
         self._owns_device = False
         self._guard = LadderGuard(self.guard_params, reference_budget_w=float(budget_w))
         self._guard_active = False
+        #: device time the guard went blind (no power reading for ``blind_s``), None while the sensor reads
+        self._blind_since: float | None = None
         self._guard_moves: Counter[GuardMove] = Counter()
         self._original: dict[str, KnobValue] = {}
         self._written: set[str] = set()  # knobs this tuner has set: their value in force is the one written
@@ -442,6 +444,7 @@ class Tuner:
         else:
             self.monitor.sample()  # the first sample; the ticker's thread takes the others
         t0 = dev.clock.now()
+        self._started_t = t0
         self._budget.restart(t0)
         simulated = " (simulated)" if dev.simulated and "simulated" not in dev.description else ""
         self._event(f"device {dev.name}: {dev.description}{simulated}")
@@ -711,16 +714,37 @@ class Tuner:
                     self._guard.allow_batch = self.loader is not None and (self.online is None
                                                                             or not self.online.exploring)
                     t = self.device.clock.now()
-                    fast, avg = self.tap.averages(self.guard_params.fast_window_s, self.monitor.avg_window_s)
-                    obs = Observation(t, fast, avg, self.budget_w)
-                    decision = self._guard.tick(obs)
-                    if decision.moved:
-                        self._guard_move(decision)
+                    if not self._sensor_reads(t):
+                        pass  # blind: the lowest setting is held until a reading comes
+                    else:
+                        fast, avg = self.tap.averages(self.guard_params.fast_window_s, self.monitor.avg_window_s)
+                        decision = self._guard.tick(Observation(t, fast, avg, self.budget_w))
+                        if decision.moved:
+                            self._guard_move(decision)
                 self._ticks += 1
                 if self._virtual or self._ticks % self._update_every == 0:
                     self.accounting.update()
             except DeviceError as exc:
                 self._event(f"guard: {exc}")
+
+    def _sensor_reads(self, t: float) -> bool:
+        """Whether the guard sees power at device time ``t``. After ``blind_s`` (or three of a slower sensor's
+        updates) without a good reading, it goes blind once: the lowest setting, a warning, and no law until a
+        reading comes; then it says so and the law resumes from there."""
+        last = self.tap.last_t
+        silent_s = t - (last if last is not None else self._started_t)
+        if silent_s <= max(self.guard_params.blind_s, 3 * self.tap.update_period_s):
+            if self._blind_since is not None:
+                self._event(f"guard: the power sensor reads again after {t - self._blind_since:.1f} s blind; the "
+                            f"guard goes on from the lowest setting")
+                self._blind_since = None
+            return True
+        if self._blind_since is None:
+            self._blind_since = t
+            decision = self._guard.blind(t, silent_s)
+            _log.warning("%s", f"guard {decision.reason} (device {self.device.name})")
+            self._guard_move(decision)
+        return False
 
     def _sample(self) -> None:
         """One power sample on a real clock (the ticker's thread, at the monitor's rate).

@@ -135,6 +135,9 @@ class GuardParams:
             guard never changes the batch size.
         batch_dwell_s: the lowest rung over the budget this long (device time, steady readings) before a
             halving: a batch change alters the training, so a transient must not cause one.
+        blind_s: no good power reading for this long (device time; for a sensor slower than a third of it,
+            three of its updates) and the guard holds the lowest rung until one comes (:attr:`GuardMove.BLIND`):
+            blind, it cannot tell a load rising over the budget, so it takes the safe side.
     """
 
     target_margin: float = 0.04
@@ -149,12 +152,13 @@ class GuardParams:
     tick_s: float = 0.05
     batch_max_shrink: int = 8
     batch_dwell_s: float = 0.5
+    blind_s: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.target_margin < self.up_margin < 1:
             raise ValueError("guard margins must satisfy 0 <= target_margin < up_margin < 1")
         if min(self.fast_window_s, self.down_dwell_s, self.up_dwell_s, self.block_s, self.tick_s,
-               self.batch_dwell_s) <= 0:
+               self.batch_dwell_s, self.blind_s) <= 0:
             raise ValueError("guard times must be positive")
         if isinstance(self.batch_max_shrink, bool) or not isinstance(self.batch_max_shrink, int) \
                 or self.batch_max_shrink < 1:
@@ -275,6 +279,9 @@ class GuardMove(enum.Enum):
     SHRINK_BATCH = "shrink batch"
     #: the budget allows the batch size the guard last shrank from: back to it (one halving undone)
     GROW_BATCH = "grow batch"
+    #: no power reading for ``blind_s``: the lowest rung until the sensor reads again (the controller decides it,
+    #: :meth:`~edgetune.runtime.ladder_guard.LadderGuard.blind`; the law cannot judge what it does not see)
+    BLIND = "blind"
 
 
 @dataclass(frozen=True)

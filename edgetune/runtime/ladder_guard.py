@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from edgetune.power.base import KnobValue
 from edgetune.runtime.batch_law import BatchState, batch_in_force, control_batch
-from edgetune.runtime.guard import Decision, GuardParams, GuardState, LadderModel, Observation
+from edgetune.runtime.guard import Decision, GuardMove, GuardParams, GuardState, LadderModel, Observation
 
 __all__ = ["LadderGuard"]
 
@@ -87,6 +87,14 @@ class LadderGuard:
         own = self.batch is not None and self.batch.pending == batch_size
         self.batch = batch_in_force(self.batch, batch_size)
         return own
+
+    def blind(self, t: float, silent_s: float) -> Decision:
+        """The sensor has given no reading for ``silent_s`` (device time ``t``): the lowest rung, held until it
+        reads again (the law then resumes there, after its dwell, as after any move)."""
+        assert self.state is not None, "reset() first"
+        self.state = replace(self.state, rung=0, changed_t=t, climb_from=None, learn_base=True)
+        return Decision(0, GuardMove.BLIND, f"blind: no power reading for {silent_s:.1f} s: the lowest setting "
+                                            f"until the sensor reads again")
 
     def tick(self, obs: Observation) -> Decision:
         """One step of the laws (:func:`~edgetune.runtime.batch_law.control_batch` around
