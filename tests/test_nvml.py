@@ -322,8 +322,7 @@ def test_auto_and_nvml_open_the_gpu_the_model_trains_on(fake_nvml, monkeypatch):
     numbered, a UUID (CUDA's numbering unknown) and other platforms are opened as given."""
     import torch
 
-    from edgetune.runtime.board import model_gpu_spec
-    from edgetune.runtime.controller import device_spec
+    from edgetune.runtime.board import device_spec, model_gpu_spec
 
     fake_nvml([a100(), h100(), rtx_a6000()])
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")

@@ -14,7 +14,8 @@ import torch
 from edgetune.log import get_logger
 from edgetune.power.base import Capability
 from edgetune.runtime.api import tune
-from edgetune.runtime.controller import Tuner, device_spec
+from edgetune.runtime.board import device_spec
+from edgetune.runtime.controller import Tuner
 from edgetune.runtime.plan import load_plan
 from edgetune.runtime.target import TargetTracker
 
@@ -104,7 +105,7 @@ class _Adapter:
 
     def _tunes_own_gpu(self, model: torch.nn.Module | None) -> bool:
         """Whether this process's tuner takes the GPU its model trains on (``device="nvml"``, or ``auto``
-        picking an NVIDIA GPU: :func:`~edgetune.runtime.controller.device_spec`); then every process on the
+        picking an NVIDIA GPU: :func:`~edgetune.runtime.board.device_spec`); then every process on the
         machine tunes its own GPU, where a board's knobs are local rank 0's alone."""
         if not isinstance(self.device, str) or model is None:
             return False

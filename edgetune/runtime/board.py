@@ -1,20 +1,21 @@
 """What the runtime controller takes into account of a real board: where the model trains, and how the clocks
 it does not set run.
 
-Pure functions of the device and the values in force; the controller applies what they say
-(:mod:`edgetune.runtime.controller`).
+Pure functions of the device and the values in force, and :func:`device_spec`, which resolves ``auto`` to the
+device a run opens for its model; the controller applies what they say (:mod:`edgetune.runtime.controller`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from typing import Any
 
 import torch
 
 from edgetune.power.base import Device, KnobValue
 from edgetune.power.knobs import KnobRole, governed_value, knob_of_role, reads_running_clock
 
-__all__ = ["governed_setting", "model_gpu_spec", "placement_warning"]
+__all__ = ["device_spec", "governed_setting", "model_gpu_spec", "placement_warning"]
 
 
 def governed_setting(device: Device, setting: Mapping[str, KnobValue],
@@ -66,3 +67,19 @@ def model_gpu_spec(spec: str, model_device: torch.device | None) -> str | None:
         return None
     index = model_device.index if model_device.index is not None else torch.cuda.current_device()
     return f"nvml:{index}"
+
+
+def device_spec(spec: str, model_device: torch.device | None, **options: Any) -> tuple[str, bool]:
+    """The device spec ``tune(device=spec)`` opens for a model on ``model_device``, and whether it is the
+    model's own GPU (:func:`model_gpu_spec`: ``nvml``, and ``auto`` where it picks
+    an NVIDIA GPU, name the GPU the model trains on). ``auto`` is resolved by
+    :func:`~edgetune.power.registry.choose_auto` (``options`` as for ``open_device``)."""
+    from edgetune.power.registry import choose_auto
+
+    spec = (spec or "auto").strip()
+    if spec == "auto":
+        spec = choose_auto(**options).spec
+    elif spec != "nvml":  # a GPU the user numbered, a board, the twin: as given
+        return spec, False
+    own = model_gpu_spec(spec, model_device)
+    return (own, True) if own is not None else (spec, False)

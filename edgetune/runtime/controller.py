@@ -69,7 +69,7 @@ from edgetune.power.clock import VirtualClock
 from edgetune.power.knobs import Candidate, check_batch_size, reads_running_clock
 from edgetune.power.monitor import PowerMonitor
 from edgetune.runtime.accounting import Accounting, RunSummary, SampleTap
-from edgetune.runtime.board import governed_setting, model_gpu_spec, placement_warning
+from edgetune.runtime.board import device_spec, governed_setting, placement_warning
 from edgetune.runtime.budget import BudgetSource, check_watts
 from edgetune.runtime.guard import Decision, GuardMove, Observation, build_ladder, frequency_prior
 from edgetune.runtime.ladder_guard import LadderGuard
@@ -103,7 +103,7 @@ from edgetune.workloads import CostMeter
 from edgetune.workloads.cost import recompile_after_counting
 
 # Plan, PlanError and load_plan live in edgetune.runtime.plan; importing them from here keeps working
-__all__ = ["Plan", "PlanError", "Tuner", "device_spec", "load_plan"]
+__all__ = ["Plan", "PlanError", "Tuner", "load_plan"]
 
 _log = get_logger(__name__)
 
@@ -123,22 +123,6 @@ UNKNOWN_TOP_POWER_BUDGETS = 1.5
 ACCOUNTING_PERIOD_S = 1.0
 #: FLOP per MFLOP, for the event that reports the measured step cost
 _FLOP_PER_MFLOP = 1e6
-
-
-def device_spec(spec: str, model_device: torch.device | None, **options: Any) -> tuple[str, bool]:
-    """The device spec ``tune(device=spec)`` opens for a model on ``model_device``, and whether it is the
-    model's own GPU (:func:`~edgetune.runtime.board.model_gpu_spec`: ``nvml``, and ``auto`` where it picks
-    an NVIDIA GPU, name the GPU the model trains on). ``auto`` is resolved by
-    :func:`~edgetune.power.registry.choose_auto` (``options`` as for ``open_device``)."""
-    from edgetune.power.registry import choose_auto
-
-    spec = (spec or "auto").strip()
-    if spec == "auto":
-        spec = choose_auto(**options).spec
-    elif spec != "nvml":  # a GPU the user numbered, a board, the twin: as given
-        return spec, False
-    own = model_gpu_spec(spec, model_device)
-    return (own, True) if own is not None else (spec, False)
 
 
 #: the tuners whose ``with`` block runs now (:meth:`Tuner.__enter__` refuses a second on the same optimizer or board)
