@@ -1359,7 +1359,6 @@ def test_an_epochs_figures_are_over_its_own_steps():
     """An epoch's mean, peak and max 1-s average over one set of samples: the sensor silent for 0.5 s across an
     epoch's start (a busy board), the next epoch shorter than a window, an evaluation hotter than the steps."""
     from edgetune.power import PowerReading
-    from edgetune.runtime.accounting import Accounting, SampleTap
 
     def silent(t):
         return 1.0 < t < 1.5
@@ -1377,9 +1376,7 @@ def test_an_epochs_figures_are_over_its_own_steps():
             return None
 
     sensor = Sensor()
-    tap = SampleTap(sensor, keep_s=10.0)
-    acc = Accounting(tap, lambda t: 20.0, budgets_at=lambda t: np.full(len(t), 20.0))
-    acc.start(0.0)
+    tap, acc = _scripted_accounting(sensor)
     epoch = 0
     # (time, what): a sample every 0.1 s; steps; an epoch's end takes a sample (the controller's), which the
     # silent sensor answers only at 1.5; a gap (an evaluation) from 4.0 to 4.5
@@ -1431,7 +1428,6 @@ def test_a_sensor_that_fails_for_a_while_or_for_good_keeps_the_epochs_and_says_w
     import dataclasses
 
     from edgetune.power import PowerReading
-    from edgetune.runtime.accounting import Accounting, SampleTap
 
     def silent(t):
         return 1.0 < t < 2.0 or t > 3.5
@@ -1451,9 +1447,7 @@ def test_a_sensor_that_fails_for_a_while_or_for_good_keeps_the_epochs_and_says_w
             return None
 
     sensor = Sensor()
-    tap = SampleTap(sensor, keep_s=10.0)
-    acc = Accounting(tap, lambda t: 20.0, budgets_at=lambda t: np.full(len(t), 20.0))
-    acc.start(0.0)
+    tap, acc = _scripted_accounting(sensor)
     samples = [(round(0.1 * n, 1), "sample") for n in range(46)]
     marks = ([(0.25 * n, "step", 0) for n in range(1, 7)] + [(1.5, "epoch", 0)]
              + [(1.5 + 0.25 * n, "step", 1) for n in range(1, 7)] + [(3.0, "epoch", 1)]
@@ -1500,6 +1494,16 @@ def test_a_sensor_that_fails_for_a_while_or_for_good_keeps_the_epochs_and_says_w
     assert s.time_s <= 1.0 + 1e-9 and s.unmeasured_s == pytest.approx(1.5, abs=0.2)
     assert sum(e.steps for e in s.epochs) == s.steps
     assert f"not measured: the last {s.unmeasured_steps} step(s)" in s.table()
+
+
+def _scripted_accounting(sensor):
+    """A tap on ``sensor`` and the accounting over it, under a 20-W budget, started at 0 s."""
+    from edgetune.runtime.accounting import Accounting, SampleTap
+
+    tap = SampleTap(sensor, keep_s=10.0)
+    acc = Accounting(tap, lambda t: 20.0, budgets_at=lambda t: np.full(len(t), 20.0))
+    acc.start(0.0)
+    return tap, acc
 
 
 def _table_of(acc):
