@@ -204,6 +204,27 @@ def test_ctrl_c_writes_what_was_measured_and_says_how_to_resume(helper, tmp_path
     assert best["study"]["stop_reason"] == "interrupted (Ctrl-C)"
 
 
+def test_ctrl_c_on_a_resumed_study_redraws_the_plots_of_what_it_wrote(tmp_path, monkeypatch, capsys):
+    """The plots of the run before must not stay beside a best.json that no longer names their pick."""
+    from edgetune.search.study import Search
+
+    out = tmp_path / "o"
+    assert main(["search", *FAST, "--budget", "10", "--n-trials", "1", "-o", str(out)]) == 0
+    plots = ("time_vs_energy.png", "power.png")
+    before = {name: (out / name).read_bytes() for name in plots}
+    run = Search.run
+
+    def run_then_ctrl_c(self):
+        run(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Search, "run", run_then_ctrl_c)
+    assert main(["search", *FAST, "--budget", "10", "--n-trials", "2", "-o", str(out)]) == 130
+    assert "power.png" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert json.loads((out / "best.json").read_text())["study"]["settings_measured"] == 2
+    assert all((out / name).read_bytes() != before[name] for name in plots)  # drawn again, with both trials
+
+
 def test_a_trial_killed_with_kill_9_is_failed_and_queued_again_on_resume(helper, tmp_path, capsys):
     out, marker = tmp_path / "o", tmp_path / "hanging"
     proc = _spawn(helper, out, marker, hang_after=8)

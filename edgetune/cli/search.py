@@ -10,7 +10,7 @@ names the folder itself: best.json, trials.csv, time_vs_energy.png, power.png an
 ``study.db`` (unless ``--storage`` says otherwise). The same command again resumes the study and says so;
 several processes given one ``--storage`` URL share the work (a fleet of identical boards). An empty or
 damaged ``study.db`` is refused, nothing overwritten, and so is an ``--output`` folder whose best.json another
-study wrote; Ctrl-C writes best.json and trials.csv from the trials measured. Browse the study with ``optuna-dashboard sqlite:///<folder>/study.db``.
+study wrote; Ctrl-C writes best.json, trials.csv and the plots from the trials measured. Browse the study with ``optuna-dashboard sqlite:///<folder>/study.db``.
 """
 
 from __future__ import annotations
@@ -236,7 +236,8 @@ def search(args: argparse.Namespace) -> int:
              "workload_cost": None if trace else dataclasses.asdict(workload.cost)}
     if interrupted is not None:
         interrupted = dataclasses.replace(interrupted, **extra)
-        files = _write_results(interrupted, out, plots=False)
+        # the plots too: a resumed study's folder holds the last run's, whose pick best.json no longer names
+        files = _write_results(interrupted, out)
         raise Interrupted(f"{len(interrupted.measured)} trials measured, written to "
                           f"{', '.join(str(f) for f in files)}; run the same command again to resume study "
                           f"{study_name!r}") from None
