@@ -90,6 +90,19 @@ def test_each_study_writes_to_its_own_folder_and_a_resume_says_so(tmp_path, monk
     assert sum(row["role"] != "confirm" for row in _rows(first / "trials.csv")) == 3
 
 
+def test_a_study_resumed_with_a_smaller_n_trials_says_how_many_it_measured(tmp_path, capsys):
+    out = tmp_path / "o"
+    args = [*FAST, "--budget", "10", "--confirm", "0", "-o", str(out)]
+    assert main(["search", *args, "--n-trials", "3"]) == 0
+    capsys.readouterr()
+    assert main(["search", *args, "--n-trials", "2"]) == 0
+    summary = capsys.readouterr().out
+    best = json.loads((out / "best.json").read_text())
+    assert best["study"]["settings_measured"] == 3
+    assert best["study"]["stop_reason"] == "3 settings measured (the limit, n_trials, is 2)"
+    assert "measured 3 of " in summary and "stopped: 3 settings measured (the limit, n_trials, is 2)" in summary
+
+
 def test_output_flag_is_the_folder_itself(tmp_path, capsys):
     out = tmp_path / "mine"
     assert main(["search", *FAST, "--budget", "12", "--n-trials", "1", "--output", str(out)]) == 0

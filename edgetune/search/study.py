@@ -461,8 +461,11 @@ class Search:
         return cand
 
     def _limit_reached(self, study: optuna.Study) -> str | None:
-        if self._measured_count(study) >= self.n_trials:
-            return f"{self.n_trials} settings measured"
+        count = self._measured_count(study)
+        if count >= self.n_trials:
+            # a study resumed with a smaller cap (or a fleet) measured more than it: the count, and the cap apart
+            return (f"{count} settings measured" if count == self.n_trials else
+                    f"{count} settings measured (the limit, n_trials, is {self.n_trials})")
         if self._timed_out():
             return f"time limit of {self.timeout_s:g} s reached"
         return None
