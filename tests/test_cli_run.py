@@ -33,7 +33,7 @@ def test_run_table_says_simulation_and_restores(capsys):
     assert main(RUN + ["--set", "power_mode=7W"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("SIMULATION: cnn on sim:orin-nano")
-    assert "1-s avg max" in out and "energy/sample" in out and "knobs restored" in out
+    assert "-s avg max" in out and "energy/sample" in out and "knobs restored" in out
 
 
 def test_a_step_read_at_a_few_of_its_phases_runs_one_sweep_and_says_so(monkeypatch, capsys):
@@ -57,6 +57,18 @@ def test_a_step_read_at_a_few_of_its_phases_runs_one_sweep_and_says_so(monkeypat
     assert lines[9] == what + "step 80/80"
     assert lines[10] == what + "step 88 (80 asked; measuring on until the power readings have swept the step's phases)"
     assert lines[-1] == what + f"step {steps} (past the 80 asked)"
+
+
+def test_a_run_shorter_than_the_budget_window_does_not_call_its_mean_a_1_s_average(capsys):
+    """8 steps of cnn b 16 are some 0.06 s: the monitor judges so short a record on its mean, which the table
+    and the JSON must not present as the maximum of a 1-s average."""
+    assert main(RUN + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["duration_s"] < out["avg_window_s"] == 1.0
+    assert out["judged_span_s"] == out["duration_s"]
+    assert main(RUN) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "avg max" in ln)
+    assert not line.strip().startswith("1-s avg max") and "shorter than the 1-s window" in line
 
 
 def test_lower_gpu_clock_draws_less_power(capsys):
