@@ -129,6 +129,9 @@ def summary_table(result: SearchResult, workload_spec: str | None = None) -> str
     sp = result.speedup
     if sp is not None:
         lines.append(_gain_line(result, sp))
+    front = _front_line(result)
+    if front:
+        lines.append(front)
     confirmed = f"; {again} measured again before the pick" if again else ""
     lines.append(f"measured {n} of {result.space.size} settings ({over} over budget, {failed} failed{confirmed}); "
                  f"budget {budget}; stopped: {result.stop_reason}")
@@ -177,6 +180,22 @@ def summary_table(result: SearchResult, workload_spec: str | None = None) -> str
     if result.simulated:
         lines.append(f"SIMULATED device ({result.device_description}); protocol: {result.protocol}")
     return "\n".join(lines)
+
+
+def _front_line(result: SearchResult) -> str:
+    """For ``pareto``: the front the search offers, which the table's one chosen row stands for (empty
+    otherwise, or where nothing held the budget)."""
+    front = [r for r in result.pareto if r.outcome is not None]
+    if result.objective != "pareto" or not front:
+        return ""
+    if len(front) == 1:
+        return ("Pareto front: 1 setting, the chosen one (no other measured setting within the budget is faster "
+                "or uses less energy; best.json: pareto_front)")
+    times = [r.outcome.time_to_target_s for r in front]
+    energies = [r.outcome.energy_to_target_j for r in front]
+    return (f"Pareto front: {len(front)} settings within the budget, {min(times):.4g}-{max(times):.4g} s and "
+            f"{min(energies):.4g}-{max(energies):.4g} J to target (best.json: pareto_front; time_vs_energy.png); "
+            f"chosen: its lowest energy x time")
 
 
 def _run_command(result: SearchResult, r: TrialRecord, workload_spec: str | None) -> str:

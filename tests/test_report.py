@@ -58,3 +58,45 @@ def test_moving_average_is_the_trailing_window_mean():
     assert at[0] == pytest.approx(1.0) and at[-1] == pytest.approx(3.0)
     assert avg == pytest.approx(5.0 + 2.0 * (at - 0.5))
     assert _moving_average(t[:5], w[:5], 1.0)[0].size == 0  # shorter than the window: none
+
+
+def _held(number: int, batch: int, step_s: float, power_w: float):
+    """A measured window of ``batch`` at ``gpu_freq`` ``number`` + 1 GHz that held a 10-W budget (1000 steps to
+    target)."""
+    from edgetune.search.efficiency import Outcome, TargetModel
+    from edgetune.search.records import Role, TrialRecord
+    from edgetune.search.space import Candidate
+
+    e = step_s * power_w / batch
+    m = {"batch_size": batch, "ok": True, "oom": False, "step_time_s": step_s, "samples_per_s": batch / step_s,
+         "mean_power_w": power_w, "peak_power_w": power_w, "max_avg_power_w": power_w, "power_se_w": 0.01,
+         "energy_j": e * batch * 10, "energy_per_sample_j": e, "steps": 10, "duration_s": 10 * step_s}
+    outcome = Outcome.of(batch, step_s, e, TargetModel(s_min=1000.0, b_noise=0.0))
+    return TrialRecord(number, "COMPLETE", Candidate(batch, (("gpu_freq", (number + 1) * 1e9),)), Role.SEARCH, True, m, outcome,
+                       True)
+
+
+def test_a_pareto_summary_says_what_front_its_one_chosen_row_stands_for():
+    from edgetune.power import open_device
+    from edgetune.report import summary_table
+    from edgetune.search.efficiency import TargetModel
+    from edgetune.search.results import SearchResult, pareto_front
+    from edgetune.search.space import build_space
+
+    fast, frugal, dominated = _held(0, 16, 0.010, 9.0), _held(1, 32, 0.030, 2.0), _held(2, 32, 0.040, 6.0)
+    space = build_space(open_device("sim:orin-nano", seed=0), 16, [16, 32])
+
+    def summary(records, objective="pareto"):
+        front = pareto_front(records)
+        best = min(front, key=lambda r: r.outcome.time_to_target_s * r.outcome.energy_to_target_j)
+        return summary_table(SearchResult(
+            study_name="s", storage_url="sqlite:///s.db", objective=objective, budget_w=10.0, constrained=True,
+            tolerance=0.0, space=space, target=TargetModel(s_min=1000.0, b_noise=0.0), records=records, best=best,
+            baseline=None, pareto=front, stop_reason="test", protocol="", device_name="d", device_description="",
+            simulated=True, workload="cnn", guard_sigma=2.0))
+
+    text = summary([fast, frugal, dominated])
+    assert ("Pareto front: 2 settings within the budget, 10-30 s and 60-90 J to target (best.json: pareto_front; "
+            "time_vs_energy.png); chosen: its lowest energy x time") in text
+    assert "Pareto front: 1 setting, the chosen one" in summary([fast, dominated])
+    assert "Pareto front" not in summary([fast, frugal], objective="time")
