@@ -101,6 +101,12 @@ def test_a_study_resumed_with_a_smaller_n_trials_says_how_many_it_measured(tmp_p
     assert best["study"]["settings_measured"] == 3
     assert best["study"]["stop_reason"] == "3 settings measured (the limit, n_trials, is 2)"
     assert "measured 3 of " in summary and "stopped: 3 settings measured (the limit, n_trials, is 2)" in summary
+    one = tmp_path / "one"  # one setting is one setting
+    assert main(["search", *FAST, "--budget", "10", "--confirm", "0", "-o", str(one), "--n-trials", "1"]) == 0
+    assert json.loads((one / "best.json").read_text())["study"]["stop_reason"] == "1 setting measured"
+    capsys.readouterr()
+    assert main(["search", *FAST, "--budget", "10", "--confirm", "0", "-o", str(one), "--n-trials", "1"]) == 0
+    assert "': 1 setting measured; results in" in capsys.readouterr().err
 
 
 def test_output_flag_is_the_folder_itself(tmp_path, capsys):

@@ -190,7 +190,7 @@ def search(args: argparse.Namespace) -> int:
             print(f"new study {study_name!r}; results in {out}/", file=sys.stderr)
         else:
             again = sum(1 for r in stored if r.measured and r.role == Role.CONFIRM)
-            print(f"resuming study {study_name!r}: {measured_before} settings measured"
+            print(f"resuming study {study_name!r}: {measured_before} setting{'' if measured_before == 1 else 's'} measured"
                   f"{f' ({again} measured again)' if again else ''}; results in {out}/", file=sys.stderr)
         print(f"space: {space.describe()}", file=sys.stderr)
         if placed.note:

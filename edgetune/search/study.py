@@ -464,8 +464,8 @@ class Search:
         count = self._measured_count(study)
         if count >= self.n_trials:
             # a study resumed with a smaller cap (or a fleet) measured more than it: the count, and the cap apart
-            return (f"{count} settings measured" if count == self.n_trials else
-                    f"{count} settings measured (the limit, n_trials, is {self.n_trials})")
+            measured = f"{count} setting{'' if count == 1 else 's'} measured"
+            return measured if count == self.n_trials else f"{measured} (the limit, n_trials, is {self.n_trials})"
         if self._timed_out():
             return f"time limit of {self.timeout_s:g} s reached"
         return None
