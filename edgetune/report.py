@@ -213,8 +213,9 @@ def _no_baseline_why(result: SearchResult) -> str:
     probes = [r for r in result.measured if r.role == Role.BASELINE]
     if not probes:
         return "none (not measured)"
-    if any(r.oom for r in probes):
-        return "none (default batch out of memory)"
+    oom = next((r for r in probes if r.oom), None)
+    if oom is not None:  # the default batch size, or the space's nearest where it lacks the default
+        return f"none (its batch size {oom.candidate.batch_size} out of memory)"
     if any(r.feasible for r in probes):
         return "unfinished (more trials to bisect)"
     return "none (no probe held the budget)"

@@ -379,3 +379,12 @@ def test_a_plan_applied_to_another_model_is_warned_about(tmp_path, caplog):
             plan=out / "best.json", print_summary=False):
         pass
     assert not [r for r in caplog.records if "another model" in r.getMessage()]
+
+
+def test_a_baseline_out_of_memory_names_the_batch_it_tried(tmp_path, capsys):
+    # the baseline runs the space's batch size nearest the workload's default (cnn: 128), here 16384, not the
+    # default itself: the summary said "default batch out of memory"
+    args = [*FAST[:4], "--batch-sizes", "1,16384", *FAST[6:], "--budget", "10", "--n-trials", "4"]
+    assert main(["search", *args, "-o", str(tmp_path / "o")]) == 0
+    baseline = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("baseline"))
+    assert "none (its batch size 16384 out of memory)" in baseline
