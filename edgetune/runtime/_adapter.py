@@ -7,6 +7,7 @@ import atexit
 import os
 import types
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,7 +15,7 @@ import torch
 from edgetune.log import get_logger
 from edgetune.power.base import Capability
 from edgetune.runtime.api import tune
-from edgetune.runtime.board import device_spec
+from edgetune.runtime.board import device_spec, model_device
 from edgetune.runtime.controller import Tuner
 from edgetune.runtime.plan import load_plan
 from edgetune.runtime.target import TargetTracker
@@ -83,10 +84,9 @@ class _Adapter:
         options = dict(self.options)
         if local_rank:
             options["runs_file"] = None
-            if options.get("log") is not None:
-                log = os.fspath(options["log"])
-                stem, dot, ext = log.rpartition(".")
-                options["log"] = f"{stem}.rank{local_rank}.{ext}" if dot else f"{log}.rank{local_rank}"
+            if options.get("log") is not None:  # steps.csv -> steps.rank1.csv
+                log = Path(options["log"])
+                options["log"] = log.with_name(f"{log.stem}.rank{local_rank}{log.suffix}")
         if resumed_at and options.get("runs_file") is not None:
             _log.warning("this run resumes from a checkpoint at step %d: its steps to the target did not start at "
                          "zero, so it is not recorded in %s", resumed_at, os.fspath(options["runs_file"]))
@@ -101,16 +101,15 @@ class _Adapter:
         if resumed_at:
             tuner._event(f"resumed from a checkpoint at step {resumed_at}: steps are counted from there")
         if processes > 1:
-            self._shared_by(tuner, processes, own_gpu=self._tunes_own_gpu(model))
+            self._shared_by(tuner, processes, own_gpu=tuner._own_gpu)
 
     def _tunes_own_gpu(self, model: torch.nn.Module | None) -> bool:
         """Whether this process's tuner takes the GPU its model trains on (``device="nvml"``, or ``auto``
         picking an NVIDIA GPU: :func:`~edgetune.runtime.board.device_spec`); then every process on the
         machine tunes its own GPU, where a board's knobs are local rank 0's alone."""
-        if not isinstance(self.device, str) or model is None:
+        if not isinstance(self.device, str):
             return False
-        on = next((p.device for p in model.parameters()), None)
-        return device_spec(self.device, on, **(self.options.get("device_options") or {}))[1]
+        return device_spec(self.device, model_device(model), **(self.options.get("device_options") or {}))[1]
 
     @staticmethod
     def _shared_by(tuner: Tuner, processes: int, *, own_gpu: bool = False) -> None:

@@ -15,7 +15,7 @@ import torch
 from edgetune.power.base import Device, KnobValue
 from edgetune.power.knobs import KnobRole, governed_value, knob_of_role, reads_running_clock
 
-__all__ = ["device_spec", "governed_setting", "model_gpu_spec", "placement_warning"]
+__all__ = ["device_spec", "governed_setting", "model_device", "model_gpu_spec", "placement_warning"]
 
 
 def governed_setting(device: Device, setting: Mapping[str, KnobValue],
@@ -54,6 +54,11 @@ def placement_warning(model_device: torch.device | None, device: Device) -> str 
             f"the training's")
 
 
+def model_device(model: torch.nn.Module | None) -> torch.device | None:
+    """Where ``model`` is (its first parameter's device); None without a model or parameters."""
+    return next((p.device for p in model.parameters()), None) if model is not None else None
+
+
 def model_gpu_spec(spec: str, model_device: torch.device | None) -> str | None:
     """The GPU a model on ``model_device`` trains on, as a device spec, for an NVIDIA GPU ``spec`` that the
     user did not number (``nvml``, or the ``nvml:<k>`` that ``auto`` picked): ``nvml:<k>`` for a model on
@@ -71,9 +76,9 @@ def model_gpu_spec(spec: str, model_device: torch.device | None) -> str | None:
 
 def device_spec(spec: str, model_device: torch.device | None, **options: Any) -> tuple[str, bool]:
     """The device spec ``tune(device=spec)`` opens for a model on ``model_device``, and whether it is the
-    model's own GPU (:func:`model_gpu_spec`: ``nvml``, and ``auto`` where it picks
-    an NVIDIA GPU, name the GPU the model trains on). ``auto`` is resolved by
-    :func:`~edgetune.power.registry.choose_auto` (``options`` as for ``open_device``)."""
+    model's own GPU (:func:`model_gpu_spec`: ``nvml``, and ``auto`` where it picks an NVIDIA GPU, name the GPU
+    the model trains on). ``auto`` is resolved by :func:`~edgetune.power.registry.choose_auto` (``options`` as
+    for ``open_device``)."""
     from edgetune.power.registry import choose_auto
 
     spec = (spec or "auto").strip()

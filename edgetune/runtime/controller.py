@@ -69,7 +69,7 @@ from edgetune.power.clock import VirtualClock
 from edgetune.power.knobs import Candidate, check_batch_size, reads_running_clock
 from edgetune.power.monitor import PowerMonitor
 from edgetune.runtime.accounting import Accounting, RunSummary, SampleTap
-from edgetune.runtime.board import device_spec, governed_setting, placement_warning
+from edgetune.runtime.board import device_spec, governed_setting, model_device, placement_warning
 from edgetune.runtime.budget import BudgetSource, check_watts
 from edgetune.runtime.guard import Decision, GuardMove, Observation, build_ladder, frequency_prior
 from edgetune.runtime.ladder_guard import LadderGuard
@@ -231,6 +231,9 @@ class Tuner:
         self._ticks = 0
         self._update_every = 1
         self._owns_device = False
+        #: the device is the GPU the model trains on, by the spec's choice (``nvml`` or ``auto``:
+        #: :func:`~edgetune.runtime.board.device_spec`), not one the user named
+        self._own_gpu = False
         self._guard = LadderGuard(self.guard_params, reference_budget_w=float(budget_w))
         self._guard_active = False
         #: device time the guard went blind (no power reading for ``blind_s``), None while the sensor reads
@@ -378,7 +381,7 @@ class Tuner:
         if isinstance(self._device_arg, Device):
             self.device = self._device_arg
         else:
-            spec, _ = device_spec(self._device_arg, self._model_device(), **self._device_options)
+            spec, self._own_gpu = device_spec(self._device_arg, self._model_device(), **self._device_options)
             self.device = open_device(spec, **self._device_options)
             self._owns_device = True
         try:
@@ -504,8 +507,8 @@ class Tuner:
         return governed_setting(self.device, self.setting, self._written)
 
     def _model_device(self) -> torch.device | None:
-        """Where the user's model is (its first parameter's device); None without a model or parameters."""
-        return next((p.device for p in self.model.parameters()), None) if self.model is not None else None
+        """Where the user's model is (:func:`~edgetune.runtime.board.model_device`)."""
+        return model_device(self.model)
 
     def _scale_lr_to_start(self) -> None:
         """The learning rate set for ``lr_batch_size``, scaled to the batch size the run starts at."""
@@ -698,9 +701,7 @@ class Tuner:
                     self._guard.allow_batch = self.loader is not None and (self.online is None
                                                                             or not self.online.exploring)
                     t = self.device.clock.now()
-                    if not self._sensor_reads(t):
-                        pass  # blind: the lowest setting is held until a reading comes
-                    else:
+                    if self._sensor_reads(t):  # else blind: the lowest setting is held until a reading comes
                         fast, avg = self.tap.averages(self.guard_params.fast_window_s, self.monitor.avg_window_s)
                         decision = self._guard.tick(Observation(t, fast, avg, self.budget_w))
                         if decision.moved:
@@ -726,7 +727,7 @@ class Tuner:
         if self._blind_since is None:
             self._blind_since = t
             decision = self._guard.blind(t, silent_s)
-            _log.warning("%s", f"guard {decision.reason} (device {self.device.name})")
+            _log.warning("guard %s (device %s)", decision.reason, self.device.name)
             self._guard_move(decision)
         return False
 
