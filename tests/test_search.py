@@ -304,6 +304,52 @@ def test_a_setting_clearly_over_stops_before_the_budget_window_crosses(workload)
     assert near.duration_s > 0.5  # not stopped on its first readings: they cannot tell it from the limit
 
 
+def test_a_window_shorter_than_the_budget_window_names_its_own_span(workload, monkeypatch, tmp_path):
+    """A record shorter than the budget's 1-s window is judged on its mean (the monitor's rule, unchanged): a
+    window stopped clearly over the budget after 0.4 s, or one of a protocol shorter than the window, records that
+    span, not 1.0; one stopped in the middle of a long step records the span of the setting's own average that
+    crossed. The figures themselves are the same; trials.csv and the progress line say the span."""
+    from edgetune.cli.progress import trial_line
+    from edgetune.search import trial
+
+    device = open_device("sim:orin-nano", compute=False)
+    protocol = MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=2.0)
+    top = {"gpu_freq": 624_750_000, "emc_freq": 2_133_000_000}
+    low = {"gpu_freq": 306_000_000, "emc_freq": 204_000_000}
+    with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
+        free = measure_setting(device, workload, 128, top, protocol, monitor)
+        measure_setting(device, workload, 128, low, protocol, monitor)
+        clear = measure_setting(device, workload, 128, top, protocol, monitor, limit_w=free.mean_power_w - 1.0)
+        short = measure_setting(device, workload, 128, low, MeasurementProtocol(measure_s=0.3), monitor)
+    assert free.judged_span_s == free.avg_window_s == 1.0
+    assert clear.aborted_over_budget and clear.duration_s < 0.4
+    assert clear.judged_span_s == clear.duration_s  # judged on its mean: the record's own span
+    assert clear.max_avg_power_w == pytest.approx(clear.mean_power_w)
+    assert not short.aborted_over_budget and short.judged_span_s == short.duration_s < 0.4
+    # stopped in the middle of a 2-s step (the watchdog): judged on the setting's own average until the stop
+    device = open_device("sim:orin-nano", compute=False)
+    with device.restoring(), PowerMonitor(device.sensor, device.clock, keep_s=30.0) as monitor:
+        device.apply({"gpu_freq": "min", "emc_freq": "min", "cpu_freq": "min"})
+        device.clock.sleep(2.0)
+        cut = measure_setting(device, workload, 131072, {"gpu_freq": "min", "emc_freq": "max", "cpu_freq": "max"},
+                              protocol, monitor, limit_w=6.0)
+    assert cut.stopped_mid_step
+    assert trial._WATCH_AFTER_WINDOWS * cut.avg_window_s <= cut.judged_span_s < cut.avg_window_s < cut.duration_s
+    # a search's trials.csv and progress lines: every stopped window's span is at most its length
+    device = open_device("sim:orin-nano", compute=False)
+    s = search(device, workload, small_space(device), 7.0, sampler="random", n_trials=8, seed=0, soak_s=0.0)
+    result = s.run()
+    rows = list(csv.DictReader(write_trials_csv(result, tmp_path / "trials.csv").open()))
+    stopped = [row for row in rows if row["aborted_over_budget"] == "True"]
+    assert stopped and all(float(row["judged_span_s"]) <= float(row["duration_s"]) for row in stopped)
+    assert any(float(row["judged_span_s"]) < 1.0 for row in stopped)
+    records = {r.number: r for r in result.measured}
+    row = next(row for row in stopped if float(row["judged_span_s"]) < 1.0)
+    line = trial_line(records[int(row["trial"])], 1, 8, dict(s.space.unit_of), "time", None)
+    assert f"W avg of {float(row['judged_span_s']):.3g} s (stopped early), over budget" in line
+    assert "1-s" not in line
+
+
 def test_the_first_setting_a_monitor_sees_is_judged_with_the_boards_second_before_it(workload):
     """A monitor started just now holds none of the board's past, so its 1-s average would be the first
     setting's power alone: that setting was counted over the budget from its first reading. The board is

@@ -43,6 +43,17 @@ def _objective_text(rec: TrialRecord, objective: str) -> str:
     return f"{o.time_to_target_s:.4g} s to target"
 
 
+def _power_span(m: dict) -> str:
+    """What a measurement's ``max_avg_power_w`` is: ``max 1-s avg`` (the budget window, or the longer sweep it
+    was judged over), or the average of a window shorter than the budget window (``judged_span_s``)."""
+    window_s = m.get("avg_window_s") or 1.0
+    span_s = m.get("judged_span_s") or window_s
+    if span_s >= window_s:
+        return f"max {span_s:.3g}-s avg"
+    why = "stopped early" if m.get("aborted_over_budget") else f"shorter than the {window_s:g}-s window"
+    return f"avg of {span_s:.3g} s ({why})"
+
+
 def trial_line(rec: TrialRecord, n: int, n_trials: int, units: dict[str, str], objective: str,
                best: TrialRecord | None) -> str:
     """``trial 3/40 #2: batch 32, gpu_freq 510 MHz: step 41.2 ms, 8.71 W max 1-s avg, within budget;
@@ -53,11 +64,10 @@ def trial_line(rec: TrialRecord, n: int, n_trials: int, units: dict[str, str], o
     if rec.outcome is None:
         body = "out of memory" if rec.oom else f"failed ({(rec.error or m.get('error') or 'no error text')})"
     else:
-        window = m.get("judged_span_s") or m.get("avg_window_s") or 1.0
         power = m.get("max_avg_power_w")
         step = m.get("step_time_s")
         body = (f"step {step * 1e3:.4g} ms, " if isinstance(step, (int, float)) else "") + (
-            f"{power:.2f} W max {window:.3g}-s avg, " if isinstance(power, (int, float)) and math.isfinite(power)
+            f"{power:.2f} W {_power_span(m)}, " if isinstance(power, (int, float)) and math.isfinite(power)
             else "") + ("within budget" if rec.feasible else "over budget")
     tail = (f"; best so far #{best.number} ({_objective_text(best, objective)})" if best is not None
             else "; none within budget yet")

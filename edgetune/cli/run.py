@@ -183,8 +183,8 @@ def run(args: argparse.Namespace) -> int:
         "peak_power_w": m.peak_power_w,
         "max_avg_power_w": m.max_avg_power_w,
         "avg_window_s": m.avg_window_s,
-        # a run shorter than the budget's window is judged on its mean: over the run, not over a full window
-        "judged_span_s": min(m.judged_span_s, m.duration_s),
+        # a run shorter than the budget's window is judged on its mean: the measurement's span is the run's length
+        "judged_span_s": m.judged_span_s,
         "energy_j": m.energy_j,
         "energy_per_sample_j": m.energy_per_sample_j,
         "duration_s": m.duration_s,

@@ -93,7 +93,10 @@ class Measurement:
         judged_span_s: the span (s) of the moving average ``max_avg_power_w`` is the maximum of: the budget
             window, or, where the readings do not sweep a short step's phases within it, one sweep of them
             (:func:`~edgetune.search.window.judged_span_s`; the window then runs that long). The other power
-            figures follow it.
+            figures follow it. A window shorter than the budget window (stopped over the budget, or a protocol
+            shorter than it) is judged on its mean: its length; a stopped window judged on the live average
+            that crossed, where that is the larger, that average's span (a setting already running: up to the
+            budget window; stopped in the middle of a step: the setting's own power until then).
         max_avg_noise_w: how far that maximum reads above the power's own from the sensor's reading noise
             alone (:func:`~edgetune.power.monitor.noise_max_excess_w`; 0 for a trial stopped over the budget):
             ``max_avg_power_w - max_avg_noise_w`` is what the margin to the budget is certified on.

@@ -230,12 +230,13 @@ def measure_setting(
     span_s = 0.0  # the span the window's power is judged over (judged_span_s); 0 until it has run one budget window
     window_open = False
     steps = real = warm = 0
-    trigger_w = math.nan
+    trigger_w = math.nan  # the live average that stopped the trial over the budget (nan: not stopped)
+    trigger_span_s = math.nan  # the span (s) that average is over
 
     def over_limit(clear: bool = True) -> bool:
         """The live average and this setting's own average, plus the guard band, are above the limit (or,
         with ``clear``, the setting's own average is clearly above it)."""
-        nonlocal trigger_w
+        nonlocal trigger_w, trigger_span_s
         if limit_w is None:
             return False
         own_s = clock.now() - t_own
@@ -255,7 +256,7 @@ def measure_setting(
         # docs): before, they may all lie in its hot phase, and their spread says nothing of the cool one
         if (clear and own.size >= 2 and own_avg - _CLEAR_OVER_SIGMA * own_se > limit_w and ran[0] > 0
                 and own_s >= phase_sweep_s((clock.now() - t_set) / ran[0], monitor.rate_hz, sensor_period_s)):
-            trigger_w = own_avg
+            trigger_w, trigger_span_s = own_avg, span_s
             return True
         # the budget window's average and its standard error: once the setting has run one window, its own
         # (computed once: this runs after every step, and on a slow edge CPU the step waits for it)
@@ -268,7 +269,7 @@ def measure_setting(
         # stop settings the whole window holds)
         if own_avg + guard - _STOP_SIGMA * own_se <= limit_w:
             return False
-        trigger_w = own_avg
+        trigger_w, trigger_span_s = own_avg, span_s
         return True
 
     watch_errors: list[Exception] = []
@@ -368,6 +369,12 @@ def measure_setting(
     result.peak_power_w = float(stats.peak_w)
     # an early stop's record is shorter than the budget window: its average then is the live one that crossed
     result.max_avg_power_w = float(max(stats.max_avg_w, trigger_w) if result.aborted_over_budget else stats.max_avg_w)
+    # the span that figure is over: a record shorter than the budget window (a trial stopped over the budget, a
+    # protocol shorter than the window) is judged on its mean, over the window's length; a stopped trial's live
+    # average that crossed, where it is the larger, over its own span (a setting already running: its last window)
+    record_span_s = min(monitor.avg_window_s, result.duration_s)
+    result.judged_span_s = float(trigger_span_s if result.aborted_over_budget and trigger_w > stats.max_avg_w
+                                 else record_span_s)
     if not result.aborted_over_budget:
         result.max_avg_noise_w = noise_max_excess_w(times[in_window], watts[in_window], monitor.avg_window_s)
     result.energy_j = float(stats.energy_j)
