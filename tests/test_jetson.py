@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import shutil
 from pathlib import Path
 
 import pytest
@@ -637,6 +638,23 @@ def test_an_nvpmodel_conf_gone_or_without_modes_says_why_power_mode_is_not_tunab
     (note,) = [n for n in device.notes if n.startswith("power_mode not tunable: ")]
     assert said in note and note.endswith("; reinstall L4T's nvpmodel (`sudo apt install --reinstall "
                                           "nvidia-l4t-nvpmodel`)")
+    assert device.missing_knobs == {"power_mode": note}  # what `edgetune restore` says of a power mode it kept
+    device.close()
+
+
+def test_knobs_left_out_at_open_carry_their_note_for_restore(tmp_path):
+    """The GPU's devfreq node and the BPMP debugfs gone: their knobs are left out, each with the note that
+    says why (``Device.missing_knobs``), which a restore of a state file's original for them names."""
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    device = _open(fake)
+    assert device.missing_knobs == {}
+    device.close()
+    shutil.rmtree(fake.root / "sys/kernel/debug/bpmp")
+    (fake.gpu / "available_frequencies").unlink()  # no GPU devfreq node is found without its table
+    device = _open(fake)
+    assert set(device.missing_knobs) == {"gpu_freq", "emc_freq"} and not {"gpu_freq", "emc_freq"} & set(device.knobs)
+    assert all(note in device.notes for note in device.missing_knobs.values())
+    assert "sudo mount -t debugfs" in device.missing_knobs["emc_freq"]
     device.close()
 
 

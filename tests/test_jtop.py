@@ -176,6 +176,19 @@ def test_power_mode_set_and_restored_through_the_service(fake_jtop, tmp_path):
         device.close()
 
 
+def test_a_board_without_nvpmodel_leaves_power_mode_out_with_its_note(fake_jtop):
+    """The service reports no nvpmodel: no power_mode knob, and the note that says so is the one `edgetune
+    restore` gives for a state file's power mode (``Device.missing_knobs``)."""
+    fake_jtop(nvpmodel=None).start()
+    device = open_device("jtop")
+    try:
+        assert "power_mode" not in device.knobs
+        assert device.missing_knobs == {"power_mode": "no nvpmodel on this board: power_mode cannot be tuned"}
+        assert device.missing_knobs["power_mode"] in device.notes
+    finally:
+        device.close()
+
+
 def test_jetson_clocks_set_and_restored(fake_jtop):
     service = fake_jtop().start()
     device = open_device("jtop")

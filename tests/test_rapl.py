@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from fakes.rapl_tree import MAX_RANGE_UJ, build_rapl
 
@@ -121,6 +123,16 @@ def test_cpu_freq_knob_on_intel_pstate(tmp_path):
         device.apply({"cpu_freq": "1.5GHz"})
         assert {v for k, v in fake.knob_state().items()} == {"1500000\n"}
     assert fake.knob_state() == before
+    device.close()
+
+
+def test_a_machine_without_cpufreq_leaves_cpu_freq_out_with_its_note(tmp_path):
+    fake = build_rapl(tmp_path / "root")
+    shutil.rmtree(fake.root / "sys/devices/system/cpu/cpufreq")
+    device = open_device("rapl", root=fake.root)
+    assert "cpu_freq" not in device.knobs and device.measure_only
+    assert device.missing_knobs == {"cpu_freq": "no cpufreq policies: cpu_freq cannot be tuned"}
+    assert device.missing_knobs["cpu_freq"] in device.notes
     device.close()
 
 

@@ -377,6 +377,44 @@ def test_restore_with_an_nvpmodel_conf_that_cannot_be_read_exits_1_with_one_line
     assert board.knob_state() == before and not path.exists()
 
 
+@pytest.mark.parametrize(("how", "said"), [
+    ("missing", "usr/sbin/nvpmodel found but no /etc/nvpmodel.conf"),
+    ("# every mode block lost\n", "etc/nvpmodel.conf has no < POWER_MODEL ID=n NAME=... > block")])
+def test_restore_after_nvpmodel_conf_went_missing_says_why_exits_1_and_keeps_the_power_mode(board, tmp_path,
+                                                                                             how, said):
+    """A run killed on a Xavier NX it had switched to MODE_15W_2CORE; then nvpmodel.conf went (a failed update),
+    or lost its modes: the board opens without power_mode. The restore writes the clocks back, says why the power
+    mode cannot be (the device's note: the file, and reinstalling nvpmodel), exits 1 and keeps the power mode's
+    original in the state file, which the next restore, once the conf is back, writes."""
+    from fakes.jetson_tree import break_file
+
+    before = board.knob_state()
+    path = _leave_state_behind(board, tmp_path)
+    kept = json.loads(path.read_text())["knobs"]["power_mode"]
+    conf = board.root / "etc/nvpmodel.conf"
+    text = conf.read_text()
+    break_file(conf, how)
+    done = _restore(board, tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    incomplete, restored, last = done.stdout.strip().splitlines()
+    assert incomplete.startswith("restore on jetson incomplete: power_mode (power_mode not tunable: ")
+    assert said in incomplete and "no such knob" not in incomplete
+    assert (f"reinstall L4T's nvpmodel (`sudo apt install --reinstall nvidia-l4t-nvpmodel`); then run `edgetune "
+            f"restore` again); state file kept at {path}") in incomplete
+    assert restored.startswith("restored ") and last.startswith("may still be changed on jetson: power_mode;")
+    assert json.loads(path.read_text())["knobs"]["power_mode"] == kept  # the original is not dropped
+    # --defaults cannot reset a knob the board lacks either: it says so and exits 1
+    done = _restore(board, tmp_path, "--defaults")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"not reset on jetson: power_mode (power_mode not tunable: {board.root}/{said}" in done.stdout
+    assert path.exists()
+    conf.unlink(missing_ok=True)
+    conf.write_text(text)  # nvpmodel reinstalled: the next restore finishes
+    done = _restore(board, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert board.knob_state() == before and not path.exists()
+
+
 # ------------------------------------------------------------------------------------------ a board that fails
 
 

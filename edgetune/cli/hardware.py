@@ -20,6 +20,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from edgetune.cli import UsageError, simulation_label
@@ -330,7 +331,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     if args.defaults:
         specs = {a.spec for a in unsettled if a.spec}
         spec = args.device or (specs.pop() if len(specs) == 1 else "auto")
-        return _reset_to_defaults(spec)
+        return _reset_to_defaults(spec, unsettled)
     if not actions:
         print(f"nothing to restore: no state files in {state.state_dir()}" if not state.pending() else
               "nothing to restore: the state files belong to edgetune runs still in progress")
@@ -346,11 +347,13 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 1
 
 
-def _reset_to_defaults(spec: str) -> int:
-    """``restore --defaults``: every knob of ``spec`` back to its documented default; 1 if any could not be."""
+def _reset_to_defaults(spec: str, unsettled: Sequence[state.RecoveryAction] = ()) -> int:
+    """``restore --defaults``: every knob of ``spec`` back to its documented default; 1 if any could not be, or
+    if a knob the state files say may still be changed on it is not there to reset (``unsettled``)."""
     device = registry.open_device(spec)
     try:
-        done, problems = state.restore_defaults(device)
+        changed = [name for a in unsettled if a.spec == device.name for name in a.knobs]
+        done, problems = state.restore_defaults(device, changed)
     finally:
         device.close()
     if done:

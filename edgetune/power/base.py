@@ -613,6 +613,11 @@ class Device:
             thermal zone, NVML's GPU temperature), or None where the device reads none. The search's thermal
             soak extrapolates the warm board's power from it (:mod:`edgetune.search.thermal`).
         notes: lines the CLI prints under the device (calibration sources, measure-only mode ...).
+        missing_knobs: knobs of the platform left out when the device was opened, because a file or command
+            they need is gone or lists nothing (a Jetson's ``nvpmodel.conf``, its GPU devfreq node), each with
+            its note (the line in ``notes`` that says why and what to do): a state file may hold the original
+            of such a knob, and ``edgetune restore`` then says why it cannot write it back
+            (:func:`~edgetune.power.state.recover_actions`).
         close: releases platform resources (NVML shutdown ...).
         backend: the platform object behind the device, for platform-specific use (the twin's
             :class:`~edgetune.power.sim.Twin` for ``sim:``, with its noise-free ground truth).
@@ -637,6 +642,7 @@ class Device:
     backend: Any = None
     capabilities: frozenset[Capability] = frozenset()
     compute: ComputeDevice = CPU_COMPUTE
+    missing_knobs: dict[str, str] = field(default_factory=dict)
 
     @property
     def idle_power_w(self) -> float | None:

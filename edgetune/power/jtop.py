@@ -203,7 +203,8 @@ def _wait(what: str, done: Callable[[], bool], client: Any, timeout_s: float, wh
 
 def _power_mode_knob(client: Any, tracker: StateTracker,
                      timeout_s: float) -> tuple[RestorableKnob | None, list[str]]:
-    """``power_mode`` through the service, and notes on the modes it cannot switch to."""
+    """``power_mode`` through the service, and notes on the modes it cannot switch to; no knob (None) with one
+    note where the board has no nvpmodel."""
     nvp = client.nvpmodel
     if nvp is None:
         return None, ["no nvpmodel on this board: power_mode cannot be tuned"]
@@ -344,6 +345,8 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, interval_s: fl
         tracker = StateTracker(identity)
         knobs: dict[str, RestorableKnob] = {}
         mode, notes = _power_mode_knob(client, tracker, switch_timeout_s)
+        # a board without nvpmodel: its note says why a state file's power mode cannot be written back
+        missing = {} if mode is not None else {"power_mode": notes[0]}
         if mode is not None:
             knobs["power_mode"] = mode
         clocks = _jetson_clocks_knob(client, tracker, switch_timeout_s)
@@ -380,7 +383,7 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, interval_s: fl
     return Device(name="jtop", description=description, simulated=False, knobs=dict(knobs), sensor=sensor,
                   clock=RealClock(), run_step=_run_step, temperature=temperature or (lambda: None), notes=notes,
                   close=close, backend=backend, compute=JETSON_COMPUTE,
-                  capabilities=frozenset({Capability.WHOLE_MACHINE}))
+                  capabilities=frozenset({Capability.WHOLE_MACHINE}), missing_knobs=missing)
 
 
 def probe(root: str | os.PathLike | None = None) -> list[PlatformProbe]:

@@ -183,6 +183,7 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, **_other: Any)
     description = f"{_cpu_model(base)} ({packages} package(s){per_die}, RAPL)"
     tracker = StateTracker(DeviceIdentity("rapl", description, root=str(base.resolve())))
     knobs = {}
+    missing: dict[str, str] = {}  # knobs left out, each with its note (Device.missing_knobs)
     notes = [f"total is packages + DRAM ({' + '.join(sensor.rails)}); core/uncore are inside the package"]
     policies = find_cpufreq_policies(base)
     if policies:
@@ -195,7 +196,8 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, **_other: Any)
         if driver in ("intel_pstate", "amd-pstate", "amd-pstate-epp"):
             notes.append(f"{driver} publishes no frequency table: cpu_freq offers 100 MHz steps")
     else:
-        notes.append("no cpufreq policies: cpu_freq cannot be tuned")
+        missing["cpu_freq"] = "no cpufreq policies: cpu_freq cannot be tuned"
+        notes.append(missing["cpu_freq"])
     if not any(k.writable for k in knobs.values()):
         why = next(iter(knobs.values())).why_read_only if knobs else f"no knobs; {ROOT_FIX}"
         notes.append(f"measure-only: {why}; the search tunes batch size alone")
@@ -208,6 +210,7 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, **_other: Any)
 
     return Device(name="rapl", description=description, simulated=False, knobs=dict(knobs), sensor=sensor,
                   clock=RealClock(), run_step=_run_step, notes=notes, close=close, backend=sensor,
+                  missing_knobs=missing,
                   capabilities=frozenset({Capability.ENERGY_COUNTER, Capability.WHOLE_MACHINE}))  # energy_uj: the counter
 
 

@@ -599,8 +599,8 @@ def recover_actions(
             for name in restore_order(knobs_state):  # the power mode first: it resets the clocks under it
                 entry = knobs_state[name]
                 knob = device.knobs.get(name)
-                if not isinstance(knob, RestorableKnob):
-                    failed.append(f"{name} (no such knob here)")
+                if not isinstance(knob, RestorableKnob):  # its original stays in the file for a later restore
+                    failed.append(f"{name} ({_not_here(device, name)})")
                     failed_names.append(name)
                     continue
                 try:
@@ -633,6 +633,17 @@ def recover_actions(
     return actions
 
 
+def _not_here(device: Any, name: str) -> str:
+    """Why ``device`` as opened now has no knob ``name`` to write a state file's original to: the device's note
+    on the knob it left out (``Device.missing_knobs``: the file that is gone and what to do), then `edgetune
+    restore` again; else that it was not found."""
+    note = getattr(device, "missing_knobs", {}).get(name)
+    if note:
+        return f"{note}; then run `edgetune restore` again"
+    return (f"{device.name} has no such knob now; `edgetune devices` shows what it found, and `edgetune restore` "
+            f"writes it back once it is there")
+
+
 def recover(
     report: Callable[[str], None] = _say,
     *,
@@ -646,16 +657,17 @@ def recover(
     return lines
 
 
-def restore_defaults(device: Any) -> tuple[list[str], list[str]]:
+def restore_defaults(device: Any, changed: Sequence[str] = ()) -> tuple[list[str], list[str]]:
     """Put every knob of ``device`` that has a documented default back to it (``edgetune restore --defaults``).
 
     The power mode goes first (nvpmodel sets clock caps and online cores itself), then the rest. Nothing
     is recorded in a state file: this is a reset, not a change to undo. Returns (knobs reset, problems:
-    a knob whose reset failed, or a writable knob without a documented default).
+    a knob whose reset failed, a writable knob without a documented default, or one of ``changed``, the knobs
+    a state file says may still be changed, that the device as opened lacks, with why: :func:`_not_here`).
     """
     knobs = [device.knobs[name] for name in restore_order(device.knobs)]
     done: list[str] = []
-    problems: list[str] = []
+    problems = [f"{name} ({_not_here(device, name)})" for name in dict.fromkeys(changed) if name not in device.knobs]
     for knob in knobs:
         default = getattr(knob, "default_snapshot", None)
         if default is None:

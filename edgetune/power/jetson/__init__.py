@@ -130,7 +130,12 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, detect_period_
     tracker = StateTracker(identity)
     knobs: dict[str, RestorableKnob] = {}
     notes: list[str] = []
+    missing: dict[str, str] = {}  # knobs left out, each with its note (Device.missing_knobs)
     paths: dict[str, str] = {}
+
+    def left_out(name: str, note: str) -> None:
+        missing[name] = note
+        notes.append(note)
 
     gpu = find_gpu_devfreq(base)
     if gpu is not None:
@@ -139,7 +144,7 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, detect_period_
                                         gpu / "cur_freq", tracker, f"GPU clock ({gpu.name} devfreq)")
         paths["gpu_freq"] = str(gpu)
     else:
-        notes.append("no GPU devfreq node found: gpu_freq cannot be tuned")
+        left_out("gpu_freq", "no GPU devfreq node found: gpu_freq cannot be tuned")
     policies = find_cpufreq_policies(base)
     if policies:
         knobs["cpu_freq"] = cpu_freq_knob(policies, tracker)
@@ -152,12 +157,14 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, detect_period_
         knobs["emc_freq"] = emc
         paths["emc_freq"] = str(base / "sys/kernel/debug/bpmp/debug/clk/emc")
     elif board.family in ("orin", "xavier"):
-        notes.append("emc_freq not tunable: BPMP debugfs not found; mount it with "
-                     "`sudo mount -t debugfs none /sys/kernel/debug`")
+        left_out("emc_freq", "emc_freq not tunable: BPMP debugfs not found; mount it with "
+                             "`sudo mount -t debugfs none /sys/kernel/debug`")
     mode, mode_notes = power_mode_knob(base, tracker, knobs, gpu)
-    notes += mode_notes
     if mode is not None:
         knobs["power_mode"] = mode
+        notes += mode_notes
+    elif mode_notes:  # nvpmodel.conf gone or listing no mode, or half of nvpmodel: why it is left out
+        left_out("power_mode", "; ".join(mode_notes))
 
     for rail in sensor.rails:
         if rail in COMBINED_RAILS:
@@ -196,6 +203,7 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, detect_period_
         backend=backend,
         capabilities=frozenset({Capability.WHOLE_MACHINE}),  # the INA3221 keeps no energy counter
         compute=JETSON_COMPUTE,
+        missing_knobs=missing,
     )
 
 

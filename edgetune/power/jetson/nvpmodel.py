@@ -156,7 +156,9 @@ def _live_mask(gpu_devfreq: Path | None, masks: Mapping[str, int], current: str)
 def power_mode_knob(root: Path, tracker: StateTracker, others: Mapping[str, Knob] | None = None,
                     gpu_devfreq: Path | None = None) -> tuple[RestorableKnob | None, list[str]]:
     """The nvpmodel mode, with the board's other knobs what each mode caps of them (:func:`mode_caps`), and
-    notes on the modes held back (module docs: another GPU power-gating mask needs a reboot).
+    notes on the modes held back (module docs: another GPU power-gating mask needs a reboot). No knob (None) with
+    one note: why the board's power mode cannot be tuned (``nvpmodel.conf`` gone or listing no mode, half of
+    nvpmodel) and the fix; no knob and no note: no nvpmodel at all.
 
     ``gpu_devfreq``: the GPU's devfreq directory, beside whose device the live mask is read.
     """
