@@ -715,6 +715,59 @@ def test_a_rail_label_turned_directory_is_one_line_naming_it(tmp_path):
         _open(fake)
 
 
+UNLABELLED = {  # which label reads no name -> (board, its label file, the channel's name, total label, rails)
+    "input rail": ("orin-nano", "sys/bus/i2c/devices/1-0040/hwmon/hwmon1/in1_label", "in1@1-0040",
+                   "derived: in1@1-0040 + VDD_CPU_GPU_CV + VDD_SOC", ("in1@1-0040", "VDD_CPU_GPU_CV", "VDD_SOC")),
+    "module rail": ("xavier-nx", "sys/bus/i2c/devices/7-0040/hwmon/hwmon1/in3_label", "in3@7-0040", "VDD_IN",
+                    ("VDD_IN", "VDD_CPU_GPU_CV", "in3@7-0040")),
+    "second monitor": ("agx-orin-jp6", "sys/bus/i2c/devices/1-0041/hwmon/hwmon2/in2_label", "in2@1-0041",
+                       "derived: VDD_GPU_SOC + VDD_CPU_CV + VIN_SYS_5V0 + in2@1-0041",
+                       ("VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0", "in2@1-0041")),
+    "iio input rail": ("nano", "sys/bus/i2c/drivers/ina3221x/6-0040/iio:device0/rail_name_0", "channel0@6-0040",
+                       "derived: channel0@6-0040 + POM_5V_GPU + POM_5V_CPU",
+                       ("channel0@6-0040", "POM_5V_GPU", "POM_5V_CPU")),
+}
+
+
+@pytest.mark.parametrize(("which", "how"), [(w, h) for w in sorted(UNLABELLED) for h in ("N/A\n", "")])
+def test_a_rail_label_that_names_no_rail_is_an_unlabelled_channel_said_in_the_notes(tmp_path, which, how):
+    """A label reading "N/A" (or nothing) on a channel whose files read is no rail name and no unconnected
+    channel: before, "N/A" became a rail named "N/A" (and on the input rail a derived total with no word why) and
+    an empty label was passed over as unconnected (VDD_IN's: a total of the module rails, under half the board's
+    power). Now the channel is named by its channel and monitor, never a guessed rail, counted in a derived total
+    (high, never low, if it is the input) and said once in the notes, naming the file."""
+    board, rel, name, total, rails = UNLABELLED[which]
+    fake = build_jetson(tmp_path / "root", board)
+    break_file(fake.root / rel, how)
+    device = _open(fake)
+    try:
+        assert device.sensor.rails == rails and device.sensor.total_label == total
+        reading = device.sensor.read()
+        assert reading.total_w == pytest.approx(sum(reading.rails.values()) if total.startswith("derived")
+                                                else reading.rails[total])
+        (note,) = [n for n in device.notes if str(fake.root / rel) in n]
+        read = "reads 'N/A'" if how else "is empty"
+        assert note.startswith(f"power rail {name} has no name ({fake.root / rel} {read}): ")
+        assert note.endswith("; check the ina3221 driver and its device-tree labels")
+        assert ("the total is derived" in note) == total.startswith("derived")
+        # "no board input rail on this module" is not said where the input rail may be the unlabelled channel
+        assert not any("no board input rail on this module" in n for n in device.notes)
+    finally:
+        device.close()
+
+
+def test_an_unlabelled_channel_without_reading_files_is_unconnected(tmp_path):
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    hw = fake.root / "sys/bus/i2c/devices/1-0040/hwmon/hwmon1"
+    break_file(hw / "in3_label", "N/A\n")
+    (hw / "in3_input").unlink()
+    (hw / "curr3_input").unlink()
+    device = _open(fake)
+    assert device.sensor.rails == ("VDD_IN", "VDD_CPU_GPU_CV") and device.sensor.total_label == "VDD_IN"
+    assert not any("in3" in n for n in device.notes)
+    device.close()
+
+
 @pytest.mark.parametrize("how", ["directory", "N/A\n", "306000000 N/A\n", ""])
 def test_a_gpu_frequency_table_that_cannot_be_read_is_one_line_naming_it(tmp_path, how):
     fake = build_jetson(tmp_path / "root", "orin-nano")

@@ -5,7 +5,9 @@ same code reads a live board and a copied or fake tree. Layouts handled (see the
 
 * power rails - INA3221 in the hwmon layout of JetPack 5+ (``in<K>_label``, ``in<K>_input`` mV,
   ``curr<K>_input`` mA) and the iio layout of JetPack 4 (``rail_name_<K>``, ``in_voltage<K>_input``,
-  ``in_current<K>_input``, ``in_power<K>_input`` mW); unconnected (``NC``) and sum channels are skipped.
+  ``in_current<K>_input``, ``in_power<K>_input`` mW); unconnected (``NC``) and sum channels are skipped. A
+  channel whose label names no rail (``N/A``, empty) but whose files read is named by its channel
+  (``in1@1-0040``), never by a guessed rail, and said in the notes (it may be the input rail).
   The board input rail (``VDD_IN``, ``POM_5V_IN``) is the total; where the board has none (AGX Orin
   monitors module rails only) the total is the sum of the rails, labelled ``derived: ...``.
 * GPU clock - the devfreq node whose ``device/of_node/name`` is a Jetson GPU (``ga10b``, ``gv11b`` ...),
@@ -59,6 +61,7 @@ from edgetune.power.jetson.rails import (
     find_rails,
     measure_update_period,
     median_change_gap,
+    unlabelled_notes,
 )
 from edgetune.power.jetson.thermal import board_temperature
 from edgetune.power.registry import PlatformProbe
@@ -169,9 +172,11 @@ def open(arg: str = "", *, root: str | os.PathLike | None = None, detect_period_
     for rail in sensor.rails:
         if rail in COMBINED_RAILS:
             notes.append(f"{rail} is one rail for the {COMBINED_RAILS[rail]}")
+    unlabelled = unlabelled_notes(rails, sensor.total_label)  # a label that names no rail: said, never guessed
+    notes += unlabelled
     if not sensor.total_label.startswith("derived"):
         notes.append(f"board total is the input rail {sensor.total_label}")
-    else:
+    elif not unlabelled:
         notes.append("no board input rail on this module: total is the sum of the monitored rails "
                      "(module side; the carrier board is not included)")
     if knobs and not any(k.writable for k in knobs.values()):

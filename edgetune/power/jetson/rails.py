@@ -20,11 +20,13 @@ __all__ = [
     "DEFAULT_DETECT_S",
     "DEFAULT_UPDATE_PERIOD_S",
     "INPUT_RAILS",
+    "UNREADABLE_LABELS",
     "JetsonPowerSensor",
     "Rail",
     "find_rails",
     "measure_update_period",
     "median_change_gap",
+    "unlabelled_notes",
 ]
 
 #: Board input rails, the figure a power budget is about, in order of preference.
@@ -44,6 +46,11 @@ _DETECT_MAX_CHANGES = 8
 _DETECT_MIN_CHANGES = 3
 #: The fix for a rail file that is gone or reads nonsense when the board is opened.
 RAIL_FIX = "check that the ina3221 driver is loaded (the board's power monitor)"
+#: Labels that name no rail (compared without case): what a label file reads where the driver could not give the
+#: channel its device-tree name. Such a channel with live files is an unlabelled rail, not an unconnected one
+#: (``NC``): it is named by its channel (``in1@1-0040``), never given a guessed name, and said in the notes, since
+#: it may be the board input rail that a total is about (:func:`unlabelled_notes`)
+UNREADABLE_LABELS = ("", "N/A")
 #: The INA3221 files: mV and mA (hwmon), mW (iio).
 _MILLI_PER_UNIT = 1e3
 _MICRO_PER_UNIT = 1e6
@@ -57,6 +64,9 @@ class Rail:
     voltage: FastReader | None = None  # mV
     current: FastReader | None = None  # mA
     power: FastReader | None = None  # mW (iio layout): one read instead of two
+    #: an unlabelled channel's label file, and what it read (:data:`UNREADABLE_LABELS`); None: a named rail
+    label_file: Path | None = None
+    label_read: str = ""
 
     def watts(self) -> float:
         if self.power is not None:
@@ -74,9 +84,25 @@ class Rail:
                 r.close()
 
 
+def _unlabelled(label: str) -> bool:
+    """Whether a label names no rail (:data:`UNREADABLE_LABELS`)."""
+    return label.strip().casefold() in {u.casefold() for u in UNREADABLE_LABELS}
+
+
 def _skip_channel(label: str) -> bool:
+    """An unconnected channel (``NC``) or the sum channel (``sum of shunt voltages``)."""
     tokens = re.split(r"[^A-Za-z0-9]+", label)
-    return not label or "NC" in tokens or "sum" in label.lower()
+    return "NC" in tokens or "sum" in label.lower()
+
+
+def _unlabelled_rail(label: str, label_file: Path, name: str, files: tuple[Path, ...]) -> Rail | None:
+    """An unlabelled channel as a rail named ``name`` (its channel), or None where its reading files are not
+    there (no reading: nothing a total could miss)."""
+    if not any(f.exists() for f in files):
+        return None
+    rail = _rail(name, files)
+    rail.label_file, rail.label_read = label_file, label
+    return rail
 
 
 def _hwmon_dirs(root: Path) -> list[Path]:
@@ -114,7 +140,9 @@ def find_rails(root: Path) -> list[Rail]:
     """Every connected INA3221 channel under ``root``, hwmon layout first, then iio; opened for reading.
 
     A channel is connected where its label names a rail (not ``NC``, not a sum); its files must then read a
-    number now, or the board is refused in one line (:func:`_rail`).
+    number now, or the board is refused in one line (:func:`_rail`). A channel whose label names no rail
+    (:data:`UNREADABLE_LABELS`) but whose reading files are there is an unlabelled rail, named by its channel
+    and monitor (``in1@1-0040``; iio: ``channel0@6-0040``) and marked (:attr:`Rail.label_file`).
     """
     rails: list[Rail] = []
     seen: set[str] = set()
@@ -123,26 +151,55 @@ def find_rails(root: Path) -> list[Rail]:
             for label_file in sorted(hw.glob("in*_label"), key=lambda p: int(re.sub(r"\D", "", p.name) or 0)):
                 k = re.sub(r"\D", "", label_file.name)
                 label = read_knob_text(label_file, f"power rail in{k}", RAIL_FIX)
+                files = (hw / f"in{k}_input", hw / f"curr{k}_input")
+                if _unlabelled(label):  # the monitor's device (1-0040) tells two INA3221s' channels apart
+                    rail = _unlabelled_rail(label, label_file, f"in{k}@{hw.parent.parent.name}", files)
+                    rails += [rail] if rail is not None else []
+                    continue
                 if _skip_channel(label) or label in seen:
                     continue
                 seen.add(label)
-                rails.append(_rail(label, (hw / f"in{k}_input", hw / f"curr{k}_input")))
+                rails.append(_rail(label, files))
         for dev in sorted((root / "sys/bus/i2c/drivers/ina3221x").glob("*/iio:device*")):
             for name_file in sorted(dev.glob("rail_name_*")):
                 k = name_file.name.rsplit("_", 1)[1]
                 label = read_knob_text(name_file, f"power rail channel {k}", RAIL_FIX)
-                if _skip_channel(label) or label in seen:
-                    continue
                 power, volt, curr = (dev / f"in_power{k}_input", dev / f"in_voltage{k}_input",
                                      dev / f"in_current{k}_input")
                 # JetPack 4's driver has the power file; without it, voltage times current
-                rails.append(_rail(label, (power,) if power.exists() or not volt.exists() else (volt, curr)))
+                files = (power,) if power.exists() or not volt.exists() else (volt, curr)
+                if _unlabelled(label):
+                    rail = _unlabelled_rail(label, name_file, f"channel{k}@{dev.parent.name}", files)
+                    rails += [rail] if rail is not None else []
+                    continue
+                if _skip_channel(label) or label in seen:
+                    continue
+                rails.append(_rail(label, files))
                 seen.add(label)
     except DeviceError:
         for r in rails:
             r.close()
         raise
     return rails
+
+
+def unlabelled_notes(rails: Sequence[Rail], total_label: str) -> list[str]:
+    """One note per unlabelled rail (:attr:`Rail.label_file`): the file, what it read, and what it does to the
+    total ``total_label``. Where no labelled input rail was found the total is derived from every rail, this one
+    included: it may be the input rail itself, whose label is what could not be read, and then the total reads
+    high (counting the module's rails twice), never low; where one was, the total is that rail."""
+    notes = []
+    derived = total_label.startswith(DERIVED_PREFIX)
+    for rail in rails:
+        if rail.label_file is None:
+            continue
+        read = f"reads {rail.label_read!r}" if rail.label_read else "is empty"
+        effect = ("the board input rail cannot be told apart, so the total is derived, the sum of every rail with "
+                  "this one (high if this is the input)" if derived else
+                  f"shown by its channel; the total is the input rail {total_label}")
+        notes.append(f"power rail {rail.name} has no name ({rail.label_file} {read}): {effect}; check the ina3221 "
+                     f"driver and its device-tree labels")
+    return notes
 
 
 def _hwmon_update_interval_s(root: Path) -> float | None:
