@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edgetune.power.base import (
+    ApplyError,
     Device,
     Knob,
     KnobValueError,
@@ -127,6 +128,34 @@ def test_device_apply_order_and_restore_all_even_if_one_fails():
     assert gstate["value"] == 624_750_000 and mode["v"] == "15W"
     with pytest.raises(KnobValueError, match="unknown knob 'foo'"):
         dev.apply({"foo": 1})
+
+
+def test_a_write_that_fails_partway_says_which_knobs_were_written():
+    """apply() writes in restore order (cpu_cores, emc_freq, gpu_freq here): a refused emc_freq leaves cpu_cores
+    written and gpu_freq not, and its ApplyError says so; a value not allowed, anywhere in the setting, is refused
+    before anything is written."""
+    written = []
+
+    def knob(name, values, refuse=None):
+        def write(v):
+            if v == refuse:
+                raise KnobWriteError(f"{name}: the kernel rejected {v} (EBUSY)")
+            written.append((name, v))
+
+        return Knob(name, "", values, read=lambda: values[-1], write=write)
+
+    dev = Device("test", "test device", True,
+                 {"gpu_freq": knob("gpu_freq", [1, 2]), "emc_freq": knob("emc_freq", [1, 2], refuse=1),
+                  "cpu_cores": knob("cpu_cores", [1, 2])},
+                 sensor=None, clock=RealClock(), run_step=lambda fn, b, c: fn())
+    with pytest.raises(ApplyError, match=r"^emc_freq: the kernel rejected 1 \(EBUSY\)$") as err:
+        dev.apply({"gpu_freq": 1, "emc_freq": 1, "cpu_cores": 1})
+    assert (err.value.knob, err.value.value, err.value.applied) == ("emc_freq", 1, {"cpu_cores": 1})
+    assert isinstance(err.value, KnobWriteError) and isinstance(err.value.error, KnobWriteError)
+    assert written == [("cpu_cores", 1)]
+    with pytest.raises(KnobValueError, match="gpu_freq"):
+        dev.apply({"cpu_cores": 2, "gpu_freq": 3})
+    assert written == [("cpu_cores", 1)]
 
 
 def test_restore_puts_the_power_mode_back_before_the_clocks_it_resets():

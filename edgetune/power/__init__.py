@@ -16,6 +16,7 @@ This package knows nothing of tuning.
 """
 
 from edgetune.power.base import (
+    ApplyError,
     Device,
     DeviceError,
     DeviceOutOfMemoryError,
@@ -34,6 +35,7 @@ from edgetune.power.registry import DEFAULT_DEVICE, PlatformProbe, open_device, 
 
 __all__ = [
     "DEFAULT_DEVICE",
+    "ApplyError",
     "Clock",
     "Device",
     "DeviceError",

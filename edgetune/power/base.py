@@ -43,6 +43,7 @@ __all__ = [
     "CPU_COMPUTE",
     "DERIVED_PREFIX",
     "MODE_KNOB",
+    "ApplyError",
     "Capability",
     "Clock",
     "ComputeDevice",
@@ -83,6 +84,29 @@ class KnobValueError(DeviceError, ValueError):
 
 class KnobWriteError(DeviceError):
     """The platform rejected a knob write (permission, kernel refusal, NVML error)."""
+
+
+class ApplyError(KnobWriteError):
+    """:meth:`Device.apply` stopped at a knob whose write failed: the knobs written before it are in force, the
+    ones after it were not written. Its message is that knob's own one-line error.
+
+    The failed knob is where its platform leaves a refused write: a plain :class:`Knob` as it was, a
+    :class:`~edgetune.power.state.RestorableKnob` put back as found (:attr:`Knob.original` None again; its
+    message then says so, or that restoring failed too).
+
+    Attributes:
+        knob: the knob whose write failed.
+        value: the value it was to take.
+        applied: the knobs written before it, with the values now in force (in the order written).
+        error: the knob's own error.
+    """
+
+    def __init__(self, knob: str, value: KnobValue, applied: Mapping[str, KnobValue], error: DeviceError) -> None:
+        super().__init__(str(error))
+        self.knob = knob
+        self.value = value
+        self.applied = dict(applied)
+        self.error = error
 
 
 class RestoreError(KnobWriteError):
@@ -672,32 +696,42 @@ class Device:
         return {name: knob.read() for name, knob in self.knobs.items()}
 
     def apply(self, setting: Mapping[str, KnobValue]) -> None:
-        """Set several knobs. Power modes go first: a mode change resets the clocks under it (nvpmodel writes
-        each clock's range and the online cores of the mode), so before the first one every other writable
-        knob's original is recorded too (:meth:`Knob.remember_original`), and :meth:`restore` puts the board
-        back as it was found, not at the mode's defaults."""
+        """Set several knobs, in :func:`restore_order`. Power modes go first: a mode change resets the clocks
+        under it (nvpmodel writes each clock's range and the online cores of the mode), so before the first one
+        every other writable knob's original is recorded too (:meth:`Knob.remember_original`), and
+        :meth:`restore` puts the board back as it was found, not at the mode's defaults.
+
+        Every value is checked before anything is written (:class:`KnobValueError`: nothing changed). A write
+        that fails raises :class:`ApplyError`, which says which knobs were written before it."""
         for name in setting:
             if name not in self.knobs:
                 raise KnobValueError(
                     f"unknown knob {name!r} on {self.name}; knobs here: {', '.join(self.knobs) or 'none'}"
                 )
+        values = {name: self.knobs[name].validate(value) for name, value in setting.items()}
         mode = self.knobs.get(MODE_KNOB)
         if MODE_KNOB in setting and mode is not None and mode.writable and mode.original is None:
-            mode.validate(setting[MODE_KNOB])  # a mode refused here changes nothing, not even the records
             for name, knob in self.knobs.items():
                 if knob is mode or not knob.writable:
                     continue
                 try:
                     knob.remember_original()
                 except (DeviceError, OSError, ValueError) as exc:
-                    if name in setting:  # its own write would fail the same way: say so now
+                    if name in setting:  # its own write would fail the same way: say so now (nothing written)
+                        if isinstance(exc, DeviceError):
+                            raise ApplyError(name, values[name], {}, exc) from exc
                         raise
                     # a knob the setting leaves alone and that cannot be read: the mode resets it all the
                     # same, and a failed read must not stop the setting
                     _log.warning("%s: its value before the power mode change could not be recorded (%s); it "
                                  "stays as the mode leaves it", name, exc)
-        for name in restore_order(setting):
-            self.knobs[name].set(setting[name])
+        applied: dict[str, KnobValue] = {}
+        for name in restore_order(values):
+            try:
+                self.knobs[name].set(values[name])
+            except DeviceError as exc:
+                raise ApplyError(name, values[name], applied, exc) from exc
+            applied[name] = values[name]
 
     def restore(self) -> list[str]:
         """Restore every changed knob to its original value; names of those restored.
