@@ -20,7 +20,7 @@ from hf_models import DictData, LabelledClassifier
 from torch.utils.data import TensorDataset
 
 import edgetune
-from edgetune.power import Knob, open_device
+from edgetune.power import Knob, KnobWriteError, open_device
 from edgetune.runtime import GuardParams, OnlineOptions, Plan, PlanError, load_plan
 from edgetune.runtime.guard import GuardMove
 from edgetune.workloads import load_workload
@@ -1826,3 +1826,165 @@ def test_the_guard_takes_the_lowest_setting_while_the_sensor_gives_no_reading(tm
     assert tuner.summary.guard_moves.get(GuardMove.BLIND) == 1 and GuardMove.CLIMB in tuner.summary.guard_moves
     warned = [r.getMessage() for r in caplog.records if "blind" in r.getMessage()]
     assert len(warned) == 1 and "(device sim:orin-nano)" in warned[0]
+
+
+# ---------------------------------------------------------------------------------------------- a knob write failing
+
+
+def _refusing(dev, name, after_s):
+    """``dev`` with knob ``name`` answering every write after ``after_s`` of device time as a busy kernel does
+    (the hardware boundary: the twin's knob, its driver refusing). Returns the device and the values tried."""
+    import dataclasses
+
+    real = dev.knobs[name]
+    tried = []
+
+    def write(value):
+        if dev.clock.now() > after_s:
+            tried.append(value)
+            raise KnobWriteError(f"{name}: the kernel rejected {value} for /sys/.../{name} (EBUSY: Device or "
+                                 f"resource busy)")
+        real._write(value)
+
+    knob = Knob(name, real.unit, real.values, read=real.read, write=write, description=real.description)
+    return dataclasses.replace(dev, knobs=dict(dev.knobs, **{name: knob})), tried
+
+
+@pytest.mark.parametrize(("knob", "budget_w", "written", "stays", "others"), [
+    ("gpu_freq", 6.5, "cpu_freq=115.2 MHz, emc_freq=204 MHz; ", "408 MHz", "emc_freq, cpu_freq"),
+    ("cpu_freq", 6.8, "", "1.4976 GHz", "gpu_freq, emc_freq"),
+], ids=["gpu_freq-after-two-written", "cpu_freq-first-written"])
+def test_a_knob_write_that_fails_mid_run_leaves_the_guard_at_the_clocks_in_force(knob, budget_w, written, stays,
+                                                                                  others, cnn_cost, caplog):
+    """A knob answers EBUSY from 2 s of device time; at 3 s the budget drops under what the plan's clocks draw. The
+    guard's trip writes cpu_freq, emc_freq, then gpu_freq (restore order): a failing gpu_freq leaves the first
+    two written, a failing cpu_freq none. The guard used to believe its lowest rung in force: the setting it
+    reported was not the board's, it never lowered the clocks it could (cpu_freq: 7.6 W over 6.8 W for 11 s)
+    and halved the batch 'at the lowest setting'. Now the setting is the board's at every tick, the knob is
+    written once and left as it is, one warning says so, and the guard holds the budget with the other knobs
+    and the batch size."""
+    model, opt, data = mlp()
+    dev, tried = _refusing(open_device("sim:orin-nano", seed=0), knob, after_s=2.0)
+    twin = dev.backend
+    plan = Plan(128, {"gpu_freq": 408000000}, 10.0, "sim:orin-nano")
+    wrong = []
+    with caplog.at_level(logging.WARNING, logger="edgetune"), edgetune.tune(
+            model, opt, dataset=data, device=dev, plan=plan, cost=cnn_cost, keep_trace=True,
+            print_summary=False) as tuner:
+        def compare():  # the setting the tuner reports against the one the board runs
+            if any(twin.settings()[k] != v for k, v in tuner.setting.items()):
+                wrong.append(dev.clock.now())
+
+        dev.clock.add_ticker(0.05, compare)
+        train_until(tuner, model, opt, 14.0, [(3.0, lambda: tuner.set_budget(budget_w))])
+        guard = tuner._guard
+        assert all(rung[knob] == tuner.setting[knob] for rung in guard.ladder)  # the ladder leaves it as it is
+        assert all(tuner.setting[k] == v for k, v in guard.ladder[guard.state.rung].items())  # its rung in force
+    assert wrong == []
+    assert len(tried) == 2  # the trip's write, then the restore's: never again in between
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith(f"{knob}: the kernel rejected ") and "(EBUSY: Device or resource busy)" in warned[0]
+    assert warned[0].endswith(f"; {knob} stays at {stays}; edgetune leaves {knob} as it is for the rest of the run; "
+                              f"the guard goes on with {others} and the batch size")
+    s = tuner.summary
+    events = [text for _, text in s.events]
+    trip = next(text for text in events if text.startswith("guard trip"))
+    assert trip.endswith(f": {written}{knob} not set (its write failed)")
+    shrinks = [text for text in events if text.startswith("guard shrink batch")]
+    assert shrinks and all(text.endswith(f"({knob} left as it is: its write failed)") for text in shrinks)
+    assert s.guard_moves[GuardMove.TRIP] >= 1 and s.guard_moves[GuardMove.SHRINK_BATCH] == len(shrinks)
+    # the budget held from 8 s on, with the clocks the guard could set and a smaller batch
+    t, avg = np.array(tuner.accounting.trace_t), np.array(tuner.accounting.trace_avg)
+    assert avg[t > 8.0].max() < budget_w
+    # the summary says what was not set; the knob still refuses, so its restore failed too, and says so
+    assert list(s.knobs_failed) == [knob] and f"write failed: {knob}: the kernel rejected" in s.table()
+    assert "(lowest setting it could set over the budget)" in s.table()
+    assert s.knobs_restored is False and any(text.startswith(f"restore failed: not restored on sim:orin-nano: {knob}")
+                                             for text in events)
+
+
+def test_online_tuning_goes_on_at_the_clock_in_force_when_its_clock_cannot_be_written(cnn_cost, caplog):
+    """The GPU clock answers EBUSY from 1 s of device time, in the middle of online tuning's exploration: the
+    write used to raise out of the user's optimizer.step(). Now the candidate that asked for another clock ends
+    unmeasured, the exploration goes on with the batch size at the clock in force, and settles there."""
+    dev, tried = _refusing(open_device("sim:orin-nano", seed=0, compute=False), "gpu_freq", after_s=1.0)
+    model = torch.nn.Linear(1, 1, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    data = TensorDataset(torch.zeros(2048, 1))
+    with caplog.at_level(logging.WARNING, logger="edgetune"), edgetune.tune(
+            model, opt, dataset=data, batch_size=32, budget_w=9.0, cost=cnn_cost, device=dev, print_summary=False,
+            online=OnlineOptions(batch_sizes=[16, 32, 64], b_noise=13.2)) as tuner:
+        while tuner.online.exploring:
+            for (x,) in tuner.loader:
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+                if not tuner.online.exploring:
+                    break
+        in_force = dev.backend.settings()["gpu_freq"]
+        assert tuner.setting["gpu_freq"] == in_force == 408000000
+    online = tuner.online
+    assert len(tried) == 2  # the candidate's write, then the restore's
+    events = [text for _, text in tuner.summary.events]
+    assert "online: candidate batch size 16, gpu_freq=510 MHz: not measured (gpu_freq could not be set)" in events
+    # the candidates after the failure ran at the clock in force, and the run settled on one of them
+    assert online.chosen.candidate.knobs["gpu_freq"] == in_force
+    assert online.measurements[-1].candidate.knobs["gpu_freq"] == in_force
+    settled = next(text for text in events if text.startswith("online: settled"))
+    assert "gpu_freq=408 MHz" in settled
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and warned[0].startswith("gpu_freq: the kernel rejected 510000000")
+    assert "gpu_freq stays at 408 MHz; edgetune leaves gpu_freq as it is for the rest of the run" in warned[0]
+
+
+def test_a_jetsons_clock_whose_write_fails_mid_run_is_put_back_as_found_and_left_there(tmp_path, monkeypatch,
+                                                                                         cnn_cost, caplog):
+    """The fake Orin Nano on a real clock: its kernel answers EBUSY to a lowered GPU max_freq once the run is under
+    way (another client holds the GPU's range). The Jetson backend puts the GPU's range back as found; the tuner
+    takes the clock as its governor runs it (the top of its range), online tuning explores the batch size there,
+    and the knob files end as they began."""
+    from edgetune.power import sysfs
+
+    fake = build_jetson(tmp_path / "root", "orin-nano")
+    monkeypatch.setenv("EDGETUNE_STATE_DIR", str(tmp_path / "state"))
+    gpu = "sys/devices/platform/bus@0/17000000.gpu/devfreq/17000000.gpu"
+    busy = {"on": False}
+    real_write = sysfs.write_checked
+
+    def kernel_write(path, value, what):
+        if busy["on"] and path.name == "max_freq" and int(value) < int(path.read_text()):
+            raise KnobWriteError(f"{what}: the kernel rejected {value} for {path} (EBUSY: Device or resource busy)")
+        real_write(path, value, what)
+
+    monkeypatch.setattr(sysfs, "write_checked", kernel_write)
+    before = fake.knob_state()
+    device = open_device("jetson", root=fake.root, detect_period_s=0)
+    model, opt, data = mlp()
+    options = OnlineOptions(batch_sizes=[16, 32, 64], steps_per_candidate=6, warmup_steps=2, max_candidates=4)
+    with caplog.at_level(logging.WARNING, logger="edgetune"), edgetune.tune(
+            model, opt, dataset=data, batch_size=32, budget_w=20, device=device, cost=cnn_cost, guard=False,
+            online=options, print_summary=False) as tuner:
+        busy["on"] = True  # the first candidate's 510 MHz is locked: from now on max_freq cannot go lower
+        while tuner.online.exploring:
+            for x, y in tuner.loader:
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if not tuner.online.exploring:
+                    break
+        files = fake.knob_state()
+        assert (files[f"{gpu}/min_freq"], files[f"{gpu}/max_freq"]) == (before[f"{gpu}/min_freq"],
+                                                                        before[f"{gpu}/max_freq"])
+        assert tuner._guard.anchor["gpu_freq"] == 624750000  # as its governor runs it under load
+    # (the other warnings: the model on the CPU, and online tuning's space far under a 20 W budget)
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("gpu_freq")]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("gpu_freq: the kernel rejected 306000000 for ") and "max_freq (EBUSY" in warned[0]
+    assert warned[0].endswith("; gpu_freq is back at its original value; edgetune leaves gpu_freq as it is for the "
+                              "rest of the run")
+    assert tuner.online.chosen.candidate.knobs["gpu_freq"] == 624750000
+    assert fake.knob_state() == before and tuner.summary.knobs_restored
+    assert list(tuner.summary.knobs_failed) == ["gpu_freq"]
+    device.close()

@@ -250,6 +250,7 @@ class RunSummary:
         guard_moves: how many moves of each kind the guard made (the batch-size halvings and doublings too).
         batch_size, setting: what was in force at the end.
         knobs_restored: whether every knob was back at its original value after exit.
+        knobs_failed: knobs whose write failed during the run, with the error: left as they were from then on.
         target: steps, time and energy to the training target (``tune(target=...)``); None without one.
     """
 
@@ -271,6 +272,7 @@ class RunSummary:
     setting: dict = field(default_factory=dict)
     knobs_restored: bool | None = None
     guard_moves: dict[GuardMove, int] = field(default_factory=dict)
+    knobs_failed: dict[str, str] = field(default_factory=dict)
     target: TargetOutcome | None = None
     #: steps that trained after the power sensor's last reading (it failed for good), and their device time:
     #: not in ``steps`` nor any figure (no reading measured them)
@@ -310,11 +312,13 @@ class RunSummary:
         texts = [text for _, text in self.events]
         if not self.measure_only:
             moves = self.guard_moves
+            lowest = "lowest setting it could set" if self.knobs_failed else "lowest setting"
             batch = (f", batch size halved {moves.get(GuardMove.SHRINK_BATCH, 0)}x and doubled "
-                     f"{moves.get(GuardMove.GROW_BATCH, 0)}x (lowest setting over the budget)"
+                     f"{moves.get(GuardMove.GROW_BATCH, 0)}x ({lowest} over the budget)"
                      if moves.get(GuardMove.SHRINK_BATCH) or moves.get(GuardMove.GROW_BATCH) else "")
             lines.append(f"guard: {moves.get(GuardMove.TRIP, 0)} trip(s), {moves.get(GuardMove.CLIMB, 0)} climb(s), "
                          f"{moves.get(GuardMove.UNDO_CLIMB, 0)} climb(s) undone (clock capped){batch}")
+        lines.extend(f"write failed: {why}; {name} left alone from then on" for name, why in self.knobs_failed.items())
         lines.extend(t for t in texts if t.startswith(("online: settled", "online: limit")))
         if self.target is not None:
             lines.append(self.target.line())

@@ -64,7 +64,16 @@ from typing import Any, TextIO
 import torch
 
 from edgetune.log import get_logger
-from edgetune.power.base import Device, DeviceError, KnobValue, WorkloadCost, format_value, is_out_of_memory
+from edgetune.power.base import (
+    ApplyError,
+    Device,
+    DeviceError,
+    Knob,
+    KnobValue,
+    WorkloadCost,
+    format_value,
+    is_out_of_memory,
+)
 from edgetune.power.clock import VirtualClock
 from edgetune.power.knobs import Candidate, check_batch_size, reads_running_clock
 from edgetune.power.monitor import PowerMonitor
@@ -241,6 +250,8 @@ class Tuner:
         self._guard_moves: Counter[GuardMove] = Counter()
         self._original: dict[str, KnobValue] = {}
         self._written: set[str] = set()  # knobs this tuner has set: their value in force is the one written
+        #: knobs whose write failed during the run, with the error: left as they are from then on (_knob_failed)
+        self._failed: dict[str, str] = {}
         self._label: tuple[dict[str, KnobValue], str] | None = None  # the setting label per step, cached
 
     # -- public API ---------------------------------------------------------------------------------------
@@ -364,7 +375,8 @@ class Tuner:
         return reached
 
     def apply_setting(self, setting: Mapping[str, KnobValue], why: str) -> None:
-        """Apply knob values and re-anchor the guard's ladder on them."""
+        """Apply knob values and re-anchor the guard's ladder on them. A knob whose write fails is left as it is
+        for the rest of the run, with a warning; :attr:`setting` says what is in force."""
         self._refuse_after_block("apply_setting()")
         with self._lock:
             self._apply(setting, why)
@@ -600,7 +612,7 @@ class Tuner:
             events=list(self.events), batch_size=self.batch_size,
             setting={k: format_value(v, self.device.knobs[k].unit) for k, v in self.setting.items()
                      if k in self.device.knobs and self.device.knobs[k].writable},
-            knobs_restored=restored_ok, guard_moves=dict(self._guard_moves),
+            knobs_restored=restored_ok, guard_moves=dict(self._guard_moves), knobs_failed=dict(self._failed),
             unmeasured_steps=self.accounting.unmeasured_steps, unmeasured_s=self.accounting.unmeasured_s,
         )
 
@@ -650,22 +662,101 @@ class Tuner:
 
     def _apply(self, setting: Mapping[str, KnobValue], why: str) -> None:
         dev = self.device
-        writable = {k: dev.knobs[k].validate(v) for k, v in setting.items() if k in dev.knobs and dev.knobs[k].writable}
-        skipped = sorted(set(setting) - set(writable))
+        settable = self._settable_knobs()
+        writable = {k: dev.knobs[k].validate(v) for k, v in setting.items() if k in settable and settable[k].writable}
+        failed = sorted(k for k in setting if k in self._failed)
+        skipped = sorted(set(setting) - set(writable) - set(failed))
         # a clock this tuner has not set reads the frequency running now: equal to the value asked for, it may
         # still be the governor's, so it is written (locked) all the same
         changes = {k: v for k, v in writable.items()
                    if self.setting.get(k) != v or (k not in self._written and reads_running_clock(k))}
-        if changes:
-            dev.apply(changes)
-            self.setting.update(changes)
-            self._written.update(changes)
+        failure = self._write(changes)
         # the chosen setting (clocks not set: as their governors run them): the guard climbs back to it, not above
         self._guard.anchor = self._governed_setting()
-        text = ", ".join(f"{k}={format_value(v, dev.knobs[k].unit)}" for k, v in changes.items())
+        text = self._written_text(changes, failure) or "knobs unchanged"
         if skipped and dev.knobs:
             text += f" (not settable here: {', '.join(skipped)})"
-        self._event(f"{why}; {text or 'knobs unchanged'}")
+        if failed:
+            text += f" ({', '.join(failed)} left as it is: its write failed)"
+        self._event(f"{why}; {text}")
+        if failure is not None:
+            self._warn_failed(failure)
+
+    def _settable_knobs(self) -> dict[str, Knob]:
+        """The device's knobs less those whose write failed during the run (:meth:`_knob_failed`)."""
+        return {k: v for k, v in self.device.knobs.items() if k not in self._failed}
+
+    def _write(self, changes: Mapping[str, KnobValue]) -> ApplyError | None:
+        """Write ``changes`` and record them in force; the failure, if a write failed (None: all written).
+
+        A write that fails while the block runs is no error of the user's loop: :meth:`_knob_failed` keeps
+        :attr:`setting` to what is in force and leaves the knob as it is from then on; the caller records its
+        move, then :meth:`_warn_failed`. Before the block runs (the plan, online tuning's first candidate) the
+        failure is raised: nothing has trained yet, and the knobs are restored on the way out."""
+        if not changes:
+            return None
+        try:
+            self.device.apply(changes)
+        except ApplyError as exc:
+            if not self._entered:
+                raise
+            self._knob_failed(exc)
+            return exc
+        self.setting.update(changes)
+        self._written.update(changes)
+        return None
+
+    def _knob_failed(self, exc: ApplyError) -> None:
+        """A write failed mid-run: :attr:`setting` takes the knobs written before it (``exc.applied``) and the
+        failed knob's value in force (as found where its platform put it back, else the value before the write);
+        the knob is left as it is for the rest of the run (out of the guard's ladder, the plan's and online
+        tuning's moves). The guard's ladder is rebuilt by the caller (:meth:`_guard_move`,
+        :meth:`apply_setting`)."""
+        name, knob = exc.knob, self.device.knobs[exc.knob]
+        self.setting.update(exc.applied)
+        self._written.update(exc.applied)
+        if knob.original is None:  # its platform put it back as found (its error says so): governed, if a clock
+            self.setting[name] = self._original[name]
+            self._written.discard(name)
+        self._failed[name] = str(exc)
+        in_force = self._governed_setting()[name]
+        self._guard.anchor = {**self._guard.anchor, name: in_force}
+        if self.online is not None:
+            self.online.knob_failed(name, in_force)
+
+    def _warn_failed(self, exc: ApplyError) -> None:
+        """One warning for a knob whose write failed (:meth:`_knob_failed`; once: it is never written again):
+        the error, the value it keeps, what the guard goes on with."""
+        name, knob = exc.knob, self.device.knobs[exc.knob]
+        # where its platform put it back as found, its error says so; a refused write leaves the value before it
+        stays = "" if knob.original is None else f"{name} stays at {format_value(self.setting[name], knob.unit)}; "
+        line = f"{exc}; {stays}edgetune leaves {name} as it is for the rest of the run{self._guard_goes_on()}"
+        self.events.append((self.device.clock.now(), line))
+        _log.warning("%s", line)
+
+    def _guard_goes_on(self) -> str:
+        """What the guard holds the budget with once a knob failed (:meth:`_knob_failed`): the knobs its ladder
+        moves without the failed ones, and the batch size where the batches come from the loader."""
+        if not (self._guard_enabled and not self.device.measure_only):
+            return ""
+        ladder = build_ladder(self._settable_knobs(), self._guard.anchor or self.setting)
+        if len(ladder) < 2:
+            return "; no other knob is left to the guard: it only reports from now on"
+        means = [k for k in ladder[0] if any(rung[k] != ladder[0][k] for rung in ladder)]
+        if self.loader is not None:
+            means.append("the batch size")
+        return f"; the guard goes on with {', '.join(means[:-1])} and {means[-1]}" if len(means) > 1 else \
+            f"; the guard goes on with {means[0]}"
+
+    def _written_text(self, changes: Mapping[str, KnobValue], failure: ApplyError | None) -> str:
+        """The knobs a move wrote, as text (with the one whose write failed, if one did)."""
+        knobs = self.device.knobs
+        written = changes if failure is None else failure.applied
+        text = ", ".join(f"{k}={format_value(v, knobs[k].unit)}" for k, v in written.items())
+        if failure is None:
+            return text
+        failed = f"{failure.knob} not set (its write failed)"
+        return f"{text}; {failed}" if text else failed
 
     # -- guard --------------------------------------------------------------------------------------------
     def _build_guard(self) -> None:
@@ -675,7 +766,7 @@ class Tuner:
         self._guard_active = self._guard_enabled and not dev.measure_only
         if not self._guard_active:
             return
-        ladder = build_ladder(dev.knobs, self._guard.anchor or self.setting)
+        ladder = build_ladder(self._settable_knobs(), self._guard.anchor or self.setting)
         self._guard.ladder = ladder
         if len(ladder) < 2:
             self._guard_active = False
@@ -728,7 +819,9 @@ class Tuner:
             self._blind_since = t
             decision = self._guard.blind(t, silent_s)
             _log.warning("guard %s (device %s)", decision.reason, self.device.name)
-            self._guard_move(decision)
+            # a knob whose write failed leaves a ladder without it: its lowest rung, until no write fails
+            while not self._guard_move(decision) and self._guard_active:
+                decision = self._guard.blind(t, silent_s)
         return False
 
     def _sample(self) -> None:
@@ -744,28 +837,40 @@ class Tuner:
         else:
             self.tap.sample()
 
-    def _guard_move(self, decision: Decision) -> None:
+    def _guard_move(self, decision: Decision) -> bool:
+        """Apply the guard's move; False where a knob's write failed (:meth:`_knob_failed`): the guard then
+        starts again at the setting in force, on a ladder without that knob."""
         if decision.batch_move:
             # the loader draws its next batch at the new size (not waiting for an epoch: the budget cannot
             # wait) and scales the learning rate when that batch reaches the loop (_on_resize)
             assert self.loader is not None and decision.batch_size is not None
-            self._event(f"guard {decision.reason}")
+            self._event(f"guard {self._reason(decision)}")
             self._guard_moves[decision.kind] += 1
             self.loader.resize_now(decision.batch_size)
-            return
+            return True
         rung = self._guard.ladder[decision.rung]
-        changes = {k: v for k, v in rung.items() if self.setting.get(k) != v and self.device.knobs[k].writable}
-        if changes:
-            self.device.apply(changes)
-            self.setting.update(changes)
-            self._written.update(changes)
-        text = ", ".join(f"{k}={format_value(v, self.device.knobs[k].unit)}" for k, v in changes.items())
-        self._event(f"guard {decision.reason}: {text}")
-        self._guard_moves[decision.kind] += 1
+        settable = self._settable_knobs()
+        changes = {k: v for k, v in rung.items() if self.setting.get(k) != v and k in settable and settable[k].writable}
+        reason = self._reason(decision)  # before the write: a knob failing now is no part of this decision
+        failure = self._write(changes)
+        self._event(f"guard {reason}: {self._written_text(changes, failure)}")
+        if failure is None or failure.applied:
+            self._guard_moves[decision.kind] += 1
+        if failure is not None:
+            self._warn_failed(failure)
+            self._build_guard()  # the ladder without the knob; the law's state at the rung in force
         if decision.kind is GuardMove.TRIP and self.online is not None and self.online.exploring:
             # the candidate being explored does not hold the budget: the online tuner records it, moves on
             power = self.tap.average(self.guard_params.fast_window_s)
             self._follow(self.online.on_guard_trip(self._run_state(), power))
+        return failure is None
+
+    def _reason(self, decision: Decision) -> str:
+        """The decision's reason for the event; where it speaks of the lowest setting while a knob's write has
+        failed, which knob that lowest setting leaves as it is."""
+        if decision.infeasible and self._failed:
+            return f"{decision.reason} ({', '.join(self._failed)} left as it is: its write failed)"
+        return decision.reason
 
     def _poll_budget_file(self) -> None:
         reading = self._budget.poll()

@@ -250,6 +250,9 @@ class _Window:
     done_s: float = 0.0
     done_j: float = 0.0
     done_peak_w: float = 0.0
+    #: the candidate's knob could not be written (:meth:`OnlineTuner.knob_failed`): its steps measure another
+    #: setting, so the window ends at the next step without a measurement
+    void: bool = False
 
     def step_time(self) -> float:
         return (self.last_t - self.first_t) / (self.steps - 1) if self.steps >= 2 else math.nan
@@ -361,6 +364,11 @@ class OnlineTuner:
     def after_step(self, now: RunState) -> OnlineDecision:
         """A step ended at ``now.t``: count it in the candidate's window; measure when the window is full."""
         w = self._window
+        if w is not None and w.void:
+            self._close_window(w)
+            note = (f"online: candidate batch size {w.candidate.batch_size}, {self._describe(w.candidate)}: not "
+                    f"measured ({self.primary} could not be set)")
+            return self._advance(now, (note,))
         if w is None or now.batch_size != w.candidate.batch_size:
             return _NOTHING  # the new batch size reaches the loop with the next batch
         t = now.t
@@ -395,7 +403,7 @@ class OnlineTuner:
         """The guard tripped (drawing ``power_w`` on its fast average): the candidate does not hold the
         budget. What it drew until then and its step time still inform the hardware model."""
         w = self._window
-        if w is None:
+        if w is None or w.void:  # a void window measures nothing: the next step ends it
             return _NOTHING
         self._close_window(w)
         return self._record(Measurement(w.candidate, w.steps, w.step_time(), power_w, power_w,
@@ -432,6 +440,19 @@ class OnlineTuner:
         self._close_window(w)
         return self._record(Measurement(w.candidate, 0, status=MeasurementStatus.OUT_OF_MEMORY), now)
 
+    def knob_failed(self, name: str, value: KnobValue) -> None:
+        """Knob ``name`` could not be written and stays at ``value`` for the rest of the run. Where it is the
+        knob the exploration varies, the candidates left are those at ``value`` (the ones measured at other
+        values still inform the hardware model, but cannot be settled on), and the candidate in force, if it
+        asked for another value, ends at the next step without a measurement (:meth:`after_step`). Any other
+        knob the candidates take as found (the controller writes none of them)."""
+        if name != self.primary or self._window is None:
+            return
+        self.values = [value]
+        self._queue = [c for c in self._queue if c.knobs.get(name) == value]
+        if self._window.candidate.knobs.get(name) != value:
+            self._window.void = True
+
     def _close_window(self, w: _Window) -> None:
         if w.open and not (w.paused or w.resuming):
             self._windows.end_window("online")
@@ -444,12 +465,16 @@ class OnlineTuner:
         status = m.status.value
         what = figures if m.status is MeasurementStatus.OK else (f"{status} ({figures})" if m.usable else status)
         note = f"online: candidate batch size {m.candidate.batch_size}, {self._describe(m.candidate)}: {what}"
+        return self._advance(now, (note,))
+
+    def _advance(self, now: RunState, notes: tuple[str, ...]) -> OnlineDecision:
+        """The next candidate (``MOVE``), or the end of the exploration; ``notes`` first among its notes."""
         nxt = self._next_candidate(now)
         if nxt is None:
             settled = self._settle(now)
-            return OnlineDecision(settled.kind, settled.candidate, (note, *settled.notes), settled.warnings)
+            return OnlineDecision(settled.kind, settled.candidate, (*notes, *settled.notes), settled.warnings)
         self._window = _Window(nxt)
-        return OnlineDecision(OnlineMove.MOVE, nxt, (note,))
+        return OnlineDecision(OnlineMove.MOVE, nxt, notes)
 
     def _describe(self, c: Candidate) -> str:
         if self.primary is None:
@@ -457,7 +482,10 @@ class OnlineTuner:
         return f"{self.primary}={format_value(c.knobs[self.primary], self._knobs[self.primary].unit)}"
 
     def _ok(self) -> list[Measurement]:
-        return [m for m in self.measurements if m.status is MeasurementStatus.OK]
+        """The measurements that held nothing wrong and can still be run (at a value of the primary knob that
+        can be set: :meth:`knob_failed`)."""
+        return [m for m in self.measurements if m.status is MeasurementStatus.OK
+                and (self.primary is None or m.candidate.knobs.get(self.primary) in self.values)]
 
     def _features(self, c: Candidate) -> dict[str, float]:
         names = [self.primary] if self.primary else []
@@ -583,8 +611,8 @@ class OnlineTuner:
         Rungs below the primary knob's lowest value (CPU, EMC clocks down) keep the frequency prior's
         shape (over ``knobs``, the device's), anchored at the model's prediction for the lowest primary rung.
         """
-        if self.model is None or self.primary is None:
-            return None
+        if self.model is None or self.primary is None or len({r.get(self.primary) for r in ladder}) < 2:
+            return None  # the model knows the primary knob and the batch size: a ladder that leaves it gets none
         try:
             pred = self.model.predict([{self.primary: float(r[self.primary]), "batch_size": batch_size}
                                        for r in ladder])
