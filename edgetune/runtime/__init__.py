@@ -2,7 +2,11 @@
 
 * :mod:`~edgetune.runtime.api` - :func:`tune`, the entry point (keyword arguments in, a :class:`Tuner` out);
 * :mod:`~edgetune.runtime.controller` - the :class:`Tuner`: applies the plan and the decisions of the guard
-  and the online tuner, marks steps, restores the knobs;
+  and the online tuner, marks steps, restores the knobs; its parts: :mod:`~edgetune.runtime.arguments`
+  (``tune()``'s arguments checked), :mod:`~edgetune.runtime.one_run` (one tuner per run),
+  :mod:`~edgetune.runtime.knob_state` (the knob values in force and the writes that change them),
+  :mod:`~edgetune.runtime.lifecycle` (the run's setup and exit), :mod:`~edgetune.runtime.guard_drive` (the
+  guard's ticks and moves), :mod:`~edgetune.runtime.steps` (the step boundaries, the online tuner's moves);
 * :mod:`~edgetune.runtime.settings` - the groups of settings a :class:`Tuner` is built from;
 * :mod:`~edgetune.runtime.plan` - the plan (``best.json`` of ``edgetune search``) and its reader;
 * :mod:`~edgetune.runtime.budget` - the budget over device time: API, watched file, SIGUSR1;

@@ -1,0 +1,140 @@
+"""The knob values in force on a tuned run, and the writes that change them.
+
+:class:`KnobState` keeps what the :class:`~edgetune.runtime.controller.Tuner` knows of the device's knobs: the
+values found when the run began, the values in force (``tuner.setting``), which knobs the run has written (a
+clock it has not written runs as its governor runs it: :func:`~edgetune.runtime.board.governed_setting`) and
+which failed to write (left as they are for the rest of the run). It writes through
+:meth:`~edgetune.power.base.Device.apply` and keeps its records true when a write fails partway
+(:class:`~edgetune.power.base.ApplyError`). The controller decides when to write, and records the events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from edgetune.power.base import ApplyError, Device, Knob, KnobValue, format_value
+from edgetune.power.knobs import reads_running_clock
+from edgetune.runtime.board import governed_setting
+
+__all__ = ["KnobState"]
+
+
+class KnobState:
+    """The knobs of one run's device: as found, in force, written, failed.
+
+    Attributes:
+        device: the device (None until :meth:`start`).
+        original: every knob's value when the run began.
+        setting: every knob's value in force (a clock the run has not written: its reading at the start).
+        written: the knobs the run has written: their value in force is the one written.
+        failed: knobs whose write failed during the run, with the error: never written again.
+    """
+
+    def __init__(self) -> None:
+        self.device: Device | None = None
+        self.original: dict[str, KnobValue] = {}
+        self.setting: dict[str, KnobValue] = {}
+        self.written: set[str] = set()
+        self.failed: dict[str, str] = {}
+        self._label: tuple[dict[str, KnobValue], str] | None = None  # the setting label per step, cached
+
+    def start(self, device: Device) -> None:
+        """The run begins on ``device``: every knob as found is in force."""
+        self.device = device
+        self.original = device.settings()
+        self.setting = dict(self.original)
+
+    @property
+    def knobs(self) -> dict[str, Knob]:
+        assert self.device is not None, "start() first"
+        return self.device.knobs
+
+    def governed(self) -> dict[str, KnobValue]:
+        """The setting in force, the clocks the run has not written as their governors run them
+        (:func:`~edgetune.runtime.board.governed_setting`)."""
+        assert self.device is not None, "start() first"
+        return governed_setting(self.device, self.setting, self.written)
+
+    def settable(self) -> dict[str, Knob]:
+        """The device's knobs less those whose write failed during the run."""
+        return {k: v for k, v in self.knobs.items() if k not in self.failed}
+
+    def changes_for(self, setting: Mapping[str, KnobValue]) -> tuple[dict[str, KnobValue], list[str], list[str]]:
+        """What writing ``setting`` changes (its values checked against the knobs' tables), and the knobs of
+        ``setting`` left out: not settable here (unknown, read-only), and failed during the run."""
+        settable = self.settable()
+        writable = {k: self.knobs[k].validate(v) for k, v in setting.items() if k in settable and settable[k].writable}
+        failed = sorted(k for k in setting if k in self.failed)
+        skipped = sorted(set(setting) - set(writable) - set(failed))
+        # a clock the run has not set reads the frequency running now: equal to the value asked for, it may
+        # still be the governor's, so it is written (locked) all the same
+        changes = {k: v for k, v in writable.items()
+                   if self.setting.get(k) != v or (k not in self.written and reads_running_clock(k))}
+        return changes, skipped, failed
+
+    def rung_changes(self, rung: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
+        """The knobs a guard rung changes, those the run can set."""
+        settable = self.settable()
+        return {k: v for k, v in rung.items() if self.setting.get(k) != v and k in settable and settable[k].writable}
+
+    def write(self, changes: Mapping[str, KnobValue]) -> None:
+        """Write ``changes`` (:meth:`~edgetune.power.base.Device.apply`) and record them in force; an
+        :class:`~edgetune.power.base.ApplyError` is raised as it is (:meth:`fail` records it)."""
+        if not changes:
+            return
+        assert self.device is not None, "start() first"
+        self.device.apply(changes)
+        self.setting.update(changes)
+        self.written.update(changes)
+
+    def fail(self, exc: ApplyError) -> KnobValue:
+        """A write failed: the knobs written before it are in force (``exc.applied``), and the failed knob at its
+        value in force: as found where its platform put it back (:attr:`~edgetune.power.base.Knob.original` None
+        again), else the value before the write. It is never written again. Returns that value, a clock not
+        written as its governor runs it."""
+        name, knob = exc.knob, self.knobs[exc.knob]
+        self.setting.update(exc.applied)
+        self.written.update(exc.applied)
+        if knob.original is None:  # its platform put it back as found (its error says so): governed, if a clock
+            self.setting[name] = self.original[name]
+            self.written.discard(name)
+        self.failed[name] = str(exc)
+        return self.governed()[name]
+
+    def stays(self, exc: ApplyError) -> str:
+        """For the warning on a failed write (:meth:`fail`): the value the knob keeps, where its error does not
+        say it (a refused write leaves the value before it; a platform that put the knob back as found says so)."""
+        name, knob = exc.knob, self.knobs[exc.knob]
+        return "" if knob.original is None else f"{name} stays at {format_value(self.setting[name], knob.unit)}; "
+
+    def written_text(self, changes: Mapping[str, KnobValue], failure: ApplyError | None) -> str:
+        """The knobs a move wrote, as text (with the one whose write failed, if one did)."""
+        knobs = self.knobs
+        written = changes if failure is None else failure.applied
+        text = ", ".join(f"{k}={format_value(v, knobs[k].unit)}" for k, v in written.items())
+        if failure is None:
+            return text
+        failed = f"{failure.knob} not set (its write failed)"
+        return f"{text}; {failed}" if text else failed
+
+    def label(self) -> str:
+        """The setting in force as text (per step in the accounting; formatted again only when it changed)."""
+        if self._label is not None and self._label[0] == self.setting:
+            return self._label[1]
+        knobs = self.knobs
+        text = " ".join(f"{k}={format_value(v, knobs[k].unit)}" for k, v in self.setting.items()
+                        if k in knobs and knobs[k].writable)
+        self._label = (dict(self.setting), text)
+        return text
+
+    def formatted(self) -> dict[str, str]:
+        """The writable knobs' values in force, formatted in their units (the summary's ``setting``)."""
+        knobs = self.knobs
+        return {k: format_value(v, knobs[k].unit) for k, v in self.setting.items() if k in knobs and knobs[k].writable}
+
+    def as_found(self, device: Device) -> bool:
+        """Whether every knob of ``device`` reads its value as found (after a restore; true where the run ended
+        before it began). A clock reads the running frequency, which a governor moves: its restore is the
+        write's success, not compared."""
+        now = device.settings()
+        return all(now.get(k) == v for k, v in self.original.items() if not reads_running_clock(k))
