@@ -8,6 +8,7 @@
   :mod:`~edgetune.runtime.lifecycle` (the run's setup and exit), :mod:`~edgetune.runtime.guard_drive` (the
   guard's ticks and moves), :mod:`~edgetune.runtime.steps` (the step boundaries, the online tuner's moves);
 * :mod:`~edgetune.runtime.settings` - the groups of settings a :class:`Tuner` is built from;
+* :mod:`~edgetune.runtime.processes` - several training processes on one machine (torchrun): what each tunes;
 * :mod:`~edgetune.runtime.plan` - the plan (``best.json`` of ``edgetune search``) and its reader;
 * :mod:`~edgetune.runtime.budget` - the budget over device time: API, watched file, SIGUSR1;
 * :mod:`~edgetune.runtime.ticker` - the guard's periodic call on the device clock;
@@ -26,9 +27,11 @@ from edgetune.runtime.controller import Tuner
 from edgetune.runtime.guard import GuardParams
 from edgetune.runtime.online import OnlineOptions
 from edgetune.runtime.plan import Plan, PlanError, load_plan
+from edgetune.runtime.processes import LocalProcesses
 from edgetune.runtime.settings import GuardSettings, LoaderSettings, RecordSettings, TargetSettings
 from edgetune.runtime.target import Target, TargetOutcome
 
-__all__ = ["EpochRecord", "GuardParams", "GuardSettings", "LoaderSettings", "OnlineOptions", "Plan", "PlanError",
+__all__ = ["EpochRecord", "GuardParams", "GuardSettings", "LoaderSettings", "LocalProcesses", "OnlineOptions", "Plan",
+           "PlanError",
            "RecordSettings", "RunSummary", "StepRecord", "Target", "TargetOutcome", "TargetSettings", "Tuner",
            "Violation", "load_plan", "tune"]

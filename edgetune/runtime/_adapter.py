@@ -7,17 +7,16 @@ import atexit
 import os
 import types
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from edgetune.log import get_logger
-from edgetune.power.base import Capability
 from edgetune.runtime.api import tune
 from edgetune.runtime.board import device_spec, model_device
 from edgetune.runtime.controller import Tuner
 from edgetune.runtime.plan import load_plan
+from edgetune.runtime.processes import LocalProcesses
 from edgetune.runtime.target import TargetTracker
 
 __all__ = ["batch_samples"]
@@ -82,17 +81,13 @@ class _Adapter:
         if self.tuner is not None:  # a train() that ended on an exception the framework gave no hook for
             self._stop()
         options = dict(self.options)
-        if local_rank:
-            options["runs_file"] = None
-            if options.get("log") is not None:  # steps.csv -> steps.rank1.csv
-                log = Path(options["log"])
-                options["log"] = log.with_name(f"{log.stem}.rank{local_rank}{log.suffix}")
-        if resumed_at and options.get("runs_file") is not None:
+        if resumed_at and not local_rank and options.get("runs_file") is not None:
             _log.warning("this run resumes from a checkpoint at step %d: its steps to the target did not start at "
                          "zero, so it is not recorded in %s", resumed_at, os.fspath(options["runs_file"]))
             options["runs_file"] = None
         tuner = tune(model, _innermost(optimizer), batch_size=batch_size, budget_w=self.budget_w,
-                     device=self.device, plan=self.plan, online=False, schedulers=list(schedulers), **options)
+                     device=self.device, plan=self.plan, online=False, schedulers=list(schedulers),
+                     processes=LocalProcesses(max(processes, local_rank + 1), local_rank), **options)
         tuner.__enter__()
         self.tuner = tuner
         if not self._atexit:
@@ -100,8 +95,6 @@ class _Adapter:
             self._atexit = True
         if resumed_at:
             tuner._event(f"resumed from a checkpoint at step {resumed_at}: steps are counted from there")
-        if processes > 1:
-            self._shared_by(tuner, processes, own_gpu=tuner._own_gpu)
 
     def _tunes_own_gpu(self, model: torch.nn.Module | None) -> bool:
         """Whether this process's tuner takes the GPU its model trains on (``device="nvml"``, or ``auto``
@@ -110,29 +103,6 @@ class _Adapter:
         if not isinstance(self.device, str):
             return False
         return device_spec(self.device, model_device(model), **(self.options.get("device_options") or {}))[1]
-
-    @staticmethod
-    def _shared_by(tuner: Tuner, processes: int, *, own_gpu: bool = False) -> None:
-        """``processes`` train on this machine (DDP), each on a batch of the tuner's size. Where each tunes its
-        own GPU (``own_gpu``) the budget holds each GPU; else this one (local rank 0) tunes. A sensor of the
-        whole machine (a Jetson's rails, RAPL) measures them all, so each step trains ``processes`` times this
-        process's samples; a GPU this process names by number (``nvml:0``) measures that GPU alone, and the
-        others' GPUs are neither tuned nor held to the budget: a warning says so."""
-        device = tuner.device
-        if own_gpu:
-            tuner._event(f"{processes} training processes on this machine: each tunes and measures the GPU it "
-                         f"trains on under the {tuner.budget_w:g}-W budget (this one: {device.name})")
-            return
-        if device.has(Capability.WHOLE_MACHINE):
-            tuner._processes_measured = processes
-            tuner._event(f"{processes} training processes share this machine: this one (local rank 0) tunes the "
-                         f"board; its power is theirs, so each step counts {processes} times this process's "
-                         f"samples (each trains the same batch, as DDP does)")
-            return
-        _log.warning("%d training processes on this machine: this one (local rank 0) tunes and measures %s alone; "
-                     "the other processes' devices are neither tuned nor held to the %g-W budget, and the energy "
-                     "per sample is %s's over this process's samples (with device='nvml' each process tunes "
-                     "the GPU it trains on)", processes, device.name, tuner.budget_w, device.name)
 
     def _follow_only(self) -> None:
         """This process trains but does not tune (local rank > 0): it follows the target alone, from the same

@@ -38,7 +38,8 @@ each step counts every process's samples (each trains the same batch, as DDP doe
 With ``device="nvml"``, or ``auto`` picking an NVIDIA GPU, every process tunes the GPU its model trains on,
 each held to the budget; local rank 0 alone records the run in ``runs_file``, and a ``log=`` file gets each
 other rank's number in its name (``steps.rank1.csv``). A GPU named by number (``nvml:0``) is local rank 0's
-alone: the other processes' GPUs are neither tuned nor held to the budget, and a warning says so.
+alone: the other processes' GPUs are neither tuned nor held to the budget, and a warning says so. The rules
+are ``tune()``'s own (:mod:`edgetune.runtime.processes`); the callbacks give it the framework's count and rank.
 
 Hugging Face::
 

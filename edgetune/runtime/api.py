@@ -20,6 +20,7 @@ from edgetune.runtime.controller import Tuner
 from edgetune.runtime.guard import GuardParams
 from edgetune.runtime.online import OnlineOptions
 from edgetune.runtime.plan import Plan
+from edgetune.runtime.processes import LocalProcesses
 from edgetune.runtime.settings import GuardSettings, LoaderSettings, RecordSettings, TargetSettings
 from edgetune.runtime.target import Target
 
@@ -37,7 +38,8 @@ def tune(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer 
          print_summary: bool | TextIO = True, keep_trace: bool = False,
          loader_options: Mapping[str, Any] | None = None,
          device_options: Mapping[str, Any] | None = None, target: Target | None = None,
-         runs_file: str | os.PathLike | None = None, workload: str | None = None) -> Tuner:
+         runs_file: str | os.PathLike | None = None, workload: str | None = None,
+         processes: LocalProcesses | None = None) -> Tuner:
     """Wrap a PyTorch training loop: apply a tuned plan (or tune online), keep power under the budget.
 
     The keyword arguments are grouped into the :class:`Tuner`'s settings (:class:`LoaderSettings`,
@@ -85,6 +87,12 @@ def tune(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer 
             or Ctrl-C, or whose batch size changed). Runs at a few batch sizes make the table that
             ``edgetune search --steps-to-target runs.csv`` ranks batch sizes by, instead of the noise-scale law.
         workload: the workload name the row carries (as ``edgetune search`` names it; default: the plan's).
+        processes: the training processes on this machine and this one's local rank
+            (:class:`~edgetune.runtime.processes.LocalProcesses`; default: ``torchrun``'s ``LOCAL_WORLD_SIZE``
+            and ``LOCAL_RANK``). On a board whose sensor measures every process (a Jetson, RAPL) local rank 0
+            tunes and each step counts every process's samples; a tuner in another local rank is refused.
+            With ``device="nvml"`` or ``auto`` every process tunes the GPU it trains on. Local rank 0 alone
+            records the run in ``runs_file``; another rank's ``log`` gets its rank in its name.
 
     Example, on the simulated Orin Nano (a real CPU training run; the twin supplies time and power):
 
@@ -114,6 +122,8 @@ def tune(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer 
         if unknown:
             raise ValueError(f"online= has no option {', '.join(map(repr, unknown))}; its options: {', '.join(known)}")
         online = OnlineOptions(**online)  # {}: online tuning with every option at its default
+    if processes is not None and not isinstance(processes, LocalProcesses):
+        raise TypeError(f"processes= takes a LocalProcesses(count, rank) (None: torchrun's), got {processes!r}")
     if not isinstance(guard, (bool, GuardParams)):
         raise TypeError(f"guard= takes True, False or a GuardParams, got {guard!r}")
     if monitor_rate_hz is not None and (isinstance(monitor_rate_hz, bool) or not isinstance(monitor_rate_hz, Real)
@@ -128,4 +138,4 @@ def tune(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer 
                  guard=GuardSettings.of(guard),
                  record=RecordSettings(log=log, keep_trace=keep_trace, print_summary=print_summary,
                                        monitor_rate_hz=monitor_rate_hz),
-                 target=TargetSettings(target=target, runs_file=runs_file, workload=workload))
+                 target=TargetSettings(target=target, runs_file=runs_file, workload=workload), processes=processes)

@@ -8,6 +8,7 @@ where no plan is given, the default settings) and returns them as :class:`RunArg
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from edgetune.power.knobs import check_batch_size
 from edgetune.runtime.budget import check_watts
 from edgetune.runtime.online import OnlineOptions
 from edgetune.runtime.plan import Plan, load_plan
+from edgetune.runtime.processes import LocalProcesses
 from edgetune.runtime.settings import GuardSettings, LoaderSettings, RecordSettings, TargetSettings
 from edgetune.runtime.target import runs_workload
 
@@ -37,6 +39,9 @@ class RunArguments:
         target: the training target's settings.
         runs_workload: the workload name the runs file records (:func:`~edgetune.runtime.target.runs_workload`).
         loader, record, guard: the groups of settings, defaults filled in.
+        processes: the training processes on this machine and this one's local rank (given, else torchrun's):
+            another rank than 0 records no run (``target.runs_file`` dropped) and its ``record.log`` has its
+            rank in its name (:meth:`~edgetune.runtime.processes.LocalProcesses.own_path`).
     """
 
     plan: Plan | None
@@ -48,14 +53,15 @@ class RunArguments:
     loader: LoaderSettings
     record: RecordSettings
     guard: GuardSettings
+    processes: LocalProcesses
 
 
 def check_arguments(optimizer: torch.optim.Optimizer | None, *, dataset: Any, plan: str | os.PathLike | Plan | None,
                     batch_size: int | None, budget_w: float | None, online: bool | OnlineOptions | None,
                     loader: LoaderSettings | None, guard: GuardSettings | None, record: RecordSettings | None,
-                    target: TargetSettings | None) -> RunArguments:
+                    target: TargetSettings | None, processes: LocalProcesses | None = None) -> RunArguments:
     """Check ``tune()``'s arguments, in this order: the plan, the budget, the batch size, what online tuning
-    needs, the runs file, the log file (never overwritten)."""
+    needs, the local processes, the runs file, the log file (never overwritten)."""
     plan = plan if isinstance(plan, Plan) else (load_plan(plan) if plan is not None else None)
     if budget_w is None and plan is not None:
         budget_w = plan.budget_w
@@ -76,13 +82,18 @@ def check_arguments(optimizer: torch.optim.Optimizer | None, *, dataset: Any, pl
     if online and batch_size is None and dataset is None:
         raise ValueError("give batch_size or a dataset: online tuning changes the batch size through tuner.loader")
     options = (online if isinstance(online, OnlineOptions) else OnlineOptions()) if online else None
+    processes = processes if processes is not None else LocalProcesses.from_env()
     target = target or TargetSettings()
+    if processes.rank:  # local rank 0 records the run
+        target = dataclasses.replace(target, runs_file=None)
     workload = runs_workload(target.runs_file, target.workload, online=bool(online),
                              plan_workload=plan.workload if plan is not None else None)
     record = record or RecordSettings()
+    if processes.rank and record.log is not None:  # steps.csv -> steps.rank1.csv
+        record = dataclasses.replace(record, log=processes.own_path(record.log))
     if record.log is not None and os.path.exists(record.log):
         raise ValueError(f"log file {os.fspath(record.log)} exists: edgetune never overwrites a log; "
                          f"move it away or name another")
     return RunArguments(plan=plan, budget_w=budget_w, batch_size=batch_size, online=options, target=target,
                         runs_workload=workload, loader=loader or LoaderSettings(), record=record,
-                        guard=guard or GuardSettings())
+                        guard=guard or GuardSettings(), processes=processes)

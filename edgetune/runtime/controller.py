@@ -87,6 +87,7 @@ from edgetune.runtime.lifecycle import RunLifecycle
 from edgetune.runtime.loader import BatchLoader, rescale_lr
 from edgetune.runtime.online import OnlineOptions, OnlineTuner
 from edgetune.runtime.plan import Plan, PlanError, load_plan
+from edgetune.runtime.processes import LocalProcesses
 from edgetune.runtime.settings import GuardSettings, LoaderSettings, RecordSettings, TargetSettings
 from edgetune.runtime.steps import StepHooks
 from edgetune.runtime.target import TargetTracker
@@ -121,7 +122,8 @@ class Tuner(RunLifecycle, GuardDrive, StepHooks):
                  online: bool | OnlineOptions | None = None, cost: WorkloadCost | None = None,
                  schedulers: Sequence[Any] = (),
                  loader: LoaderSettings | None = None, guard: GuardSettings | None = None,
-                 record: RecordSettings | None = None, target: TargetSettings | None = None) -> None:
+                 record: RecordSettings | None = None, target: TargetSettings | None = None,
+                 processes: LocalProcesses | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         #: the optimizer's learning-rate schedulers, scaled with its rate (:meth:`add_scheduler`)
@@ -129,11 +131,15 @@ class Tuner(RunLifecycle, GuardDrive, StepHooks):
         self._scheduler_warned = False
         self._dataset = dataset
         args = check_arguments(optimizer, dataset=dataset, plan=plan, batch_size=batch_size, budget_w=budget_w,
-                               online=online, loader=loader, guard=guard, record=record, target=target)
+                               online=online, loader=loader, guard=guard, record=record, target=target,
+                               processes=processes)
         self.plan: Plan | None = args.plan
         budget_w, batch_size = args.budget_w, args.batch_size
         self._online_options = args.online
         self.target_settings = args.target
+        #: the training processes on this machine (torchrun's, by default) and this one's local rank
+        #: (:mod:`edgetune.runtime.processes`)
+        self.processes = args.processes
         self._runs_workload = args.runs_workload
         self._tracker = TargetTracker(self.target_settings.target) if self.target_settings.target else None
         self._wall_start = math.nan

@@ -30,6 +30,7 @@ from edgetune.runtime.board import model_device, placement_warning
 from edgetune.runtime.loader import BatchLoader, base_lr, rescale_lr
 from edgetune.runtime.online import DEFAULT_START_BATCH_SIZE, OnlineTuner
 from edgetune.runtime.plan import Plan, PlanError, training_mismatch, untuned_mismatch, workload_mismatch
+from edgetune.runtime.processes import LocalProcesses, machine_share
 from edgetune.runtime.settings import RUNTIME_MONITOR_RATE_HZ
 from edgetune.runtime.target import TargetOutcome, finish
 from edgetune.runtime.ticker import Ticker
@@ -96,6 +97,7 @@ class RunLifecycle:
     loader_settings: LoaderSettings
     record: RecordSettings
     target_settings: TargetSettings
+    processes: LocalProcesses
     _lock: threading.RLock
     _entered: bool
     _wall_start: float
@@ -117,6 +119,8 @@ class RunLifecycle:
     _ticks: int
     _update_every: int
     _owns_device: bool
+    _own_gpu: bool
+    _processes_measured: int
     _scheduler_warned: bool
 
     def _enter(self) -> None:
@@ -143,6 +147,7 @@ class RunLifecycle:
         simulated = " (simulated)" if dev.simulated and "simulated" not in dev.description else ""
         self._event(f"device {dev.name}: {dev.description}{simulated}")
         self._check_model_placement()
+        self._share_machine()
         self.accounting = Accounting(self.tap, self.budget_at, window_s=self.monitor.avg_window_s,
                                      log=self.record.log, keep_trace=self.record.keep_trace,
                                      budgets_at=self._budget.at_times)
@@ -200,6 +205,19 @@ class RunLifecycle:
         self._poll_budget_file()
         self._budget.watch()
         self._entered = True
+
+    def _share_machine(self) -> None:
+        """Among several training processes on this machine: what this tuner does
+        (:func:`~edgetune.runtime.processes.machine_share`); refused before any knob is set where another
+        local rank tunes the board."""
+        share = machine_share(self.processes, self.device, self._budget.current_w, own_gpu=self._own_gpu)
+        if share.refusal is not None:
+            raise RuntimeError(share.refusal)
+        self._processes_measured = share.samples_factor
+        if share.event is not None:
+            self._event(share.event)
+        if share.warning is not None:
+            self._warn(share.warning, event=False)
 
     def _check_model_placement(self) -> None:
         """Warn where the user's model is not where the device measures
