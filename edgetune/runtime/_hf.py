@@ -5,7 +5,6 @@ A module of its own, imported only when an adapter is built, so that the class h
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 try:
@@ -14,16 +13,9 @@ except ImportError:
     raise ImportError("the Hugging Face adapter needs transformers: pip install edgetune[hf]") from None
 
 from edgetune.runtime._adapter import _Adapter
+from edgetune.runtime.processes import LocalProcesses
 
 __all__ = ["HFTunerCallback"]
-
-
-def _local_processes() -> int:
-    """Training processes on this machine (``torchrun`` and ``accelerate launch`` set LOCAL_WORLD_SIZE)."""
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
 
 
 class HFTunerCallback(_Adapter, TrainerCallback):
@@ -58,7 +50,7 @@ class HFTunerCallback(_Adapter, TrainerCallback):
         # arguments', not the state's, which a checkpoint resumed from replaces
         per_step = args.train_batch_size * max(1, args.gradient_accumulation_steps)
         self._start(model, optimizer, per_step, schedulers=[scheduler] if scheduler is not None else [],
-                    resumed_at=state.global_step, processes=_local_processes(), local_rank=self._local_rank)
+                    resumed_at=state.global_step, processes=LocalProcesses.from_env().count, local_rank=self._local_rank)
         if model is not None:  # each training forward pass is a micro-batch: its samples are the step's
             self._hook = model.register_forward_pre_hook(self._forward, with_kwargs=True)
 
