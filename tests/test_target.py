@@ -299,6 +299,43 @@ def test_the_hf_callback_finds_the_eval_prefixed_metric_and_stops(tmp_path, capl
     assert not any("not among the validation metrics" in r.message for r in caplog.records)
 
 
+def test_the_hf_callback_with_several_eval_datasets_names_the_metric_to_give(tmp_path, caplog):
+    """A Trainer with several eval datasets names each one's metrics ``eval_<set>_<metric>`` and calls the
+    callbacks once per set: ``Target("accuracy")`` is found in none, and the warning names the metric to give
+    in full; with it, the run stops at the target and the other set's evaluations are not taken for missing."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # the Trainer needs it
+    from edgetune.runtime.adapters import HFTrainerCallback
+
+    def accuracy(prediction):
+        return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
+
+    def fit(metric, out):
+        callback = HFTrainerCallback(budget_w=10.0, device="sim:orin-nano", plan=plan(32), print_summary=False,
+                                     target=Target(metric, 0.75))
+        args = transformers.TrainingArguments(output_dir=str(tmp_path / out), max_steps=24,
+                                              per_device_train_batch_size=32, per_device_eval_batch_size=512,
+                                              learning_rate=0.05, optim="sgd", lr_scheduler_type="constant",
+                                              eval_strategy="steps", eval_steps=4, report_to=[], save_strategy="no",
+                                              logging_strategy="no", use_cpu=True, disable_tqdm=True)
+        model, _, data = toy()
+        sets = {"val": DictData(*data.tensors), "test": DictData(*data.tensors[:2])}
+        trainer = transformers.Trainer(model=LabelledClassifier(model), args=args, train_dataset=DictData(*data.tensors),
+                                       eval_dataset=sets, compute_metrics=accuracy, callbacks=[callback])
+        trainer.train()
+        warned = [r.getMessage() for r in caplog.records if "validation metrics" in r.getMessage()]
+        caplog.clear()
+        return callback.summary.target, warned
+
+    target, warned = fit("accuracy", "short")
+    assert not target.reached and len(warned) == 1
+    assert warned[0].startswith("target metric 'accuracy' is not among the validation metrics (epoch, "
+                                "eval_val_accuracy, ")
+    assert warned[0].endswith("name the evaluation set's in full, Target('eval_val_accuracy', ...)")
+    target, warned = fit("eval_val_accuracy", "named")
+    assert target.reached and warned == []
+
+
 def test_an_adapter_says_once_when_the_target_metric_is_not_logged(caplog):
     from edgetune.runtime._adapter import _Adapter
 

@@ -33,6 +33,16 @@ def _innermost(optimizer: Any) -> torch.optim.Optimizer:
     return optimizer
 
 
+def _metric_fix(metrics: Mapping[str, Any], metric: str) -> str:
+    """What to do about a target metric missing from the validation metrics: name one of those that end with
+    it in full (several evaluation sets: a Trainer names each ``eval_<set>_<metric>``), else log it."""
+    named = sorted(str(k) for k in metrics if str(k).endswith(f"_{metric}"))
+    if not named:
+        return "log it under that name"
+    return (f"name the evaluation set's in full, Target({named[0]!r}, ...)" if len(named) == 1 else
+            f"name one in full ({', '.join(named)}), Target({named[0]!r}, ...)")
+
+
 def batch_samples(batch: Any) -> int | None:
     """The samples in a batch as a framework hands it over: the leading dimension its tensors agree on.
 
@@ -67,6 +77,7 @@ class _Adapter:
         self._summary = None
         self._atexit = False
         self._target_missing_noted = False
+        self._target_seen = False  # the target's metric was among some evaluation's metrics
         #: in a process that does not tune (another on this machine does): the target followed alone, so that
         #: every process stops at it together
         self._follower: TargetTracker | None = None
@@ -119,11 +130,13 @@ class _Adapter:
             return False
         value = metrics.get(target.metric, metrics.get(prefix + target.metric))
         if value is None:
-            if not self._target_missing_noted:
+            # once seen, an evaluation without it is another evaluation set's (a Trainer's eval datasets)
+            if not self._target_missing_noted and not self._target_seen:
                 self._target_missing_noted = True
-                _log.warning("target metric %r is not among the validation metrics (%s): log it under that name",
-                             target.metric, ", ".join(sorted(map(str, metrics))) or "none")
+                _log.warning("target metric %r is not among the validation metrics (%s): %s", target.metric,
+                             ", ".join(sorted(map(str, metrics))) or "none", _metric_fix(metrics, target.metric))
             return False
+        self._target_seen = True
         number = float(value.item() if hasattr(value, "item") else value)
         if self.tuner is None:
             assert self._follower is not None

@@ -52,7 +52,9 @@ Hugging Face::
 A training target (``target=edgetune.Target("val_acc", 0.9)``, with ``runs_file=`` to record the run for
 ``edgetune search --steps-to-target``) is read from the framework's own validation metrics: Lightning's
 ``trainer.callback_metrics`` after each validation (what ``self.log`` logged), the Hugging Face Trainer's
-evaluation metrics (``accuracy`` is found as ``eval_accuracy`` too). Once it is reached the callback stops
+evaluation metrics (``accuracy`` is found as ``eval_accuracy`` too; with several eval datasets the Trainer
+names each set's ``eval_<set>_accuracy``: give that name, and the other sets' evaluations are passed over).
+Once it is reached the callback stops
 training (``trainer.should_stop``, ``control.should_training_stop``).
 
 The Hugging Face ``Trainer`` has no hook for an exception inside ``train()``; the callback restores the
