@@ -210,7 +210,8 @@ def _no_baseline_why(result: SearchResult) -> str:
     """Why a search has no baseline, in a few words for the summary's baseline row."""
     from edgetune.search.records import Role
 
-    probes = [r for r in result.measured if r.role == Role.BASELINE]
+    # measured probes, and one known to run out of memory (not measured: edgetune.search.memory)
+    probes = [r for r in result.records if r.role == Role.BASELINE and (r.measured or r.oom_of is not None)]
     if not probes:
         return "none (not measured)"
     oom = next((r for r in probes if r.oom), None)

@@ -442,7 +442,8 @@ def failure_summary(result: SearchResult) -> str | None:
     cause, count = causes.most_common(1)[0]
     first, text = errors[0]
     hint = "; try smaller batch sizes (--batch-sizes)" if cause == "out of memory" else ""
-    return (f"every one of the {len(measured)} measured settings failed, none for the power budget: "
+    every = "the 1 measured setting" if len(measured) == 1 else f"every one of the {len(measured)} measured settings"
+    return (f"{every} failed, none for the power budget: "
             f"{count} of {len(measured)} {cause}; first error (trial #{first.number}, "
             f"{first.candidate.describe(result.space.unit_of)}): {text}{hint}")
 

@@ -56,6 +56,15 @@ class KnobRole(enum.Enum):
         """A categorical knob whose value caps the other knobs (a Jetson power mode)."""
         return self is KnobRole.POWER_MODE
 
+    @property
+    def keeps_memory(self) -> bool:
+        """The memory a training step needs is the same at every value of a knob of this role. True of every
+        role here: clocks, cores, a power limit, a power mode and the clock lock change how fast and how hot a
+        step runs, not what it holds, so a batch size that ran out of memory at one setting runs out at every
+        other (:mod:`edgetune.search.memory`). A role that changes it (a precision, a sequence length) says
+        False, and the search then carries no out-of-memory across its values."""
+        return True
+
 
 @dataclass(frozen=True)
 class KnobSpec:

@@ -27,7 +27,8 @@ the baseline's batch size, and each probe is the row with that value whose other
 found setting.
 
 A baseline that never holds the budget is no baseline: no speedup is claimed over an infeasible setting.
-Nor is one whose default batch size does not fit in memory.
+Nor is one whose default batch size does not fit in memory, whether its probe ran out of memory or was known to
+(a batch size no larger ran out at another setting, :mod:`edgetune.search.memory`: the probe is not measured).
 """
 
 from __future__ import annotations
@@ -170,9 +171,11 @@ class Baseline:
     def state(self, records: Sequence[TrialRecord]) -> BaselineState:
         """The next probe and the baseline found so far, from the records of the probes measured.
 
-        A probe whose worker died on it every time it was tried (given up) counts as not holding the budget.
+        A probe whose worker died on it every time it was tried (given up) counts as not holding the budget; one
+        known to run out of memory (not measured, :attr:`TrialRecord.oom_of`) as one that ran out.
         """
-        probes = [r for r in records if r.role == Role.BASELINE and (r.measurement is not None or r.given_up)]
+        probes = [r for r in records if r.role == Role.BASELINE
+                  and (r.measurement is not None or r.given_up or r.oom_of is not None)]
         if self.knob is None:  # nothing to lower: the setting as found is the one probe
             cand = self.candidate(None)
             done = [r for r in probes if r.candidate == cand]

@@ -6,7 +6,9 @@ spells the attribute keys; the rest of the search talks in types:
 
 * writers: :func:`enqueue` (a setting queued with its role), :func:`write_start` (the trial's setting, role and
   worker, as soon as it is asked), :func:`write_measurement` (the measurement, outcome, feasibility and the
-  budget constraint), :func:`write_duplicate` (a setting already measured: the recorded result);
+  budget constraint), :func:`write_duplicate` (a setting already measured: the recorded result),
+  :func:`write_out_of_memory` (a batch size known to run out of memory, :mod:`edgetune.search.memory`: not
+  measured, told FAIL like a duplicate of the trial that ran out);
 * readers: :func:`read_records` (:class:`TrialRecord` per trial, for results and the search's own rules),
   :func:`read_observation` (:class:`Observation`: what a sampler learns from a trial; the default
   ``observations_func`` of :class:`~edgetune.search.samplers.GuidedSampler`), :func:`is_measured`,
@@ -58,6 +60,7 @@ __all__ = [
     "write_duplicate",
     "write_identity",
     "write_measurement",
+    "write_out_of_memory",
     "write_start",
 ]
 
@@ -75,6 +78,7 @@ _OUTCOME = "outcome"  # Outcome fields
 _FEASIBLE = "feasible"
 _SOAKS = "thermal_soaks"
 _DUPLICATE_OF = "duplicate_of"  # number of the trial whose result this one was told
+_NOT_MEASURED = "not_measured"  # why a trial told another's result was not measured (a known out of memory)
 _TRACE_T = "trace_t"  # the window's power record, s from the window start
 _TRACE_W = "trace_w"  # W
 # study user attributes
@@ -121,6 +125,9 @@ class TrialRecord:
     trace_t: list[float] = field(default_factory=list, repr=False)
     trace_w: list[float] = field(default_factory=list, repr=False)
     given_up: bool = False  # its worker died on it and no retry is left: never measured again
+    #: not measured: the trial that ran out of memory at a batch size no larger (:mod:`edgetune.search.memory`;
+    #: ``error`` says so); None for every other trial
+    oom_of: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -128,7 +135,8 @@ class TrialRecord:
 
     @property
     def oom(self) -> bool:
-        return bool(self.measurement and self.measurement.get("oom"))
+        """The batch did not fit in device memory: it ran out here, or is known to (:attr:`oom_of`)."""
+        return bool(self.measurement and self.measurement.get("oom")) or self.oom_of is not None
 
     @property
     def aborted_over_budget(self) -> bool:
@@ -236,6 +244,15 @@ def write_duplicate(trial: optuna.Trial, source: FrozenTrial) -> None:
                 trial.set_user_attr(key, source.user_attrs[key])
         for key, value in source.constraints.items():
             trial.set_constraint(key, value)
+
+
+def write_out_of_memory(trial: optuna.Trial, source_number: int, reason: str) -> None:
+    """Mark ``trial`` as not measured because trial ``source_number`` ran out of memory at a batch size no larger
+    (:mod:`edgetune.search.memory`), with ``reason``: recorded as a duplicate of it (told its FAIL, never
+    counted as measured, never taken for a dead worker's trial)."""
+    trial.set_user_attr(_DUPLICATE_OF, source_number)
+    trial.set_user_attr(_MEASURED, False)
+    trial.set_user_attr(_NOT_MEASURED, reason)
 
 
 def write_identity(study: optuna.Study, identity: Mapping[str, Any], *, tolerance: float, window_s: float,
@@ -389,11 +406,13 @@ def read_records(trials: Iterable[FrozenTrial], space: SearchSpace | None, therm
         out_ = ua.get(_OUTCOME)
         if target is not None and out_ and raw:
             out_ = Outcome.of(cand.batch_size, raw["step_time_s"], raw["energy_per_sample_j"], target).__dict__
+        known_oom = _NOT_MEASURED in ua  # write_out_of_memory
         out.append(TrialRecord(
             number=t.number, state=t.state.name, candidate=cand, role=Role(ua.get(_ROLE, Role.SEARCH)),
             measured=bool(ua.get(_MEASURED, False)), measurement=m, outcome=Outcome(**out_) if out_ else None,
-            feasible=bool(ua.get(_FEASIBLE, False)), error=(m or {}).get("error"), worker=ua.get(_WORKER, ""),
-            trace_t=ua.get(_TRACE_T, []), trace_w=ua.get(_TRACE_W, []), given_up=t.number in dead_ends,
+            feasible=bool(ua.get(_FEASIBLE, False)), error=ua[_NOT_MEASURED] if known_oom else (m or {}).get("error"),
+            worker=ua.get(_WORKER, ""), trace_t=ua.get(_TRACE_T, []), trace_w=ua.get(_TRACE_W, []),
+            given_up=t.number in dead_ends, oom_of=int(ua[_DUPLICATE_OF]) if known_oom else None,
         ))
     return out
 

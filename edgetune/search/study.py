@@ -15,7 +15,9 @@ Each turn of :meth:`Search.run`:
    states its speedup over it; once the baseline is found, stop when the sampler (or, for samplers without a
    rule of their own, the patience rule) says no further trial can improve the best by the margin.
 4. Ask a setting and measure it. A setting already measured is not measured again: the trial is told the
-   recorded values.
+   recorded values. Nor is one whose batch size is known to run out of memory (a batch size no larger ran out at
+   a setting that differs only in knobs that leave memory alone, :mod:`edgetune.search.memory`): the trial is
+   told FAIL, its reason naming that trial.
 5. Before stopping (for any reason but the time limit), measure the contenders for the pick again
    (:mod:`edgetune.search.confirm`): a window's run-to-run noise can exceed the gaps between the best few
    settings. These windows add no settings; the pick is made on each setting's pooled windows.
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import random
 import time
@@ -77,6 +80,7 @@ from edgetune.search.efficiency import (
 from edgetune.search.fleet import find_same, queued_or_running
 from edgetune.search.identity import StudyIdentity
 from edgetune.search.measurement import Measurement, MeasurementProtocol
+from edgetune.search.memory import OutOfMemory, known_out_of_memory, memory_knobs, ran_out_of_memory
 from edgetune.search.records import CONSTRAINT, Observation, Role, TrialRecord
 from edgetune.search.results import (
     SearchResult,
@@ -115,8 +119,9 @@ from edgetune.search.trial import measure_setting
 __all__ = ["AUTO_SAMPLER", "CONSTRAINT", "Search", "SearchError", "SearchResult", "TrialRecord", "make_sampler",
            "open_storage"]
 
-#: consecutive duplicate proposals before the search queues a random unmeasured setting itself (a sampler
-#: that keeps proposing measured settings has converged or is stuck; either way it spends no measurement)
+#: consecutive proposals that measured nothing (a setting measured before, or one known to run out of memory)
+#: before the search queues a random unmeasured setting itself (a sampler that keeps proposing them has
+#: converged or is stuck; either way it spends no measurement)
 DUPLICATE_STALL = 30
 #: largest grid whose unmeasured settings are listed to pick from after a stall (settings; listing a bigger
 #: one costs seconds per stall, and a stall on such a grid is no sign it is exhausted)
@@ -266,7 +271,8 @@ class Search:
         self.study: optuna.Study | None = None
         self._monitor: PowerMonitor | None = None
         self._retry: RetryCallback | None = None  # set with the storage, by _open_study
-        self._duplicate_streak = 0
+        self._duplicate_streak = 0  # consecutive proposals that measured nothing (DUPLICATE_STALL)
+        self._oom_said: set[int] = set()  # trials whose out of memory a log line named (once each)
         self._reserve_asked_at = -1  # the measured count at which the reserve soak was last asked for
         self._rng = random.Random(seed)
         self._started_s = 0.0
@@ -360,6 +366,9 @@ class Search:
         if reason is not None:
             return reason
         recs = self.records(study)
+        reason = self._nothing_fits(recs)
+        if reason is not None:
+            return reason
         probe = self.baseline.state(recs).next_probe
         if probe is not None:
             if not queued_or_running(study, self.space, probe):
@@ -370,6 +379,16 @@ class Search:
                 return reason
         if self._duplicate_streak >= DUPLICATE_STALL:
             return self._unstall(study, recs)
+        return None
+
+    def _nothing_fits(self, recs: list[TrialRecord]) -> str | None:
+        """A reason to stop when every setting of the space is known to run out of memory: the smallest batch
+        size ran out at a setting whose knobs all leave memory alone (:mod:`edgetune.search.memory`); else None.
+        (A space with a knob that may change memory ends by :meth:`_unstall` once its proposals stall.)"""
+        smallest = min(self.space.batch_sizes)
+        for oom in ran_out_of_memory(recs):
+            if oom.candidate.batch_size == smallest and not memory_knobs(oom.candidate):
+                return f"every batch size runs out of memory: the smallest, {smallest}, ran out at trial {oom.trial}"
         return None
 
     def _timed_out(self) -> bool:
@@ -495,12 +514,15 @@ class Search:
         return math.isfinite(best) and since >= self.patience
 
     def _unstall(self, study: optuna.Study, recs: list[TrialRecord]) -> str | None:
-        """Queue a random unmeasured setting after a streak of duplicate proposals (None), or stop when none
-        is left."""
+        """Queue a random unmeasured setting not known to run out of memory after a streak of proposals that
+        measured nothing (None), or stop when none is left."""
         seen = {r.candidate for r in recs}
-        left = [c for c in self.space.grid() if c not in seen] if self.space.size <= MAX_LISTED_GRID else []
+        unseen = [c for c in self.space.grid() if c not in seen] if self.space.size <= MAX_LISTED_GRID else []
+        ooms = ran_out_of_memory(recs)
+        left = [c for c in unseen if not any(o.covers(c) for o in ooms)]
         if not left:
-            return "every setting of the space measured"
+            known = len(left) < len(unseen) or any(r.oom_of is not None for r in recs)
+            return "every setting of the space measured" + (" or known to run out of memory" if known else "")
         records.enqueue(study, self.space, self._rng.choice(left))
         self._duplicate_streak = 0
         return None
@@ -521,6 +543,12 @@ class Search:
         source = None if role == Role.CONFIRM else find_same(study, trial, self.space)
         if source is not None:
             self._tell_duplicate(study, trial, source)
+            self._duplicate_streak += 1
+            return
+        oom = None if role == Role.CONFIRM else known_out_of_memory(
+            records.read_records(study.get_trials(deepcopy=False), self.space), cand)
+        if oom is not None:
+            self._tell_out_of_memory(study, trial, cand, oom)
             self._duplicate_streak += 1
             return
         self._duplicate_streak = 0
@@ -602,6 +630,16 @@ class Search:
             study.tell(trial, source.values)
         else:  # out of memory, failed, given up, or still being measured by another worker
             study.tell(trial, state=TrialState.FAIL)
+
+    def _tell_out_of_memory(self, study: optuna.Study, trial: optuna.Trial, cand: Candidate,
+                            oom: OutOfMemory) -> None:
+        """Tell ``trial`` FAIL without measuring it: ``oom`` ran out of memory at a batch size no larger
+        (:mod:`edgetune.search.memory`). The first such trial of each ``oom`` is logged, the rest at debug level."""
+        records.write_out_of_memory(trial, oom.trial, oom.reason)
+        study.tell(trial, state=TrialState.FAIL)
+        level = logging.DEBUG if oom.trial in self._oom_said else logging.INFO
+        self._oom_said.add(oom.trial)
+        _log.log(level, "trial #%d, %s: %s", trial.number, cand.describe(self.space.unit_of), oom.reason)
 
     @property
     def _torch_device(self) -> str:
