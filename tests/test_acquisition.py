@@ -51,6 +51,14 @@ def test_the_constrained_expected_improvement_weighs_the_gain_by_the_chance_of_h
     assert loose.acquisition[1] == pytest.approx(loose.acquisition[0], rel=1e-6)
 
 
+def test_a_setting_certain_to_fail_is_never_proposed_without_a_budget_either() -> None:
+    """Out of memory in an unconstrained search: its gain was 0, a proposal once every other's underflowed."""
+    best = math.log(1000 * 0.001)  # far faster than either: both gains underflow to 0
+    s = scored(Aim("time", budget_w=None), prediction([0.1, 0.1], [8.0, 8.0]), best,
+               certain=np.array([False, True]))
+    assert s.acquisition[0] == 0.0 and s.acquisition[1] == -np.inf and s.possible.tolist() == [True, False]
+
+
 def test_safe_profiling_rules_out_the_unlikely_and_the_long_steps_likely_clearly_over() -> None:
     aim = Aim("time", budget_w=10.0, min_feasible_p=0.05, over_budget_allowance_s=0.1)
     # as likely over as not: a 1-s step would run about 0.5 s clearly over, a 10-ms one 5 ms; far over: unlikely

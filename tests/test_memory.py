@@ -134,6 +134,22 @@ def test_a_sampler_that_keeps_proposing_them_neither_loops_nor_counts_them(workl
     assert len(result.settings) == 3 and len(assert_recorded_as_known(s.records())) >= 1
 
 
+def test_the_guided_sampler_proposes_no_batch_size_at_or_above_one_that_ran_out(workload):
+    """The guided sampler reads the out of memory from the trial's observation: its space-filling start
+    (which went to batch 2**20 twice after the first trial's 2**19 ran out) proposes no such setting, so the
+    search has nothing to tell (the model's proposals: test_acquisition's certain failures)."""
+    storage = optuna.storages.InMemoryStorage()
+    device = open_device("sim:orin-nano", compute=False)
+    steps = spy_steps(device)
+    space = space_of(device)
+    study = optuna.create_study(storage=storage, study_name="test", directions=DIRECTIONS["time"])
+    records.enqueue(study, space, Candidate(2**19, tuple((name, values[0]) for name, values in space.knobs)))
+    s = search(device, workload, space, None, sampler="guided", n_trials=8, storage=storage, protocol=QUICK)
+    s.run()
+    assert_no_step_at_or_above_an_earlier_oom(steps)
+    assert [r.number for r in s.records() if r.oom] == [0]  # proposed none: nothing told
+
+
 def test_a_search_whose_smallest_batch_size_ran_out_stops_at_once(workload):
     device = open_device("sim:orin-nano", compute=False)
     steps = spy_steps(device)

@@ -250,7 +250,7 @@ def score(aim: Aim, cand: np.ndarray, pred: Prediction, steps: np.ndarray, batch
         aim: the objective and budget.
         cand: grid indices; pred: their prediction; steps: their steps to target; batch: their batch sizes.
         certain: candidates certain to fail without a model (out of memory, or at or above a measured
-            over-budget setting): never feasible.
+            over-budget setting): never feasible, never proposed (an unconstrained search too).
         free: candidates not measured, being measured or queued: the only proposable ones.
         best: the incumbent's log objective (inf: none yet; expected improvement is then 1, looking for
             feasibility first).
@@ -293,6 +293,6 @@ def score(aim: Aim, cand: np.ndarray, pred: Prediction, steps: np.ndarray, batch
     if front is not None:
         pareto = pareto_gain(aim, front[0], front[1], steps * t, pred, certain)
         gain = gain if pareto is None else pareto
-    acq = np.where(proposable & plausible & np.isfinite(log_score), gain, -np.inf)
+    acq = np.where(proposable & plausible & ~certain & np.isfinite(log_score), gain, -np.inf)
     return Scores(idx=cand, acquisition=acq, log_score=log_score, s_log=s_log, p_feas=p_feas, free=free,
                   plausible=plausible, expected_over_s=expected_over_s, possible=free & ~certain, best=best)

@@ -82,10 +82,11 @@ whose every measured setting was over the budget, the next setting measured is t
 smallest batch size, every numeric knob at its lowest): over the budget there, the whole mode is ruled out
 by one measurement instead of being probed lower setting by setting (:meth:`GuidedSampler._floor_first`). The
 space-filling start obeys the same rule: blind to the model, it is not blind to what it measured. Nor does it
-propose a setting certain to be over (at or above a measured over-budget one): where its sample of the grid
-holds only such settings, it draws from every other candidate of the grid, and where none is left the search
-stops before any model (:meth:`GuidedSampler._none_left_below`; Orin Nano cnn at 4.6 W: 4 settings and 0.2
-device-s over the budget, against 6 and 1.7 s of blind guesses up to batch 1024, for the same pick). (Before, it
+propose a setting certain to be over (at or above a measured over-budget one) or to run out of memory (at or
+above a batch size that ran out, whatever the knobs): where its sample of the grid holds only such settings, it
+draws from every other candidate of the grid, and where none is left the search stops before any model
+(:meth:`GuidedSampler._none_left_below`; Orin Nano cnn at 4.6 W: 4 settings and 0.2 device-s over the budget,
+against 6 and 1.7 s of blind guesses up to batch 1024, for the same pick). (Before, it
 went on probing such a mode at random: on the energy benchmark's seed 1, 4.1 of xavier-nx chartransformer 5.1 W's
 5.2 device-seconds over the budget came from the start. With the rule: the largest over-budget total of one search
 went 3.7 -> 2.9 s (time, seed 0) and 5.2 -> 4.2 s (energy, seed 1); the time median 25 -> 24 settings, rows
@@ -432,9 +433,9 @@ class GuidedSampler(BaseSampler):
         every = self.grid.candidates() if among is None else among
         measured = self._measured(study)
         pool = self._rng.choice(every, min(every.size, _STARTUP_POOL), replace=False)
-        safe = pool[~self._dominates_over(pool, measured)]  # never one certain to be over
-        if not safe.size:  # none in the sample: from every candidate not certain to be over, if any
-            rest = every[~self._dominates_over(every, measured)]
+        safe = pool[~self._certain_to_fail(pool, measured)]  # never one certain to be over or out of memory
+        if not safe.size:  # none in the sample: from every candidate not certain to fail, if any
+            rest = every[~self._certain_to_fail(every, measured)]
             safe = self._rng.choice(rest, min(rest.size, _STARTUP_POOL), replace=False) if rest.size else rest
         pool = safe if safe.size else pool
         free = np.array([i for i in pool if int(i) not in taken], dtype=np.int64)
@@ -507,8 +508,7 @@ class GuidedSampler(BaseSampler):
         # settings certain to fail without a model: out of memory (memory grows with the batch, whatever the
         # clocks, so larger batches fail too) or at or above a measured over-budget one
         certain = (p_lo > aim.limit_w) if self.budget_w is not None else np.zeros(cand.size, dtype=bool)
-        if m.oom_batches:
-            certain |= lv[:, 0] >= min(m.oom_batches)
+        certain |= self._out_of_memory(cand, m)
         front = None
         if self.objective == "pareto" and objective == "energy":  # the front's turn (module docs)
             total_s = self._steps_table[self.grid.levels(np.array(m.idx, dtype=np.int64))[:, 0]] * np.array(m.times)
@@ -542,6 +542,18 @@ class GuidedSampler(BaseSampler):
         if self.budget_w is None:
             return np.zeros(cand.size, dtype=bool)
         return self._power_bounds(cand, measured)[0] > self._limit_w
+
+    def _out_of_memory(self, cand: np.ndarray, measured: Measured) -> np.ndarray:
+        """Candidates certain to run out of memory: at or above a batch size that ran out (memory grows with
+        the batch, whatever the knobs: :mod:`edgetune.search.memory`)."""
+        if not measured.oom_batches:
+            return np.zeros(cand.size, dtype=bool)
+        return self.grid.levels(cand)[:, 0] >= min(measured.oom_batches)
+
+    def _certain_to_fail(self, cand: np.ndarray, measured: Measured) -> np.ndarray:
+        """Candidates certain to fail without a model: over the budget (:meth:`_dominates_over`) or out of
+        memory (:meth:`_out_of_memory`)."""
+        return self._dominates_over(cand, measured) | self._out_of_memory(cand, measured)
 
     def _incumbent(self, idx, times, powers, objective: str) -> float:
         """Log objective of the best measured setting that held the budget (inf: none)."""
@@ -691,9 +703,9 @@ class GuidedSampler(BaseSampler):
                 f"(hardware model; {fits}){polished}")
 
     def _none_left_below(self, study: Study) -> bool:
-        """Before the first fit: whether every unmeasured candidate is certain to be over the budget without a
-        model (at or above a measured setting that was over it, :meth:`_dominates_over`). The space-filling
-        start has nothing left to learn then; measuring on would only run the board over the budget (Orin
+        """Before the first fit: whether every unmeasured candidate is certain to fail without a model (at or
+        above a measured setting that was over the budget, or out of memory: :meth:`_certain_to_fail`). The
+        space-filling start has nothing left to learn then; measuring on would only run the board over the budget (Orin
         Nano cnn at 4.6 W: both modes' least settings measured over what the sensor can certify, the start
         went on to batch 1024 at 15W, 6.8 W, and batch 64 at 8.5 W)."""
         if self.budget_w is None or self.prior:
@@ -703,7 +715,7 @@ class GuidedSampler(BaseSampler):
             return False
         every = self.grid.candidates()
         free = every[~np.isin(every, np.array(sorted(self._taken(study)), dtype=np.int64))]
-        return bool(np.all(self._dominates_over(free, measured)))
+        return bool(np.all(self._certain_to_fail(free, measured)))
 
     def __repr__(self) -> str:
         return f"GuidedSampler(grid={self.grid.n}, objective={self.objective!r})"
