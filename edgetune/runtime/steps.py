@@ -151,7 +151,8 @@ class StepHooks:
             # the twin says a candidate's batch does not fit: exploration records it and moves on
             if not (is_out_of_memory(exc) and self.online is not None and self.online.exploring):
                 raise
-            self._follow(self.online.on_out_of_memory(self._run_state()))
+            with self._lock:  # as after a step: the guard's thread may move the online tuner too
+                self._follow(self.online.on_out_of_memory(self._run_state()))
             return
         t = self.device.clock.now()
         self.steps += 1
