@@ -365,9 +365,11 @@ def test_budget_file_and_sigusr1_are_followed(tmp_path, cnn_cost):
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL  # the handler is gone after exit
 
 
-def test_measure_only_reports_and_changes_nothing(cnn_cost):
+def test_measure_only_changes_no_knob(cnn_cost):
     dev = open_device("sim:orin-nano", seed=0)
-    # a board where we lack root: every knob reads, none writes (faked at the knob boundary)
+    before = dev.settings()
+    # a board where we lack root: every knob reads, none writes (faked at the knob boundary); the guard's only
+    # move is the batch size (test_with_no_knob_it_can_set_the_guard_holds_the_budget_by_the_batch_size_alone)
     dev.knobs = {name: Knob(k.name, k.unit, k.values, read=k.read, writable=False,
                             why_read_only="no write permission; run as root") for name, k in dev.knobs.items()}
     model, opt, data = mlp()
@@ -376,9 +378,10 @@ def test_measure_only_reports_and_changes_nothing(cnn_cost):
         train_until(tuner, model, opt, 3.0)
     texts = " ".join(text for _, text in tuner.events)
     assert "measure-only" in texts and "run as root" in texts
-    assert not any(text.startswith("guard") for _, text in tuner.events)
+    assert all("batch" in text for _, text in tuner.events if text.startswith("guard"))
     s = tuner.summary
-    assert s.measure_only and s.violations and s.time_over_s > 1.0  # 256 at 624 MHz draws > 9 W: reported
+    assert dev.settings() == before and not s.setting  # no knob written, none settable
+    assert s.measure_only and s.violations and s.time_over_s > 0.5  # 256 at 624 MHz draws > 9 W: reported
     assert "measure-only" in s.table()
 
 
@@ -1983,3 +1986,38 @@ def test_a_jetsons_clock_whose_write_fails_mid_run_is_put_back_as_found_and_left
     assert fake.knob_state() == before and tuner.summary.knobs_restored
     assert list(tuner.summary.knobs_failed) == ["gpu_freq"]
     device.close()
+
+
+@pytest.mark.parametrize("loader", [True, False])
+def test_with_no_knob_it_can_set_the_guard_holds_the_budget_by_the_batch_size_alone(cnn_cost, loader):
+    """A board without root (measure-only: NVML, a Jetson's sysfs read-only) has one setting the guard can
+    reach. The guard switched off there and only reported, though the batch size still lowers power (a GPU
+    draws more per step until the batch saturates it): with tuner.loader it now halves the batch size at that
+    setting, and says so; without a loader it only reports, as before."""
+    model, opt, data = mlp()
+    dev = open_device("sim:orin-nano", seed=0)
+    for knob in dev.knobs.values():
+        knob.writable, knob.why_read_only = False, "no root here"
+    with edgetune.tune(model, opt, dataset=data if loader else None, batch_size=128, budget_w=11.6, device=dev,
+                       cost=cnn_cost, online=False, print_summary=False) as tuner:
+        if loader:
+            train_until(tuner, model, opt, 10.0)
+        else:
+            x, y = data.tensors[0][:128], data.tensors[1][:128]
+            while dev.clock.now() < 10.0:
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    events = [text for _, text in tuner.events]
+    s = tuner.summary
+    assert dev.settings() == tuner._knob_state.original  # nothing written
+    if loader:
+        assert "guard: no knob it can set here: it holds the budget by the batch size alone (tuner.loader)" in events
+        assert any(e.startswith("guard shrink batch") and e.endswith("batch size 128 -> 64 (the only one: no knob "
+                                                                      "the guard can set here)") for e in events)
+        assert tuner.batch_size == 64 and s.time_over_s < 2.0
+    else:
+        assert "measure-only: knobs cannot be set here (no root here); the guard only reports" in events
+        assert not any(e.startswith("guard") for e in events) and s.time_over_s > 8.0
+    dev.close()

@@ -76,16 +76,19 @@ class GuardDrive:
         """The ladder around the chosen setting (the anchor), the prior power model, the law's state at the
         rung in force (after a batch change the guard may be below the anchor: it stays there)."""
         dev = self.device
-        self._guard_active = self._guard_enabled and not dev.measure_only
-        if not self._guard_active:
-            return
         knobs = self._knob_state
-        ladder = build_ladder(knobs.settable(), self._guard.anchor or knobs.setting)
-        self._guard.ladder = ladder
-        if len(ladder) < 2:
-            self._guard_active = False
-            self._event("guard: only one setting is reachable; the guard only reports")
+        ladder = build_ladder(knobs.settable(), self._guard.anchor or knobs.setting) if not dev.measure_only \
+            else [dict(knobs.setting)]
+        # one setting reachable (no knob settable here, or none left): the batch size alone, where the loop takes
+        # its batches from tuner.loader; else the guard only reports
+        self._guard_active = self._guard_enabled and (len(ladder) >= 2 or self.loader is not None)
+        if not self._guard_active:
+            if self._guard_enabled and not dev.measure_only:
+                self._event("guard: only one setting is reachable; the guard only reports")
             return
+        if len(ladder) < 2 and self._guard.ladder != ladder:
+            self._event("guard: no knob it can set here: it holds the budget by the batch size alone (tuner.loader)")
+        self._guard.ladder = ladder
         idle = dev.idle_power_w if dev.idle_power_w is not None else 0.0
         top = dev.max_power_w if dev.max_power_w is not None else UNKNOWN_TOP_POWER_BUDGETS * self.budget_w
         prior = (self.online.ladder_prior(ladder, self.batch_size, dev.knobs, dev.idle_power_w or 0.0)
@@ -102,7 +105,8 @@ class GuardDrive:
         knobs = self._knob_state
         ladder = build_ladder(knobs.settable(), self._guard.anchor or knobs.setting)
         if len(ladder) < 2:
-            return "; no other knob is left to the guard: it only reports from now on"
+            return ("; no other knob is left to the guard: it goes on with the batch size alone"
+                    if self.loader is not None else "; no other knob is left to the guard: it only reports from now on")
         means = [k for k in ladder[0] if any(rung[k] != ladder[0][k] for rung in ladder)]
         if self.loader is not None:
             means.append("the batch size")
@@ -198,6 +202,8 @@ class GuardDrive:
         failed = self._knob_state.failed
         if decision.infeasible and failed:
             return f"{decision.reason} ({', '.join(failed)} left as it is: its write failed)"
+        if decision.infeasible and len(self._guard.ladder) < 2:
+            return f"{decision.reason} (the only one: no knob the guard can set here)"
         return decision.reason
 
     def _poll_budget_file(self) -> None:

@@ -122,6 +122,7 @@ class RunLifecycle:
     _own_gpu: bool
     _processes_measured: int
     _scheduler_warned: bool
+    _guard_enabled: bool
 
     def _enter(self) -> None:
         self._wall_start = time.perf_counter()
@@ -162,7 +163,10 @@ class RunLifecycle:
         if dev.measure_only:
             why = "; ".join(sorted({k.why_read_only for k in dev.knobs.values() if k.why_read_only})) or \
                 "the platform exposes no writable knob"
-            self._event(f"measure-only: knobs cannot be set here ({why}); the guard only reports")
+            # with tuner.loader the guard holds the budget by the batch size alone, and says so (_build_guard)
+            alone = self._dataset is not None and self._guard_enabled
+            self._event(f"measure-only: knobs cannot be set here ({why})" + ("" if alone else
+                                                                              "; the guard only reports"))
         if self.plan is not None:
             self._apply_plan(self.plan)
         if self._online_options is not None:
