@@ -153,6 +153,16 @@ def test_another_studys_results_in_the_output_folder_are_refused_and_kept(tmp_pa
     assert (out / "best.json").read_text() == "{not json"
 
 
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite:///:memory:"])
+def test_an_in_memory_storage_is_refused_in_one_line_before_anything_is_measured(tmp_path, capsys, url):
+    # it would end with the process: the same command again would start over and write over best.json
+    out = tmp_path / "mem"
+    assert main(["search", *FAST, "--budget", "10", "--n-trials", "1", "-o", str(out), "--storage", url]) == 2
+    line = _one_error_line(capsys)
+    assert f"--storage {url} is an in-memory database" in line and "sqlite:///PATH or journal:PATH" in line
+    assert not out.exists()
+
+
 def _first_search(out: Path) -> dict[str, bytes]:
     assert main(["search", *FAST, "--budget", "10", "--n-trials", "2", "-o", str(out)]) == 0
     # the search closed its storage: the write-ahead log is folded into study.db, not left for the garbage

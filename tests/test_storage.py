@@ -234,3 +234,11 @@ def test_a_silent_worker_on_another_host_is_failed_by_the_heartbeat_and_retried(
     assert trials[0].state == TrialState.FAIL
     retry = [t for t in trials if records.retry_history(t) == [trial.number]]
     assert len(retry) == 1 and retry[0].state == TrialState.WAITING and retry[0].params == trial.params
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite:///:memory:"])
+def test_an_in_memory_sqlite_url_opens_a_study_in_memory(url):
+    # an RDB storage's pool opened an empty database per connection: its tables were gone at the first query
+    study = optuna.create_study(study_name="mem", storage=open_storage(url))
+    study.tell(study.ask(), 1.0)
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE]

@@ -52,9 +52,19 @@ def register(subparsers) -> None:
 
 
 def _config(args: argparse.Namespace) -> Config:
+    from edgetune.config import STUDY_DB
+    from edgetune.search.storage import in_memory
+
     cfg = config_from_args(args)
     if cfg.power_budget_w is None:
         raise UsageError("no power budget: pass --budget WATTS or set power_budget_w in the config")
+    if in_memory(cfg.search.storage):
+        # the study would end with this process, and the same command again would start it over, writing
+        # another study's results over best.json as if it were the same one
+        raise UsageError(f"{cfg.label('search.storage')} {cfg.search.storage} is an in-memory database: the study "
+                         f"and its measurements would be lost when the search ends, and the same command again "
+                         f"would start over; give a file (sqlite:///PATH or journal:PATH), or leave it out for "
+                         f"the output folder's {STUDY_DB}")
     return cfg
 
 

@@ -41,7 +41,7 @@ from edgetune.power.state import pid_alive
 from edgetune.search import records
 
 __all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "SearchError", "check_sqlite_file", "close_storage",
-           "heartbeat", "open_storage", "recover_dead_workers", "redact", "retry_callback", "worker_id"]
+           "heartbeat", "in_memory", "open_storage", "recover_dead_workers", "redact", "retry_callback", "worker_id"]
 
 _log = get_logger(__name__)
 
@@ -102,6 +102,10 @@ def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_INTERVAL_S, grace_s: 
                  max_retry: int = MAX_RETRY) -> optuna.storages.BaseStorage:
     """Open an Optuna storage, checking it is reachable now rather than at the first trial.
 
+    An in-memory SQLite URL (``sqlite://``, ``sqlite:///``, ``sqlite:///:memory:``: :func:`in_memory`) is a
+    study in this process's memory, :class:`optuna.storages.InMemoryStorage`: each pooled connection of an RDB
+    storage would open an empty database of its own.
+
     Args:
         url: ``journal:<path>`` for a journal file, else an SQLAlchemy URL (SQLite, PostgreSQL, ...).
         heartbeat_s: seconds between heartbeats of a measuring worker (RDB storages).
@@ -118,6 +122,8 @@ def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_INTERVAL_S, grace_s: 
 
             path = url[len("journal:"):].removeprefix("//")
             return JournalStorage(JournalFileBackend(path))
+        if in_memory(url):
+            return optuna.storages.InMemoryStorage()
         url = _postgres_driver(url)
         if url.startswith("sqlite"):
             check_sqlite_file(url)
@@ -141,6 +147,21 @@ def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_INTERVAL_S, grace_s: 
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SearchError(f"cannot open storage {redact(given)}: {first[:_MESSAGE_CHARS]}; check the URL, that "
                           f"the server runs and accepts this user (or use the default SQLite file)") from None
+
+
+def in_memory(url: str) -> bool:
+    """Whether ``url`` is an in-memory SQLite database (``sqlite://``, ``sqlite:///``, ``sqlite:///:memory:``,
+    any driver): a study there ends with the process that opened it."""
+    if not url.startswith("sqlite"):
+        return False
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        database = make_url(url).database
+    except ArgumentError:  # not a URL at all: open_storage says so
+        return False
+    return not database or database == ":memory:"
 
 
 def sqlite_file(url: str) -> Path | None:
