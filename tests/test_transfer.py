@@ -271,3 +271,20 @@ def test_cli_cost_search_with_a_prior_writes_the_cost(tmp_path, capsys):
     assert "prior: " in capsys.readouterr().err
     doc = json.loads((tmp_path / "b" / "best.json").read_text())
     assert doc["objective"] == "cost" and doc["cost"]["eta"] == 0.3 and doc["cost"]["cost_j"] > 0
+
+
+def test_a_prior_that_is_the_resumed_study_itself_is_refused(tmp_path, capsys):
+    common = ["search", "--device", "sim:orin-nano", "--workload", "cnn", "--knobs", "gpu_freq", "--batch-sizes", "16",
+              "--real-steps", "0", "--measure-s", "0.5", "--soak-s", "0", "--confirm", "0", "--budget", "10", "-q"]
+    out = tmp_path / "a"
+    assert main([*common, "-o", str(out), "--n-trials", "4"]) == 0
+    kept = (out / "best.json").read_bytes()
+    capsys.readouterr()
+    # the same study as its own prior: its measurements would count twice, as this board's and as the prior's
+    for prior in (str(out), f"sqlite:///{out / 'study.db'}#sim:orin-nano-cnn-10W-time"):
+        assert main([*common, "-o", str(out), "--n-trials", "5", "--prior", prior]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "the study this search resumes" in err[0] and "leave --prior out" in err[0], err
+        assert (out / "best.json").read_bytes() == kept
+    # another study started from it is a warm start
+    assert main([*common, "-o", str(tmp_path / "c"), "--n-trials", "5", "--prior", str(out)]) == 0

@@ -182,7 +182,7 @@ def search(args: argparse.Namespace) -> int:
         out = output_folder(cfg, device.name, workload.name)
         cfg = cfg.with_values(output=str(out))  # the default storage, study.db, lives in the study's folder
         _refuse_other_results(out, study_name, cfg.storage_url(), own_db=not cfg.search.storage)
-        prior = _prior(cfg.search.prior, space, device)
+        prior = _prior(cfg, space, device, study_name)
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -322,17 +322,28 @@ def _stored_records(storage, study_name: str, space) -> list | None:
     return records.read_records(study.get_trials(deepcopy=False), space)
 
 
-def _prior(spec: str, space, device) -> tuple:
-    """``--prior``'s observations mapped to ``space`` (none without one); bad input: a UsageError."""
+def _prior(cfg: Config, space, device, study_name: str) -> tuple:
+    """``--prior``'s observations mapped to ``space`` (none without one); bad input: a UsageError.
+
+    Refused: a prior that is the study this search resumes (the same storage and name: its measurements would
+    count twice, as this board's and as the prior's)."""
+    spec = cfg.search.prior
     if not spec:
         return ()
     from edgetune.search.baseline import governed_clocks
     from edgetune.search.prior import PriorError, load_prior, map_to_space
+    from edgetune.search.storage import redact, same_storage
 
+    given = cfg.label("search.prior")
     try:
         prior = load_prior(spec)
     except PriorError as exc:
         raise UsageError(str(exc)) from None
+    if prior.study_name == study_name and same_storage(prior.source, redact(cfg.storage_url())):
+        raise UsageError(f"{given} {spec} is study {study_name!r} in {prior.source}, the study this search "
+                         f"resumes: its measurements are this search's already, and as a prior they would count "
+                         f"twice; leave {given} out to resume it, or start a new study from it with another "
+                         f"--study-name (and another --output, where you gave one)")
     found = device.settings()  # a real board's clocks: as their governor runs them, not as read (governed_clocks)
     mapped = map_to_space(prior.observations, space, found if device.simulated else governed_clocks(space, found))
     print(f"{prior.describe()}; {len(mapped)} of them in this space", file=sys.stderr)
