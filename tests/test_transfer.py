@@ -273,7 +273,7 @@ def test_cli_cost_search_with_a_prior_writes_the_cost(tmp_path, capsys):
     assert doc["objective"] == "cost" and doc["cost"]["eta"] == 0.3 and doc["cost"]["cost_j"] > 0
 
 
-def test_a_prior_that_is_the_resumed_study_itself_is_refused(tmp_path, capsys):
+def test_a_prior_that_is_the_resumed_study_itself_or_that_the_sampler_ignores_is_refused(tmp_path, capsys):
     common = ["search", "--device", "sim:orin-nano", "--workload", "cnn", "--knobs", "gpu_freq", "--batch-sizes", "16",
               "--real-steps", "0", "--measure-s", "0.5", "--soak-s", "0", "--confirm", "0", "--budget", "10", "-q"]
     out = tmp_path / "a"
@@ -286,5 +286,11 @@ def test_a_prior_that_is_the_resumed_study_itself_is_refused(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "the study this search resumes" in err[0] and "leave --prior out" in err[0], err
         assert (out / "best.json").read_bytes() == kept
+    # Optuna's own samplers read no prior: the warm start would be announced and ignored
+    assert main([*common, "-o", str(tmp_path / "b"), "--n-trials", "1", "--prior", str(out), "--sampler", "tpe"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [("edgetune: error: --prior guides only the guided sampler (--sampler auto or guided); "
+                    "--sampler tpe would ignore it: drop one of them")]
+    assert not (tmp_path / "b").exists()
     # another study started from it is a warm start
     assert main([*common, "-o", str(tmp_path / "c"), "--n-trials", "5", "--prior", str(out)]) == 0

@@ -326,15 +326,20 @@ def _prior(cfg: Config, space, device, study_name: str) -> tuple:
     """``--prior``'s observations mapped to ``space`` (none without one); bad input: a UsageError.
 
     Refused: a prior that is the study this search resumes (the same storage and name: its measurements would
-    count twice, as this board's and as the prior's)."""
+    count twice, as this board's and as the prior's), and a sampler that does not read a prior (Optuna's own:
+    the warm start would be announced and ignored)."""
     spec = cfg.search.prior
     if not spec:
         return ()
     from edgetune.search.baseline import governed_clocks
+    from edgetune.search.identity import ranks_measurements
     from edgetune.search.prior import PriorError, load_prior, map_to_space
     from edgetune.search.storage import redact, same_storage
 
     given = cfg.label("search.prior")
+    if not ranks_measurements(cfg.search.sampler):
+        raise UsageError(f"{given} guides only the guided sampler (--sampler auto or guided); "
+                         f"{cfg.label('search.sampler')} {cfg.search.sampler} would ignore it: drop one of them")
     try:
         prior = load_prior(spec)
     except PriorError as exc:
