@@ -31,7 +31,11 @@ from edgetune.power.monitor import cumulative_energy_j
 if TYPE_CHECKING:
     from edgetune.search.study import SearchResult, TrialRecord
 
-__all__ = ["format_table", "plot_power", "plot_time_energy", "summary_table", "view_limits", "write_plots"]
+__all__ = ["PLOT_FILES", "format_table", "plot_power", "plot_time_energy", "summary_table", "view_limits",
+           "write_plots"]
+
+#: the plots :func:`write_plots` draws in a study's folder: time against energy, and power over the search
+PLOT_FILES = ("time_vs_energy.png", "power.png")
 
 SCIENTIFIC_FROM = 1e5  # table cells this large print as 1.234e+05: 4 significant digits would drop digits
 
@@ -460,4 +464,5 @@ def _moving_average(t: Sequence[float], w: Sequence[float], window_s: float):
 def write_plots(result: SearchResult, folder: str | Path) -> list[Path]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    return [plot_time_energy(result, folder / "time_vs_energy.png"), plot_power(result, folder / "power.png")]
+    time_energy, power = PLOT_FILES
+    return [plot_time_energy(result, folder / time_energy), plot_power(result, folder / power)]

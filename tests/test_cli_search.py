@@ -163,6 +163,19 @@ def test_an_in_memory_storage_is_refused_in_one_line_before_anything_is_measured
     assert not out.exists()
 
 
+@pytest.mark.parametrize("name", ["trials.csv", "power.png"])
+def test_a_file_of_a_results_name_without_a_best_json_is_refused_and_kept(tmp_path, capsys, name):
+    # a search writes best.json first: a trials.csv or a plot without one is someone else's file
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / name).write_text("my own measurements\n")
+    assert main(["search", *FAST, "--budget", "10", "--n-trials", "1", "-o", str(out)]) == 2
+    line = _one_error_line(capsys)
+    assert f"{out / name} is not an edgetune search's result (no best.json beside it)" in line
+    assert f"pass another --output, or move {name} away" in line
+    assert sorted(p.name for p in out.iterdir()) == [name] and (out / name).read_text() == "my own measurements\n"
+
+
 def _first_search(out: Path) -> dict[str, bytes]:
     assert main(["search", *FAST, "--budget", "10", "--n-trials", "2", "-o", str(out)]) == 0
     # the search closed its storage: the write-ahead log is folded into study.db, not left for the garbage

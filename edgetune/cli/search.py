@@ -280,17 +280,25 @@ def output_folder(cfg: Config, device_name: str, workload_name: str) -> Path:
 def _refuse_other_results(out: Path, study_name: str, storage_url: str, *, own_db: bool) -> None:
     """Refuse, before anything is measured, a search that would write its results over another study's: an
     ``--output`` folder whose best.json a search of another study wrote (another name, or the same name in
-    another storage), or that edgetune cannot read.
+    another storage), or that edgetune cannot read; or one without a best.json that holds a file of a result's
+    name (trials.csv, a plot), which no search wrote (a search writes best.json first).
 
     Each study's files are its own: the same study resumed rewrites them, another one goes elsewhere. The
     folder's own study.db (``own_db``: no ``--storage``) is the same storage wherever the folder was when it
     was written: a folder moved or copied (from the board to a laptop) resumes.
     """
     from edgetune.config import STUDY_DB
+    from edgetune.report import PLOT_FILES
     from edgetune.search.storage import redact, same_storage, sqlite_file
 
     best = out / "best.json"
     if not best.is_file():
+        # a search writes best.json first: files of a search's names without one are someone else's
+        theirs = [out / name for name in ("trials.csv", *PLOT_FILES) if (out / name).exists()]
+        if theirs:
+            raise UsageError(f"{theirs[0]} is not an edgetune search's result (no best.json beside it); study "
+                             f"{study_name!r} would write its {theirs[0].name} over it: pass another --output, or "
+                             f"move {', '.join(f.name for f in theirs)} away")
         return
     try:
         study = json.loads(best.read_text()).get("study", {})
