@@ -176,6 +176,25 @@ def test_a_file_of_a_results_name_without_a_best_json_is_refused_and_kept(tmp_pa
     assert sorted(p.name for p in out.iterdir()) == [name] and (out / name).read_text() == "my own measurements\n"
 
 
+def test_a_fleet_worker_with_another_budget_is_refused_naming_the_values_and_a_way_that_starts_anew(tmp_path, capsys):
+    # with a --storage of its own another --output opens the same study again: only a study name starts anew
+    fleet = ["search", *FAST, "--n-trials", "1", "--storage", f"journal:{tmp_path / 'fleet.log'}", "--study-name", "f"]
+    assert main([*fleet, "--budget", "10", "-o", str(tmp_path / "w1")]) == 0
+    capsys.readouterr()
+    assert main([*fleet, "--budget", "12", "-o", str(tmp_path / "w2")]) == 2
+    line = _one_error_line(capsys)
+    assert "study 'f' in journal:" in line and "was made with --budget 10 (not 12); use another --study-name and " \
+        "--output to start anew" in line
+    assert main([*fleet, "--budget", "12", "--study-name", "g", "-o", str(tmp_path / "w2")]) == 0
+    # the default storage lives in the --output folder: another one starts anew
+    own = ["search", *FAST, "--n-trials", "1", "--budget", "10", "-o", str(tmp_path / "w3")]
+    assert main(own) == 0
+    capsys.readouterr()
+    assert main([*own, "--knobs", "gpu_freq,emc_freq"]) == 2
+    assert ("was made with another --batch-sizes, --knobs or space.values; use another --output to start anew"
+            in _one_error_line(capsys))
+
+
 def _first_search(out: Path) -> dict[str, bytes]:
     assert main(["search", *FAST, "--budget", "10", "--n-trials", "2", "-o", str(out)]) == 0
     # the search closed its storage: the write-ahead log is folded into study.db, not left for the garbage

@@ -1844,7 +1844,8 @@ def test_a_study_trained_on_a_gpu_is_not_resumed_on_the_cpu_nor_the_reverse():
         study = optuna.create_study(study_name="s")
         identity(made).check(study, storage_url="sqlite:///x.db", sampler="guided", **RULE)
         identity(made).check(study, storage_url="sqlite:///x.db", sampler="guided", **RULE)
-        with pytest.raises(SearchError, match=r"^study 's' in sqlite:///x.db was made with a different torch_device;"):
+        with pytest.raises(SearchError, match=rf"^study 's' in sqlite:///x.db was made with --torch-device {made} "
+                                              rf"\(not {resumed}\); use another --study-name or --output to start"):
             identity(resumed).check(study, storage_url="sqlite:///x.db", sampler="guided", **RULE)
 
 

@@ -179,6 +179,7 @@ def search(args: argparse.Namespace) -> int:
         target = trace.target if trace and trace.target else _target(cfg.efficiency, workload, cfg.workload,
                                                                        cfg.seed, cfg.objective)
         study_name = cfg.study_name(device.name, workload.name)
+        output_given = cfg.sources.get("output") == OUTPUT_FLAG
         out = output_folder(cfg, device.name, workload.name)
         cfg = cfg.with_values(output=str(out))  # the default storage, study.db, lives in the study's folder
         _refuse_other_results(out, study_name, cfg.storage_url(), own_db=not cfg.search.storage)
@@ -220,7 +221,7 @@ def search(args: argparse.Namespace) -> int:
                 seed=cfg.seed, storage=storage,
                 baseline_batch_size=trace.baseline_batch_size if trace else None,
                 power_cv=trace.power_cv if trace else 0.0, confirm_settings=cfg.search.confirm,
-                soak_s=cfg.search.soak_s,
+                soak_s=cfg.search.soak_s, start_anew=_start_anew(cfg, output_given),
             )
         except SearchError as exc:
             raise UsageError(str(exc)) from None
@@ -275,6 +276,15 @@ def output_folder(cfg: Config, device_name: str, workload_name: str) -> Path:
         budget = "unconstrained" if cfg.power_budget_w is None else f"{cfg.power_budget_w:g}W"
         name = f"{device}-{workload_name}-{cfg.objective}-{budget}"
     return Path(cfg.output) / (_FOLDER_CHARS.sub("-", name).strip("-.") or "study")
+
+
+def _start_anew(cfg: Config, output_given: bool) -> str:
+    """The flags that give a search a study of its own where the one it would resume is for something else: a
+    study name where ``--storage`` names the storage (another ``--output`` opens the same study again), and
+    another ``--output`` too where one was given (its best.json is the resumed study's); else the folder."""
+    if cfg.search.storage:
+        return "another --study-name and --output" if output_given else "another --study-name"
+    return "another --output" if output_given else "another --study-name or --output"
 
 
 def _refuse_other_results(out: Path, study_name: str, storage_url: str, *, own_db: bool) -> None:

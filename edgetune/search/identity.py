@@ -14,7 +14,7 @@ may not resume such a study: it would rank trials scored two ways.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,30 @@ def _steps_text(steps: Mapping[Any, Any] | None, law: Mapping[str, Any] | None) 
 
 #: the flag that sets each part of a study's budget rule (``records.read_budget_rule``), for messages
 _RULE_FLAGS = {"tolerance": "--tolerance", "window_s": "--window", "guard_sigma": "--guard-sigma"}
+#: the flags that set each field of a study's identity, for messages (a value is named after the flag)
+_IDENTITY_FLAGS = {"objective": "--objective", "budget_w": "--budget", "workload": "--workload", "device": "--device",
+                   "eta": "--eta", "torch_device": "--torch-device", "space": "--batch-sizes, --knobs or space.values",
+                   "steps_to_target": "--steps-to-target"}
+#: an identity field's value where a study does not record it (a study trained on the CPU records no torch_device)
+_IDENTITY_DEFAULTS = {"torch_device": "cpu"}
+#: how a study is started anew instead of resuming one, where the caller does not say (:meth:`StudyIdentity.check`)
+START_ANEW = "another --study-name or --output"
+
+
+def _made_with(stored: Mapping[str, Any], fields: Mapping[str, Any], diff: Sequence[str]) -> str:
+    """What a study was made with, against what this search asks, for the fields ``diff``: ``--budget 12 (not
+    10)``; the space, the runs and a field the study lacks by their flags alone."""
+    parts = []
+    for key in diff:
+        flag = _IDENTITY_FLAGS.get(key, key)
+        default = _IDENTITY_DEFAULTS.get(key)
+        was, now = stored.get(key, default), fields.get(key, default)
+        if key in ("space", "steps_to_target") or was is None or now is None:
+            parts.append(f"another {flag}" if key == "space" else f"a different {flag}")
+        else:
+            parts.append(f"{flag} {was:g} (not {now:g})" if isinstance(was, float) and isinstance(now, float) else
+                         f"{flag} {was} (not {now})")
+    return " and ".join(parts)
 
 #: relative difference under which two of the law's numbers are one: a B_noise measured again on a GPU (a
 #: resumed search, each worker of a fleet) differs in its last digits from run to run, far inside the law's 5%
@@ -106,9 +130,11 @@ class StudyIdentity:
         return cls(fields, {"s_min": target.s_min, "b_noise": target.b_noise}, target.is_law)
 
     def check(self, study: optuna.Study, *, storage_url: str, sampler: str, tolerance: float,
-              window_s: float, guard_sigma: float) -> None:
+              window_s: float, guard_sigma: float, start_anew: str = START_ANEW) -> None:
         """Record this identity in a new study; check a resumed one is for the same, and where only its steps
-        to target differ and ``sampler`` ranks measurements, score it again (module docs).
+        to target differ and ``sampler`` ranks measurements, score it again (module docs). A refusal names
+        ``start_anew``, the flags that give this search a study of its own instead (where ``--storage`` names
+        the storage, another ``--output`` opens the same study again: another ``--study-name`` does it).
 
         Raises:
             SearchError: the study was made for something else, or with other steps to target (or scored again
@@ -128,25 +154,25 @@ class StudyIdentity:
             was = ", ".join(f"{_RULE_FLAGS[k]} {v:g}" for k, v in changed.items())
             now = ", ".join(f"{_RULE_FLAGS[k]} {rule[k]:g}" for k in changed)
             raise SearchError(f"{where} judged the budget with {was}, not {now}: its measured settings' verdicts "
-                              f"hold under that rule; resume it with {was}, or start anew with another --output "
+                              f"hold under that rule; resume it with {was}, or start anew with {start_anew} "
                               f"{prior_hint}")
         diff = sorted(k for k in self.fields.keys() | stored.keys() if stored.get(k) != self.fields.get(k))
         if diff and diff != ["steps_to_target"]:
-            raise SearchError(f"{where} was made with a different {', '.join(diff)}; use another --study-name or "
-                              f"--output to start anew {prior_hint}")
+            raise SearchError(f"{where} was made with {_made_with(stored, self.fields, diff)}; use {start_anew} "
+                              f"to start anew {prior_hint}")
         was_law = records.read_target(study)
         law_changed = self.is_law and was_law is not None and not _same_numbers(was_law, self.law)
         if not diff and not law_changed:
             if records.read_rescored(study) and not ranks_measurements(sampler):
                 raise SearchError(f"{where} was scored again with other steps to target, and the values Optuna "
                                   f"was told mix both, which sampler {sampler!r} ranks by; resume it with "
-                                  f"--sampler guided, or start anew with another --output {prior_hint}")
+                                  f"--sampler guided, or start anew with {start_anew} {prior_hint}")
             return
         if not ranks_measurements(sampler):
             what = ", ".join(diff) if diff else "B_noise"
             raise SearchError(f"{where} was made with a different {what}, and sampler {sampler!r} ranks the values "
                               f"it was told; resume it with --sampler guided (it scores the measurements again), "
-                              f"or start anew with another --output {prior_hint}")
+                              f"or start anew with {start_anew} {prior_hint}")
         was = stored.get("steps_to_target")
         _log.warning("study %r was scored with %s; its %d measured settings are scored again with %s",
                      study.study_name, _steps_text(was, was_law),

@@ -78,7 +78,7 @@ from edgetune.search.efficiency import (
     scalar_score,
 )
 from edgetune.search.fleet import find_same, queued_or_running
-from edgetune.search.identity import StudyIdentity
+from edgetune.search.identity import START_ANEW, StudyIdentity
 from edgetune.search.measurement import Measurement, MeasurementProtocol
 from edgetune.search.memory import OutOfMemory, known_out_of_memory, memory_knobs, ran_out_of_memory
 from edgetune.search.records import CONSTRAINT, Observation, Role, TrialRecord
@@ -172,6 +172,8 @@ class Search:
             draws once the board is warm (:mod:`edgetune.search.thermal`); 0 disables. Only under a budget,
             and never on a table replay (the table holds no temperature).
         storage: an open Optuna storage (default: :func:`open_storage` of ``storage_url``).
+        start_anew: the flags that start a new study instead of this one, named where a resume is refused
+            (:meth:`~edgetune.search.identity.StudyIdentity.check`).
     """
 
     def __init__(
@@ -206,6 +208,7 @@ class Search:
         confirm_settings: int = CONFIRM_SETTINGS,
         confirm_repeats: int = CONFIRM_REPEATS,
         soak_s: float = SOAK_S,
+        start_anew: str = START_ANEW,
     ) -> None:
         if objective not in DIRECTIONS:
             raise SearchError(f"unknown objective {objective!r}; use {', '.join(DIRECTIONS)}")
@@ -245,6 +248,7 @@ class Search:
         if not soak_s >= 0:
             raise SearchError(f"the thermal soak must last 0 s or more, got {soak_s}; pass --soak-s 0 to skip it")
         self.soak_s = float(soak_s)
+        self.start_anew = start_anew
         self.soaks: list[ThermalSoak] = []  # the study's soaks, in order (read back on a resume)
         self.on_trial = on_trial
         self.on_step = on_step
@@ -310,7 +314,7 @@ class Search:
                                     device=self.device.name, target=self.target, cost=self.cost,
                                     torch_device=self._torch_device)
         identity.check(study, storage_url=self.storage_url, sampler=self.sampler_name, tolerance=self.tolerance,
-                       window_s=self.window_s, guard_sigma=self.guard_sigma)
+                       window_s=self.window_s, guard_sigma=self.guard_sigma, start_anew=self.start_anew)
         self._aim_sampler(study)
         return study
 
