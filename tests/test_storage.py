@@ -242,3 +242,18 @@ def test_an_in_memory_sqlite_url_opens_a_study_in_memory(url):
     study = optuna.create_study(study_name="mem", storage=open_storage(url))
     study.tell(study.ask(), 1.0)
     assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE]
+
+
+def test_a_journal_url_naming_another_kind_of_file_or_a_folder_is_one_line_and_the_file_kept(tmp_path):
+    from edgetune.search.storage import SearchError
+
+    other = tmp_path / "best.json"
+    other.write_text('{\n "batch_size": 16\n}\n')
+    for url, problem in ((f"journal:{other}", f"storage journal:{other} is not an Optuna journal file ("),
+                         (f"journal:{tmp_path}", f"storage journal:{tmp_path} is a folder, not a journal file")):
+        with pytest.raises(SearchError) as err:
+            open_storage(url)
+        line = str(err.value)
+        assert line.startswith(problem) and "server" not in line and len(line.splitlines()) == 1, line
+        assert line.endswith("give the journal file an edgetune search wrote, or a new file's path for a new study")
+    assert other.read_text() == '{\n "batch_size": 16\n}\n'

@@ -119,6 +119,22 @@ def test_load_prior_names_a_missing_folder_or_file(tmp_path):
     assert not (tmp_path / "missing.log").exists()
 
 
+def test_load_prior_names_a_file_that_holds_no_study_with_the_prior_s_way_out(tmp_path):
+    # the storage's own line said to move the file away to start a new study: no fix for a prior
+    other = tmp_path / "best.json"
+    other.write_text('{\n "batch_size": 16\n}\n')
+    way_out = "; give the output folder of an earlier search, its study.db or its journal file (journal:FILE)"
+    for spec, problem in ((str(other), f"storage {other} is not an SQLite database (damaged or another file)"),
+                          (f"sqlite:///{other}", f"storage {other} is not an SQLite database"),
+                          (f"journal:{other}", f"storage journal:{other} is not an Optuna journal file (")):
+        with pytest.raises(PriorError) as err:
+            load_prior(spec)
+        line = str(err.value)
+        assert line.startswith(f"--prior {spec}: {problem}") and line.endswith(way_out), line
+        assert "start a new study" not in line and "server" not in line
+    assert other.read_text() == '{\n "batch_size": 16\n}\n'
+
+
 # ---------------------------------------------------------------------------------------------- transfer
 
 

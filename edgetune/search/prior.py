@@ -149,7 +149,10 @@ def load_prior(spec: str) -> PriorStudy:
     try:
         storage = open_storage(url)
     except SearchError as exc:
-        raise PriorError(f"--prior: {exc}") from None
+        if exc.problem is None:  # a server, a URL: the storage's own line says what to check
+            raise PriorError(f"--prior: {exc}") from None
+        raise PriorError(f"--prior {spec}: {exc.problem}; give the output folder of an earlier search, its "
+                         f"{STUDY_DB} or its journal file (journal:FILE)") from None
     names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False))
     if name is None:
         if len(names) != 1:

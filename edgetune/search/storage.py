@@ -62,7 +62,14 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 class SearchError(RuntimeError):
-    """A search that cannot start or continue (storage unreachable, study mismatch): one line."""
+    """A search that cannot start or continue (storage unreachable, study mismatch): one line.
+
+    ``problem``: where the storage is a file that holds no study (empty, damaged, another kind of file), the
+    line's problem without its fix, for a caller that reads the file for another purpose (``--prior``)."""
+
+    def __init__(self, message: str, *, problem: str | None = None) -> None:
+        super().__init__(message)
+        self.problem = problem
 
 
 def redact(url: str) -> str:
@@ -118,10 +125,7 @@ def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_INTERVAL_S, grace_s: 
     given = url
     try:
         if url.startswith("journal:"):
-            from optuna.storages.journal import JournalFileBackend, JournalStorage
-
-            path = url[len("journal:"):].removeprefix("//")
-            return JournalStorage(JournalFileBackend(path))
+            return _open_journal(url)
         if in_memory(url):
             return optuna.storages.InMemoryStorage()
         url = _postgres_driver(url)
@@ -147,6 +151,26 @@ def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_INTERVAL_S, grace_s: 
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SearchError(f"cannot open storage {redact(given)}: {first[:_MESSAGE_CHARS]}; check the URL, that "
                           f"the server runs and accepts this user (or use the default SQLite file)") from None
+
+
+def _open_journal(url: str) -> optuna.storages.BaseStorage:
+    """The journal file of ``url``: a file that is there but no journal (another file, a study.db) is one line
+    that says so, not the decoder's error; one that is not there yet is a new journal."""
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    path = url[len("journal:"):].removeprefix("//")
+    fix = "give the journal file an edgetune search wrote, or a new file's path for a new study"
+    if os.path.isdir(path):
+        problem = f"storage {url} is a folder, not a journal file"
+        raise SearchError(f"{problem}; {fix}", problem=problem)
+    try:
+        return JournalStorage(JournalFileBackend(path))
+    except OSError as exc:
+        raise SearchError(f"cannot open storage {url}: {exc.strerror or exc}; {fix}") from None
+    except (ValueError, KeyError, TypeError) as exc:  # JSON (or UTF-8) that is not a journal's operations
+        detail = str(exc).strip().splitlines()[0][:_MESSAGE_CHARS] if str(exc).strip() else type(exc).__name__
+        problem = f"storage {url} is not an Optuna journal file ({detail})"
+        raise SearchError(f"{problem}; nothing was written; {fix}", problem=problem) from None
 
 
 def in_memory(url: str) -> bool:
@@ -212,7 +236,8 @@ def check_sqlite_file(url: str) -> None:
         return
     fix = "nothing was written; move it away to start a new study, or put back a good copy"
     if os.path.isdir(path):
-        raise SearchError(f"storage {path} is a folder, not a study file; {fix}")
+        problem = f"storage {path} is a folder, not a study file"
+        raise SearchError(f"{problem}; {fix}", problem=problem)
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
@@ -220,9 +245,11 @@ def check_sqlite_file(url: str) -> None:
     except OSError as exc:
         raise SearchError(f"cannot read storage {path}: {exc.strerror or exc}") from None
     if size == 0:
-        raise SearchError(f"storage {path} is empty (0 bytes), not a study: {fix}")
+        problem = f"storage {path} is empty (0 bytes), not a study"
+        raise SearchError(f"{problem}: {fix}", problem=problem)
     if header != SQLITE_HEADER:
-        raise SearchError(f"storage {path} is not an SQLite database (damaged or another file): {fix}")
+        problem = f"storage {path} is not an SQLite database (damaged or another file)"
+        raise SearchError(f"{problem}: {fix}", problem=problem)
     try:
         with contextlib.closing(sqlite3.connect(path, timeout=SQLITE_LOCK_TIMEOUT_S)) as db:
             verdict = [row[0] for row in db.execute("PRAGMA quick_check")]
@@ -230,7 +257,8 @@ def check_sqlite_file(url: str) -> None:
         verdict = [str(exc)]
     if verdict != ["ok"]:
         detail = " ".join(" ".join(verdict).split())[:_MESSAGE_CHARS]  # quick_check lists problems over lines
-        raise SearchError(f"storage {path} is damaged ({detail}): {fix}")
+        problem = f"storage {path} is damaged ({detail})"
+        raise SearchError(f"{problem}: {fix}", problem=problem)
 
 
 def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:
