@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import optuna
@@ -17,7 +18,7 @@ from edgetune.cli import main
 from edgetune.power import open_device
 from edgetune.power.knobs import Candidate
 from edgetune.search.efficiency import Outcome, TargetModel, ZeusCost, cost_max_power_w
-from edgetune.search.prior import PriorError, load_prior, map_to_space, snap
+from edgetune.search.prior import PriorError, load_prior, map_to_space, moved_count, snap
 from edgetune.search.records import Observation
 from edgetune.search.results import best_json
 from edgetune.search.space import build_space
@@ -86,6 +87,10 @@ def test_map_to_space_snaps_drops_and_fills_and_keeps_the_first_of_a_collision()
     assert len(mapped) == 1  # both land on b=64, 612 MHz: the first is kept
     assert mapped[0].candidate == Candidate(64, (("gpu_freq", 612_000_000), ("power_mode", "25W")))
     assert mapped[0].step_time_s == 0.1 and not mapped[0].feasible  # a prior never holds a budget here
+    # both moved (a: batch 60 and 624.75 MHz snapped; both: power_mode filled in); one in the space stays
+    c = Observation(Candidate(32, (("gpu_freq", 612_000_000), ("power_mode", "25W"))), measured=True, ok=True,
+                    step_time_s=0.1, max_avg_power_w=9.0)
+    assert moved_count([a, b, c], space) == 2 and moved_count([c], space) == 0
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -269,10 +274,16 @@ def test_a_prior_too_small_to_model_is_refused_before_anything_is_measured(tmp_p
     assert main([*common, "--device", "sim:orin-nano", "--budget", "10", "--n-trials", "2", "--soak-s", "0",
                  "-o", str(tmp_path / "short")]) == 0
     capsys.readouterr()
-    assert main([*common, "--device", "sim:orin-nx", "--budget", "12", "--prior", str(tmp_path / "short"),
-                 "-o", str(tmp_path / "warm")]) == 2
+    assert main([*common[:2], "mobilenet", *common[3:], "--device", "sim:orin-nx", "--budget", "12", "--prior",
+                 str(tmp_path / "short"), "-o", str(tmp_path / "warm")]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
+    # what was carried over, said before the refusal (the orin-nano's clocks and modes are the orin-nx's too:
+    # none moved, test_map_to_space_... counts moved ones), and that it is another model's step times
+    assert re.search(r"prior: 2 settings of study '[^']+' \(sim:orin-nano, cnn, budget 10.0 W\); 2 settings of "
+                     r"this space from them\n", err)
+    assert ("note: the prior trained cnn, this search mobilenet: its step times and power are another model's, "
+            "and this board's measurements correct them as they come") in err
     assert ("error: the prior has 2 measured settings in this space, at most 2 in one power mode; a warm start "
             "needs 4 in one: search the earlier board longer (--n-trials), or drop --prior") in err
     assert not (tmp_path / "warm" / "best.json").exists()

@@ -183,7 +183,7 @@ def search(args: argparse.Namespace) -> int:
         out = output_folder(cfg, device.name, workload.name)
         cfg = cfg.with_values(output=str(out))  # the default storage, study.db, lives in the study's folder
         _refuse_other_results(out, study_name, cfg.storage_url(), own_db=not cfg.search.storage)
-        prior = _prior(cfg, space, device, study_name)
+        prior = _prior(cfg, space, device, study_name, workload.name)
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -340,7 +340,7 @@ def _stored_records(storage, study_name: str, space) -> list | None:
     return records.read_records(study.get_trials(deepcopy=False), space)
 
 
-def _prior(cfg: Config, space, device, study_name: str) -> tuple:
+def _prior(cfg: Config, space, device, study_name: str, workload: str) -> tuple:
     """``--prior``'s observations mapped to ``space`` (none without one); bad input: a UsageError.
 
     Refused: a prior that is the study this search resumes (the same storage and name: its measurements would
@@ -351,7 +351,7 @@ def _prior(cfg: Config, space, device, study_name: str) -> tuple:
         return ()
     from edgetune.search.baseline import governed_clocks
     from edgetune.search.identity import ranks_measurements
-    from edgetune.search.prior import PriorError, load_prior, map_to_space
+    from edgetune.search.prior import PriorError, load_prior, map_to_space, moved_count
     from edgetune.search.storage import redact, same_storage
 
     given = cfg.label("search.prior")
@@ -369,7 +369,13 @@ def _prior(cfg: Config, space, device, study_name: str) -> tuple:
                          f"--study-name (and another --output, where you gave one)")
     found = device.settings()  # a real board's clocks: as their governor runs them, not as read (governed_clocks)
     mapped = map_to_space(prior.observations, space, found if device.simulated else governed_clocks(space, found))
-    print(f"{prior.describe()}; {len(mapped)} of them in this space", file=sys.stderr)
+    moved = moved_count(prior.observations, space)
+    print(f"{prior.describe()}; {len(mapped)} setting{'' if len(mapped) == 1 else 's'} of this space from them"
+          + (f" ({moved} moved to the nearest values this space allows)" if moved else ""), file=sys.stderr)
+    prior_workload = prior.identity.get("workload")
+    if prior_workload and prior_workload != workload:
+        print(f"note: the prior trained {prior_workload}, this search {workload}: its step times and power are "
+              f"another model's, and this board's measurements correct them as they come", file=sys.stderr)
     return mapped
 
 

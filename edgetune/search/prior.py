@@ -211,6 +211,16 @@ def map_to_space(observations: Sequence[Observation], space: SearchSpace,
     return tuple(out.values())
 
 
+def moved_count(observations: Sequence[Observation], space: SearchSpace) -> int:
+    """How many of ``observations`` :func:`map_to_space` moves: a batch size or a knob value the space does not
+    allow (snapped to the nearest), or a knob of the space the observation does not have (filled in)."""
+    def moved(obs: Observation) -> bool:
+        knobs = obs.candidate.knobs
+        return obs.candidate.batch_size not in space.batch_sizes or any(
+            name not in knobs or knobs[name] not in allowed for name, allowed in space.knobs)
+    return sum(1 for obs in observations if moved(obs))
+
+
 # ---------------------------------------------------------------------------------------------- models
 
 
