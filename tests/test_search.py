@@ -283,11 +283,10 @@ def test_a_long_step_over_the_budget_is_stopped_in_the_middle(workload, monkeypa
     assert cut_over_s < 0.75 * whole_over_s
 
 
-def test_a_setting_clearly_over_stops_before_the_budget_window_crosses(workload):
-    """Clearly over (its own average three standard errors above the limit): stopped once its readings have
-    swept the step's phases, while the 1-s average is still mostly the idle power before it, so no time over
-    the budget at all. Just over (within its own noise): left to the budget window's average, as any setting
-    near the budget."""
+def _free_and_clearly_over(workload, *extra):
+    """On the twin: the top setting at batch 128 unconstrained, then (after the low one) measured again with a
+    limit 1 W under its mean: clearly over. ``extra``: ``(batch, setting, protocol, limit_w)`` measured after
+    the low setting again, in the same monitor. Returns the protocol and the measurements, in order."""
     device = open_device("sim:orin-nano", compute=False)
     protocol = MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=2.0)
     top = {"gpu_freq": 624_750_000, "emc_freq": 2_133_000_000}
@@ -297,7 +296,17 @@ def test_a_setting_clearly_over_stops_before_the_budget_window_crosses(workload)
         measure_setting(device, workload, 128, low, protocol, monitor)
         clear = measure_setting(device, workload, 128, top, protocol, monitor, limit_w=free.mean_power_w - 1.0)
         measure_setting(device, workload, 128, low, protocol, monitor)
-        near = measure_setting(device, workload, 128, top, protocol, monitor, limit_w=free.mean_power_w - 0.01)
+        more = [measure_setting(device, workload, 128, top if setting is None else setting, p or protocol, monitor,
+                                limit_w=limit(free) if limit else None) for setting, p, limit in extra]
+    return protocol, free, clear, *more
+
+
+def test_a_setting_clearly_over_stops_before_the_budget_window_crosses(workload):
+    """Clearly over (its own average three standard errors above the limit): stopped once its readings have
+    swept the step's phases, while the 1-s average is still mostly the idle power before it, so no time over
+    the budget at all. Just over (within its own noise): left to the budget window's average, as any setting
+    near the budget."""
+    _, free, clear, near = _free_and_clearly_over(workload, (None, None, lambda free: free.mean_power_w - 0.01))
     assert clear.aborted_over_budget and clear.over_budget_s == 0.0
     assert clear.duration_s < 0.4  # once its readings have swept its 8-ms steps' phases (0.25 s)
     assert clear.max_avg_power_w > free.mean_power_w - 1.0
@@ -312,15 +321,8 @@ def test_a_window_shorter_than_the_budget_window_names_its_own_span(workload, mo
     from edgetune.cli.progress import trial_line
     from edgetune.search import trial
 
-    device = open_device("sim:orin-nano", compute=False)
-    protocol = MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=2.0)
-    top = {"gpu_freq": 624_750_000, "emc_freq": 2_133_000_000}
     low = {"gpu_freq": 306_000_000, "emc_freq": 204_000_000}
-    with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
-        free = measure_setting(device, workload, 128, top, protocol, monitor)
-        measure_setting(device, workload, 128, low, protocol, monitor)
-        clear = measure_setting(device, workload, 128, top, protocol, monitor, limit_w=free.mean_power_w - 1.0)
-        short = measure_setting(device, workload, 128, low, MeasurementProtocol(measure_s=0.3), monitor)
+    protocol, free, clear, short = _free_and_clearly_over(workload, (low, MeasurementProtocol(measure_s=0.3), None))
     assert free.judged_span_s == free.avg_window_s == 1.0
     assert clear.aborted_over_budget and clear.duration_s < 0.4
     assert clear.judged_span_s == clear.duration_s  # judged on its mean: the record's own span
