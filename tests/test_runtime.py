@@ -2021,3 +2021,32 @@ def test_with_no_knob_it_can_set_the_guard_holds_the_budget_by_the_batch_size_al
         assert "measure-only: knobs cannot be set here (no root here); the guard only reports" in events
         assert not any(e.startswith("guard") for e in events) and s.time_over_s > 8.0
     dev.close()
+
+
+# ---------------------------------------------------------------------------------------------- a power mode change
+
+
+def test_a_power_mode_change_reads_back_the_clocks_and_cores_it_reset(cnn_cost):
+    """nvpmodel -m resets every clock's range and the online cores under the new mode (the twin does the same).
+    The tuner kept the values from before for the knobs a setting did not write: after 7W, tuner.setting said
+    gpu_freq 510 MHz, cpu_freq 1.1904 GHz and 6 cores while the board ran 408 MHz, 960 MHz and 4 cores, and the
+    guard's ladder was built on the 6 cores. Now the knobs the mode reset are read back, at every tick."""
+    model, opt, data = mlp()
+    dev = open_device("sim:orin-nano", seed=0)
+    twin = dev.backend
+    wrong = []
+    with edgetune.tune(model, opt, dataset=data, batch_size=64, budget_w=30, device=dev, cost=cnn_cost, online=False,
+                       print_summary=False) as tuner:
+        def compare():  # the setting the tuner reports against the one the board runs
+            if any(twin.settings()[k] != v for k, v in tuner.setting.items()):
+                wrong.append(dev.clock.now())
+
+        dev.clock.add_ticker(0.05, compare)
+        train_until(tuner, model, opt, 4.0, [
+            (1.0, lambda: tuner.apply_setting({"gpu_freq": 510000000, "cpu_freq": 1190400}, "by hand")),
+            (2.0, lambda: tuner.apply_setting({"power_mode": "7W"}, "by hand"))])
+        assert (tuner.setting["gpu_freq"], tuner.setting["cpu_freq"], tuner.setting["cpu_cores"]) == (408000000, 960000,
+                                                                                                      4)
+        assert tuner._knob_state.written == {"power_mode"}  # the clocks run as the mode leaves them, not locked
+        assert all(rung["cpu_cores"] == 4 for rung in tuner._guard.ladder)
+    assert wrong == []

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from edgetune.power.base import ApplyError, Device, Knob, KnobValue, format_value
+from edgetune.power.base import MODE_KNOB, ApplyError, Device, DeviceError, Knob, KnobValue, format_value
 from edgetune.power.knobs import reads_running_clock
 from edgetune.runtime.board import governed_setting
 
@@ -86,6 +86,23 @@ class KnobState:
         self.device.apply(changes)
         self.setting.update(changes)
         self.written.update(changes)
+        self._mode_reset(changes)
+
+    def _mode_reset(self, written: Mapping[str, KnobValue]) -> None:
+        """A power mode among the knobs ``written`` resets the knobs under it (``nvpmodel -m`` writes every clock's
+        range and the online cores; the twin does the same): each knob the write left alone is read back and
+        counts as not written from then on (a clock then runs as its governor runs it under the new mode:
+        :meth:`governed`). One whose read fails keeps its value, not written: its governed value stands for it."""
+        if MODE_KNOB not in written:
+            return
+        for name, knob in self.knobs.items():
+            if name in written:
+                continue
+            try:
+                self.setting[name] = knob.read()
+            except (DeviceError, OSError, ValueError):
+                pass
+            self.written.discard(name)
 
     def fail(self, exc: ApplyError) -> KnobValue:
         """A write failed: the knobs written before it are in force (``exc.applied``), and the failed knob at its
@@ -95,6 +112,7 @@ class KnobState:
         name, knob = exc.knob, self.knobs[exc.knob]
         self.setting.update(exc.applied)
         self.written.update(exc.applied)
+        self._mode_reset(exc.applied)  # the failed knob too: a mode written before it reset it
         if knob.original is None:  # its platform put it back as found (its error says so): governed, if a clock
             self.setting[name] = self.original[name]
             self.written.discard(name)
