@@ -1829,19 +1829,19 @@ def test_the_guard_takes_the_lowest_setting_while_the_sensor_gives_no_reading(tm
 # ---------------------------------------------------------------------------------------------- a knob write failing
 
 
-def _refusing(dev, name, after_s):
-    """``dev`` with knob ``name`` answering every write after ``after_s`` of device time as a busy kernel does
-    (the hardware boundary: the twin's knob, its driver refusing). Returns the device and the values tried."""
+def _refusing(dev, name, after_s, until_s=math.inf, why=lambda t: "EBUSY: Device or resource busy"):
+    """``dev`` with knob ``name`` answering every write from ``after_s`` to ``until_s`` of device time as a busy
+    kernel does (the hardware boundary: the twin's knob, its driver refusing; ``why(t)``: the errno's text).
+    Returns the device and the values tried while it refused."""
     import dataclasses
 
     real = dev.knobs[name]
     tried = []
 
     def write(value):
-        if dev.clock.now() > after_s:
+        if after_s < dev.clock.now() < until_s:
             tried.append(value)
-            raise KnobWriteError(f"{name}: the kernel rejected {value} for /sys/.../{name} (EBUSY: Device or "
-                                 f"resource busy)")
+            raise KnobWriteError(f"{name}: the kernel rejected {value} for /sys/.../{name} ({why(dev.clock.now())})")
         real._write(value)
 
     knob = Knob(name, real.unit, real.values, read=real.read, write=write, description=real.description)
@@ -1859,8 +1859,8 @@ def test_a_knob_write_that_fails_mid_run_leaves_the_guard_at_the_clocks_in_force
     two written, a failing cpu_freq none. The guard used to believe its lowest rung in force: the setting it
     reported was not the board's, it never lowered the clocks it could (cpu_freq: 7.6 W over 6.8 W for 11 s)
     and halved the batch 'at the lowest setting'. Now the setting is the board's at every tick, the knob is
-    written once and left as it is, one warning says so, and the guard holds the budget with the other knobs
-    and the batch size."""
+    written once and left as it is (its retry, 30 s later, is past the run), one warning says so, and the guard
+    holds the budget with the other knobs and the batch size."""
     model, opt, data = mlp()
     dev, tried = _refusing(open_device("sim:orin-nano", seed=0), knob, after_s=2.0)
     twin = dev.backend
@@ -1883,8 +1883,8 @@ def test_a_knob_write_that_fails_mid_run_leaves_the_guard_at_the_clocks_in_force
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1, warned
     assert warned[0].startswith(f"{knob}: the kernel rejected ") and "(EBUSY: Device or resource busy)" in warned[0]
-    assert warned[0].endswith(f"; {knob} stays at {stays}; edgetune leaves {knob} as it is for the rest of the run; "
-                              f"the guard goes on with {others} and the batch size")
+    assert warned[0].endswith(f"; {knob} stays at {stays}; edgetune leaves {knob} as it is and tries it again after 30 s "
+                              f"of device time (try 1 of 5); the guard goes on with {others} and the batch size")
     s = tuner.summary
     events = [text for _, text in s.events]
     trip = next(text for text in events if text.startswith("guard trip"))
@@ -1933,7 +1933,7 @@ def test_online_tuning_goes_on_at_the_clock_in_force_when_its_clock_cannot_be_wr
     assert "gpu_freq=408 MHz" in settled
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and warned[0].startswith("gpu_freq: the kernel rejected 510000000")
-    assert "gpu_freq stays at 408 MHz; edgetune leaves gpu_freq as it is for the rest of the run" in warned[0]
+    assert "gpu_freq stays at 408 MHz; edgetune leaves gpu_freq as it is and tries it again after 30 s" in warned[0]
 
 
 def test_a_jetsons_clock_whose_write_fails_mid_run_is_put_back_as_found_and_left_there(tmp_path, monkeypatch,
@@ -1980,8 +1980,8 @@ def test_a_jetsons_clock_whose_write_fails_mid_run_is_put_back_as_found_and_left
     warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("gpu_freq")]
     assert len(warned) == 1, warned
     assert warned[0].startswith("gpu_freq: the kernel rejected 306000000 for ") and "max_freq (EBUSY" in warned[0]
-    assert warned[0].endswith("; gpu_freq is back at its original value; edgetune leaves gpu_freq as it is for the "
-                              "rest of the run")
+    assert warned[0].endswith("; gpu_freq is back at its original value; edgetune leaves gpu_freq as it is and tries "
+                              "it again after 30 s of device time (try 1 of 5)")
     assert tuner.online.chosen.candidate.knobs["gpu_freq"] == 624750000
     assert fake.knob_state() == before and tuner.summary.knobs_restored
     assert list(tuner.summary.knobs_failed) == ["gpu_freq"]
@@ -2050,3 +2050,81 @@ def test_a_power_mode_change_reads_back_the_clocks_and_cores_it_reset(cnn_cost):
         assert tuner._knob_state.written == {"power_mode"}  # the clocks run as the mode leaves them, not locked
         assert all(rung["cpu_cores"] == 4 for rung in tuner._guard.ladder)
     assert wrong == []
+
+
+def _refused_run(dev, cnn_cost, seconds, script):
+    """A tuned run of a step-less model on ``dev`` (the twin times the cnn's steps) at the plan's 408 MHz, the
+    budget dropped to 6.5 W at 3 s (the trip writes cpu_freq, emc_freq, then gpu_freq); ``script`` as for
+    :func:`train_until`. Returns the tuner and the device times at which its setting was not the board's."""
+    model, opt, data = mlp()
+    twin = dev.backend
+    plan = Plan(128, {"gpu_freq": 408000000}, 10.0, "sim:orin-nano")
+    wrong = []
+    with edgetune.tune(model, opt, dataset=data, device=dev, plan=plan, cost=cnn_cost, keep_trace=True,
+                       print_summary=False) as tuner:
+        def compare():  # the setting the tuner reports against the one the board runs, and the guard's rung
+            rung = tuner._guard.ladder[tuner._guard.state.rung]
+            if any(twin.settings()[k] != v for k, v in tuner.setting.items()) or \
+                    any(tuner.setting[k] != v for k, v in rung.items()):
+                wrong.append(dev.clock.now())
+
+        dev.clock.add_ticker(0.05, compare)
+        train_until(tuner, model, opt, seconds, [(3.0, lambda: tuner.set_budget(6.5)), *script])
+    return tuner, wrong
+
+
+def test_a_knob_whose_write_failed_for_a_busy_moment_is_tried_again_after_its_back_off_and_comes_back(cnn_cost,
+                                                                                                      caplog):
+    """The GPU clock answers EBUSY from 2 s to 20 s of device time (a busy driver). Its write failed at the trip
+    at 3 s and it was left as it is for the rest of the run: the guard held 6.5 W with the CPU and memory clocks
+    and the batch size, at 408 MHz, for good. Now it is tried again after 30 s of device time: the guard takes
+    it back into its ladder, moves to the highest rung under the setting in force (the GPU at its lowest), the
+    write succeeds and the knob is back, one event saying so; one warning in all, the setting the board's and
+    the guard's rung at every tick."""
+    dev, tried = _refusing(open_device("sim:orin-nano", seed=0), "gpu_freq", after_s=2.0, until_s=20.0)
+    with caplog.at_level(logging.WARNING, logger="edgetune"):
+        tuner, wrong = _refused_run(dev, cnn_cost, 40.0, [])
+    assert wrong == []
+    assert tried == [306000000]  # the trip's write; the try at 33 s went through
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "tries it again after 30 s of device time (try 1 of 5)" in warned[0]
+    events = tuner.summary.events
+    back_in = [(t, e) for t, e in events if e.startswith("guard: gpu_freq (try 1 of 5) back in the ladder")]
+    back = [(t, e) for t, e in events if e.startswith("gpu_freq is back: its write succeeded at try 1 of 5")]
+    assert len(back_in) == 1 and len(back) == 1 and 33.0 <= back_in[0][0] == back[0][0] < 33.2
+    assert tuner.setting["gpu_freq"] == 306000000  # the board's too (wrong: none)
+    assert not tuner._knob_state.failed and not tuner._knob_state.refused and tuner.summary.knobs_failed == {}
+    assert len({rung["gpu_freq"] for rung in tuner._guard.ladder}) > 1  # the guard moves it again
+    assert tuner.summary.knobs_restored
+
+
+def test_a_knob_that_stays_refused_is_tried_with_a_doubling_back_off_then_left_for_the_run(cnn_cost, caplog,
+                                                                                          monkeypatch):
+    """The GPU clock refuses every write from 2 s on (EBUSY, then EIO from 10 s). With the back-off at 1 s,
+    doubling, capped at 4 s (the constants shortened; 30 s and 480 s on a run), it is tried at 4, 6, 10, 14 and
+    18 s after its failure at 3 s: out again after each, one warning per error text (EBUSY, then EIO), an
+    event for the tries whose error was seen before, and after the fifth it is left for the rest of the run,
+    said once. The setting is the board's and the guard's rung at every tick."""
+    from edgetune.runtime import knob_state
+
+    monkeypatch.setattr(knob_state, "RETRY_FIRST_S", 1.0, raising=False)  # (raising: the code before had none)
+    monkeypatch.setattr(knob_state, "RETRY_MAX_S", 4.0, raising=False)
+    dev, tried = _refusing(open_device("sim:orin-nano", seed=0), "gpu_freq", after_s=2.0,
+                           why=lambda t: "EBUSY: Device or resource busy" if t < 10.0 else "EIO: Input/output error")
+    with caplog.at_level(logging.WARNING, logger="edgetune"):
+        tuner, wrong = _refused_run(dev, cnn_cost, 30.0, [])
+    assert wrong == []
+    assert len(tried) == 1 + 5 + 1  # the trip's write, five tries, the restore's
+    tries = [t for t, e in tuner.summary.events if e.startswith("guard: gpu_freq (try ")]
+    assert [round(t) for t in tries] == [4, 6, 10, 14, 18]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 2, warned
+    assert "(EBUSY: Device or resource busy)" in warned[0] and "(try 1 of 5)" in warned[0]
+    assert "(EIO: Input/output error)" in warned[1] and "(try 4 of 5)" in warned[1]
+    events = [e for _, e in tuner.summary.events]
+    again = [e for e in events if e.startswith("gpu_freq refused again: ")]
+    assert len(again) == 4 and "for the rest of the run (5 tries failed)" in again[-1]  # try 3: EIO, warned
+    assert sum("for the rest of the run" in e for e in events) == 1
+    assert not any(e.startswith("gpu_freq is back") for e in events)
+    assert list(tuner.summary.knobs_failed) == ["gpu_freq"] and "EIO" in tuner.summary.knobs_failed["gpu_freq"]
+    assert all(rung["gpu_freq"] == 408000000 for rung in tuner._guard.ladder)

@@ -318,7 +318,7 @@ class Tuner(RunLifecycle, GuardDrive, StepHooks):
 
     def apply_setting(self, setting: Mapping[str, KnobValue], why: str) -> None:
         """Apply knob values and re-anchor the guard's ladder on them. A knob whose write fails is left as it is
-        for the rest of the run, with a warning; :attr:`setting` says what is in force."""
+        until its back-off has passed (then tried again), with a warning; :attr:`setting` says what is in force."""
         self._refuse_after_block("apply_setting()")
         with self._lock:
             self._apply(setting, why)
@@ -380,34 +380,49 @@ class Tuner(RunLifecycle, GuardDrive, StepHooks):
         """Write ``changes`` and record them in force; the failure, if a write failed (None: all written).
 
         A write that fails while the block runs is no error of the user's loop: :meth:`_knob_failed` keeps
-        :attr:`setting` to what is in force and leaves the knob as it is from then on; the caller records its
-        move, then :meth:`_warn_failed`. Before the block runs (the plan, online tuning's first candidate) the
-        failure is raised: nothing has trained yet, and the knobs are restored on the way out."""
+        :attr:`setting` to what is in force and leaves the knob as it is until its back-off has passed; the
+        caller records its move, then :meth:`_warn_failed`. A knob on trial that this write set is back (one
+        event). Before the block runs (the plan, online tuning's first candidate) the failure is raised: nothing
+        has trained yet, and the knobs are restored on the way out."""
+        failure = None
         try:
             self._knob_state.write(changes)
         except ApplyError as exc:
             if not self._entered:
                 raise
             self._knob_failed(exc)
-            return exc
-        return None
+            failure = exc
+        for name, refused in self._knob_state.take_back():
+            self._event(f"{name} is back: its write succeeded at {refused.next_try} after it "
+                        f"failed ({refused.error}); the guard moves it again")
+        return failure
 
     def _knob_failed(self, exc: ApplyError) -> None:
         """A write failed mid-run: the knob state takes what is in force
-        (:meth:`~edgetune.runtime.knob_state.KnobState.fail`), the knob is left as it is for the rest of the run
-        (out of the guard's ladder, the plan's and online tuning's moves), the guard's anchor and the online
-        tuner take its value in force. The guard's ladder is rebuilt by the caller (:meth:`_guard_move`,
-        :meth:`apply_setting`)."""
-        in_force = self._knob_state.fail(exc)
+        (:meth:`~edgetune.runtime.knob_state.KnobState.fail`), the knob is left as it is until its back-off has
+        passed (out of the guard's ladder, the plan's moves; online tuning's for the rest of the run), the guard's
+        anchor and the online tuner take its value in force. The guard's ladder is rebuilt by the caller
+        (:meth:`_guard_move`, :meth:`apply_setting`)."""
+        in_force = self._knob_state.fail(exc, self.device.clock.now())
         self._guard.anchor = {**self._guard.anchor, exc.knob: in_force}
         if self.online is not None:
             self.online.knob_failed(exc.knob, in_force)
 
     def _warn_failed(self, exc: ApplyError) -> None:
-        """One warning for a knob whose write failed (:meth:`_knob_failed`; once: it is never written again):
-        the error, the value it keeps, what the guard goes on with."""
-        self._warn(f"{exc}; {self._knob_state.stays(exc)}edgetune leaves {exc.knob} as it is for the rest of the "
-                   f"run{self._guard_goes_on()}")
+        """Say that a knob's write failed (:meth:`_knob_failed`): a warning the first time and for an error not
+        seen before (never one per try), else an event: the error, the value it keeps, when it is tried again (or
+        that it is left for the rest of the run, after its last try), what the guard goes on with."""
+        refused = self._knob_state.refused[exc.knob]
+        if refused.final:
+            then = f"edgetune leaves {exc.knob} as it is for the rest of the run ({refused.tries} tries failed)"
+        else:
+            then = (f"edgetune leaves {exc.knob} as it is and tries it again after {refused.wait_s:g} s of device "
+                    f"time ({refused.next_try})")
+        text = f"{exc}; {self._knob_state.stays(exc)}{then}{self._guard_goes_on()}"
+        if refused.warn:
+            self._warn(text)
+        else:
+            self._event(f"{exc.knob} refused again: {text}")
 
     # -- events -------------------------------------------------------------------------------------------
     def _event(self, text: str) -> None:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import threading
     from collections import Counter
 
-    from edgetune.power.base import Device
+    from edgetune.power.base import Device, KnobValue
     from edgetune.power.monitor import PowerMonitor
     from edgetune.runtime.accounting import Accounting, SampleTap
     from edgetune.runtime.budget import BudgetSource
@@ -119,6 +119,8 @@ class GuardDrive:
             try:
                 if self._budget.path is not None:
                     self._poll_budget_file()
+                if self._knob_state.failed:
+                    self._readmit(self.device.clock.now())
                 if self._guard_active and self._guard.ready:
                     # the batch size is the guard's only where the loop takes its batches from tuner.loader, and
                     # not while the online tuner explores batch sizes itself
@@ -135,6 +137,49 @@ class GuardDrive:
                     self.accounting.update()
             except DeviceError as exc:
                 self._event(f"guard: {exc}")
+
+    def _readmit(self, t: float) -> None:
+        """The knobs whose write failed and whose back-off has passed at device time ``t`` go back into the
+        ladder on trial (:meth:`~edgetune.runtime.knob_state.KnobState.readmit`): the next move that sets one
+        tries it (the Tuner's ``_write``: back, or out again with the back-off doubled). The guard restarts at the
+        rung in force; where the setting in force is no rung of the new ladder (the guard had moved the other
+        knobs below the chosen setting) it moves to the highest rung at or under it in every knob, so its state
+        is the clocks in force and the power does not rise."""
+        knobs = self._knob_state
+        due = knobs.due(t)
+        if not due:
+            return
+        knobs.readmit(due)
+        tries = ", ".join(f"{k} ({knobs.refused[k].next_try})" for k in due)
+        self._event(f"guard: {tries} back in the ladder on trial: the next move that sets it tries its write")
+        self._build_guard()
+        while self._guard_active and self._guard.ready and not self._aligned():
+            pass
+
+    def _aligned(self) -> bool:
+        """Whether the guard's rung is the setting in force; else move to the highest rung at or under it in
+        every knob (False where a knob's write failed on the way: the ladder is rebuilt without it, to be
+        checked again)."""
+        ladder, setting = self._guard.ladder, self._knob_state.setting
+        assert self._guard.state is not None
+        if all(setting.get(k) == v for k, v in ladder[self._guard.state.rung].items()):
+            return True
+        def at_or_under(k: str, v: KnobValue) -> bool:
+            now = setting.get(k)
+            return v == now or (isinstance(v, (int, float)) and isinstance(now, (int, float)) and v <= now)
+
+        under = max((i for i, rung in enumerate(ladder) if all(at_or_under(k, v) for k, v in rung.items())),
+                    default=0)
+        changes = self._knob_state.rung_changes(ladder[under])
+        failure = self._write(changes)
+        self._event(f"guard: to the highest rung at or under the setting in force: "
+                    f"{self._knob_state.written_text(changes, failure)}")
+        if failure is not None:
+            self._warn_failed(failure)
+            self._build_guard()
+            return False
+        self._guard.reset(ladder, self._guard.model, self._knob_state.setting, self.budget_w, self.device.clock.now())
+        return True
 
     def _sensor_reads(self, t: float) -> bool:
         """Whether the guard sees power at device time ``t``. After ``blind_s`` (or three of a slower sensor's

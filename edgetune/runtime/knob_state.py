@@ -3,7 +3,8 @@
 :class:`KnobState` keeps what the :class:`~edgetune.runtime.controller.Tuner` knows of the device's knobs: the
 values found when the run began, the values in force (``tuner.setting``), which knobs the run has written (a
 clock it has not written runs as its governor runs it: :func:`~edgetune.runtime.board.governed_setting`) and
-which failed to write (left as they are for the rest of the run). It writes through
+which failed to write (left as they are, tried again after a back-off on the device clock: :class:`Refused`). It
+writes through
 :meth:`~edgetune.power.base.Device.apply` and keeps its records true when a write fails partway
 (:class:`~edgetune.power.base.ApplyError`). The controller decides when to write, and records the events.
 """
@@ -11,12 +12,78 @@ which failed to write (left as they are for the rest of the run). It writes thro
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from edgetune.power.base import MODE_KNOB, ApplyError, Device, DeviceError, Knob, KnobValue, format_value
 from edgetune.power.knobs import reads_running_clock
 from edgetune.runtime.board import governed_setting
 
-__all__ = ["KnobState"]
+__all__ = ["RETRY_FIRST_S", "RETRY_MAX_S", "RETRY_TRIES", "KnobState", "Refused"]
+
+#: device seconds before a knob whose write failed is tried again: a busy driver (EBUSY while the GPU driver
+#: works, a devfreq node mid-transition, EAGAIN) answers again within milliseconds to seconds, and a knob still
+#: refused then costs one write (and one event) per back-off, not one per guard move
+RETRY_FIRST_S = 30.0
+#: the back-off doubles after each failed try, up to this many device seconds
+RETRY_MAX_S = 480.0
+#: tries after the first failure before the knob is left for the run: 30 + 60 + 120 + 240 + 480 s, 15.5 min
+#: of device time refused, is no busy moment but another client holding the knob (jetson_clocks, nvpmodel, a
+#: second tuner), which a later try would only disturb
+RETRY_TRIES = 5
+
+
+def error_kind(exc: ApplyError) -> str:
+    """A failed write's error with the value tried left out (a retry tries another value: same error)."""
+    return str(exc).replace(str(exc.value), "<value>")
+
+
+@dataclass
+class Refused:
+    """A knob whose write failed during the run, until a write of it succeeds.
+
+    Attributes:
+        error: the last failure's error.
+        tries: the tries after the first failure that failed too (0: only the first failure).
+        retry_t: device time from which it may be tried again (None: left for the rest of the run).
+        warn: whether the last failure is to be warned of: its error (the value tried left out) not seen before.
+        seen: the errors seen, the value tried left out (:func:`error_kind`).
+    """
+
+    error: str
+    tries: int = 0
+    retry_t: float | None = None
+    warn: bool = True
+    seen: set[str] = field(default_factory=set)
+
+    @property
+    def final(self) -> bool:
+        """True once its last try failed: it is left as it is for the rest of the run."""
+        return self.retry_t is None
+
+    def schedule(self, t: float) -> None:
+        """Its next try after a failure at device time ``t`` (none after :data:`RETRY_TRIES` tries)."""
+        self.retry_t = t + self.wait_s if self.tries < RETRY_TRIES else None
+
+    def failed(self, exc: ApplyError, t: float, first: bool) -> None:
+        """A failure at device time ``t`` (``first``: the first, else a try): out, the back-off doubled after a try;
+        warned of where its error is one not seen before."""
+        if not first:
+            self.tries += 1
+        kind = error_kind(exc)
+        self.warn = kind not in self.seen
+        self.seen.add(kind)
+        self.error = str(exc)
+        self.schedule(t)
+
+    @property
+    def next_try(self) -> str:
+        """Its next try, as text (``try 2 of 5``)."""
+        return f"try {self.tries + 1} of {RETRY_TRIES}"
+
+    @property
+    def wait_s(self) -> float:
+        """The back-off after its last failure (device seconds)."""
+        return min(RETRY_FIRST_S * 2 ** self.tries, RETRY_MAX_S)
 
 
 class KnobState:
@@ -27,7 +94,10 @@ class KnobState:
         original: every knob's value when the run began.
         setting: every knob's value in force (a clock the run has not written: its reading at the start).
         written: the knobs the run has written: their value in force is the one written.
-        failed: knobs whose write failed during the run, with the error: never written again.
+        failed: knobs out of every move now, their write having failed, with the error (:attr:`refused` says
+            when they are tried again).
+        refused: every knob whose write failed and has not succeeded since, out (:attr:`failed`) or on trial
+            (taken back by :meth:`readmit`: the next write of it is its try).
     """
 
     def __init__(self) -> None:
@@ -36,6 +106,8 @@ class KnobState:
         self.setting: dict[str, KnobValue] = {}
         self.written: set[str] = set()
         self.failed: dict[str, str] = {}
+        self.refused: dict[str, Refused] = {}
+        self._back: list[tuple[str, Refused]] = []  # knobs on trial whose write succeeded, for the controller
         self._label: tuple[dict[str, KnobValue], str] | None = None  # the setting label per step, cached
 
     def start(self, device: Device) -> None:
@@ -87,6 +159,29 @@ class KnobState:
         self.setting.update(changes)
         self.written.update(changes)
         self._mode_reset(changes)
+        self._succeeded(changes)
+
+    def _succeeded(self, written: Mapping[str, KnobValue]) -> None:
+        """Knobs on trial among those ``written`` are back: no longer refused."""
+        for name in written:
+            if name in self.refused and name not in self.failed:
+                self._back.append((name, self.refused.pop(name)))
+
+    def take_back(self) -> list[tuple[str, Refused]]:
+        """The knobs on trial written since the last call (back in every move), for the controller's event."""
+        back, self._back = self._back, []
+        return back
+
+    def due(self, t: float) -> list[str]:
+        """The knobs out whose back-off has passed at device time ``t``."""
+        return [k for k in self.failed if (r := self.refused.get(k)) is not None and r.retry_t is not None
+                and r.retry_t <= t]
+
+    def readmit(self, names: list[str]) -> None:
+        """Take ``names`` back on trial: settable again, the next write of each is its try (:meth:`fail` puts it
+        out again with the back-off doubled; a success is :meth:`take_back`'s)."""
+        for name in names:
+            self.failed.pop(name, None)
 
     def _mode_reset(self, written: Mapping[str, KnobValue]) -> None:
         """A power mode among the knobs ``written`` resets the knobs under it (``nvpmodel -m`` writes every clock's
@@ -104,19 +199,26 @@ class KnobState:
                 pass
             self.written.discard(name)
 
-    def fail(self, exc: ApplyError) -> KnobValue:
-        """A write failed: the knobs written before it are in force (``exc.applied``), and the failed knob at its
-        value in force: as found where its platform put it back (:attr:`~edgetune.power.base.Knob.original` None
-        again), else the value before the write. It is never written again. Returns that value, a clock not
-        written as its governor runs it."""
+    def fail(self, exc: ApplyError, t: float) -> KnobValue:
+        """A write failed at device time ``t``: the knobs written before it are in force (``exc.applied``), and the
+        failed knob at its value in force: as found where its platform put it back
+        (:attr:`~edgetune.power.base.Knob.original` None again), else the value before the write. It is out of
+        every move until its back-off has passed (:class:`Refused`: doubled on each failure; after
+        :data:`RETRY_TRIES` tries, for the rest of the run). Returns that value, a clock not written as its
+        governor runs it."""
         name, knob = exc.knob, self.knobs[exc.knob]
         self.setting.update(exc.applied)
         self.written.update(exc.applied)
-        self._mode_reset(exc.applied)  # the failed knob too: a mode written before it reset it
+        self._mode_reset(exc.applied)
+        self._succeeded(exc.applied)  # the failed knob too: a mode written before it reset it
         if knob.original is None:  # its platform put it back as found (its error says so): governed, if a clock
             self.setting[name] = self.original[name]
             self.written.discard(name)
         self.failed[name] = str(exc)
+        refused = self.refused.get(name)
+        if refused is None:
+            self.refused[name] = refused = Refused(str(exc))
+        refused.failed(exc, t, first=not refused.seen)
         return self.governed()[name]
 
     def stays(self, exc: ApplyError) -> str:

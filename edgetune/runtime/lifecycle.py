@@ -314,7 +314,7 @@ class RunLifecycle:
             violations=list(self.accounting.violations), epochs=list(self.accounting.epochs),
             events=list(self.events), batch_size=self.batch_size,
             setting=self._knob_state.formatted(), knobs_restored=restored_ok, guard_moves=dict(self._guard_moves),
-            knobs_failed=dict(self._knob_state.failed),
+            knobs_failed={k: r.error for k, r in self._knob_state.refused.items()},
             unmeasured_steps=self.accounting.unmeasured_steps, unmeasured_s=self.accounting.unmeasured_s,
         )
 
