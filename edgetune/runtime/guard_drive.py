@@ -160,10 +160,12 @@ class GuardDrive:
         """Whether the guard's rung is the setting in force; else move to the highest rung at or under it in
         every knob (False where a knob's write failed on the way: the ladder is rebuilt without it, to be
         checked again)."""
-        ladder, setting = self._guard.ladder, self._knob_state.setting
+        # a clock the run has not written as its governor runs it (on a board it reads the frequency running now)
+        ladder, setting = self._guard.ladder, self._knob_state.governed()
         assert self._guard.state is not None
         if all(setting.get(k) == v for k, v in ladder[self._guard.state.rung].items()):
             return True
+
         def at_or_under(k: str, v: KnobValue) -> bool:
             now = setting.get(k)
             return v == now or (isinstance(v, (int, float)) and isinstance(now, (int, float)) and v <= now)
