@@ -1603,14 +1603,20 @@ def test_a_guard_trip_ends_the_candidate_as_over_budget(cnn_cost):
 def _online_run(profile, budget_w, cost, caplog):
     """Online tuning on the twin, its steps timed by ``cost``: a one-weight stand-in trains, as experiments/
     online_gap.py runs it. Returns the summary and the warnings logged."""
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="edgetune"):
+        tuner = _explore_online(open_device(f"sim:{profile}", seed=0, compute=False), budget_w, cost)
+    return tuner.summary, [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def _explore_online(device, budget_w, cost, during=None):
+    """A one-weight stand-in trains with online tuning (batch sizes 16, 32, 64) on ``device`` until its
+    exploration ends; ``during(tuner)`` runs then, inside the block. Returns the tuner."""
     model = torch.nn.Linear(1, 1, bias=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     data = TensorDataset(torch.zeros(2048, 1))
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="edgetune"), \
-            edgetune.tune(model, opt, dataset=data, batch_size=32, budget_w=budget_w, cost=cost,
-                          device=open_device(f"sim:{profile}", seed=0, compute=False), print_summary=False,
-                          online=OnlineOptions(batch_sizes=[16, 32, 64], b_noise=13.2)) as tuner:
+    with edgetune.tune(model, opt, dataset=data, batch_size=32, budget_w=budget_w, cost=cost, device=device,
+                       print_summary=False, online=OnlineOptions(batch_sizes=[16, 32, 64], b_noise=13.2)) as tuner:
         while tuner.online.exploring:
             for (x,) in tuner.loader:
                 opt.zero_grad()
@@ -1618,7 +1624,9 @@ def _online_run(profile, budget_w, cost, caplog):
                 opt.step()
                 if not tuner.online.exploring:
                     break
-    return tuner.summary, [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        if during is not None:
+            during(tuner)
+    return tuner
 
 
 def test_online_tuning_says_when_the_knobs_it_leaves_as_found_hold_nothing_under_the_budget(cnn_cost, caplog):
@@ -1907,21 +1915,13 @@ def test_online_tuning_goes_on_at_the_clock_in_force_when_its_clock_cannot_be_wr
     write used to raise out of the user's optimizer.step(). Now the candidate that asked for another clock ends
     unmeasured, the exploration goes on with the batch size at the clock in force, and settles there."""
     dev, tried = _refusing(open_device("sim:orin-nano", seed=0, compute=False), "gpu_freq", after_s=1.0)
-    model = torch.nn.Linear(1, 1, bias=False)
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    data = TensorDataset(torch.zeros(2048, 1))
-    with caplog.at_level(logging.WARNING, logger="edgetune"), edgetune.tune(
-            model, opt, dataset=data, batch_size=32, budget_w=9.0, cost=cnn_cost, device=dev, print_summary=False,
-            online=OnlineOptions(batch_sizes=[16, 32, 64], b_noise=13.2)) as tuner:
-        while tuner.online.exploring:
-            for (x,) in tuner.loader:
-                opt.zero_grad()
-                model(x).sum().backward()
-                opt.step()
-                if not tuner.online.exploring:
-                    break
-        in_force = dev.backend.settings()["gpu_freq"]
-        assert tuner.setting["gpu_freq"] == in_force == 408000000
+    in_force = 408000000
+
+    def in_block(tuner):
+        assert tuner.setting["gpu_freq"] == dev.backend.settings()["gpu_freq"] == in_force
+
+    with caplog.at_level(logging.WARNING, logger="edgetune"):
+        tuner = _explore_online(dev, 9.0, cnn_cost, during=in_block)
     online = tuner.online
     assert len(tried) == 2  # the candidate's write, then the restore's
     events = [text for _, text in tuner.summary.events]
