@@ -195,6 +195,61 @@ def test_a_fleet_worker_with_another_budget_is_refused_naming_the_values_and_a_w
             in _one_error_line(capsys))
 
 
+def test_a_resume_or_fleet_worker_with_another_measurement_protocol_is_refused_naming_the_flags(tmp_path, capsys):
+    # FAST measures windows of >= 0.5 s: a resume with 1-s windows would rank and certify windows of two lengths
+    own = ["search", *FAST, "--budget", "10", "-o", str(tmp_path / "w1")]
+    assert main([*own, "--n-trials", "1"]) == 0
+    capsys.readouterr()
+    assert main([*own, "--n-trials", "2", "--measure-s", "1"]) == 2
+    line = _one_error_line(capsys)
+    assert "measured its settings with --measure-s 0.5 (not 1): its windows and this search's would be compared " \
+        "as one; resume it with --measure-s 0.5, or start anew with another --output (--prior " in line
+    assert main([*own, "--n-trials", "2", "--warmup-steps", "2", "--measure-steps", "3"]) == 2
+    assert "with --measure-steps 5 (not 3) and --warmup-steps 1 (not 2): " in _one_error_line(capsys)
+    # the same protocol resumes; so do another seed, confirmation, soak and real steps: they change no stored window
+    assert main([*own, "--n-trials", "2", "--seed", "1", "--confirm", "0", "--soak-s", "5", "--real-steps", "1"]) == 0
+    assert "resuming study" in capsys.readouterr().err
+    # a fleet worker with another warm-up: another study name starts anew
+    fleet = ["search", *FAST, "--n-trials", "1", "--budget", "10", "--storage", f"journal:{tmp_path / 'fleet.log'}",
+             "--study-name", "f"]
+    assert main([*fleet, "-o", str(tmp_path / "f1")]) == 0
+    capsys.readouterr()
+    assert main([*fleet, "--warmup-steps", "0", "-o", str(tmp_path / "f2")]) == 2
+    assert "measured its settings with --warmup-steps 1 (not 0): its windows and this search's would be compared " \
+        "as one; resume it with --warmup-steps 1, or start anew with another --study-name and --output" \
+        in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "journal"])
+def test_a_study_made_before_the_protocol_was_kept_resumes_and_records_this_searchs(tmp_path, capsys, storage):
+    out = tmp_path / "out"
+    given = [] if storage == "sqlite" else ["--storage", f"journal:{tmp_path / 'j.log'}"]
+    args = ["search", *FAST, "--budget", "10", *given, "-o", str(out)]
+    assert main([*args, "--n-trials", "1"]) == 0
+    capsys.readouterr()
+    # its identity as edgetune wrote it before the protocol was kept
+    url = f"sqlite:///{out / 'study.db'}" if storage == "sqlite" else None
+    opened = (optuna.storages.RDBStorage(url) if url else
+              optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "j.log"))))
+    study = optuna.load_study(study_name=optuna.get_all_study_names(opened)[0], storage=opened)
+    old = {k: v for k, v in study.user_attrs["identity"].items()
+           if k not in ("warmup_steps", "measure_steps", "measure_s")}
+    assert old != study.user_attrs["identity"]
+    study.set_user_attr("identity", old)
+    if url:
+        opened.engine.dispose()
+    # its windows' protocol is unknown: the resume's is taken for it, said, and recorded
+    assert main([*args, "--n-trials", "2", "--measure-s", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "recorded no measurement protocol (made before edgetune kept it): its measurements are taken as made " \
+        "with --warmup-steps 1, --measure-steps 5, --measure-s 1, which it records from now on" in err
+    # ... so that the next resume with another protocol is refused
+    assert main([*args, "--n-trials", "3"]) == 2
+    assert "measured its settings with --measure-s 1 (not 0.5)" in _one_error_line(capsys)
+    assert main([*args, "--n-trials", "3", "--measure-s", "1"]) == 0
+    assert "recorded no measurement protocol" not in capsys.readouterr().err
+
+
 def _first_search(out: Path) -> dict[str, bytes]:
     assert main(["search", *FAST, "--budget", "10", "--n-trials", "2", "-o", str(out)]) == 0
     # the search closed its storage: the write-ahead log is folded into study.db, not left for the garbage

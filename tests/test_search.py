@@ -1885,6 +1885,38 @@ def test_a_study_is_resumed_only_under_the_budget_rule_its_verdicts_were_made_by
         identity.check(old, storage_url="sqlite:///x.db", sampler="guided", **{**RULE, key: value})
 
 
+def test_a_study_made_before_the_protocol_was_kept_takes_this_searchs_also_where_it_is_scored_again(tmp_path):
+    """A study whose identity lacks the measurement protocol (made before it was kept) resumed with other steps to
+    target by a guided sampler: scored again, and the resume's protocol recorded with the rest of its identity, so
+    that a later resume with another window length is refused (stored in SQLite, read back by another handle)."""
+    from edgetune.search import records
+    from edgetune.search.identity import StudyIdentity
+    from edgetune.search.measurement import MeasurementProtocol
+    from edgetune.search.study import SearchError
+
+    space = build_space(open_device("sim:orin-nano", seed=0), 32, [16, 32])
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+
+    def identity(b_noise, measure_s):
+        return StudyIdentity.of(space=space, objective="time", budget_w=10.0, workload="cnn", device="sim:orin-nano",
+                                target=TargetModel(1000.0, b_noise, "config"),
+                                protocol=MeasurementProtocol(measure_s=measure_s))
+
+    made = identity(256.0, 2.0)
+    assert {k: made.fields[k] for k in ("warmup_steps", "measure_steps", "measure_s")} == \
+        {"warmup_steps": 1, "measure_steps": 5, "measure_s": 2.0} and "real_steps" not in made.fields
+    study = optuna.create_study(study_name="s", storage=url)
+    old = {k: v for k, v in made.fields.items() if k not in ("warmup_steps", "measure_steps", "measure_s")}
+    records.write_identity(study, old, target=made.law, **RULE)  # as edgetune wrote it before
+    identity(512.0, 3.0).check(study, storage_url=url, sampler="guided", **RULE)
+    again = optuna.load_study(study_name="s", storage=url)
+    assert records.read_identity(again)["measure_s"] == 3.0 and len(records.read_rescored(again)) == 1
+    with pytest.raises(SearchError, match=r"measured its settings with --measure-s 3 \(not 2\): .*; resume it with "
+                                          r"--measure-s 3, or start anew with another --study-name or --output"):
+        identity(512.0, 2.0).check(again, storage_url=url, sampler="guided", **RULE)
+    identity(512.0, 3.0).check(again, storage_url=url, sampler="guided", **RULE)
+
+
 def test_a_real_boards_clocks_as_found_are_taken_as_their_governor_runs_them():
     # read at the start of a search, a governed clock gives the governor's choice of the moment (an idle CPU at a
     # low step); under training load it runs at the top of its range under the power mode as found

@@ -1,7 +1,8 @@
 """What a study is for, and resuming one: the same study, or one to score again with other steps to target.
 
 A new study records its identity (:class:`StudyIdentity`: the space, objective, budget, workload and device;
-the cost objective's eta; the user's runs' median steps to target where they replace the law) and the law's
+how each setting is measured, :data:`PROTOCOL_FLAGS` (a study made before they were kept records its next
+resume's); the cost objective's eta; the user's runs' median steps to target where they replace the law) and the law's
 parameters in its attributes (:func:`~edgetune.search.records.write_identity`). A resumed study must be for
 the same, but for its steps to target: the hardware measurements of a study made with the law, or with other
 runs, still hold, so a sampler that ranks measurements (the guided samplers, :func:`ranks_measurements`)
@@ -23,13 +24,14 @@ import optuna
 from edgetune.log import get_logger
 from edgetune.search import records
 from edgetune.search.efficiency import TargetModel, ZeusCost
+from edgetune.search.measurement import MeasurementProtocol
 from edgetune.search.prior import NAME_SEP
 from edgetune.search.runs_target import RunsTarget
 from edgetune.search.samplers import AUTO_SAMPLER
 from edgetune.search.space import SearchSpace
 from edgetune.search.storage import SearchError, redact
 
-__all__ = ["StudyIdentity", "ranks_measurements"]
+__all__ = ["PROTOCOL_FLAGS", "StudyIdentity", "ranks_measurements"]
 
 _log = get_logger(__name__)
 
@@ -54,14 +56,24 @@ def _steps_text(steps: Mapping[Any, Any] | None, law: Mapping[str, Any] | None) 
 
 #: the flag that sets each part of a study's budget rule (``records.read_budget_rule``), for messages
 _RULE_FLAGS = {"tolerance": "--tolerance", "window_s": "--window", "guard_sigma": "--guard-sigma"}
+#: the identity fields of the measurement protocol (``MeasurementProtocol``), each set by its flag: what a stored
+#: window means (how long it ran, after how many warm-up steps); ``real_steps`` is not one of them (it changes no
+#: time or power: the twin times every step alike, and hardware runs every step for real)
+PROTOCOL_FLAGS = {"warmup_steps": "--warmup-steps", "measure_steps": "--measure-steps", "measure_s": "--measure-s"}
 #: the flags that set each field of a study's identity, for messages (a value is named after the flag)
 _IDENTITY_FLAGS = {"objective": "--objective", "budget_w": "--budget", "workload": "--workload", "device": "--device",
                    "eta": "--eta", "torch_device": "--torch-device", "space": "--batch-sizes, --knobs or space.values",
-                   "steps_to_target": "--steps-to-target"}
+                   "steps_to_target": "--steps-to-target", **PROTOCOL_FLAGS}
 #: an identity field's value where a study does not record it (a study trained on the CPU records no torch_device)
 _IDENTITY_DEFAULTS = {"torch_device": "cpu"}
 #: how a study is started anew instead of resuming one, where the caller does not say (:meth:`StudyIdentity.check`)
 START_ANEW = "another --study-name or --output"
+
+
+def _flag_value(key: str, value: Any) -> str:
+    """A field's flag and value as given on the command line: ``--measure-s 2``."""
+    return f"{_IDENTITY_FLAGS.get(key, key)} {value:g}" if isinstance(value, float) else \
+        f"{_IDENTITY_FLAGS.get(key, key)} {value}"
 
 
 def _made_with(stored: Mapping[str, Any], fields: Mapping[str, Any], diff: Sequence[str]) -> str:
@@ -103,7 +115,9 @@ class StudyIdentity:
             ``eta`` for the cost objective only (other studies' identities stay as they were),
             ``steps_to_target`` where the user's runs replace the law, and ``torch_device`` where training
             runs elsewhere than on the CPU (a GPU's steps are not the CPU's; studies trained on the CPU, the
-            twin's and every older one, keep their identity).
+            twin's and every older one, keep their identity); the measurement protocol's
+            :data:`PROTOCOL_FLAGS` fields (``warmup_steps``, ``measure_steps``, ``measure_s``) where a
+            protocol is given (a study made before they were kept records them on its next resume).
         law: the law's parameters (``s_min``, ``b_noise``), recorded beside it.
         is_law: whether the search's steps to target are the law's.
     """
@@ -114,11 +128,17 @@ class StudyIdentity:
 
     @classmethod
     def of(cls, *, space: SearchSpace, objective: str, budget_w: float | None, workload: str, device: str,
-           target: TargetModel, cost: ZeusCost | None = None, torch_device: str = "cpu") -> StudyIdentity:
+           target: TargetModel, cost: ZeusCost | None = None, torch_device: str = "cpu",
+           protocol: MeasurementProtocol | None = None) -> StudyIdentity:
         """The identity of a search of ``space`` for ``workload`` (name) on ``device`` (name), training on
-        ``torch_device``."""
+        ``torch_device``, measuring each setting by ``protocol``."""
         fields = {"space": space.to_dict(), "objective": objective, "budget_w": budget_w, "workload": workload,
                   "device": device}
+        if protocol is not None:
+            # a window's length and warm-up make its noise and its board temperature what they are: a study's
+            # pick and its certification of the budget compare its windows, which must be measured alike
+            fields.update(warmup_steps=int(protocol.warmup_steps), measure_steps=int(protocol.measure_steps),
+                          measure_s=float(protocol.measure_s))
         if cost is not None:
             fields["eta"] = cost.eta
         if torch_device != "cpu":
@@ -156,7 +176,16 @@ class StudyIdentity:
             raise SearchError(f"{where} judged the budget with {was}, not {now}: its measured settings' verdicts "
                               f"hold under that rule; resume it with {was}, or start anew with {start_anew} "
                               f"{prior_hint}")
-        diff = sorted(k for k in self.fields.keys() | stored.keys() if stored.get(k) != self.fields.get(k))
+        # a study made before the protocol was kept: its windows' protocol is unknown, and refusing would strand
+        # every such study; this search's is taken for it and recorded, so that the next resume or worker is held
+        unrecorded = [k for k in PROTOCOL_FLAGS if k in self.fields and k not in stored]
+        diff = sorted(k for k in self.fields.keys() | stored.keys()
+                      if k not in unrecorded and stored.get(k) != self.fields.get(k))
+        if diff and all(k in PROTOCOL_FLAGS for k in diff):
+            was = " ".join(_flag_value(k, stored[k]) for k in diff)
+            raise SearchError(f"{where} measured its settings with {_made_with(stored, self.fields, diff)}: its "
+                              f"windows and this search's would be compared as one; resume it with {was}, or start "
+                              f"anew with {start_anew} {prior_hint}")
         if diff and diff != ["steps_to_target"]:
             raise SearchError(f"{where} was made with {_made_with(stored, self.fields, diff)}; use {start_anew} "
                               f"to start anew {prior_hint}")
@@ -167,6 +196,9 @@ class StudyIdentity:
                 raise SearchError(f"{where} was scored again with other steps to target, and the values Optuna "
                                   f"was told mix both, which sampler {sampler!r} ranks by; resume it with "
                                   f"--sampler guided, or start anew with {start_anew} {prior_hint}")
+            if unrecorded:
+                self._adopt_protocol(study, unrecorded)
+                records.update_identity(study, {**stored, **{k: self.fields[k] for k in unrecorded}})
             return
         if not ranks_measurements(sampler):
             what = ", ".join(diff) if diff else "B_noise"
@@ -179,4 +211,13 @@ class StudyIdentity:
                      records.measured_count(study.get_trials(deepcopy=False)),
                      _steps_text(self.fields.get("steps_to_target"), self.law))
         records.write_rescored(study, was if was is not None else {"law": dict(was_law or {})})
+        if unrecorded:
+            self._adopt_protocol(study, unrecorded)
         records.write_identity(study, self.fields, target=self.law, **rule)
+
+    def _adopt_protocol(self, study: optuna.Study, unrecorded: Sequence[str]) -> None:
+        """Say that ``study``, made before its measurement protocol was kept, takes this search's fields
+        ``unrecorded`` for it (the caller records them)."""
+        _log.warning("study %r recorded no measurement protocol (made before edgetune kept it): its measurements "
+                     "are taken as made with %s, which it records from now on", study.study_name,
+                     ", ".join(_flag_value(k, self.fields[k]) for k in unrecorded))

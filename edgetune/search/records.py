@@ -13,8 +13,8 @@ spells the attribute keys; the rest of the search talks in types:
   :func:`read_observation` (:class:`Observation`: what a sampler learns from a trial; the default
   ``observations_func`` of :class:`~edgetune.search.samplers.GuidedSampler`), :func:`is_measured`,
   :func:`role_of`, :func:`worker_of`, :func:`retry_history`;
-* the study's identity (space, objective, budget, workload, device): :func:`write_identity`,
-  :func:`read_identity`, :func:`read_target`; the steps to target it was scored with before a resume with others:
+* the study's identity (space, objective, budget, workload, device, measurement protocol): :func:`write_identity`,
+  :func:`update_identity` (a field an older study lacks), :func:`read_identity`, :func:`read_target`; the steps to target it was scored with before a resume with others:
   :func:`write_rescored`, :func:`read_rescored`.
 
 A trial whose worker died (``kill -9``, power loss, Ctrl-C mid-measurement) is failed and retried through
@@ -56,6 +56,7 @@ __all__ = [
     "read_records",
     "retry_history",
     "role_of",
+    "update_identity",
     "worker_of",
     "write_duplicate",
     "write_identity",
@@ -263,6 +264,12 @@ def write_identity(study: optuna.Study, identity: Mapping[str, Any], *, toleranc
     study.set_user_attr(_WINDOW_S, window_s)
     study.set_user_attr(_GUARD_SIGMA, guard_sigma)
     study.set_user_attr(_TARGET, dict(target))
+
+
+def update_identity(study: optuna.Study, identity: Mapping[str, Any]) -> None:
+    """Rewrite a resumed study's identity alone (its budget rule and law stay as :func:`write_identity` stored
+    them): a study made before a field was kept records it."""
+    study.set_user_attr(_IDENTITY, dict(identity))
 
 
 def read_budget_rule(study: optuna.Study) -> dict[str, float]:

@@ -312,7 +312,7 @@ class Search:
         identity = StudyIdentity.of(space=self.space, objective=self.objective, budget_w=self.budget_w,
                                     workload=getattr(self.workload, "name", str(self.workload)),
                                     device=self.device.name, target=self.target, cost=self.cost,
-                                    torch_device=self._torch_device)
+                                    torch_device=self._torch_device, protocol=self.protocol)
         identity.check(study, storage_url=self.storage_url, sampler=self.sampler_name, tolerance=self.tolerance,
                        window_s=self.window_s, guard_sigma=self.guard_sigma, start_anew=self.start_anew)
         self._aim_sampler(study)
