@@ -55,7 +55,6 @@ def _worker_between(monkeypatch, argv: list[str]) -> None:
     monkeypatch.setattr(Search, "run", run_then_another_worker)
 
 
-@pytest.mark.xfail(strict=True, reason="reproduction: the first worker writes its older view over the other's files")
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
 def test_a_worker_that_read_the_study_before_another_wrote_never_leaves_its_older_view(tmp_path, monkeypatch,
                                                                                        capsys, kind):

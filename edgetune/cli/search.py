@@ -8,7 +8,8 @@ the budget is judged by the 1-s moving average of board power. Each study has a 
 output folder, named from the study (``edgetune-out/sim-orin-nano-cnn-time-10W``), unless ``--output DIR``
 names the folder itself: best.json, trials.csv, time_vs_energy.png, power.png and the Optuna storage
 ``study.db`` (unless ``--storage`` says otherwise). The same command again resumes the study and says so;
-several processes given one ``--storage`` URL share the work (a fleet of identical boards). An empty or
+several processes given one ``--storage`` URL share the work (a fleet of identical boards), and write a folder
+they share one at a time, each from the storage as it stands then (a lock on the folder). An empty or
 damaged ``study.db`` is refused, nothing overwritten, and so is an ``--output`` folder whose best.json another
 study wrote; Ctrl-C writes best.json, trials.csv and the plots from the trials measured. Browse the study with ``optuna-dashboard sqlite:///<folder>/study.db``.
 """
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from edgetune.config import Config, EfficiencySection, ProtocolSection
     from edgetune.search.efficiency import TargetModel
     from edgetune.search.measurement import MeasurementProtocol
-    from edgetune.search.results import SearchResult
+    from edgetune.search.results import SearchResult, Written
 
 __all__ = ["measurement_protocol", "register", "search"]
 
@@ -119,6 +120,17 @@ def _lowest_power_w(device, workload, space) -> float | None:
 
 
 def search(args: argparse.Namespace) -> int:
+    from edgetune.search.storage import close_storage
+
+    opened: list = []  # the storage, open until the results are written: they are read from it again then
+    try:
+        return _search(args, opened)
+    finally:
+        for storage in opened:
+            close_storage(storage)
+
+
+def _search(args: argparse.Namespace, opened: list) -> int:
     cfg = _config(args)
     import optuna
 
@@ -128,7 +140,6 @@ def search(args: argparse.Namespace) -> int:
     from edgetune.search.oracle import lowest_row_power_w, prepare_trace
     from edgetune.search.records import Role
     from edgetune.search.space import SpaceError, build_space
-    from edgetune.search.storage import close_storage
     from edgetune.search.study import Search, SearchError, open_storage
     from edgetune.workloads import WorkloadError, load_workload
 
@@ -137,7 +148,6 @@ def search(args: argparse.Namespace) -> int:
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
     device = open_device(cfg.device, seed=cfg.seed, known_convergence=cfg.efficiency.known_convergence)
-    storage = None
     try:
         chosen_by = cfg.sources.get("torch_device", "--torch-device")
         placed = place_workload(workload, cfg.torch_device, device,
@@ -190,6 +200,7 @@ def search(args: argparse.Namespace) -> int:
             raise UsageError(f"cannot create the output folder {out}: {exc.strerror or exc}") from None
         try:
             storage = open_storage(cfg.storage_url())
+            opened.append(storage)
             stored = _stored_records(storage, study_name, space)
         except SearchError as exc:
             raise UsageError(str(exc)) from None
@@ -240,19 +251,23 @@ def search(args: argparse.Namespace) -> int:
                 interrupted = s.result("interrupted (Ctrl-C)")
     finally:
         device.close()
-        if storage is not None:
-            close_storage(storage)
     # what the plots and the runtime need beyond the study: the guard band, and the workload's step cost
     extra = {"guard_sigma": cfg.budget.guard_sigma,
              "workload_cost": None if trace else dataclasses.asdict(workload.cost)}
+    own = interrupted if interrupted is not None else result
+    # written from the storage as it stands once the folder is locked: another worker of a fleet may have
+    # measured, and written the folder, since this one stopped
+    written = _write_results(dataclasses.replace(own, **extra), out,
+                             reread=lambda: dataclasses.replace(s.result(own.stop_reason), **extra))
     if interrupted is not None:
-        interrupted = dataclasses.replace(interrupted, **extra)
         # the plots too: a resumed study's folder holds the last run's, whose pick best.json no longer names
-        files = _write_results(interrupted, out)
-        raise Interrupted(f"{len(interrupted.measured)} trials measured, written to "
-                          f"{', '.join(str(f) for f in files)}; run the same command again to resume study "
-                          f"{study_name!r}") from None
-    return _finish(dataclasses.replace(result, **extra), out, cfg)
+        if written.line:
+            print(written.line, file=sys.stderr)
+        done = (f"written to {', '.join(str(f) for f in written.files)}" if written.files else
+                f"the files in {out} kept (another worker's newer view)")
+        raise Interrupted(f"{len(written.result.measured)} trials measured, {done}; run the same command again "
+                          f"to resume study {study_name!r}") from None
+    return _finish(written, out, cfg)
 
 
 #: characters kept in a folder name made from a study: letters, digits and ``. _ -`` (everything else is a ``-``)
@@ -469,16 +484,20 @@ def _measured_target(section: EfficiencySection, workload, spec: str, seed: int,
     return target
 
 
-def _write_results(result: SearchResult, out: Path, *, plots: bool = True) -> list[Path]:
-    """best.json, trials.csv and (``plots``) the PNGs of ``result`` in ``out``."""
-    from edgetune.search.results import write_best, write_trials_csv
+def _write_results(result: SearchResult, out: Path, *, reread=None, plots: bool = True) -> Written:
+    """best.json, trials.csv and (``plots``) the PNGs of one view of the study in ``out``, under the folder's
+    lock: the view ``reread`` takes then (the storage as it stands), else ``result`` where the folder holds no
+    newer view (:func:`~edgetune.search.results.write_folder`)."""
+    from edgetune.search.results import write_folder
 
-    files = [write_best(result, out / "best.json"), write_trials_csv(result, out / "trials.csv")]
+    draw = None
     if plots:
-        from edgetune.report import write_plots
+        from edgetune.report import write_plots as draw
 
-        files += write_plots(result, out)
-    return files
+    def waiting() -> None:
+        print(f"waiting for another worker writing its results to {out}/", file=sys.stderr)
+
+    return write_folder(out, result, reread=reread, draw=draw, on_wait=waiting)
 
 
 def failure_summary(result: SearchResult) -> str | None:
@@ -498,20 +517,23 @@ def failure_summary(result: SearchResult) -> str | None:
             f"{first.candidate.describe(result.space.unit_of)}): {text}{hint}")
 
 
-def _finish(result: SearchResult, out: Path, cfg: Config) -> int:
+def _finish(written: Written, out: Path, cfg: Config) -> int:
     from edgetune.report import summary_table
     from edgetune.search.oracle import oracle_lines
 
-    files = _write_results(result, out)
+    result, files = written.result, written.files
     print(summary_table(result, cfg.workload))
     for line in oracle_lines(result):  # on a trace: the gap to the table's own oracle
         print(line)
-    print(f"wrote {', '.join(str(p) for p in files)}")
+    if written.line:
+        print(written.line)
+    if files:
+        print(f"wrote {', '.join(str(p) for p in files)}")
     if not cfg.search.storage:  # the default SQLite file: say how to browse it
         print(f"study: optuna-dashboard {cfg.storage_url()}  (study {result.study_name!r})")
     failed = failure_summary(result)
     if failed is not None:
-        raise UsageError(f"{failed}; every trial is in {files[1]}")
+        raise UsageError(f"{failed}; every trial is in {out / 'trials.csv'}")
     if result.best is None:
         print(f"no measured setting held the budget of {result.budget_w:g} W: raise the budget, allow lower "
               f"knob values, or smaller batch sizes")

@@ -13,9 +13,12 @@ trial (every measurement, infeasible ones included); a simulated search's rows e
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
+import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,9 +32,10 @@ from edgetune.search.records import TrialRecord
 from edgetune.search.space import SearchSpace
 from edgetune.search.thermal import ThermalSoak, governing, rise_for_w, thermal_rise_w
 
-__all__ = ["LAW_OBJECTIVES", "LAW_RATIO_PRECISION", "SENSOR_ACCURACY_ABS_W", "SENSOR_ACCURACY_REL", "TRIAL_COLUMNS",
-           "BatchTie", "KnifeEdge", "SearchResult", "batch_tie", "best_json", "certified", "choose_best", "knife_edge",
-           "margin_w", "pareto_front", "sensor_accuracy_w", "setting_with_units", "write_best", "write_trials_csv"]
+__all__ = ["FOLDER_LOCK", "LAW_OBJECTIVES", "LAW_RATIO_PRECISION", "SENSOR_ACCURACY_ABS_W", "SENSOR_ACCURACY_REL",
+           "STAGING", "TRIAL_COLUMNS", "BatchTie", "KnifeEdge", "SearchResult", "Written", "batch_tie", "best_json",
+           "certified", "choose_best", "folder_lock", "knife_edge", "margin_w", "pareto_front", "sensor_accuracy_w",
+           "setting_with_units", "write_best", "write_folder", "write_trials_csv"]
 
 #: a board power sensor's accuracy, relative part: the INA3221's maximum gain errors (shunt and bus voltage,
 #: 0.25 % each, TI datasheet SBOS576) add up in their product, the power, and its maximum bus offset (16 mV)
@@ -491,3 +495,105 @@ def write_trials_csv(result: SearchResult, path: str | Path) -> Path:
                 row["energy_to_target_j"] = r.outcome.energy_to_target_j
             w.writerow(row)
     return path
+
+
+#: the lock file of an output folder: each writer of the folder's files holds an exclusive ``flock`` on it
+#: while it reads its view and writes (:func:`write_folder`); the lock ends with its process, so the file a
+#: killed writer leaves blocks nothing
+FOLDER_LOCK = ".edgetune.lock"
+#: the folder a writer renders its files into before renaming them into place (a killed writer's is removed
+#: by the next one)
+STAGING = ".edgetune-writing"
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` (``flock`` on its :data:`FOLDER_LOCK`), waiting for another
+    holder (``on_wait`` called first, once: say so). Without ``fcntl`` (not POSIX) nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: the search runs on Linux boards
+        yield
+        return
+    with open(folder / FOLDER_LOCK, "a+b") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _stamp(doc: Any) -> tuple[int, int] | None:
+    """How far into its study a best.json's view was: (trials measured, thermal soaks); None: not known."""
+    try:
+        return int(doc["study"]["trials_measured"]), int(doc.get("thermal_soaks") or 0)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+@dataclass(frozen=True)
+class Written:
+    """What :func:`write_folder` did: the view it wrote (or the worker's own, where it kept the folder's), the
+    files (empty: none written), and a line to say (None: nothing to say)."""
+
+    result: SearchResult
+    files: list[Path]
+    line: str | None = None
+
+
+def write_folder(folder: str | Path, result: SearchResult, *, reread: Callable[[], SearchResult] | None = None,
+                 draw: Callable[[SearchResult, Path], list[Path]] | None = None,
+                 on_wait: Callable[[], None] | None = None) -> Written:
+    """Write best.json, trials.csv and (``draw``) the plots of one view of the study into ``folder``.
+
+    Under an exclusive lock on the folder (:func:`folder_lock`): the workers of a fleet sharing one folder
+    write one at a time, and each writes the view ``reread`` takes under the lock (the storage as it stands
+    then), so a worker that read the study before another worker's last trial never leaves its older view
+    over the other's files. Where ``reread`` is None or fails, ``result`` (the worker's own last view) is
+    written unless the folder's best.json, of the same study, holds more of it (more trials measured, or as
+    many and more thermal soaks): those newer files are kept, and :attr:`Written.line` says so.
+
+    The files are rendered into :data:`STAGING` and renamed into place, best.json first (a folder never holds
+    a trials.csv or a plot without one): a reader sees each file whole, and the set of one view but for the
+    instants between the renames."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    line = None
+    with folder_lock(folder, on_wait):
+        view = result
+        if reread is not None:
+            try:
+                view = reread()
+            except Exception as exc:  # noqa: BLE001 - a storage gone away: fall back to this worker's view
+                line = (f"could not read the study again before writing its files ({type(exc).__name__}: "
+                        f"{exc}); writing this worker's last view")
+                reread = None
+        if reread is None:
+            try:
+                held = json.loads((folder / "best.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                held = None
+            theirs, mine = _stamp(held), (len(view.measured), len(view.thermal_soaks))
+            same = isinstance(held, dict) and (held.get("study") or {}).get("name") == view.study_name
+            if same and theirs is not None and theirs > mine:
+                return Written(view, [], f"kept the files in {folder}: they hold a newer view of study "
+                                         f"{view.study_name!r} ({theirs[0]} trials measured, this worker's "
+                                         f"{mine[0]}), written by another worker")
+        stage = folder / STAGING
+        shutil.rmtree(stage, ignore_errors=True)  # a writer killed mid-write left it
+        stage.mkdir()
+        try:
+            staged = [write_best(view, stage / "best.json"), write_trials_csv(view, stage / "trials.csv")]
+            if draw is not None:
+                staged += draw(view, stage)
+            files = []
+            for path in staged:  # best.json first
+                files.append(path.replace(folder / path.name))
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    return Written(view, files, line)
