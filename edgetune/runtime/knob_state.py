@@ -47,6 +47,8 @@ class Refused:
         retry_t: device time from which it may be tried again (None: left for the rest of the run).
         warn: whether the last failure is to be warned of: its error (the value tried left out) not seen before.
         seen: the errors seen, the value tried left out (:func:`error_kind`).
+        on_trial: taken back after its back-off (:meth:`KnobState.readmit`): the next write of it is its try;
+            False: out of every move.
     """
 
     error: str
@@ -54,6 +56,7 @@ class Refused:
     retry_t: float | None = None
     warn: bool = True
     seen: set[str] = field(default_factory=set)
+    on_trial: bool = False
 
     @property
     def final(self) -> bool:
@@ -70,6 +73,7 @@ class Refused:
         if not first:
             self.tries += 1
         kind = error_kind(exc)
+        self.on_trial = False
         self.warn = kind not in self.seen
         self.seen.add(kind)
         self.error = str(exc)
@@ -94,8 +98,6 @@ class KnobState:
         original: every knob's value when the run began.
         setting: every knob's value in force (a clock the run has not written: its reading at the start).
         written: the knobs the run has written: their value in force is the one written.
-        failed: knobs out of every move now, their write having failed, with the error (:attr:`refused` says
-            when they are tried again).
         refused: every knob whose write failed and has not succeeded since, out (:attr:`failed`) or on trial
             (taken back by :meth:`readmit`: the next write of it is its try).
     """
@@ -105,7 +107,6 @@ class KnobState:
         self.original: dict[str, KnobValue] = {}
         self.setting: dict[str, KnobValue] = {}
         self.written: set[str] = set()
-        self.failed: dict[str, str] = {}
         self.refused: dict[str, Refused] = {}
         self._back: list[tuple[str, Refused]] = []  # knobs on trial whose write succeeded, for the controller
         self._label: tuple[dict[str, KnobValue], str] | None = None  # the setting label per step, cached
@@ -115,6 +116,12 @@ class KnobState:
         self.device = device
         self.original = device.settings()
         self.setting = dict(self.original)
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """The knobs out of every move now, their write having failed, with the error (:attr:`refused` says when
+        they are tried again)."""
+        return {k: r.error for k, r in self.refused.items() if not r.on_trial}
 
     @property
     def knobs(self) -> dict[str, Knob]:
@@ -164,7 +171,7 @@ class KnobState:
     def _succeeded(self, written: Mapping[str, KnobValue]) -> None:
         """Knobs on trial among those ``written`` are back: no longer refused."""
         for name in written:
-            if name in self.refused and name not in self.failed:
+            if name in self.refused and self.refused[name].on_trial:
                 self._back.append((name, self.refused.pop(name)))
 
     def take_back(self) -> list[tuple[str, Refused]]:
@@ -174,14 +181,14 @@ class KnobState:
 
     def due(self, t: float) -> list[str]:
         """The knobs out whose back-off has passed at device time ``t``."""
-        return [k for k in self.failed if (r := self.refused.get(k)) is not None and r.retry_t is not None
-                and r.retry_t <= t]
+        return [k for k, r in self.refused.items() if not r.on_trial and r.retry_t is not None and r.retry_t <= t]
 
     def readmit(self, names: list[str]) -> None:
         """Take ``names`` back on trial: settable again, the next write of each is its try (:meth:`fail` puts it
         out again with the back-off doubled; a success is :meth:`take_back`'s)."""
         for name in names:
-            self.failed.pop(name, None)
+            if name in self.refused:
+                self.refused[name].on_trial = True
 
     def _mode_reset(self, written: Mapping[str, KnobValue]) -> None:
         """A power mode among the knobs ``written`` resets the knobs under it (``nvpmodel -m`` writes every clock's
@@ -214,7 +221,6 @@ class KnobState:
         if knob.original is None:  # its platform put it back as found (its error says so): governed, if a clock
             self.setting[name] = self.original[name]
             self.written.discard(name)
-        self.failed[name] = str(exc)
         refused = self.refused.get(name)
         if refused is None:
             self.refused[name] = refused = Refused(str(exc))
@@ -241,9 +247,7 @@ class KnobState:
         """The setting in force as text (per step in the accounting; formatted again only when it changed)."""
         if self._label is not None and self._label[0] == self.setting:
             return self._label[1]
-        knobs = self.knobs
-        text = " ".join(f"{k}={format_value(v, knobs[k].unit)}" for k, v in self.setting.items()
-                        if k in knobs and knobs[k].writable)
+        text = " ".join(f"{k}={v}" for k, v in self.formatted().items())
         self._label = (dict(self.setting), text)
         return text
 
