@@ -119,7 +119,7 @@ class GuardDrive:
             try:
                 if self._budget.path is not None:
                     self._poll_budget_file()
-                if self._knob_state.failed:
+                if self._knob_state.refused:  # a knob whose write failed: its back-off may have passed
                     self._readmit(self.device.clock.now())
                 if self._guard_active and self._guard.ready:
                     # the batch size is the guard's only where the loop takes its batches from tuner.loader, and
