@@ -70,10 +70,14 @@ _IDENTITY_DEFAULTS = {"torch_device": "cpu"}
 START_ANEW = "another --study-name or --output"
 
 
+def _value_text(value: Any) -> str:
+    """A field's value as given on the command line (a float without trailing zeros: ``2``, ``0.5``)."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _flag_value(key: str, value: Any) -> str:
     """A field's flag and value as given on the command line: ``--measure-s 2``."""
-    return f"{_IDENTITY_FLAGS.get(key, key)} {value:g}" if isinstance(value, float) else \
-        f"{_IDENTITY_FLAGS.get(key, key)} {value}"
+    return f"{_IDENTITY_FLAGS.get(key, key)} {_value_text(value)}"
 
 
 def _made_with(stored: Mapping[str, Any], fields: Mapping[str, Any], diff: Sequence[str]) -> str:
@@ -87,8 +91,7 @@ def _made_with(stored: Mapping[str, Any], fields: Mapping[str, Any], diff: Seque
         if key in ("space", "steps_to_target") or was is None or now is None:
             parts.append(f"another {flag}" if key == "space" else f"a different {flag}")
         else:
-            parts.append(f"{flag} {was:g} (not {now:g})" if isinstance(was, float) and isinstance(now, float) else
-                         f"{flag} {was} (not {now})")
+            parts.append(f"{flag} {_value_text(was)} (not {_value_text(now)})")
     return " and ".join(parts)
 
 #: relative difference under which two of the law's numbers are one: a B_noise measured again on a GPU (a
