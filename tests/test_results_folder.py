@@ -69,6 +69,8 @@ def test_a_worker_that_read_the_study_before_another_wrote_never_leaves_its_olde
     best = json.loads((out / "best.json").read_text())
     assert best["study"]["trials_measured"] == measured  # the storage as it stands, not the first worker's 1
     assert len(_rows(out / "trials.csv")) == measured  # and trials.csv of the same view
+    # the first worker's own stop, and what the others measured after it: not its reason alone beside 5 trials
+    assert best["study"]["stop_reason"] == "1 setting measured; then 3 more trials measured by other workers of the study"
 
 
 def test_a_worker_that_cannot_read_the_study_again_keeps_a_newer_workers_files_and_says_so(tmp_path, monkeypatch,

@@ -258,7 +258,7 @@ def _search(args: argparse.Namespace, opened: list) -> int:
     # written from the storage as it stands once the folder is locked: another worker of a fleet may have
     # measured, and written the folder, since this one stopped
     written = _write_results(dataclasses.replace(own, **extra), out,
-                             reread=lambda: dataclasses.replace(s.result(own.stop_reason), **extra))
+                             reread=lambda: _as_stored_now(own, dataclasses.replace(s.result(), **extra)))
     if interrupted is not None:
         # the plots too: a resumed study's folder holds the last run's, whose pick best.json no longer names
         if written.line:
@@ -498,6 +498,18 @@ def _write_results(result: SearchResult, out: Path, *, reread=None, plots: bool 
         print(f"waiting for another worker writing its results to {out}/", file=sys.stderr)
 
     return write_folder(out, result, reread=reread, draw=draw, on_wait=waiting)
+
+
+def _as_stored_now(own: SearchResult, now: SearchResult) -> SearchResult:
+    """``now`` (the study as the storage holds it once the folder is locked) with this worker's stop reason,
+    which says how many trials other workers of a fleet measured after this one stopped: "1 setting measured"
+    beside a ``trials_measured`` of 5 read as a contradiction."""
+    grown = len(now.measured) - len(own.measured)
+    reason = own.stop_reason
+    if grown > 0:
+        reason = (f"{reason}; then {grown} more trial{'' if grown == 1 else 's'} measured by other workers "
+                  f"of the study")
+    return dataclasses.replace(now, stop_reason=reason)
 
 
 def failure_summary(result: SearchResult) -> str | None:
