@@ -57,6 +57,12 @@ def small_space(device, batch_sizes=(16, 32, 64, 128)):
     return build_space(device, 32, batch_sizes, ["gpu_freq", "emc_freq"])
 
 
+#: a thermal soak of 30 s, not :data:`~edgetune.search.thermal.SOAK_S`'s 360, for tests of the search whose point is
+#: not the soak: it still runs (its windows, its fit, the margin it carries) at a twelfth of the simulated steps,
+#: which were half of these tests' time; tests/test_thermal.py and the oracle test below keep the full one
+SHORT_SOAK_S = 30.0
+
+
 def search(device, workload, space, budget_w, **kw):
     kw.setdefault("protocol", MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=2.0))
     kw.setdefault("storage", optuna.storages.InMemoryStorage())
@@ -539,7 +545,7 @@ def test_search_enqueues_the_baseline_first_and_holds_the_budget(workload, sampl
     device = open_device("sim:orin-nano", compute=False, seed=3)
     start = device.settings()
     space = small_space(device)
-    s = search(device, workload, space, 9.0, sampler=sampler, n_trials=10, seed=3)
+    s = search(device, workload, space, 9.0, soak_s=SHORT_SOAK_S, sampler=sampler, n_trials=10, seed=3)
     result = s.run()
     assert device.settings() == start  # knobs restored
     first = min(result.records, key=lambda r: r.number)
@@ -567,8 +573,8 @@ def test_search_enqueues_the_baseline_first_and_holds_the_budget(workload, sampl
 @pytest.mark.parametrize("sampler", ["tpe", "guided"])
 def test_pareto_objective_keeps_the_front_of_time_and_energy(workload, sampler):
     device = open_device("sim:orin-nano", compute=False, seed=2)
-    s = search(device, workload, small_space(device), 9.0, objective="pareto", sampler=sampler, n_trials=10,
-               seed=2)
+    s = search(device, workload, small_space(device), 9.0, soak_s=SHORT_SOAK_S, objective="pareto", sampler=sampler,
+               n_trials=10, seed=2)
     result = s.run()
     assert s.study.directions == [optuna.study.StudyDirection.MINIMIZE] * 2
     from edgetune.search.results import certified
@@ -763,7 +769,7 @@ def test_guided_sampler_stopping_rule_follows_the_objective():
 def test_guided_sampler_never_proposes_a_confidently_infeasible_setting(workload, monkeypatch):
     proposals = watch_proposals(monkeypatch, "p_feas")
     device = open_device("sim:orin-nano", compute=False, seed=2)
-    s = search(device, workload, mode_space(device), 8.0, sampler="guided", n_trials=16, seed=2,
+    s = search(device, workload, mode_space(device), 8.0, soak_s=SHORT_SOAK_S, sampler="guided", n_trials=16, seed=2,
                protocol=MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=1.0))
     result = s.run()
     assert len(proposals) >= 5  # the model proposed most of the settings
@@ -863,7 +869,7 @@ def test_guided_sampler_keeps_apart_a_setting_one_mode_caps_between_two_levels()
 def test_guided_search_ends_once_every_setting_that_could_hold_the_budget_is_measured(workload):
     device = open_device("sim:orin-nano", compute=False, seed=5)
     space = build_space(device, 32, (16, 32), ["power_mode", "gpu_freq"])
-    s = search(device, workload, space, 6.5, sampler="guided", n_trials=40, seed=5,
+    s = search(device, workload, space, 6.5, soak_s=SHORT_SOAK_S, sampler="guided", n_trials=40, seed=5,
                protocol=MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=1.0))
     result = s.run()
     assert result.stop_reason == "every setting that could hold the budget has been measured"
@@ -875,7 +881,7 @@ def test_guided_sampler_never_measures_a_setting_above_one_that_was_over_the_bud
     above a measured over-budget one in every numeric knob is over too, and is never measured."""
     device = open_device("sim:orin-nano", compute=False, seed=5)
     space = mode_space(device)
-    s = search(device, workload, space, 6.5, sampler="guided", n_trials=24, seed=5,
+    s = search(device, workload, space, 6.5, soak_s=SHORT_SOAK_S, sampler="guided", n_trials=24, seed=5,
                protocol=MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=1.0))
     result = s.run()
     measured = sorted((r for r in result.measured if r.ok), key=lambda r: r.number)
@@ -896,7 +902,7 @@ def test_guided_sampler_keeps_the_expected_seconds_over_the_budget_within_the_al
                                                                                     allowance_s):
     expected = watch_proposals(monkeypatch, "expected_over_s")
     device = open_device("sim:orin-nano", compute=False, seed=2)
-    s = search(device, workload, mode_space(device), 7.0, sampler="guided", n_trials=16, seed=2,
+    s = search(device, workload, mode_space(device), 7.0, soak_s=SHORT_SOAK_S, sampler="guided", n_trials=16, seed=2,
                protocol=MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=1.0),
                guided_options={"over_budget_allowance_s": allowance_s})
     s.run()
@@ -911,7 +917,7 @@ def test_each_power_mode_is_probed_before_the_model_may_stop(workload):
     device = open_device("sim:orin-nano", compute=False, seed=4)
     space = mode_space(device)
     # a 50% margin: the model would stop on its first fit if the power modes did not need their own probes
-    s = search(device, workload, space, 9.0, sampler="guided", n_trials=40, seed=4, margin=0.5,
+    s = search(device, workload, space, 9.0, soak_s=SHORT_SOAK_S, sampler="guided", n_trials=40, seed=4, margin=0.5,
                protocol=MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=1.0),
                guided_options={"min_trials_to_stop": 4, "min_group": 4, "stop_confirmations": 1})
     result = s.run()
@@ -1102,7 +1108,7 @@ def test_cli_search_with_real_cnn_steps_writes_results_and_resumes(tmp_path, cap
     def argv(n_trials):
         return ["search", "--device", "sim:orin-nano", "--workload", "cnn", "--budget", "10", "--batch-sizes",
                 "8,16", "--knobs", "gpu_freq", "--n-trials", str(n_trials), "--sampler", "random", "--measure-s",
-                "1", "-o", str(out)]
+                "1", "--soak-s", str(SHORT_SOAK_S), "-o", str(out)]
 
     assert main(argv(3)) == 0
     text = capsys.readouterr().out
@@ -1493,7 +1499,7 @@ def test_guided_sampler_never_refits_a_power_mode_on_the_same_measurements(workl
 
     monkeypatch.setattr(hardware_model.HardwareModel, "fit", counted)
     device = open_device("sim:orin-nano", compute=False, seed=3)
-    s = search(device, workload, mode_space(device), 9.0, sampler="guided", n_trials=14, seed=3,
+    s = search(device, workload, mode_space(device), 9.0, soak_s=SHORT_SOAK_S, sampler="guided", n_trials=14, seed=3,
                protocol=MeasurementProtocol(warmup_steps=1, measure_steps=5, measure_s=1.0),
                guided_options={"min_group": 3})
     result = s.run()
