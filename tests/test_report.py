@@ -14,7 +14,8 @@ from edgetune.report import _moving_average
 
 REPO = Path(__file__).resolve().parents[1]
 
-# a tiny search on the twin (the training step not run), then the plots, in a process whose backend is svg
+# a tiny search on the twin (the training step not run, no thermal soak), then the plots, in a process whose
+# backend is svg
 SCRIPT = textwrap.dedent("""
     import sys
     import matplotlib
@@ -34,7 +35,7 @@ SCRIPT = textwrap.dedent("""
     device = open_device("sim:orin-nano", compute=False)
     space = build_space(device, 32, (16, 32), ["gpu_freq"])
     result = Search(device, workload, space, budget_w=9.0, n_trials=4, storage=optuna.storages.InMemoryStorage(),
-                    protocol=MeasurementProtocol(warmup_steps=0, measure_steps=3, measure_s=1.5)).run()
+                    protocol=MeasurementProtocol(warmup_steps=0, measure_steps=3, measure_s=1.5), soak_s=0.0).run()
     paths = write_plots(result, sys.argv[1])
     print(matplotlib.get_backend(), "matplotlib.pyplot" in sys.modules, *paths)
 """)

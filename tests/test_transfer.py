@@ -31,6 +31,9 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 PROTOCOL = MeasurementProtocol(warmup_steps=1, real_steps=0)
 BATCHES = (16, 32, 64, 128, 256)
 KNOBS = ["gpu_freq", "emc_freq"]
+#: a thermal soak of 30 s, not :data:`~edgetune.search.thermal.SOAK_S`'s 360: these tests are about what a prior
+#: carries, not the soak, which still runs (its windows, fit and margin) at a twelfth of the simulated steps
+SHORT_SOAK_S = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +101,7 @@ def test_map_to_space_snaps_drops_and_fills_and_keeps_the_first_of_a_collision()
 
 def test_load_prior_from_a_folder_a_url_and_by_name(tmp_path, cnn):
     url = f"sqlite:///{tmp_path / 'study.db'}"
-    _, _, res = _search("orin-nano", cnn, 10.0, storage_url=url, n_trials=8)
+    _, _, res = _search("orin-nano", cnn, 10.0, storage_url=url, n_trials=8, soak_s=0.0)
     prior = load_prior(str(tmp_path))
     assert prior.study_name == "t" and prior.device == "sim:orin-nano"
     assert len(prior.observations) == sum(1 for r in res.settings if r.ok)  # one per setting
@@ -144,10 +147,11 @@ def test_load_prior_names_a_file_that_holds_no_study_with_the_prior_s_way_out(tm
 
 
 def test_warm_search_from_a_sibling_board_stays_near_the_oracle_and_counts_only_its_own_measurements(tmp_path, cnn):
-    _search("orin-nano", cnn, 10.0, storage_url=f"sqlite:///{tmp_path / 'study.db'}", n_trials=20)
+    _search("orin-nano", cnn, 10.0, storage_url=f"sqlite:///{tmp_path / 'study.db'}", n_trials=20,
+            soak_s=SHORT_SOAK_S)
     prior = load_prior(str(tmp_path))
     budget_w = 12.0
-    device, space, warm = _search("orin-nx", cnn, budget_w, prior=prior.observations)
+    device, space, warm = _search("orin-nx", cnn, budget_w, prior=prior.observations, soak_s=SHORT_SOAK_S)
     oracle = _oracle_s(device, cnn, space, budget_w)
     gap = _true_time_s(device, cnn, warm.best.candidate)[0] / oracle - 1.0
     assert gap <= 0.03
@@ -200,12 +204,14 @@ def test_warm_search_probes_the_modes_the_prior_never_saw_and_hands_off_to_this_
     from edgetune.search.samplers.guided import PRIOR_HANDOFF
 
     knobs = ["gpu_freq", "power_mode"]
-    _search("orin-nano", cnn, 10.0, storage_url=f"sqlite:///{tmp_path / 'study.db'}", n_trials=16, knobs=knobs)
+    _search("orin-nano", cnn, 10.0, storage_url=f"sqlite:///{tmp_path / 'study.db'}", n_trials=16, knobs=knobs,
+            soak_s=SHORT_SOAK_S)
     prior = load_prior(str(tmp_path))
     # the stopping rule may end a warm search before the handoff: here it never does (stop_gain 0), so the
     # search measures n_trials settings
     device, space, warm = _search("orin-nx", cnn, 14.0, prior=prior.observations, n_trials=PRIOR_HANDOFF + 2,
-                                  knobs=knobs, return_search=True, guided_options={"stop_gain": 0.0})
+                                  knobs=knobs, return_search=True, guided_options={"stop_gain": 0.0},
+                                  soak_s=SHORT_SOAK_S)
     mapped_modes = {o.candidate.knobs["power_mode"] for o in map_to_space(prior.observations, space, device.settings())}
     unseen = set(space.knob_values["power_mode"]) - mapped_modes
     assert unseen == {"25W", "MAXN"}
@@ -291,7 +297,8 @@ def test_a_prior_too_small_to_model_is_refused_before_anything_is_measured(tmp_p
 
 def test_cli_cost_search_with_a_prior_writes_the_cost(tmp_path, capsys):
     common = ["search", "--device", "sim:orin-nano", "--workload", "cnn", "--knobs", "gpu_freq",
-              "--batch-sizes", "16,32,64", "--real-steps", "0", "--measure-s", "0.5", "-q"]
+              "--batch-sizes", "16,32,64", "--real-steps", "0", "--measure-s", "0.5", "--soak-s", str(SHORT_SOAK_S),
+              "-q"]
     assert main([*common, "--budget", "10", "-o", str(tmp_path / "a"), "--n-trials", "6"]) == 0
     assert main([*common, "--budget", "9", "--objective", "cost", "--eta", "0.3", "--prior", str(tmp_path / "a"),
                  "-o", str(tmp_path / "b"), "--n-trials", "6"]) == 0
