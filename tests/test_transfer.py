@@ -249,7 +249,7 @@ def test_zeus_cost_weights_energy_against_max_power_times_time():
 
 
 def test_cost_search_picks_the_measured_setting_of_least_cost_and_best_json_reports_it(cnn):
-    _, _, res = _search("orin-nano", cnn, 12.0, objective="cost", eta=0.5, n_trials=12)
+    _, _, res = _search("orin-nano", cnn, 12.0, objective="cost", eta=0.5, n_trials=12, soak_s=SHORT_SOAK_S)
     cost = ZeusCost(0.5, 15.0)
     from edgetune.search.results import certified
 
