@@ -320,6 +320,17 @@ def test_a_byte_order_mark_or_a_unit_in_brackets_reads_as_the_suffix_does(tmp_pa
     assert t.knob_values("power_limit") == pytest.approx([150000 * scale_w, 225000 * scale_w])
 
 
+def test_knob_headers_written_with_spaces_as_jtop_and_spreadsheets_do_map_to_their_roles(tmp_path):
+    """``GPU freq (MHz)`` (jtop's and most spreadsheets' spelling) used to be a knob with no role, named
+    'GPU freq (MHz)', its MHz values unconverted: the search lost the clock's physics and its baseline."""
+    t = load_table(write(tmp_path, "GPU freq (MHz),EMC Freq (MHz),CPU-clock [kHz],batch_size,step_time_s,power_w\n"
+                                   "522.75,2133,1497600,16,0.114,19.5\n1300.5,3199,1497600,16,0.052,53.5\n"))
+    assert t.knobs == ("gpu_freq", "emc_freq", "cpu_freq")
+    assert t.roles == {"gpu_freq": KnobRole.GPU_CLOCK, "emc_freq": KnobRole.MEMORY_CLOCK,
+                       "cpu_freq": KnobRole.CPU_CLOCK}
+    assert t.knob_values("gpu_freq") == [522.75e6, 1300.5e6] and t.knob_values("emc_freq") == [2133e6, 3199e6]
+
+
 def test_a_unit_in_brackets_on_a_knob_with_no_role_stays_its_name(tmp_path):
     t = load_table(write(tmp_path, "fan (rpm),cpu_cores (cores),step_time_s,power_w\n700,4,0.1,6\n900,6,0.1,7\n"))
     assert t.knobs == ("fan (rpm)", "cpu_cores") and t.roles == {"cpu_cores": KnobRole.CPU_CORES}

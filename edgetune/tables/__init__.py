@@ -35,7 +35,8 @@ clock, online cores, power limit, power mode) by name and unit suffix, and renam
 in its unit: ``gpu_freq_hz`` -> ``gpu_freq`` (Hz), ``emc_freq_mhz`` -> ``emc_freq`` (x1e6, Hz),
 ``cpu_freq_khz`` -> ``cpu_freq`` (kHz), ``cpu_cores``, ``power_limit_w``; aliases such as ``gpu_clk``,
 ``online_cores``, ``nvpmodel`` too (:mod:`edgetune.tables.columns`); a unit in brackets is the same suffix
-(``gpu_freq (MHz)``, ``power_limit [W]``). Two columns of one role are refused
+(``gpu_freq (MHz)``, ``power_limit [W]``); case is ignored and spaces or hyphens count as ``_`` (``GPU freq
+(MHz)``). Two columns of one role are refused
 (keep one, or ignore one). Other columns are knobs with no role (the hardware model treats them
 generically); a power-suffixed column that is not a power limit is refused. Power modes are nvpmodel mode
 numbers. Every value is a finite number (except the empty and ``inf`` cases above).

@@ -15,7 +15,8 @@ A column is mapped to a knob of the registry (:data:`edgetune.power.knobs.KNOBS`
   ``emc``, ``mem`` and ``cpu`` name a clock only with a frequency suffix (``gpu_mhz``); alone they are too
   vague.
 
-Matching ignores case. Every other column is a knob with no role: it keeps its header as its name and the
+Matching ignores case, and spaces or hyphens in a name count as ``_`` (``GPU freq (MHz)``, as jtop and
+spreadsheets write it, is ``gpu_freq_mhz``). Every other column is a knob with no role: it keeps its header as its name and the
 hardware model treats it generically. A power suffix on an unknown name (``vdd_in_mw``) is refused: it is
 a measured power, not a knob. The header comment ``# edgetune: column <header>=<name>`` maps a column by
 a name of the forms above (or ``ignore`` to drop it, or a reserved column such as ``power_w`` to rename it).
@@ -99,6 +100,13 @@ class KnobColumn:
         return f"{self.header} -> {self.name} ({self.role.value} in {KNOBS[self.name].unit or 'names'}{conversion})"
 
 
+def _normalize(text: str) -> str:
+    """A header as the resolvers match it: lower case, runs of spaces and hyphens one ``_`` (``GPU freq`` ->
+    ``gpu_freq``), no space around brackets (``gpu_freq (MHz)`` -> ``gpu_freq(mhz)``)."""
+    text = re.sub(r"\s*([()\[\]])\s*", r"\1", text.strip().lower())  # no space around brackets
+    return re.sub(r"[\s\-]+", "_", text)
+
+
 def _split_suffix(name: str) -> tuple[str, str | None]:
     for suffix in sorted(UNIT_SUFFIXES, key=len, reverse=True):
         if name.endswith("_" + suffix) and len(name) > len(suffix) + 1:
@@ -121,7 +129,7 @@ def _bracketed_unit_as_suffix(header: str, text: str) -> str:
     match = _UNIT_IN_BRACKETS.match(text)
     if match is None or not match["name"]:
         return text
-    stem, unit = match["name"].strip(), match["unit"]
+    stem, unit = _normalize(match["name"]), match["unit"]
     if unit in UNIT_SUFFIXES:
         return f"{stem}_{unit}"
     knob = ALIASES.get(stem)
@@ -146,7 +154,7 @@ def resolve_knob_name(header: str, name: str | None = None) -> KnobColumn:
             name that is no power limit, a unit in brackets that is no suffix after a registry knob's name
             (``gpu_freq (rpm)``), or a declared name that names no knob.
     """
-    text = _bracketed_unit_as_suffix(header, (header if name is None else name).strip().lower())
+    text = _bracketed_unit_as_suffix(header, _normalize(header if name is None else name))
     if text in ALIASES:
         knob = ALIASES[text]
         return KnobColumn(header, knob, KNOBS[knob].role)
