@@ -331,6 +331,63 @@ def test_knob_headers_written_with_spaces_as_jtop_and_spreadsheets_do_map_to_the
     assert t.knob_values("gpu_freq") == [522.75e6, 1300.5e6] and t.knob_values("emc_freq") == [2133e6, 3199e6]
 
 
+# Orin AGX, ResNet-50 at 1300.5 MHz GPU / 3199 MHz EMC (published_measurements.md), the GPU clock swept
+ORIN_ROWS = [(522.75, 16, 0.1138, 19.48), (1300.5, 16, 0.0516, 53.5), (522.75, 64, 0.4225, 21.3),
+             (1300.5, 64, 0.1916, 55.4)]
+
+
+def orin_table(header: str, cell=lambda g, b, t, p: (g, b, t, p)) -> str:
+    return header + "\n" + "".join(",".join(map(str, cell(*r))) + "\n" for r in ORIN_ROWS)
+
+
+@pytest.mark.parametrize("name", ["bs", "BS", "batch", "Batch Size", "Batch_Size", "batchsize", "batch-size "])
+def test_a_batch_size_column_spelled_as_people_write_it_is_the_batch_size(tmp_path, name):
+    """``bs`` used to be a knob with no role: the table became a fixed-batch sweep whose search reported
+    'batch 128, ..., bs=1' and a 16.85x speedup over a baseline at 'batch 128, bs=64'."""
+    t = load_table(write(tmp_path, orin_table(f"gpu_freq_mhz,{name},step_time_s,power_w")))
+    assert t.knobs == ("gpu_freq",) and t.batch_sizes == [16, 64]
+    assert list(t.batch_size) == [16, 16, 64, 64]
+
+
+@pytest.mark.parametrize("header, cell", [
+    ("gpu_freq_mhz,batch_size,step_time_s,power (mW)", lambda g, b, t, p: (g, b, t, round(p * 1000))),
+    ("gpu_freq_mhz,batch_size,step_time_s,power_mw", lambda g, b, t, p: (g, b, t, round(p * 1000))),
+    ("gpu_freq_mhz,batch_size,step_time_s,Power [W]", lambda g, b, t, p: (g, b, t, p)),
+    ("gpu_freq_mhz,batch_size,Step_Time_S,Power_W", lambda g, b, t, p: (g, b, t, p)),
+    ("gpu_freq_mhz,batch_size,step_time_ms,avg_power_w", lambda g, b, t, p: (g, b, round(t * 1000, 1), p)),
+    ("GPU freq (MHz),bs,Step time (ms),Power (W)", lambda g, b, t, p: (g, b, round(t * 1000, 1), p)),
+    ("# edgetune: column VDD_IN=power_mw, column time_ms=step_time_ms\ngpu_freq_mhz,batch_size,time_ms,VDD_IN",
+     lambda g, b, t, p: (g, b, round(t * 1000, 1), round(p * 1000))),
+])
+def test_a_measured_column_with_its_unit_is_converted(tmp_path, header, cell):
+    """A power in mW or a step time in ms named with its unit used to be refused as 'not a power limit' or
+    become a knob with no role; declaring ``column VDD_IN=power_w`` on tegrastats' mW read 14687 W."""
+    t = load_table(write(tmp_path, orin_table(header, cell)))
+    assert t.knobs == ("gpu_freq",) and t.batch_sizes == [16, 64]
+    np.testing.assert_allclose(t.power_w, [r[3] for r in ORIN_ROWS], rtol=1e-12)
+    np.testing.assert_allclose(t.step_time(), [r[2] for r in ORIN_ROWS], rtol=1e-12)
+
+
+def test_an_epoch_time_in_minutes_is_converted_to_seconds(tmp_path):
+    t = load_table(write(tmp_path, "power_limit_w,batch_size,time_per_epoch (min),power_w\n100,32,50,99.8\n"
+                                   "250,32,26.5,225.9\n"))
+    np.testing.assert_allclose(t.time_per_epoch_s, [3000.0, 1590.0])
+
+
+@pytest.mark.parametrize("header, message", [
+    ("gpu_freq_mhz,batch_size,step_time_s,power", ("column 'power' gives no unit; name it power_<unit> or "
+                                                   "'power (<unit>)' with a unit of w, mw (it is converted into "
+                                                   "power_w)")),
+    ("gpu_freq_mhz,batch_size,step_time,power_w", "column 'step_time' gives no unit; name it step_time_<unit>"),
+    ("gpu_freq_mhz,batch_size,step_time (W),power_w", ("column 'step_time (W)' gives unit 'w', which edgetune "
+                                                       "does not read there")),
+])
+def test_a_measured_column_without_a_unit_it_can_read_is_one_line(tmp_path, header, message):
+    with pytest.raises(TableError, match=re.escape(message)) as info:
+        load_table(write(tmp_path, orin_table(header)))
+    assert "\n" not in str(info.value)
+
+
 def test_a_unit_in_brackets_on_a_knob_with_no_role_stays_its_name(tmp_path):
     t = load_table(write(tmp_path, "fan (rpm),cpu_cores (cores),step_time_s,power_w\n700,4,0.1,6\n900,6,0.1,7\n"))
     assert t.knobs == ("fan (rpm)", "cpu_cores") and t.roles == {"cpu_cores": KnobRole.CPU_CORES}

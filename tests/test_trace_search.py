@@ -261,6 +261,20 @@ def test_cli_a_table_without_knobs_searches_its_batch_sizes_and_says_so_plainly(
     assert "chosen: batch 8: 318 s at 8.1 W; gap to the oracle +0.00%" in out
 
 
+def test_cli_a_table_whose_batch_size_column_is_named_bs_searches_its_batch_sizes(tmp_path, capsys):
+    """``bs`` (and ``Batch Size``) used to be a knob with no role: the table a fixed-batch sweep at an invented
+    batch size, the search reporting 'batch 128, ..., bs=1' and a speedup over 'batch 128, bs=64'."""
+    path = tmp_path / "bs.csv"
+    path.write_text("GPU freq (MHz),bs,step_time (ms),power (mW)\n522.75,16,113.8,19480\n1300.5,16,51.6,53500\n"
+                    "522.75,64,422.5,21300\n1300.5,64,191.6,55400\n")
+    out = tmp_path / "o"
+    assert main(["search", "--device", f"trace:{path}", "--budget", "30", "--n-trials", "4", "--output", str(out),
+                 "--quiet", "--seed", "0"]) == 0
+    gap = json.loads((out / "best.json").read_text())["oracle_gap"]
+    assert gap["oracle"]["batch_size"] in (16, 64) and set(gap["oracle"]["setting"]) == {"gpu_freq"}
+    assert gap["oracle"]["setting"]["gpu_freq"] == 522.75e6 and gap["oracle"]["power_w"] < 30
+
+
 def test_cli_a_search_of_some_of_a_tables_knobs_scores_the_rows_it_ran(tmp_path, capsys):
     """--knobs names a subset: the untuned knobs stay where the replay starts (each at its largest value)."""
     out = tmp_path / "o"

@@ -30,6 +30,14 @@ column                     required     meaning
 any other column           -            a knob (below)
 =========================  ===========  ===================================================================
 
+Reserved columns are matched ignoring case, with spaces or hyphens read as ``_`` (``Batch Size``,
+``Power_W``). ``batch_size`` may also be ``bs``, ``batch`` or ``batchsize``. A measured time or power may
+be given in another unit, named as a suffix or in brackets, and is converted: ``power_mw``, ``power (mW)``,
+``Power [W]`` -> ``power_w`` (W); ``step_time_ms``, ``step_time (ms)``, ``_us`` -> ``step_time_s``;
+``time_per_epoch (min)``, ``_ms``, ``_h`` -> ``time_per_epoch_s``; ``peak_power_mw``. The stems
+``avg_power``/``mean_power``/``average_power``, ``time_per_step``/``iter_time`` and ``epoch_time`` are the
+same columns. A measured time or power without a unit (``power``: W or mW?) is refused.
+
 Knob columns are mapped to the registry's roles (:mod:`edgetune.power.knobs`: GPU clock, memory clock, CPU
 clock, online cores, power limit, power mode) by name and unit suffix, and renamed to the registry's name
 in its unit: ``gpu_freq_hz`` -> ``gpu_freq`` (Hz), ``emc_freq_mhz`` -> ``emc_freq`` (x1e6, Hz),
@@ -50,7 +58,8 @@ Declarations (``# edgetune:`` lines; several items per line separated by commas)
 * ``default_batch_size=<B>``: the batch size the job runs at untuned (the baseline a search reports against);
   in a table without ``batch_size``, the batch size of every row. ``import-zeus`` writes Zeus's defaults.
 * ``column <header>=<name>``: map a column by name (``column GR3D_MHz=gpu_freq_mhz``, ``column
-  clk=gpu_clock``), rename it to a reserved column (``column avg_w=power_w``), or drop it (``=ignore``).
+  clk=gpu_clock``), rename it to a reserved column, in a unit where it has one (``column avg_w=power_w``,
+  ``column VDD_IN=power_mw``, ``column time_ms=step_time_ms``), or drop it (``=ignore``).
 * ``sensor_period_s=<s>``: update period of the power sensor that measured the table.
 * ``default_time_cv=<r>``, ``default_power_cv=<r>``: relative spread of one measurement for rows without
   repeats (default: the table's repeated rows, else :data:`DEFAULT_TIME_CV` and :data:`DEFAULT_POWER_CV`).

@@ -28,8 +28,10 @@ import re
 from dataclasses import dataclass
 
 from edgetune.power.knobs import KNOBS, KnobRole, knob_of_role
+from edgetune.tables.table import BATCH_SIZE, PEAK_POWER, POWER, RESERVED_COLUMNS, STEP_TIME, TIME_PER_EPOCH
 
-__all__ = ["ALIASES", "UNIT_SUFFIXES", "KnobColumn", "resolve_knob_name"]
+__all__ = ["ALIASES", "BATCH_SIZE_ALIASES", "MEASURED_UNITS", "UNIT_SUFFIXES", "KnobColumn", "MeasuredColumn",
+           "resolve_knob_name", "resolve_measured_name"]
 
 #: unit suffix -> (quantity, its size in the quantity's SI unit: Hz or W)
 UNIT_SUFFIXES: dict[str, tuple[str, float]] = {
@@ -64,6 +66,25 @@ ALIASES.update({role.value: knob_of_role(KNOBS, role) for role in KnobRole})  # 
 _SUFFIX_ONLY: dict[str, str] = {"gpu": "gpu_freq", "emc": "emc_freq", "mem": "mem_freq", "cpu": "cpu_freq"}
 
 
+#: other spellings of ``batch_size`` (lower case, ``_`` for spaces)
+BATCH_SIZE_ALIASES = ("bs", "batch", "batchsize", "minibatch", "mini_batch", "minibatch_size", "mini_batch_size")
+
+#: measured columns read with a unit: name stem (lower case) -> the reserved column it fills
+_MEASURED_STEMS: dict[str, str] = {
+    "step_time": STEP_TIME, "time_per_step": STEP_TIME, "iter_time": STEP_TIME, "iteration_time": STEP_TIME,
+    "time_per_epoch": TIME_PER_EPOCH, "epoch_time": TIME_PER_EPOCH,
+    "power": POWER, "avg_power": POWER, "mean_power": POWER, "average_power": POWER,
+    "peak_power": PEAK_POWER,
+}
+#: the units a measured column can be given in: reserved column -> {unit: its size in the column's unit}
+MEASURED_UNITS: dict[str, dict[str, float]] = {
+    STEP_TIME: {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6},
+    TIME_PER_EPOCH: {"s": 1.0, "sec": 1.0, "ms": 1e-3, "min": 60.0, "h": 3600.0},
+    POWER: {"w": 1.0, "mw": 1e-3},
+    PEAK_POWER: {"w": 1.0, "mw": 1e-3},
+}
+
+
 class ColumnNameError(ValueError):
     """A column name that cannot be a knob as written (the loader adds the file to the message)."""
 
@@ -88,8 +109,7 @@ class KnobColumn:
         """A file value in the registry's unit; converted clocks are whole Hz (kHz for ``cpu_freq``)."""
         if self.scale == 1.0:
             return value
-        # divide by the inverse for scales below 1 (mW -> W): exact for whole milliwatts
-        out = value * self.scale if self.scale > 1.0 else value / round(1.0 / self.scale)
+        out = _scaled(value, self.scale)
         return float(round(out)) if self.role is not None and self.role.is_clock else out
 
     def describe(self) -> str:
@@ -98,6 +118,35 @@ class KnobColumn:
             return f"{self.header}: a knob with no role (the hardware model treats it generically)"
         conversion = f", x{self.scale:g}" if self.scale != 1.0 else ""
         return f"{self.header} -> {self.name} ({self.role.value} in {KNOBS[self.name].unit or 'names'}{conversion})"
+
+
+def _scaled(value: float, scale: float) -> float:
+    """``value * scale``, dividing by the inverse for scales below 1 (mW -> W, ms -> s): exact for whole mW."""
+    if scale == 1.0:
+        return value
+    return value * scale if scale > 1.0 else value / round(1.0 / scale)
+
+
+@dataclass(frozen=True)
+class MeasuredColumn:
+    """How one column of a table becomes a reserved (measured or bookkeeping) column.
+
+    Attributes:
+        header: the column's header in the file.
+        name: the reserved column it fills (``power_w``, ``step_time_s``, ``batch_size``, ...).
+        scale: file value x scale = the value in the reserved column's unit (``power (mW)``: 1e-3).
+    """
+
+    header: str
+    name: str
+    scale: float = 1.0
+
+    def convert(self, value: float) -> float:
+        return _scaled(value, self.scale)
+
+    def describe(self) -> str:
+        conversion = f", x{self.scale:g}" if self.scale != 1.0 else ""
+        return f"{self.header} -> {self.name}{conversion}"
 
 
 def _normalize(text: str) -> str:
@@ -144,6 +193,40 @@ def _bracketed_unit_as_suffix(header: str, text: str) -> str:
         f"column {header!r}: edgetune reads no unit {unit!r} on {knob}; name the column "
         + (f"'{stem} (<unit>)' or {stem}_<unit> with a unit of {', '.join(units)}, or {knob} in "
            f"{KNOBS[knob].unit}" if units else knob))
+
+
+def resolve_measured_name(header: str, name: str | None = None) -> MeasuredColumn | None:
+    """The reserved column that column ``header`` fills, by its own name or by the declared ``name``; None for
+    a name that is no reserved column (a knob, then). Matching ignores case, spaces count as ``_``; a batch
+    size may be ``bs``, ``batch``, ``Batch Size`` ...; a measured time or power gives its unit as a suffix or in
+    brackets (``power_mw``, ``Power [W]``, ``step_time_ms``, ``step_time (ms)``) and is converted.
+
+    Raises:
+        ColumnNameError: a measured time or power without a unit (``power``: W or mW?) or with one that does
+            not fit it (``step_time_w``).
+    """
+    text = _normalize(header if name is None else name)
+    if text in RESERVED_COLUMNS and text not in MEASURED_UNITS:
+        return MeasuredColumn(header, text)
+    if text in BATCH_SIZE_ALIASES or text == BATCH_SIZE:
+        return MeasuredColumn(header, BATCH_SIZE)
+    match = _UNIT_IN_BRACKETS.match(text)
+    if match is not None and match["name"]:
+        stem, unit = match["name"].strip("_"), match["unit"]
+    else:
+        stem, _, unit = text.rpartition("_")
+        if not stem or unit not in {u for units in MEASURED_UNITS.values() for u in units}:
+            stem, unit = text, None
+    column = _MEASURED_STEMS.get(stem)
+    if column is None:
+        return None
+    units = MEASURED_UNITS[column]
+    if unit not in units:
+        given = "gives no unit" if unit is None else f"gives unit {unit!r}, which edgetune does not read there"
+        raise ColumnNameError(
+            f"column {header!r} {given}; name it {stem}_<unit> or '{stem} (<unit>)' with a unit of "
+            f"{', '.join(units)} (it is converted into {column})")
+    return MeasuredColumn(header, column, units[unit])
 
 
 def resolve_knob_name(header: str, name: str | None = None) -> KnobColumn:

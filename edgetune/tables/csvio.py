@@ -10,7 +10,13 @@ from dataclasses import fields
 import numpy as np
 
 from edgetune.log import get_logger
-from edgetune.tables.columns import ColumnNameError, KnobColumn, resolve_knob_name
+from edgetune.tables.columns import (
+    ColumnNameError,
+    KnobColumn,
+    MeasuredColumn,
+    resolve_knob_name,
+    resolve_measured_name,
+)
 from edgetune.tables.table import (
     ATTRIBUTES,
     BATCH_SIZE,
@@ -18,7 +24,6 @@ from edgetune.tables.table import (
     POWER,
     POWER_CV,
     REPEATS,
-    RESERVED_COLUMNS,
     STEP_TIME,
     TIME_CV,
     TIME_PER_EPOCH,
@@ -41,18 +46,20 @@ _SPREAD_OF = {TIME_CV: (STEP_TIME, TIME_PER_EPOCH), POWER_CV: (POWER,)}
 _MAY_BE_EMPTY = (EPOCHS_TO_TARGET, "convergence_runs", "convergence_failures", TIME_CV, POWER_CV)
 
 
-def _number(text: str, src: str, line: int, column: str) -> float:
+def _number(text: str, src: str, line: int, column: str, header: str | None = None) -> float:
+    """A cell of ``column`` (a reserved column or a knob; ``header``: its header, where it differs)."""
     s = text.strip()
+    label = header or column
     if s == "":
         if column in _MAY_BE_EMPTY:
             return math.nan
-        raise TableError(f"{src}: line {line}: missing value in column {column}; fill it in or drop the row")
+        raise TableError(f"{src}: line {line}: missing value in column {label}; fill it in or drop the row")
     try:
         value = float(s)
     except ValueError:
-        raise TableError(f"{src}: line {line}: {column} = {s!r} is not a number") from None
+        raise TableError(f"{src}: line {line}: {label} = {s!r} is not a number") from None
     if math.isnan(value) or (math.isinf(value) and column != EPOCHS_TO_TARGET):
-        raise TableError(f"{src}: line {line}: {column} = {s!r} is not a finite number")
+        raise TableError(f"{src}: line {line}: {label} = {s!r} is not a finite number")
     return value
 
 
@@ -92,25 +99,24 @@ def _parse_declarations(texts: list[tuple[int, str]], src: str) -> tuple[Declara
         raise TableError(f"{src}: {exc}") from None
 
 
-def _map_header(header: list[str], declared: dict[str, str], src: str) -> list[str | KnobColumn | None]:
-    """Per column: a reserved column name, a :class:`KnobColumn`, or None (ignored)."""
+def _map_header(header: list[str], declared: dict[str, str],
+                src: str) -> list[MeasuredColumn | KnobColumn | None]:
+    """Per column: a reserved column (:class:`MeasuredColumn`), a :class:`KnobColumn`, or None (ignored)."""
     unknown = [h for h in declared if h not in header]
     if unknown:
         raise TableError(f"{src}: declares column {unknown[0]}, which the header lacks; the header has "
                          f"{', '.join(header)}")
-    out: list[str | KnobColumn | None] = []
+    out: list[MeasuredColumn | KnobColumn | None] = []
     for h in header:
         target = declared.get(h)
         if target is not None and target.strip().lower() == "ignore":
             out.append(None)
-        elif (target or h) in RESERVED_COLUMNS:
-            out.append(target or h)
-        else:
-            try:
-                out.append(resolve_knob_name(h, target))
-            except ColumnNameError as exc:
-                raise TableError(f"{src}: {exc}") from None
-    names = [c if isinstance(c, str) else c.name for c in out if c is not None]
+            continue
+        try:
+            out.append(resolve_measured_name(h, target) or resolve_knob_name(h, target))
+        except ColumnNameError as exc:
+            raise TableError(f"{src}: {exc}") from None
+    names = [c.name for c in out if c is not None]
     for name in set(names):
         if names.count(name) > 1:
             raise TableError(f"{src}: two columns give {name!r}; keep one, or drop the other with "
@@ -212,12 +218,12 @@ def load_table(path: str | os.PathLike) -> Table:
     if len(set(header)) != len(header):
         raise TableError(f"{src}: repeated column names in the header")
     mapped = _map_header(header, column_map, src)
-    names = [c if isinstance(c, str) else c.name for c in mapped if c is not None]
+    names = [c.name for c in mapped if c is not None]
     if POWER not in names:
         raise TableError(f"{src}: no {POWER!r} column; the header has {', '.join(header)}")
     knob_columns = [c for c in mapped if isinstance(c, KnobColumn)]
-    for c in knob_columns:
-        if c.header != c.name or c.scale != 1.0:
+    for c in mapped:
+        if c is not None and (c.header != c.name or c.scale != 1.0):
             _log.debug("%s: column %s", src, c.describe())
     knobs = tuple(c.name for c in knob_columns)
     values: dict[str, list[float]] = {name: [] for name in names}
@@ -235,7 +241,8 @@ def load_table(path: str | os.PathLike) -> Table:
             if isinstance(column, KnobColumn):
                 values[column.name].append(column.convert(_number(cell, src, line, column.header)))
             else:
-                values[column].append(_number(cell, src, line, column))
+                label = column.header if column.header != column.name else None
+                values[column.name].append(column.convert(_number(cell, src, line, column.name, label)))
     columns, lines_of = _aggregate({k: np.asarray(v, dtype=float) for k, v in values.items()}, knobs, src,
                                    tuple(row_lines))
     n = len(columns[POWER])
