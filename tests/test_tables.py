@@ -388,6 +388,35 @@ def test_a_measured_column_without_a_unit_it_can_read_is_one_line(tmp_path, head
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("name, cell, message", [
+    ("throughput", lambda g, b, t, p: round(b / t, 1), ("column 'throughput' reads as a measurement (throughput), "
+     "not a knob you set: the step time goes in step_time_s (= batch_size / throughput in samples/s); drop it "
+     "with '# edgetune: column throughput=ignore'")),
+    ("samples/s", lambda g, b, t, p: round(b / t, 1), "column 'samples/s' reads as a measurement"),
+    ("Temp GPU", lambda g, b, t, p: 48.5, "column 'Temp GPU' reads as a measurement (temp)"),
+    ("GPU util (%)", lambda g, b, t, p: 99, "column 'GPU util (%)' reads as a measurement (util)"),
+    ("run", lambda g, b, t, p: 1, ("column 'run' reads as a measurement (run), not a knob you set: an index of "
+     "the measurement is not a setting (repeated rows of one setting are aggregated without it)")),
+    ("Power TOT", lambda g, b, t, p: round(p * 1000), ("the mean power goes in power_w or power_mw (or declare "
+     "'# edgetune: column Power TOT=power_mw')")),
+    ("GPU", lambda g, b, t, p: 99, ("column 'GPU' names no knob: a clock? name it with its unit (gpu_freq_mhz, "
+     "...); a load? drop it with '# edgetune: column GPU=ignore'")),
+])
+def test_a_measured_column_is_refused_as_a_knob_in_one_line(tmp_path, capsys, name, cell, message):
+    """A throughput, a temperature, a utilization or a run index beside step_time_s used to be a knob with no
+    role: each row a setting of its own (repeats never aggregated), the hardware model fitted on the measured
+    throughput itself (predict-eval: 5.26% time MAPE, as good as the table without it), best.json's plan
+    setting 'throughput'."""
+    path = write(tmp_path, orin_table(f"gpu_freq_mhz,batch_size,step_time_s,power_w,{name}",
+                                      lambda *r: (*r, cell(*r))))
+    with pytest.raises(TableError, match=re.escape(message)) as info:
+        load_table(path)
+    assert "\n" not in str(info.value)
+    assert_exit_2(capsys, ["predict-eval", path, "--train-size", "2"], message)
+    declared = write(tmp_path, f"# edgetune: column {name}=ignore\n" + (tmp_path / "t.csv").read_text(), "ignored.csv")
+    assert load_table(declared).knobs == ("gpu_freq",)
+
+
 def test_a_unit_in_brackets_on_a_knob_with_no_role_stays_its_name(tmp_path):
     t = load_table(write(tmp_path, "fan (rpm),cpu_cores (cores),step_time_s,power_w\n700,4,0.1,6\n900,6,0.1,7\n"))
     assert t.knobs == ("fan (rpm)", "cpu_cores") and t.roles == {"cpu_cores": KnobRole.CPU_CORES}

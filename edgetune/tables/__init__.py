@@ -46,7 +46,10 @@ in its unit: ``gpu_freq_hz`` -> ``gpu_freq`` (Hz), ``emc_freq_mhz`` -> ``emc_fre
 (``gpu_freq (MHz)``, ``power_limit [W]``); case is ignored and spaces or hyphens count as ``_`` (``GPU freq
 (MHz)``). Two columns of one role are refused
 (keep one, or ignore one). Other columns are knobs with no role (the hardware model treats them
-generically); a power-suffixed column that is not a power limit is refused. Power modes are nvpmodel mode
+generically); a power-suffixed column that is not a power limit is refused, and so is a column whose name
+says it is a measurement or an index rather than a setting (``throughput``, ``samples/s``, ``time_ms``,
+``Temp GPU``, ``GPU util (%)``, ``Power TOT``, ``run``, ``seed``; jtop's bare ``GPU``/``EMC``/``CPU1``, loads):
+drop it with ``column <header>=ignore``, or map it to what it is. Power modes are nvpmodel mode
 numbers. Every value is a finite number (except the empty and ``inf`` cases above).
 
 Repeated rows (the same setting and batch size several times) are measurements of one setting: they are

@@ -18,7 +18,8 @@ A column is mapped to a knob of the registry (:data:`edgetune.power.knobs.KNOBS`
 Matching ignores case, and spaces or hyphens in a name count as ``_`` (``GPU freq (MHz)``, as jtop and
 spreadsheets write it, is ``gpu_freq_mhz``). Every other column is a knob with no role: it keeps its header as its name and the
 hardware model treats it generically. A power suffix on an unknown name (``vdd_in_mw``) is refused: it is
-a measured power, not a knob. The header comment ``# edgetune: column <header>=<name>`` maps a column by
+a measured power, not a knob; so is a name that reads as a measurement or an index (:data:`_FIGURE_WORDS`:
+``throughput``, ``time_ms``, ``Temp GPU``, ``run``) or jtop's bare ``GPU``/``EMC``/``CPU1`` (loads). The header comment ``# edgetune: column <header>=<name>`` maps a column by
 a name of the forms above (or ``ignore`` to drop it, or a reserved column such as ``power_w`` to rename it).
 """
 
@@ -57,7 +58,7 @@ ALIASES: dict[str, str] = {
     "cpu_clock": "cpu_freq", "cpu_clk": "cpu_freq", "cpu_frequency": "cpu_freq",
     "cores": "cpu_cores", "online_cores": "cpu_cores", "num_cores": "cpu_cores", "n_cores": "cpu_cores",
     "power_cap": "power_limit", "powercap": "power_limit",
-    "nvpmodel": "power_mode", "nvpmodel_mode": "power_mode",
+    "nvpmodel": "power_mode", "nvpmodel_mode": "power_mode", "nvp_model": "power_mode",
 }
 ALIASES.update({name: name for name in KNOBS})
 ALIASES.update({role.value: knob_of_role(KNOBS, role) for role in KnobRole})  # type: ignore[misc]
@@ -229,6 +230,44 @@ def resolve_measured_name(header: str, name: str | None = None) -> MeasuredColum
     return MeasuredColumn(header, column, units[unit])
 
 
+#: words that make a column a measured figure, not a knob: word -> what to do with it instead
+_FIGURE_WORDS: dict[str, str] = {
+    **dict.fromkeys(("throughput", "fps", "samples_per_s", "samples_per_sec", "samples_s", "img_s",
+                     "images_per_s", "it_s", "its", "iter_s", "iters_per_s", "tokens_per_s", "tokens_s"),
+                    "the step time goes in step_time_s (= batch_size / throughput in samples/s)"),
+    **dict.fromkeys(("time", "duration", "latency", "runtime", "elapsed"),
+                    "a time per step goes in step_time_<unit> and per epoch in time_per_epoch_<unit> (units s, "
+                    "ms, ...), or declare '# edgetune: column <header>=step_time_<unit>'"),
+    **dict.fromkeys(("power", "energy", "current", "voltage", "vdd"),
+                    "the mean power goes in power_w or power_mw (or declare '# edgetune: column <header>="
+                    "power_mw'); an energy is not read"),
+    **dict.fromkeys(("temp", "temperature", "util", "utilization", "utilisation", "usage", "load", "accuracy",
+                     "acc", "loss", "memory_used", "mem_used", "ram", "swap", "timestamp", "uptime", "date",
+                     "datetime"), "edgetune does not read it"),
+    **dict.fromkeys(("run", "rep", "repeat", "repetition", "seed", "trial", "index", "idx", "id", "epoch", "step",
+                     "iteration"),
+                    "an index of the measurement is not a setting (repeated rows of one setting are aggregated "
+                    "without it)"),
+}
+#: headers too vague to be a knob: jtop's ``GPU``, ``EMC``, ``CPU1`` are loads, not clocks
+_VAGUE = re.compile(r"^(gpu|emc|mem|cpu)\d*$")
+
+
+def _measured_figure(header: str, text: str) -> str | None:
+    """Why column ``header`` (normalized: ``text``) is a measured figure rather than a knob, or None."""
+    if _VAGUE.match(text):
+        return (f"column {header!r} names no knob: a clock? name it with its unit ({text.rstrip('0123456789')}"
+                f"_freq_mhz, ...); a load? drop it with '# edgetune: column {header}=ignore'")
+    words = re.split(r"[^a-z0-9]+", text)
+    joined = "_".join(w for w in words if w)
+    hits = [w for w in _FIGURE_WORDS if w in words or ("_" in w and f"_{w}_" in f"_{joined}_")]
+    if not hits:
+        return None
+    return (f"column {header!r} reads as a measurement ({hits[0]}), not a knob you set: "
+            f"{_FIGURE_WORDS[hits[0]].replace('<header>', header)}; drop it with '# edgetune: column {header}=ignore' "
+            f"(a knob you set: rename it)")
+
+
 def resolve_knob_name(header: str, name: str | None = None) -> KnobColumn:
     """The knob that column ``header`` holds, by its own name or by the declared ``name``.
 
@@ -253,6 +292,9 @@ def resolve_knob_name(header: str, name: str | None = None) -> KnobColumn:
             raise ColumnNameError(
                 f"column {header!r} holds a power (unit suffix _{suffix}) but is not a power limit; a measured "
                 f"power goes in power_w: rename it, or drop it with '# edgetune: column {header}=ignore'")
+        figure = _measured_figure(header, text)
+        if figure is not None:
+            raise ColumnNameError(figure)
         return KnobColumn(header, header.strip(), None)
     spec = KNOBS[knob]
     if suffix is None:
