@@ -311,13 +311,13 @@ def test_knob_columns_map_to_registry_roles_in_registry_units(tmp_path):
 def test_a_byte_order_mark_or_a_unit_in_brackets_reads_as_the_suffix_does(tmp_path, header):
     """Excel's CSV starts with a byte-order mark, and spreadsheets write units in brackets: both used to turn
     the column into a knob with no role, its values unconverted."""
-    scale_w = 1e-3 if "mW" in header else 1.0
-    t = load_table(write(tmp_path, f"{header},batch_size,step_time_s,power_w\n306,150000,8,0.1,6\n"
-                                   f"624.75,225000,8,0.06,9\n"))
+    per_w = 1000 if "mW" in header else 1  # the same limits, 150 and 225.5 W, in the column's unit
+    t = load_table(write(tmp_path, f"{header},batch_size,step_time_s,power_w\n306,{150 * per_w},8,0.1,6\n"
+                                   f"624.75,{225.5 * per_w:g},8,0.06,9\n"))
     assert t.knobs == ("gpu_freq", "power_limit")
     assert t.roles == {"gpu_freq": KnobRole.GPU_CLOCK, "power_limit": KnobRole.POWER_LIMIT}
     assert t.knob_values("gpu_freq") == [306e6, 624.75e6]  # MHz -> Hz
-    assert t.knob_values("power_limit") == pytest.approx([150000 * scale_w, 225000 * scale_w])
+    assert t.knob_values("power_limit") == pytest.approx([150, 225.5])
 
 
 def test_knob_headers_written_with_spaces_as_jtop_and_spreadsheets_do_map_to_their_roles(tmp_path):
@@ -415,6 +415,37 @@ def test_a_measured_column_is_refused_as_a_knob_in_one_line(tmp_path, capsys, na
     assert_exit_2(capsys, ["predict-eval", path, "--train-size", "2"], message)
     declared = write(tmp_path, f"# edgetune: column {name}=ignore\n" + (tmp_path / "t.csv").read_text(), "ignored.csv")
     assert load_table(declared).knobs == ("gpu_freq",)
+
+
+@pytest.mark.parametrize("header, cell, message", [
+    ("GR3D_FREQ,batch_size,step_time_s,power_w", lambda g, b, t, p: (g, b, t, p),
+     ("line 2: GR3D_FREQ reads as 522.75 Hz, no gpu clock runs at that: give the column its unit: name it "
+     "gpu_freq_mhz (or _ghz, _khz, _hz), or declare '# edgetune: column GR3D_FREQ=gpu_freq_mhz'")),
+    ("gpu_freq_khz,batch_size,step_time_s,power_w", lambda g, b, t, p: (g * 1e6, b, t, p),
+     "line 2: gpu_freq_khz reads as 5.2275e+11 Hz, no gpu clock runs at that"),
+    ("cpu_freq,batch_size,step_time_s,power_w", lambda g, b, t, p: (2201.6, b, t, p),
+     "line 2: cpu_freq reads as 2201.6 kHz (2.2016e+06 Hz)"),
+    ("# edgetune: column VDD_IN=power_w\ngpu_freq_mhz,batch_size,step_time_s,VDD_IN",
+     lambda g, b, t, p: (g, b, t, round(p * 1000)), ("line 3: VDD_IN = 19480 W, more than a board draws (2000 W): "
+     "a power in milliwatts? name the column power_mw (or declare '# edgetune: column VDD_IN=power_mw')")),
+    ("gpu_freq_mhz,batch_size,step_time_s,power_w,peak_power_w", lambda g, b, t, p: (g, b, t, p, p * 1300),
+     ("line 2: peak_power_w = 25324 W, more than a board draws (2000 W): a power in milliwatts? name the column "
+     "peak_power_mw")),
+    ("gpu_freq_mhz,batch_size,step_time_s,power_w,power_limit_w", lambda g, b, t, p: (g, b, t, p, 60000),
+     ("line 2: power_limit_w = 60000 W, more than a board draws (2000 W): a limit in milliwatts? name the column "
+     "power_limit_mw")),
+])
+def test_a_clock_or_power_in_another_unit_than_its_column_says_is_one_line(tmp_path, capsys, header, cell,
+                                                                           message):
+    """tegrastats' GR3D_FREQ in MHz (an alias of gpu_freq, in Hz) used to load as a 522.75 Hz GPU clock, and a
+    declared 'column VDD_IN=power_w' over its milliwatts as 19480 W: silently, into the search and its plan."""
+    path = write(tmp_path, orin_table(header, cell))
+    with pytest.raises(TableError, match=re.escape(message)) as info:
+        load_table(path)
+    assert "\n" not in str(info.value)
+    assert_exit_2(capsys, ["search", "--device", f"trace:{path}", "--budget", "30", "--output",
+                           str(tmp_path / "o")], message)
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_unit_in_brackets_on_a_knob_with_no_role_stays_its_name(tmp_path):

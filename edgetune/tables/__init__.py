@@ -50,7 +50,10 @@ generically); a power-suffixed column that is not a power limit is refused, and 
 says it is a measurement or an index rather than a setting (``throughput``, ``samples/s``, ``time_ms``,
 ``Temp GPU``, ``GPU util (%)``, ``Power TOT``, ``run``, ``seed``; jtop's bare ``GPU``/``EMC``/``CPU1``, loads):
 drop it with ``column <header>=ignore``, or map it to what it is. Power modes are nvpmodel mode
-numbers. Every value is a finite number (except the empty and ``inf`` cases above).
+numbers. Every value is a finite number (except the empty and ``inf`` cases above). A value its column's unit
+makes impossible is refused, naming the unit to give: a clock outside 10 MHz - 100 GHz (``GR3D_FREQ`` in MHz
+is an alias of ``gpu_freq``, in Hz: name it ``gpu_freq_mhz``), a power or power limit over 2000 W (milliwatts
+in ``power_w``: name it ``power_mw``).
 
 Repeated rows (the same setting and batch size several times) are measurements of one setting: they are
 aggregated into one row, every measured column the median of the repeats, ``repeats`` their count and

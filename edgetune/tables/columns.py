@@ -25,13 +25,14 @@ a name of the forms above (or ``ignore`` to drop it, or a reserved column such a
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
 from edgetune.power.knobs import KNOBS, KnobRole, knob_of_role
 from edgetune.tables.table import BATCH_SIZE, PEAK_POWER, POWER, RESERVED_COLUMNS, STEP_TIME, TIME_PER_EPOCH
 
-__all__ = ["ALIASES", "BATCH_SIZE_ALIASES", "MEASURED_UNITS", "UNIT_SUFFIXES", "KnobColumn", "MeasuredColumn",
+__all__ = ["ALIASES", "BATCH_SIZE_ALIASES", "CLOCK_RANGE_HZ", "MAX_POWER_W", "MEASURED_UNITS", "UNIT_SUFFIXES", "KnobColumn", "MeasuredColumn",
            "resolve_knob_name", "resolve_measured_name"]
 
 #: unit suffix -> (quantity, its size in the quantity's SI unit: Hz or W)
@@ -86,6 +87,15 @@ MEASURED_UNITS: dict[str, dict[str, float]] = {
 }
 
 
+#: the range a clock runs in, Hz: a value outside it was written in another unit than the column says (a
+#: Jetson's lowest clocks are about 100 MHz, a datacenter GPU's memory clock about 10 GHz; a clock in MHz
+#: read as kHz is at most a few MHz)
+CLOCK_RANGE_HZ = (1e7, 1e11)
+#: the most power one board or GPU draws, W: more is a power in milliwatts read as watts (a Jetson's 5-60 W
+#: is 5000-60000 mW; the largest single accelerators draw about 1-1.2 kW)
+MAX_POWER_W = 2000.0
+
+
 class ColumnNameError(ValueError):
     """A column name that cannot be a knob as written (the loader adds the file to the message)."""
 
@@ -112,6 +122,27 @@ class KnobColumn:
             return value
         out = _scaled(value, self.scale)
         return float(round(out)) if self.role is not None and self.role.is_clock else out
+
+    def implausible(self, value: float) -> str | None:
+        """Why ``value`` (converted) cannot be this knob's in its unit, naming the fix; None where it can be: a
+        clock outside :data:`CLOCK_RANGE_HZ` (``GR3D_FREQ`` in MHz read as Hz), a power limit over
+        :data:`MAX_POWER_W` (milliwatts read as watts)."""
+        if self.role is None or not math.isfinite(value):
+            return None
+        unit = KNOBS[self.name].unit
+        if self.role.is_clock:
+            hz = value * _REGISTRY_UNITS[unit][1]
+            if CLOCK_RANGE_HZ[0] <= hz <= CLOCK_RANGE_HZ[1]:
+                return None
+            in_hz = f" ({hz:g} Hz)" if unit != "Hz" else ""
+            return (f"{self.header} reads as {value:g} {unit}{in_hz}, no {self.role.value.replace('_', ' ')} runs at "
+                    f"that: give the column its unit: name it {self.name}_mhz (or _ghz, _khz, _hz), or declare "
+                    f"'# edgetune: column {self.header}={self.name}_mhz'")
+        if self.role is KnobRole.POWER_LIMIT and value > MAX_POWER_W:
+            return (f"{self.header} = {value:g} W, more than a board draws ({MAX_POWER_W:g} W): a limit in "
+                    f"milliwatts? name the column {self.name}_mw, or declare '# edgetune: column "
+                    f"{self.header}={self.name}_mw'")
+        return None
 
     def describe(self) -> str:
         """``gpu_freq_mhz -> gpu_freq (gpu_clock, x1e+06)``, for logs."""
@@ -144,6 +175,14 @@ class MeasuredColumn:
 
     def convert(self, value: float) -> float:
         return _scaled(value, self.scale)
+
+    def implausible(self, value: float) -> str | None:
+        """Why ``value`` (converted) cannot be a power in W, naming the fix; None where it can be."""
+        if self.name not in (POWER, PEAK_POWER) or not value > MAX_POWER_W:
+            return None
+        stem = self.name.removesuffix("_w")
+        return (f"{self.header} = {value:g} W, more than a board draws ({MAX_POWER_W:g} W): a power in milliwatts? "
+                f"name the column {stem}_mw (or declare '# edgetune: column {self.header}={stem}_mw')")
 
     def describe(self) -> str:
         conversion = f", x{self.scale:g}" if self.scale != 1.0 else ""

@@ -239,10 +239,14 @@ def load_table(path: str | os.PathLike) -> Table:
             if column is None:
                 continue
             if isinstance(column, KnobColumn):
-                values[column.name].append(column.convert(_number(cell, src, line, column.header)))
+                value = column.convert(_number(cell, src, line, column.header))
             else:
                 label = column.header if column.header != column.name else None
-                values[column.name].append(column.convert(_number(cell, src, line, column.name, label)))
+                value = column.convert(_number(cell, src, line, column.name, label))
+            wrong_unit = column.implausible(value)
+            if wrong_unit is not None:
+                raise TableError(f"{src}: line {line}: {wrong_unit}")
+            values[column.name].append(value)
     columns, lines_of = _aggregate({k: np.asarray(v, dtype=float) for k, v in values.items()}, knobs, src,
                                    tuple(row_lines))
     n = len(columns[POWER])
