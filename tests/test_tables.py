@@ -422,7 +422,8 @@ def test_a_measured_column_is_refused_as_a_knob_in_one_line(tmp_path, capsys, na
      ("line 2: GR3D_FREQ reads as 522.75 Hz, no gpu clock runs at that: give the column its unit: name it "
      "gpu_freq_mhz (or _ghz, _khz, _hz), or declare '# edgetune: column GR3D_FREQ=gpu_freq_mhz'")),
     ("gpu_freq_khz,batch_size,step_time_s,power_w", lambda g, b, t, p: (g * 1e6, b, t, p),
-     "line 2: gpu_freq_khz reads as 5.2275e+11 Hz, no gpu clock runs at that"),
+     ("line 2: gpu_freq_khz reads as 5.2275e+11 Hz, no gpu clock runs at that: its values are not in the unit the "
+      "header gives; name the column with the unit they are in (gpu_freq_mhz, _ghz, _khz or _hz)")),
     ("cpu_freq,batch_size,step_time_s,power_w", lambda g, b, t, p: (2201.6, b, t, p),
      "line 2: cpu_freq reads as 2201.6 kHz (2.2016e+06 Hz)"),
     ("# edgetune: column VDD_IN=power_w\ngpu_freq_mhz,batch_size,step_time_s,VDD_IN",

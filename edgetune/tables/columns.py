@@ -135,8 +135,11 @@ class KnobColumn:
             if CLOCK_RANGE_HZ[0] <= hz <= CLOCK_RANGE_HZ[1]:
                 return None
             in_hz = f" ({hz:g} Hz)" if unit != "Hz" else ""
-            return (f"{self.header} reads as {value:g} {unit}{in_hz}, no {self.role.value.replace('_', ' ')} runs at "
-                    f"that: give the column its unit: name it {self.name}_mhz (or _ghz, _khz, _hz), or declare "
+            where = f"{self.header} reads as {value:g} {unit}{in_hz}, no {self.role.value.replace('_', ' ')} runs at that"
+            if self.scale != 1.0:  # the header gives a unit already: the values are in another
+                return (f"{where}: its values are not in the unit the header gives; name the column with the unit "
+                        f"they are in ({self.name}_mhz, _ghz, _khz or _hz)")
+            return (f"{where}: give the column its unit: name it {self.name}_mhz (or _ghz, _khz, _hz), or declare "
                     f"'# edgetune: column {self.header}={self.name}_mhz'")
         if self.role is KnobRole.POWER_LIMIT and value > MAX_POWER_W:
             return (f"{self.header} = {value:g} W, more than a board draws ({MAX_POWER_W:g} W): a limit in "
