@@ -449,6 +449,27 @@ def test_a_clock_or_power_in_another_unit_than_its_column_says_is_one_line(tmp_p
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("sep, decimal, eol", [(";", ",", "\r\n"), (";", ".", "\n"), ("\t", ".", "\r\n"),
+                                             ("\t", ",", "\n")])
+def test_a_table_saved_with_semicolons_or_tabs_and_decimal_commas_reads_the_same(tmp_path, sep, decimal, eol):
+    """A spreadsheet in a locale with a decimal comma saves 'gpu_freq_mhz;...' and '0,1138': the whole header
+    used to be one column name, refused as 'holds a power (unit suffix _w) but is not a power limit'."""
+    text = orin_table(sep.join(["# Orin AGX;ResNet-50\ngpu_freq_mhz", "batch_size", "step_time_s", "power_w"]))
+    text = text.replace(",", sep).replace(".", decimal).replace("\n", eol)
+    t = load_table(write(tmp_path, text))
+    assert t.knob_values("gpu_freq") == [522.75e6, 1300.5e6] and t.batch_sizes == [16, 64]
+    np.testing.assert_allclose(t.step_time_s, [r[2] for r in ORIN_ROWS], rtol=1e-12)
+    np.testing.assert_allclose(t.power_w, [r[3] for r in ORIN_ROWS], rtol=1e-12)
+
+
+def test_a_dot_in_a_table_with_decimal_commas_is_refused_as_ambiguous(tmp_path):
+    text = "gpu_freq_mhz;batch_size;step_time_s;power_w\n1.300;16;0,0516;53,5\n522,75;16;0,1138;19,48\n"
+    with pytest.raises(TableError, match=re.escape("line 2: gpu_freq_mhz = '1.300' in a table written with decimal "
+                                                   "commas: a '.' there may be a thousands separator; write the "
+                                                   "number without it")):
+        load_table(write(tmp_path, text))
+
+
 def test_a_unit_in_brackets_on_a_knob_with_no_role_stays_its_name(tmp_path):
     t = load_table(write(tmp_path, "fan (rpm),cpu_cores (cores),step_time_s,power_w\n700,4,0.1,6\n900,6,0.1,7\n"))
     assert t.knobs == ("fan (rpm)", "cpu_cores") and t.roles == {"cpu_cores": KnobRole.CPU_CORES}

@@ -6,7 +6,10 @@ reports its gap to a table's own oracle.
 
 Table format v2
 ---------------
-UTF-8 text (a leading byte-order mark, as Excel writes CSV, is skipped). One header line. Lines starting
+UTF-8 text (a leading byte-order mark, as Excel writes CSV, is skipped), comma-separated; a header with no
+comma but semicolons or tabs sets that delimiter instead, and then numbers may use a decimal comma (``0,0516``,
+as spreadsheets in many locales save CSV; a ``.`` in such a table is refused: it may be a thousands
+separator). One header line. Lines starting
 with ``#`` before it are notes (e.g. the source), except declarations:
 ``# edgetune: key=value, key=value`` (see below). Columns:
 

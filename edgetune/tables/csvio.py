@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 from dataclasses import fields
 
 import numpy as np
@@ -46,14 +47,25 @@ _SPREAD_OF = {TIME_CV: (STEP_TIME, TIME_PER_EPOCH), POWER_CV: (POWER,)}
 _MAY_BE_EMPTY = (EPOCHS_TO_TARGET, "convergence_runs", "convergence_failures", TIME_CV, POWER_CV)
 
 
-def _number(text: str, src: str, line: int, column: str, header: str | None = None) -> float:
-    """A cell of ``column`` (a reserved column or a knob; ``header``: its header, where it differs)."""
+#: a number written with a decimal comma (``0,0516``, ``1,3e9``), as spreadsheets in many locales save CSV
+_DECIMAL_COMMA = re.compile(r"[+-]?\d*,\d+(?:[eE][+-]?\d+)?")
+
+
+def _number(text: str, src: str, line: int, column: str, header: str | None = None, *,
+            decimal_comma: bool = False) -> float:
+    """A cell of ``column`` (a reserved column or a knob; ``header``: its header, where it differs);
+    ``decimal_comma``: the table writes its decimals with a comma."""
     s = text.strip()
     label = header or column
     if s == "":
         if column in _MAY_BE_EMPTY:
             return math.nan
         raise TableError(f"{src}: line {line}: missing value in column {label}; fill it in or drop the row")
+    if decimal_comma:
+        if "." in s:
+            raise TableError(f"{src}: line {line}: {label} = {s!r} in a table written with decimal commas: a '.' "
+                             f"there may be a thousands separator; write the number without it")
+        s = s.replace(",", ".")
     try:
         value = float(s)
     except ValueError:
@@ -211,8 +223,13 @@ def load_table(path: str | os.PathLike) -> Table:
         raise TableError(f"{src}: empty table; expected a header line with power_w and step_time_s or "
                          f"time_per_epoch_s, and knob columns")
     declared, column_map = _parse_declarations(declarations, src)
-    reader = csv.reader(lines[start:])
+    # the delimiter: a comma, else a semicolon or a tab where the header has no comma (spreadsheets in locales
+    # with a decimal comma save CSV with semicolons); decimal commas only where the comma is no delimiter
+    delimiter = next((d for d in (";", "\t") if "," not in lines[start] and d in lines[start]), ",")
+    reader = csv.reader(lines[start:], delimiter=delimiter)
     header = [h.strip() for h in next(reader)]
+    rows = list(reader)
+    decimal_comma = delimiter != "," and any(_DECIMAL_COMMA.fullmatch(c.strip()) for r in rows for c in r)
     if any(not h for h in header):
         raise TableError(f"{src}: a column has an empty name")
     if len(set(header)) != len(header):
@@ -228,7 +245,7 @@ def load_table(path: str | os.PathLike) -> Table:
     knobs = tuple(c.name for c in knob_columns)
     values: dict[str, list[float]] = {name: [] for name in names}
     row_lines: list[int] = []  # the file line of each measurement
-    for offset, row in enumerate(reader):
+    for offset, row in enumerate(rows):
         line = start + 2 + offset
         if not row or all(not c.strip() for c in row):
             continue
@@ -239,10 +256,10 @@ def load_table(path: str | os.PathLike) -> Table:
             if column is None:
                 continue
             if isinstance(column, KnobColumn):
-                value = column.convert(_number(cell, src, line, column.header))
+                value = column.convert(_number(cell, src, line, column.header, decimal_comma=decimal_comma))
             else:
                 label = column.header if column.header != column.name else None
-                value = column.convert(_number(cell, src, line, column.name, label))
+                value = column.convert(_number(cell, src, line, column.name, label, decimal_comma=decimal_comma))
             wrong_unit = column.implausible(value)
             if wrong_unit is not None:
                 raise TableError(f"{src}: line {line}: {wrong_unit}")
