@@ -470,6 +470,34 @@ def test_a_dot_in_a_table_with_decimal_commas_is_refused_as_ambiguous(tmp_path):
         load_table(write(tmp_path, text))
 
 
+@pytest.mark.parametrize("cells, message", [
+    ("OOM,OOM", ("line 4: step_time_s = 'OOM' is not a number; fix it, or drop the row (a setting that did not run, "
+     "out of memory or failed, has no row)")),
+    ("NaN,", "line 4: step_time_s = 'NaN' is not a finite number; fix it or drop the row"),
+    (",", "line 4: missing value in column step_time_s; fill it in or drop the row"),
+])
+def test_a_row_that_did_not_run_names_its_line_and_the_fix(tmp_path, capsys, cells, message):
+    text = "gpu_freq_mhz,batch_size,step_time_s,power_w\n522.75,16,0.1138,19.48\n1300.5,16,0.0516,53.5\n" \
+           f"1300.5,128,{cells}\n"
+    assert_exit_2(capsys, ["predict-eval", write(tmp_path, text), "--train-size", "2"], message)
+
+
+def test_a_column_name_twice_in_the_header_is_named(tmp_path):
+    with pytest.raises(TableError, match=re.escape("column 'power_w' appears twice in the header; keep one, or "
+                                                   "rename the other")):
+        load_table(write(tmp_path, "gpu_freq_mhz,batch_size,step_time_s,power_w,power_w \n522.75,16,0.11,19,21\n"))
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_predict_eval_on_a_table_too_small_to_evaluate_says_so(tmp_path, capsys, rows):
+    """A one-row table was told 'use --train-size 2 or less', which cannot work either."""
+    path = write(tmp_path, orin_table("gpu_freq_mhz,batch_size,step_time_s,power_w").rsplit("\n", 5 - rows)[0])
+    assert len(load_table(path)) == rows
+    assert_exit_2(capsys, ["predict-eval", path, "--train-size", "2"],
+                  f"has {rows} row{'s' if rows > 1 else ''}, too few to evaluate a model on: it needs at least 3 "
+                  f"(2 to fit, 1 held out); measure more settings")
+
+
 def test_a_unit_in_brackets_on_a_knob_with_no_role_stays_its_name(tmp_path):
     t = load_table(write(tmp_path, "fan (rpm),cpu_cores (cores),step_time_s,power_w\n700,4,0.1,6\n900,6,0.1,7\n"))
     assert t.knobs == ("fan (rpm)", "cpu_cores") and t.roles == {"cpu_cores": KnobRole.CPU_CORES}

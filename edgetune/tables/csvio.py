@@ -69,9 +69,10 @@ def _number(text: str, src: str, line: int, column: str, header: str | None = No
     try:
         value = float(s)
     except ValueError:
-        raise TableError(f"{src}: line {line}: {label} = {s!r} is not a number") from None
+        raise TableError(f"{src}: line {line}: {label} = {s!r} is not a number; fix it, or drop the row (a "
+                         f"setting that did not run, out of memory or failed, has no row)") from None
     if math.isnan(value) or (math.isinf(value) and column != EPOCHS_TO_TARGET):
-        raise TableError(f"{src}: line {line}: {label} = {s!r} is not a finite number")
+        raise TableError(f"{src}: line {line}: {label} = {s!r} is not a finite number; fix it or drop the row")
     return value
 
 
@@ -232,8 +233,9 @@ def load_table(path: str | os.PathLike) -> Table:
     decimal_comma = delimiter != "," and any(_DECIMAL_COMMA.fullmatch(c.strip()) for r in rows for c in r)
     if any(not h for h in header):
         raise TableError(f"{src}: a column has an empty name")
-    if len(set(header)) != len(header):
-        raise TableError(f"{src}: repeated column names in the header")
+    twice = next((h for i, h in enumerate(header) if h in header[:i]), None)
+    if twice is not None:
+        raise TableError(f"{src}: column {twice!r} appears twice in the header; keep one, or rename the other")
     mapped = _map_header(header, column_map, src)
     names = [c.name for c in mapped if c is not None]
     if POWER not in names:

@@ -415,6 +415,9 @@ def check_train_size(table: Table, k: int) -> None:
     """Raise :class:`TableError` unless ``k`` training rows leave at least one row to evaluate on."""
     if k < 2:
         raise TableError(f"train size {k} is too small: use at least 2 rows")
+    if len(table) < 3:
+        raise TableError(f"{table.source}: has {len(table)} row{'s' if len(table) != 1 else ''}, too few to "
+                         f"evaluate a model on: it needs at least 3 (2 to fit, 1 held out); measure more settings")
     if k >= len(table):
         raise TableError(f"{table.source}: has {len(table)} rows, too few for a train size of {k} plus at least "
                          f"one held-out row; use --train-size {max(2, len(table) - 1)} or less")
