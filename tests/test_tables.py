@@ -376,7 +376,7 @@ def test_an_epoch_time_in_minutes_is_converted_to_seconds(tmp_path):
 
 @pytest.mark.parametrize("header, message", [
     ("gpu_freq_mhz,batch_size,step_time_s,power", ("column 'power' gives no unit; name it power_<unit> or "
-                                                   "'power (<unit>)' with a unit of w, mw (it is converted into "
+                                                   "'power (<unit>)' with a unit of w, mw, kw (it is converted into "
                                                    "power_w)")),
     ("gpu_freq_mhz,batch_size,step_time,power_w", "column 'step_time' gives no unit; name it step_time_<unit>"),
     ("gpu_freq_mhz,batch_size,step_time (W),power_w", ("column 'step_time (W)' gives unit 'w', which edgetune "
@@ -447,6 +447,16 @@ def test_a_clock_or_power_in_another_unit_than_its_column_says_is_one_line(tmp_p
     assert_exit_2(capsys, ["search", "--device", f"trace:{path}", "--budget", "30", "--output",
                            str(tmp_path / "o")], message)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_power_over_what_a_board_draws_loads_where_its_column_is_in_kilowatts(tmp_path):
+    """The milliwatts check must leave a way for a machine that truly draws more than 2 kW (a node of eight
+    GPUs): its power in kilowatts."""
+    t = load_table(write(tmp_path, orin_table("gpu_freq_mhz,batch_size,step_time_s,power_kw,peak_power_kw",
+                                              lambda g, b, t, p: (g, b, t, p / 5.0, p / 4.0))))
+    watts = [p * 1000.0 / 5.0 for *_, p in ORIN_ROWS]
+    assert sorted(t.power_w) == pytest.approx(sorted(watts)) and min(watts) > 2000.0
+    assert all(t.peak_power_w > t.power_w)
 
 
 @pytest.mark.parametrize("sep, decimal, eol", [(";", ",", "\r\n"), (";", ".", "\n"), ("\t", ".", "\r\n"),

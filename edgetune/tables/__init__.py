@@ -56,7 +56,7 @@ drop it with ``column <header>=ignore``, or map it to what it is. Power modes ar
 numbers. Every value is a finite number (except the empty and ``inf`` cases above). A value its column's unit
 makes impossible is refused, naming the unit to give: a clock outside 10 MHz - 100 GHz (``GR3D_FREQ`` in MHz
 is an alias of ``gpu_freq``, in Hz: name it ``gpu_freq_mhz``), a power or power limit over 2000 W (milliwatts
-in ``power_w``: name it ``power_mw``).
+in ``power_w``: name it ``power_mw``; a machine that draws more gives its power in kilowatts, ``power_kw``).
 
 Repeated rows (the same setting and batch size several times) are measurements of one setting: they are
 aggregated into one row, every measured column the median of the repeats, ``repeats`` their count and

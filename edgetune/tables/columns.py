@@ -82,8 +82,8 @@ _MEASURED_STEMS: dict[str, str] = {
 MEASURED_UNITS: dict[str, dict[str, float]] = {
     STEP_TIME: {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6},
     TIME_PER_EPOCH: {"s": 1.0, "sec": 1.0, "ms": 1e-3, "min": 60.0, "h": 3600.0},
-    POWER: {"w": 1.0, "mw": 1e-3},
-    PEAK_POWER: {"w": 1.0, "mw": 1e-3},
+    POWER: {"w": 1.0, "mw": 1e-3, "kw": 1e3},
+    PEAK_POWER: {"w": 1.0, "mw": 1e-3, "kw": 1e3},
 }
 
 
@@ -180,12 +180,14 @@ class MeasuredColumn:
         return _scaled(value, self.scale)
 
     def implausible(self, value: float) -> str | None:
-        """Why ``value`` (converted) cannot be a power in W, naming the fix; None where it can be."""
-        if self.name not in (POWER, PEAK_POWER) or not value > MAX_POWER_W:
+        """Why ``value`` (converted) cannot be a power in W, naming the fix; None where it can be. A column
+        in kilowatts (``power_kw``) says the machine draws that much: a node of several GPUs is not refused."""
+        if self.name not in (POWER, PEAK_POWER) or not value > MAX_POWER_W or self.scale > 1.0:
             return None
         stem = self.name.removesuffix("_w")
         return (f"{self.header} = {value:g} W, more than a board draws ({MAX_POWER_W:g} W): a power in milliwatts? "
-                f"name the column {stem}_mw (or declare '# edgetune: column {self.header}={stem}_mw')")
+                f"name the column {stem}_mw (or declare '# edgetune: column {self.header}={stem}_mw'); a machine "
+                f"that draws that much: give it in kilowatts, {stem}_kw")
 
     def describe(self) -> str:
         conversion = f", x{self.scale:g}" if self.scale != 1.0 else ""
