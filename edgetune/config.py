@@ -160,6 +160,8 @@ def _knob_names(v: Any) -> tuple[str, ...] | None:
         return None
     if not isinstance(v, (list, tuple)) or any(not isinstance(k, str) for k in v):
         raise ValueError(f'must be "all" or a list of knob names, e.g. ["gpu_freq", "emc_freq"], got {v!r}')
+    if len(set(v)) != len(v):  # a knob twice would be two dimensions of the space, searched apart
+        raise ValueError(f"lists a knob twice: {list(v)!r}")
     return tuple(v)
 
 
