@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
@@ -218,15 +219,20 @@ def _flag_int(text: str) -> int:
         raise ValueError(f"expected a whole number, got {text!r}") from None
 
 
+def _flag_items(text: str) -> list[str]:
+    """A list flag's items: separated by commas, spaces or both (``16,32``, ``"16 32"``, ``"16, 32"``)."""
+    return [x for x in re.split(r"[,\s]+", text) if x]
+
+
 def _flag_int_list(text: str) -> list[int]:
     try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
+        return [int(x) for x in _flag_items(text)]
     except ValueError:
         raise ValueError(f"expected comma-separated whole numbers (16,32,64), got {text!r}") from None
 
 
 def _flag_names(text: str) -> Any:
-    return "all" if text.strip() == "all" else [x.strip() for x in text.split(",") if x.strip()]
+    return "all" if text.strip() == "all" else _flag_items(text)
 
 
 def _flag_int_or_all(text: str) -> Any:

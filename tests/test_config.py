@@ -95,6 +95,18 @@ def test_file_problems_are_one_line(tmp_path):
         load_config(unknown)
 
 
+@pytest.mark.parametrize(("argv", "key", "value"), [
+    (["--batch-sizes", "16 32"], "space.batch_sizes", (16, 32)),  # a space is a separator, not nothing: not 1632
+    (["--batch-sizes", "16, 32,64"], "space.batch_sizes", (16, 32, 64)),
+    (["--knobs", "gpu_freq emc_freq"], "space.knobs", ("gpu_freq", "emc_freq")),
+])
+def test_list_flags_take_commas_or_spaces_between_items(argv, key, value):
+    from edgetune.cli import build_parser
+    from edgetune.cli.flags import config_from_args
+
+    assert config_from_args(build_parser().parse_args(["search", *argv])).flat()[key] == value
+
+
 def test_storage_and_study_name_defaults(tmp_path):
     cfg = validate({"output": str(tmp_path / "out"), "power_budget_w": 9.5})
     assert cfg.storage_url() == f"sqlite:///{(tmp_path / 'out' / 'study.db').resolve()}"
