@@ -236,11 +236,21 @@ def _flag_names(text: str) -> Any:
 
 
 def _flag_int_or_all(text: str) -> Any:
-    return "all" if text == "all" else _flag_int(text)
+    if text == "all":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f'expected a whole number or "all", got {text!r}') from None
 
 
 def _flag_number_or_measure(text: str) -> Any:
-    return text if text in (MEASURE, WORKLOAD) else _flag_number(text)
+    if text in (MEASURE, WORKLOAD):
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f'expected a number of samples, "{WORKLOAD}" or "{MEASURE}", got {text!r}') from None
 
 
 # ---------------------------------------------------------------------------------------------- schema

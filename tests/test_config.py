@@ -107,6 +107,19 @@ def test_list_flags_take_commas_or_spaces_between_items(argv, key, value):
     assert config_from_args(build_parser().parse_args(["search", *argv])).flat()[key] == value
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--b-noise", "Measure"], 'argument --b-noise: expected a number of samples, "workload" or "measure", got '
+                               "'Measure'"),
+    (["--real-steps", "ALL"], "argument --real-steps: expected a whole number or \"all\", got 'ALL'"),
+])
+def test_a_flag_word_it_does_not_take_names_the_words_it_does(capsys, argv, message):
+    with pytest.raises(SystemExit) as info:  # argparse's own refusal: it exits
+        main(["search", "--budget", "10", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
 def test_storage_and_study_name_defaults(tmp_path):
     cfg = validate({"output": str(tmp_path / "out"), "power_budget_w": 9.5})
     assert cfg.storage_url() == f"sqlite:///{(tmp_path / 'out' / 'study.db').resolve()}"
