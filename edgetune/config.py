@@ -77,6 +77,9 @@ MAX_GUARD_SIGMA = 10.0  # standard errors: a wider band no longer guards against
 MAX_MARGIN = 1.0  # fraction of the best: an improvement cannot count only when it doubles the objective
 SUGGEST_CUTOFF = 0.5  # difflib similarity a dotted key needs to be suggested for an unknown one
 SUGGEST_TAIL_CUTOFF = 0.6  # ... and a key's last part for a bare or misplaced name (stricter: names are short)
+#: the largest seed: numpy's RandomState (the guided sampler's) takes seeds below 2**32, and the sampler adds a
+#: count of settings to the seed; a larger one failed mid-search, or in a traceback
+MAX_SEED = 2**31 - 1
 
 # help groups of the search's flags, in the order `edgetune search --help` lists them
 TUNE = "what to tune"
@@ -108,12 +111,14 @@ def _number(lo: float | None = None, hi: float | None = None, *, lo_open: bool =
     return check
 
 
-def _integer(lo: int = 0) -> Callable[[Any], int]:
+def _integer(lo: int = 0, hi: int | None = None) -> Callable[[Any], int]:
     def check(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"must be a whole number >= {lo}, got {v!r}")  # noqa: TRY004
         if v < lo:
             raise ValueError(f"must be >= {lo}, got {v!r}")
+        if hi is not None and v > hi:
+            raise ValueError(f"must be <= {hi}, got {v!r}")
         return int(v)
     return check
 
@@ -483,7 +488,7 @@ class Config:
     output: str = _key("edgetune-out", _text(), f"output folder: best.json, trials.csv, {STUDY_DB}, plots; each "
                        "study in its own subfolder <device>-<workload>-<objective>-<budget>, except with --output",
                        flag=Flag("--output", short="-o"))
-    seed: int = _key(0, _integer(0), "seed of the sampler, the workload's synthetic data and the twin",
+    seed: int = _key(0, _integer(0, MAX_SEED), "seed of the sampler, the workload's synthetic data and the twin",
                      flag=Flag("--seed", _flag_int, group=SEARCH))
     budget: BudgetSection = field(default_factory=BudgetSection, metadata={_SECTION: True})
     space: SpaceSection = field(default_factory=SpaceSection, metadata={_SECTION: True})

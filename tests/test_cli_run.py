@@ -97,6 +97,8 @@ def test_lower_gpu_clock_draws_less_power(capsys):
         (["run", "--device", "sim:orin-nano", "--set", "cpu_freq=1.5W"], "cpu_freq is set in kHz, not W"),
         (["run", "--device", "sim:orin-nano", "--set", "gpu_freq=min", "--set", "gpu_freq=max"],
          "--set gpu_freq is given twice (gpu_freq=min and gpu_freq=max)"),
+        (["run", "--device", "sim:orin-nano", "--seed", "-1"], "argument --seed: must be >= 0, got -1"),
+        (["run", "--device", "sim:orin-nano", "--seed", str(2**64)], "argument --seed: must be <= 2147483647"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv, message, capsys):

@@ -41,6 +41,7 @@ def test_example_config_loads_back_with_every_default(tmp_path):
     ({"efficiency.b_noise_warmups": 0}, "efficiency.b_noise_warmups must be >= 1, got 0"),
     ({"protocol.real_steps": -1}, "protocol.real_steps must be >= 0"),
     ({"space.values": {"gpu_freq": []}}, "gpu_freq must be a non-empty list"),
+    ({"seed": 2**64}, "seed must be <= 2147483647, got 18446744073709551616"),
     ({"space.knobs": ["gpu_freq", "gpu_freq"]}, "space.knobs lists a knob twice: ['gpu_freq', 'gpu_freq']"),
 ])
 def test_bad_keys_and_values_are_one_line_naming_the_key(raw, message):

@@ -49,6 +49,18 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def seed_int(text: str) -> int:
+    """argparse type for ``--seed``: a whole number the config's ``seed`` takes (0 up to its largest)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    try:
+        return SCHEMA["seed"].check(value)
+    except ValueError as exc:  # a negative or huge seed failed in numpy or torch, in a traceback
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_assignment(text: str) -> tuple[str, str]:
     """argparse type for ``--set KNOB=VALUE``."""
     name, sep, value = text.partition("=")
@@ -129,7 +141,7 @@ def register(subparsers) -> None:
                         "short, regular step at only a few of its phases: the window then runs one sweep of them)")
     p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP_STEPS,
                    help=f"warm-up steps before measuring (default {DEFAULT_WARMUP_STEPS})")
-    p.add_argument("--seed", type=int, default=SCHEMA["seed"].default,
+    p.add_argument("--seed", type=seed_int, default=SCHEMA["seed"].default,
                    help=f"seed for the workload and the simulated twin (default {SCHEMA['seed'].default})")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     p.set_defaults(func=run)
