@@ -13,8 +13,9 @@ by a test), and the flags of ``edgetune search`` with their help texts and defau
 (:mod:`edgetune.cli.flags`).
 
 :func:`load_config` reads a file, merges overrides (the CLI's flags, which win) and validates everything at
-once, raising :class:`ConfigError` with one line that names the key and the fix. An unknown key gets the
-nearest known key as a suggestion (difflib).
+once, raising :class:`ConfigError` with one line that names the key and the fix. An unknown key gets where a
+key of that name goes (a top-level key below a ``[section]`` line, a key in another section), else the
+nearest known key (difflib); an unknown ``[section]`` the nearest section, or where a key of its name goes.
 """
 
 from __future__ import annotations
@@ -553,16 +554,51 @@ def _flatten(data: Mapping[str, Any], where: str) -> dict[str, Any]:
                 raise ConfigError(f"{where}: [{key}] must be a table (a [{key}] section), got {value!r}")
             for sub, v in value.items():
                 flat[f"{key}.{sub}"] = v
+        elif isinstance(value, dict) and key not in SCHEMA:  # a [table] (no top-level key is one)
+            raise _unknown_section(key, where)
         else:
             flat[key] = value
     return flat
 
 
+def _knob_hint(knob: str) -> str:
+    return f"knob values go in the [space] section: values = {{ {knob} = [...] }}, and knobs = [\"{knob}\", ...]"
+
+
+def _key_named(tail: str) -> str | None:
+    """The dotted key whose last part is ``tail`` exactly (``batch_sizes`` -> ``space.batch_sizes``), if any."""
+    return next((k for k in SCHEMA if k.split(".")[-1] == tail), None)
+
+
+def _unknown_section(name: str, where: str) -> ConfigError:
+    """A ``[name]`` table that is not a section: the nearest section, or where a key of that name goes."""
+    start = f"{where}: unknown section [{name}]"
+    near = difflib.get_close_matches(name.lower(), SECTIONS, n=1, cutoff=SUGGEST_CUTOFF)
+    if near:
+        return ConfigError(f"{start}; did you mean [{near[0]}]?")
+    if name in KNOBS:
+        return ConfigError(f"{start}; {_knob_hint(name)}")
+    key = _key_named(name)
+    if key is not None and SCHEMA[key].section:
+        sec = SCHEMA[key].section
+        return ConfigError(f"{start}; {name} is a key of the [{sec}] section: {name} = ... below a [{sec}] line")
+    if key is not None:
+        return ConfigError(f"{start}; {name} is a top-level key: {name} = ... above the first [section] line")
+    return ConfigError(f"{start}; the sections are {', '.join(f'[{s}]' for s in SECTIONS)}")
+
+
 def _unknown(key: str, where: str) -> ConfigError:
-    if key.split(".")[-1] in KNOBS:  # a knob named where a key goes
-        knob = key.split(".")[-1]
-        return ConfigError(f"{where}: unknown key {key!r}; knob values go in the [space] section: "
-                           f"values = {{ {knob} = [...] }}, and knobs = [\"{knob}\", ...]")
+    section, _, tail = key.rpartition(".")
+    if tail in KNOBS:  # a knob named where a key goes
+        return ConfigError(f"{where}: unknown key {key!r}; {_knob_hint(tail)}")
+    placed = _key_named(tail)
+    if placed is not None:  # a known key in the wrong place: say where it goes
+        home = SCHEMA[placed].section
+        if not home:  # a top-level key below a [section] line belongs to that section in TOML
+            return ConfigError(f"{where}: unknown key {key!r}; {tail} is a top-level key: move it above the first "
+                               f"[section] line (in TOML every key below a [{section}] line belongs to [{section}])")
+        return ConfigError(f"{where}: unknown key {key!r}; {tail} belongs in the [{home}] section "
+                           f"(did you mean {placed!r}?)")
     near = difflib.get_close_matches(key, SCHEMA, n=1, cutoff=SUGGEST_CUTOFF)
     if not near:  # a known key in the wrong section, or a bare name: compare the last part
         tails = {k.split(".")[-1]: k for k in SCHEMA}

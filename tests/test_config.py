@@ -41,6 +41,11 @@ def test_example_config_loads_back_with_every_default(tmp_path):
     ({"efficiency.b_noise_warmups": 0}, "efficiency.b_noise_warmups must be >= 1, got 0"),
     ({"protocol.real_steps": -1}, "protocol.real_steps must be >= 0"),
     ({"space.values": {"gpu_freq": []}}, "gpu_freq must be a non-empty list"),
+    # a key of a section written at the top, or a top-level key written below a [section] line
+    ({"device": "x", "space.device": "sim:orin-agx"},
+     "unknown key 'space.device'; device is a top-level key: move it above the first [section] line"),
+    ({"search.power_budget_w": 10}, "in TOML every key below a [search] line belongs to [search]"),
+    ({"search.batch_sizes": [8]}, "unknown key 'search.batch_sizes'; batch_sizes belongs in the [space] section"),
     ({"seed": 2**64}, "seed must be <= 2147483647, got 18446744073709551616"),
     ({"space.knobs": ["gpu_freq", "gpu_freq"]}, "space.knobs lists a knob twice: ['gpu_freq', 'gpu_freq']"),
 ])
@@ -94,6 +99,22 @@ def test_file_problems_are_one_line(tmp_path):
     unknown.write_text("[search]\nsampler = \"tpe\"\nstorge = \"sqlite:///x.db\"\n")
     with pytest.raises(ConfigError, match=rf"{unknown}: unknown key 'search.storge'; did you mean 'search.storage'"):
         load_config(unknown)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('power_budget_w = 10\n[Space]\nknobs = ["gpu_freq"]\n', "unknown section [Space]; did you mean [space]?"),
+    ('power_budget_w = 10\n[spcae]\nbatch_sizes = [8]\n', "unknown section [spcae]; did you mean [space]?"),
+    ('power_budget_w = 10\n[values]\ngpu_freq = ["max"]\n',
+     "unknown section [values]; values is a key of the [space] section: values = ... below a [space] line"),
+    ('power_budget_w = 10\n[limits]\nx = 1\n', "unknown section [limits]; the sections are [budget], [space], "),
+])
+def test_an_unknown_section_is_named_as_a_section(tmp_path, text, message):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: {message}")
+    assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize(("argv", "key", "value"), [
