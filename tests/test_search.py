@@ -1181,6 +1181,22 @@ def test_cli_budget_below_idle_from_a_config_names_the_file_and_key_as_other_con
     assert capsys.readouterr().err.startswith("edgetune: error: --budget 2 W is at or below the idle power")
 
 
+@pytest.mark.parametrize("given", ["--budget", "file"])
+def test_cli_a_budget_that_reads_as_milliwatts_is_refused_before_anything_is_measured(tmp_path, capsys, given):
+    """10000 for 10 W: a budget above the most the board draws that is a budget of it in milliwatts. It ran
+    unconstrained, a note among the start-up lines, its study and folder named 10000W."""
+    config = tmp_path / "mw.toml"
+    config.write_text('device = "sim:orin-nano"\npower_budget_w = 10000\n')
+    argv = ["--budget", "10000"] if given == "--budget" else ["--config", str(config)]
+    assert main(["search", "--device", "sim:orin-nano", *argv, "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    src = "--budget" if given == "--budget" else f"{config}: power_budget_w"
+    assert len(err) == 1 and err[0].startswith(f"edgetune: error: {src} 10000 W is more than sim:orin-nano can "
+                                               f"draw"), err
+    assert "10000 mW = 10 W" in err[0] and "give 10" in err[0]
+    assert not (tmp_path / "o").exists()
+
+
 def test_cli_budget_above_the_device_maximum_runs_unconstrained(tmp_path, capsys):
     argv = ["search", "--device", "sim:orin-nano", "--workload", "cnn", "--budget", "100", "--batch-sizes", "8",
             "--knobs", "gpu_freq", "--n-trials", "2", "--sampler", "random", "--measure-s", "0.5",

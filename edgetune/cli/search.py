@@ -40,6 +40,7 @@ __all__ = ["measurement_protocol", "register", "search"]
 
 OUTPUT_FLAG = "--output"  # the flag that names the output folder itself (no folder per study under it)
 BUDGET_HINT_STEP_W = 0.1  # the lowest feasible budget is suggested rounded up to this step (a budget one can type)
+MILLIWATTS_PER_WATT = 1000.0  # a budget written in milliwatts reads this many times too large
 
 
 def register(subparsers) -> None:
@@ -119,6 +120,18 @@ def _lowest_power_w(device, workload, space) -> float | None:
         return None
 
 
+def _refuse_milliwatts(budget: float, src: str, device) -> None:
+    """Refuse a budget above the most ``device`` can draw that, read as milliwatts, is a budget it can hold:
+    ``10000`` for 10 W would search unconstrained, a note among the start-up lines the only sign."""
+    top, idle = device.max_power_w, device.idle_power_w or 0.0
+    watts = budget / MILLIWATTS_PER_WATT
+    if top is None or budget <= top or not idle < watts <= top:
+        return
+    raise UsageError(f"{src} {budget:g} W is more than {device.name} can draw ({top:.1f} W) and reads like "
+                     f"milliwatts ({budget:g} mW = {watts:g} W); the budget is in watts: give {watts:g}, or for a "
+                     f"search that no budget binds, {math.ceil(top):g}")
+
+
 def search(args: argparse.Namespace) -> int:
     from edgetune.search.storage import close_storage
 
@@ -180,6 +193,7 @@ def _search(args: argparse.Namespace, opened: list) -> int:
                     f"{max(math.ceil(low / step_w), math.floor(budget / step_w) + 1) * step_w:g} W ({where})")
             raise UsageError(f"{src} {budget:g} W is at or below the idle power of {device.name} "
                              f"({device.idle_power_w:.2f} W): no setting can hold it (infeasible); {hint}")
+        _refuse_milliwatts(budget, src, device)
         notes = list(trace.notes) if trace else []
         if trace is not None:
             notes += _trace_options(cfg, trace, workload)
