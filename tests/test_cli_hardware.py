@@ -346,6 +346,14 @@ def test_restore_with_nothing_to_do(tmp_path, capsys):
     assert "nothing to restore" in capsys.readouterr().out
 
 
+def test_restore_device_without_defaults_is_refused_not_ignored(tmp_path, capsys):
+    """--device chooses what --defaults resets; alone it did nothing, and restore said nothing of it."""
+    assert main(["restore", "--device", "sim:orin-nano"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("edgetune: error: --device names the device --defaults resets; without --defaults, restore puts "
+                   "back what the state files recorded, on the devices they name: add --defaults, or drop --device")
+
+
 # ------------------------------------------------------------------------------------------ where training runs
 
 

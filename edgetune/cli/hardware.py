@@ -65,7 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "ranges from the available tables, all cores online, the default nvpmodel mode, NVML "
                         "clocks unlocked and the default power limit")
     p.add_argument("--device", default=None,
-                   help="the device --defaults resets (default: the one a damaged state file names, else auto)")
+                   help="with --defaults: the device it resets (default: the one a damaged state file names, else "
+                        "auto)")
     p.set_defaults(func=cmd_restore)
 
 
@@ -324,6 +325,9 @@ def _monitor(device: Device, args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     """Restore from the state files; exit 1 (naming the knobs) while any knob may still be changed."""
+    if args.device is not None and not args.defaults:  # it would be ignored: the state files name their devices
+        raise UsageError("--device names the device --defaults resets; without --defaults, restore puts back what "
+                         "the state files recorded, on the devices they name: add --defaults, or drop --device")
     actions = state.recover_actions() if state.pending() else []
     for action in actions:
         print(action.message)
