@@ -430,6 +430,25 @@ def test_a_config_value_in_a_unit_of_another_quantity_is_named_as_run_names_it(t
     assert not (tmp_path / "o").exists()
 
 
+def test_a_key_the_search_does_not_use_is_named_in_a_note_not_ignored(tmp_path, capsys):
+    """A value the user set that this search has no use for (eta without the cost objective, known_convergence
+    off a trace, b_noise_warmups where B_noise is not measured) says so; init's file, every default, says nothing."""
+    from edgetune.config import example_config
+
+    config = tmp_path / "c.toml"
+    config.write_text(example_config().replace("eta = 0.5", "eta = 0.3"))  # init's file with one key changed
+    assert main(["search", *FAST, "--config", str(config), "--n-trials", "1", "--known-convergence",
+                 "--b-noise-warmups", "2", "-q", "-o", str(tmp_path / "o")]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "is not used" in line]
+    assert notes == [
+        (f"note: {config}: search.eta 0.3 is not used: it weighs energy in the cost objective, and the objective "
+         f"is time"),
+        "note: --known-convergence is not used: it is for a trace:<table.csv> device's table of epochs to target",
+        ('note: --b-noise-warmups 2 is not used: B_noise is not measured here (it is with efficiency.b_noise = '
+         '"measure", or for a workload without one)'),
+    ]
+
+
 def test_a_protocol_the_measurement_refuses_is_one_line_exit_2(tmp_path, capsys):
     assert main(["search", *FAST, "--budget", "10", "--measure-steps", "1000000", "-o", str(tmp_path / "o")]) == 2
     assert "--measure-steps) 1000000 is more steps than one measured window holds; use at most 100000" in \

@@ -108,6 +108,39 @@ def _trace_options(cfg: Config, trace, workload) -> list[str]:
     return [f"note: {given} {cfg.workload}: {ran}; the search takes only {' and '.join(uses)} from it"]
 
 
+def _unused_notes(cfg: Config, device, workload) -> list[str]:
+    """A line for each key the user set that this search does not use, so that none is ignored without a word:
+    set by a flag, or by the file to other than its default (``edgetune init``'s file writes every default)."""
+    from edgetune.config import MEASURE, SCHEMA, WORKLOAD
+    from edgetune.search.identity import ranks_measurements
+
+    eff = cfg.efficiency
+    runs = "your runs to the target (efficiency.steps_to_target) replace the law it sets"
+    measured = not eff.steps_to_target and (eff.b_noise == MEASURE or eff.b_noise == WORKLOAD and
+                                            workload.b_noise is None and cfg.objective != "throughput")
+    why = {
+        "search.eta": None if cfg.objective == "cost" else
+        f"it weighs energy in the cost objective, and the objective is {cfg.objective}",
+        "search.patience": "the guided sampler stops by its own rule (patience is for --sampler tpe, gp or random)"
+        if ranks_measurements(cfg.search.sampler) else None,
+        "efficiency.known_convergence": None if device.name.startswith("trace:") else
+        "it is for a trace:<table.csv> device's table of epochs to target",
+        "efficiency.b_noise": runs if eff.steps_to_target else None,
+        "efficiency.s_min": runs if eff.steps_to_target else None,
+        "efficiency.b_noise_warmups": None if measured else
+        "B_noise is not measured here (it is with efficiency.b_noise = \"measure\", or for a workload without one)",
+    }
+    notes = []
+    for key, reason in why.items():
+        value = SCHEMA[key].value_in(cfg)
+        origin = cfg.sources.get(key)
+        if reason and origin and (origin.startswith("--") or value != SCHEMA[key].default):
+            shown = "" if SCHEMA[key].flag is not None and SCHEMA[key].flag.switch and origin.startswith("--") \
+                else f" {value:g}" if isinstance(value, float) else f" {value}"
+            notes.append(f"note: {cfg.label(key)}{shown} is not used: {reason}")
+    return notes
+
+
 def _lowest_power_w(device, workload, space) -> float | None:
     """The twin's noise-free power of the least demanding setting in the space (None off the twin)."""
     expected = getattr(device.backend, "expected", None)
@@ -197,6 +230,7 @@ def _search(args: argparse.Namespace, opened: list) -> int:
         notes = list(trace.notes) if trace else []
         if trace is not None:
             notes += _trace_options(cfg, trace, workload)
+        notes += _unused_notes(cfg, device, workload)
         if device.max_power_w is not None and budget >= device.max_power_w:
             notes.append(f"note: budget {budget:g} W is at or above the most {device.name} can draw "
                          f"({device.max_power_w:.1f} W): no constraint binds; searching unconstrained")
