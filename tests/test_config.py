@@ -130,8 +130,8 @@ def test_list_flags_take_commas_or_spaces_between_items(argv, key, value):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--b-noise", "Measure"], 'argument --b-noise: expected a number of samples, "workload" or "measure", got '
-                               "'Measure'"),
+    (["--b-noise", "Measure"], ('argument --b-noise: expected a number of samples, "workload" or "measure", got '
+                                "'Measure'")),
     (["--real-steps", "ALL"], "argument --real-steps: expected a whole number or \"all\", got 'ALL'"),
 ])
 def test_a_flag_word_it_does_not_take_names_the_words_it_does(capsys, argv, message):
