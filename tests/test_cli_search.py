@@ -430,6 +430,20 @@ def test_a_config_value_in_a_unit_of_another_quantity_is_named_as_run_names_it(t
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("given", ["--output", "file"])
+def test_an_output_folder_that_is_a_file_is_refused_naming_the_fix_and_kept(tmp_path, capsys, given):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine")
+    config = tmp_path / "c.toml"
+    config.write_text(f'output = "{mine}"\n')  # the file's output: a folder per study below it
+    argv = ["-o", str(mine)] if given == "--output" else ["--config", str(config)]
+    assert main(["search", *FAST, "--budget", "10", *argv]) == 2
+    src = "--output" if given == "--output" else f"{config}: output"
+    assert _one_error_line(capsys) == (f"edgetune: error: {src} {mine} is a file, not a folder; give a folder for "
+                                       f"the study's results, or move the file away")
+    assert mine.read_text() == "mine"
+
+
 def test_a_key_the_search_does_not_use_is_named_in_a_note_not_ignored(tmp_path, capsys):
     """A value the user set that this search has no use for (eta without the cost objective, known_convergence
     off a trace, b_noise_warmups where B_noise is not measured) says so; init's file, every default, says nothing."""

@@ -245,6 +245,10 @@ def _search(args: argparse.Namespace, opened: list) -> int:
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
+            blocked = next((f for f in (out, *out.parents) if f.exists() and not f.is_dir()), None)
+            if blocked is not None:  # mkdir said only "File exists" or "Not a directory"
+                raise UsageError(f"{cfg.label('output')} {blocked} is a file, not a folder; give a folder for the "
+                                 f"study's results, or move the file away") from None
             raise UsageError(f"cannot create the output folder {out}: {exc.strerror or exc}") from None
         try:
             storage = open_storage(cfg.storage_url())
