@@ -702,6 +702,8 @@ def example_config() -> str:
     lines = [
         "# edgetune configuration: `edgetune search --config edgetune.toml` (flags override these keys).",
         "# Every key is optional except the budget (here or --budget). Commented keys show an example value.",
+        "# Relative paths (output, trace:<table.csv>, steps_to_target, prior, a workload's .py file) are read from the",
+        "# folder edgetune runs in, not from this file's folder.",
         "",
     ]
     section = ""
