@@ -40,11 +40,11 @@ def test_a_step_read_at_a_few_of_its_phases_runs_one_sweep_and_says_so(monkeypat
     """13.2-ms steps read from 6.6-ms updates (twin Orin AGX, mobilenet b 8 in MAXN at 1122 MHz): the window
     runs past the steps asked for, until the readings have swept the step's phases; the table says its power
     is averaged over that sweep, not over the budget's 1 s, and the progress lines say why the count runs on.
-    (One run, its table read: each run is some 300 real mobilenet steps.)"""
+    (One run, its table read: some 300 steps, two of them real mobilenet steps: the twin times every one.)"""
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # a log file: progress lines, no bar
     args = ["run", "--device", "sim:orin-agx", "--workload", "mobilenet", "--batch-size", "8", "--steps", "80",
             "--warmup", "1", "--set", "power_mode=MAXN", "--set", "gpu_freq=1122000000", "--set", "emc_freq=max",
-            "--set", "cpu_freq=max", "--set", "cpu_cores=max"]
+            "--set", "cpu_freq=max", "--set", "cpu_cores=max", "--real-steps", "2"]  # the twin times the steps
     assert main(args) == 0
     table = capsys.readouterr().out
     steps = int(re.search(r"steps\s+(\d+) measured after 1 warm-up", table).group(1))
@@ -57,6 +57,33 @@ def test_a_step_read_at_a_few_of_its_phases_runs_one_sweep_and_says_so(monkeypat
     assert lines[9] == what + "step 80/80"
     assert lines[10] == what + "step 88 (80 asked; measuring on until the power readings have swept the step's phases)"
     assert lines[-1] == what + f"step {steps} (past the 80 asked)"
+
+
+def test_real_steps_run_fewer_training_steps_and_leave_the_twins_figures_alone(capsys):
+    """On the twin ``--real-steps`` bounds the measured steps that run the workload: the twin times every step
+    from the workload's cost, so every figure but the loss and the wall time is the one of a run of real steps."""
+    runs = {}
+    for real in ("all", "2"):
+        assert main(RUN + ["--real-steps", real, "--json"]) == 0
+        runs[real] = json.loads(capsys.readouterr().out)
+    assert runs["all"]["real_steps"] == 8 and runs["2"]["real_steps"] == 2
+    skip = {"real_steps", "loss", "wall_s"}
+    assert {k: v for k, v in runs["2"].items() if k not in skip} == {k: v for k, v in runs["all"].items()
+                                                                     if k not in skip}
+    assert main(RUN + ["--real-steps", "2"]) == 0
+    assert "8 measured after 1 warm-up (2 ran the training step, the twin timed the rest)" in capsys.readouterr().out
+
+
+def test_real_steps_on_a_board_is_said_to_change_nothing(tmp_path, monkeypatch, capsys):
+    """A board times its steps by running them: every step is real, and a --real-steps given is named so."""
+    from fakes.jetson_tree import build_jetson
+
+    monkeypatch.setenv("EDGETUNE_SYSFS_ROOT", str(build_jetson(tmp_path, "orin-nano").root))
+    assert main(["run", "--device", "jetson", "--torch-device", "cpu", "--batch-size", "8", "--steps", "3",
+                 "--warmup", "0", "--real-steps", "1", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "note: --real-steps is for simulated devices; on jetson every step runs the training step" in captured.err
+    assert json.loads(captured.out)["real_steps"] == 3
 
 
 def test_a_run_shorter_than_the_budget_window_does_not_call_its_mean_a_1_s_average(capsys):
@@ -89,6 +116,7 @@ def test_lower_gpu_clock_draws_less_power(capsys):
         (["run", "--device", "sim:orin-nano", "--set", "turbo=1"], "no knob 'turbo'"),
         (["run", "--device", "sim:orin-nano", "--set", "gpu_freq"], "KNOB=VALUE"),
         (["run", "--batch-size", "0"], "positive integer"),
+        (["run", "--real-steps", "some"], 'argument --real-steps: expected a whole number >= 0 or "all", got \'some\''),
         (["run", "--steps", "-3"], "positive integer"),
         (["run", "--device", "sim:orin-nano", "--workload", "no_such_module_xyz:build"], "no_such_module_xyz"),
         (["run", "--steps", "1000000"], "use at most 100000"),

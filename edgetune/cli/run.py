@@ -4,6 +4,9 @@
 
 Every knob is named as the device names it (``edgetune devices`` lists them) and takes a value in its unit,
 with a unit suffix (``918MHz``), or ``min``/``max``. Knobs are restored when the run ends, however it ends.
+On a simulated device every step runs the real training step unless ``--real-steps`` says fewer: the twin
+times the steps from the workload's cost, so the figures are the same, and a run of a large model on a slow
+CPU takes seconds instead of minutes.
 """
 
 from __future__ import annotations
@@ -59,6 +62,16 @@ def seed_int(text: str) -> int:
         return SCHEMA["seed"].check(value)
     except ValueError as exc:  # a negative or huge seed failed in numpy or torch, in a traceback
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def real_steps_arg(text: str) -> int | None:
+    """argparse type for ``--real-steps``: a whole number >= 0, or ``all`` (None)."""
+    if text == "all":
+        return None
+    value = int(text) if text.lstrip("-").isdigit() else None
+    if value is None or value < 0:
+        raise argparse.ArgumentTypeError(f'expected a whole number >= 0 or "all", got {text!r}')
+    return value
 
 
 def parse_assignment(text: str) -> tuple[str, str]:
@@ -141,6 +154,10 @@ def register(subparsers) -> None:
                         "short, regular step at only a few of its phases: the window then runs one sweep of them)")
     p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP_STEPS,
                    help=f"warm-up steps before measuring (default {DEFAULT_WARMUP_STEPS})")
+    p.add_argument("--real-steps", type=real_steps_arg, default=None, metavar="N|all",
+                   help="on a simulated device: how many measured steps run the real training step (the twin "
+                        "times every step from the workload's cost, so the figures do not change; the warm-up "
+                        "steps always run); default all")
     p.add_argument("--seed", type=seed_int, default=SCHEMA["seed"].default,
                    help=f"seed for the workload and the simulated twin (default {SCHEMA['seed'].default})")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
@@ -165,10 +182,13 @@ def run(args: argparse.Namespace) -> int:
         if placed.note:
             print(placed.note, file=sys.stderr)
         setting = resolve_setting(device, args.assignments)
-        # `run` executes every step for real, also on the twin: it is a measurement of this one setting;
-        # the window is exactly --steps long (no minimum duration)
+        if args.real_steps is not None and not getattr(device.clock, "virtual", False):
+            print(f"note: --real-steps is for simulated devices; on {device.name} every step runs the training "
+                  f"step", file=sys.stderr)
+        # `run` executes every step for real, also on the twin, unless --real-steps says fewer (the twin times
+        # the rest); the window is exactly --steps long (no minimum duration)
         protocol = MeasurementProtocol(warmup_steps=args.warmup, measure_steps=args.steps, measure_s=0.0,
-                                       real_steps=None, max_steps=MAX_STEPS)
+                                       real_steps=args.real_steps, max_steps=MAX_STEPS)
         with device.restoring(), PowerMonitor(device.sensor, device.clock) as monitor:
             # a bar on a terminal, a line per tenth of the steps elsewhere (logs, CI, nohup)
             with RunProgress(args.steps, f"{workload.name} b={batch_size} on {device.name}") as progress:
@@ -188,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
         "batch_size": batch_size,
         "setting": final,
         "steps": m.steps,
+        "real_steps": m.real_steps,  # of the measured steps, those that ran the training step (all on hardware)
         "warmup_steps": args.warmup,
         "step_time_s": m.step_time_s,
         "samples_per_s": m.samples_per_s,
@@ -223,11 +244,18 @@ def _span_note(r: dict) -> str:
     return ""
 
 
+def _real_note(r: dict) -> str:
+    """How many measured steps ran the training step, where fewer than all did (``--real-steps``)."""
+    if r["real_steps"] >= r["steps"]:
+        return ""
+    return f" ({r['real_steps']} ran the training step, the twin timed the rest)"
+
+
 def _format_report(r: dict, device: Device) -> str:
     label = simulation_label(r["simulated"])
     knobs = ", ".join(f"{n} {format_value(v, device.knobs[n].unit)}" for n, v in r["setting"].items())
     rows = [
-        ("steps", f"{r['steps']} measured after {r['warmup_steps']} warm-up"),
+        ("steps", f"{r['steps']} measured after {r['warmup_steps']} warm-up" + _real_note(r)),
         ("step time", f"{r['step_time_s'] * 1e3:.2f} ms"),
         ("samples/s", f"{r['samples_per_s']:.1f}"),
         ("mean power", f"{r['mean_power_w']:.2f} W"),
