@@ -251,6 +251,22 @@ def test_each_flag_overrides_its_key_and_only_it(tmp_path, argv, key, value):
     assert config_from_args(args).sources[key] == SCHEMA[key].flag.name
 
 
+def test_a_switch_a_file_turns_on_is_turned_off_by_its_no_flag(tmp_path):
+    """``known_convergence = true`` in a shared file could not be turned off from the command line: the flag
+    only set it."""
+    from edgetune.cli import build_parser
+    from edgetune.cli.flags import config_from_args
+
+    path = tmp_path / "c.toml"
+    path.write_text(example_config().replace("known_convergence = false", "known_convergence = true"))
+    assert load_config(path).efficiency.known_convergence is True
+    off = config_from_args(build_parser().parse_args(["search", "--config", str(path), "--no-known-convergence"]))
+    assert off.efficiency.known_convergence is False and off.sources["efficiency.known_convergence"] == \
+        "--no-known-convergence"
+    on = config_from_args(build_parser().parse_args(["search", "--known-convergence"]))
+    assert on.efficiency.known_convergence is True
+
+
 def test_config_sections_are_typed_and_frozen():
     cfg = validate({"power_budget_w": 10})
     assert cfg.search.n_trials == SCHEMA["search.n_trials"].default

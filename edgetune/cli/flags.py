@@ -48,9 +48,9 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             continue
         if flag.group not in groups:
             groups[flag.group] = parser.add_argument_group(flag.group)
-        if flag.switch:  # no value: present sets the key to true
-            groups[flag.group].add_argument(*flag.option_strings, dest=flag.dest, action="store_const", const=True,
-                                            default=None, help=flag_help(key))
+        if flag.switch:  # no value: --name sets the key to true, --no-name to false (over a file's true)
+            groups[flag.group].add_argument(*flag.option_strings, dest=flag.dest,
+                                            action=argparse.BooleanOptionalAction, default=None, help=flag_help(key))
             continue
         groups[flag.group].add_argument(*flag.option_strings, dest=flag.dest, type=_argument_type(flag.parse),
                                         metavar=flag.metavar, default=None, help=flag_help(key))
@@ -70,7 +70,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
         value = getattr(args, key.flag.dest, None)
         if value is not None:
             overrides[key.name] = value
-            sources[key.name] = key.flag.name
+            # a switch turned off names the flag given: --no-known-convergence
+            sources[key.name] = (f"--no-{key.flag.name[2:]}" if key.flag.switch and value is False
+                                 else key.flag.name)
     try:
         return load_config(getattr(args, "config", None), overrides, sources)
     except ConfigError as exc:
