@@ -224,3 +224,49 @@ def test_a_runs_file_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
     table = STEPS_CSV.read_text()
     (tmp_path / "steps.csv").write_text(table, encoding="utf-8-sig")
     assert read_convergence_rows(tmp_path / "steps.csv") == read_convergence_rows(STEPS_CSV)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        # 1,000 written without quotes: two cells, so the run read as 1 step and the 000 was dropped
+        ("batch_size,steps\n16,1,000\n32,600\n64,400\n", "line 2 has 3 cells for the 2 columns"),
+        # a line cut short has no steps cell: it read as a run that missed the target, and 32 was never picked
+        ("batch_size,steps\n16,1000\n32\n64,400\n", "line 3 has 1 cell for the 2 columns"),
+    ],
+)
+def test_a_line_with_more_or_fewer_cells_than_the_header_is_refused_not_read_shifted(tmp_path, text, message):
+    with pytest.raises(RunsTargetError) as err:
+        RunsTarget.from_csv(_write(tmp_path / "runs.csv", text))
+    assert message in str(err.value)
+
+
+def test_an_empty_cell_at_the_end_of_a_line_is_no_value(tmp_path):
+    # a trailing comma (a spreadsheet's export) adds an empty cell: nothing is lost, the line reads as without
+    t = RunsTarget.from_csv(_write(tmp_path / "runs.csv", "batch_size,steps\n16,1000,\n32,600\n"))
+    assert t.medians == {16: 1000.0, 32: 600.0}
+
+
+def test_negative_infinite_steps_are_refused_not_read_as_a_missed_run(tmp_path):
+    with pytest.raises(RunsTargetError, match="batch size 32: steps to target must be positive"):
+        RunsTarget.from_csv(_write(tmp_path / "runs.csv", "batch_size,steps\n16,1000\n32,-inf\n64,400\n"))
+    with pytest.raises(RunsTargetError, match="must be positive"):
+        RunsTarget.from_runs({16: [1000.0], 32: [-math.inf], 64: [400.0]})
+
+
+def test_a_batch_size_written_as_a_whole_float_reads_as_that_integer(tmp_path):
+    # pandas writes an integer column as 16.0 once it has held a float: the same batch size
+    t = RunsTarget.from_csv(_write(tmp_path / "runs.csv", "batch_size,steps\n16.0,1000\n32.0,600\n"))
+    assert t.medians == {16: 1000.0, 32: 600.0}
+    with pytest.raises(RunsTargetError, match=r"line 3: batch_size '24\.5' is not a whole number"):
+        RunsTarget.from_csv(_write(tmp_path / "runs.csv", "batch_size,steps\n16,1000\n24.5,600\n"))
+
+
+def test_runs_of_several_workloads_are_not_pooled_when_no_workload_is_named(tmp_path):
+    # cnn's and mobilenet's runs to two different targets read as one workload's: the medians mixed both
+    text = "workload,batch_size,steps\ncnn,16,1000\ncnn,32,600\nmobilenet,16,5000\nmobilenet,64,100\n"
+    with pytest.raises(RunsTargetError, match="runs of several workloads .cnn, mobilenet.; name the workload"):
+        RunsTarget.from_csv(_write(tmp_path / "runs.csv", text))
+    assert RunsTarget.from_csv(tmp_path / "runs.csv", "cnn").medians == {16: 1000.0, 32: 600.0}
+    one = _write(tmp_path / "one.csv", "workload,batch_size,steps\ncnn,16,1000\ncnn,32,600\n")
+    assert RunsTarget.from_csv(one).medians == {16: 1000.0, 32: 600.0}  # one workload: nothing to choose

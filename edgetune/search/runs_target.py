@@ -9,15 +9,18 @@ search (:class:`RunsTarget`).
 
 The file is a CSV with a header; lines starting with ``#`` are comments. Columns (others are ignored):
 
-* ``batch_size``: the run's batch size (a positive integer);
+* ``batch_size``: the run's batch size (a positive integer; ``16.0`` reads as 16);
 * ``steps``: its optimizer steps to the target (empty, ``nan`` or ``inf``: the run never reached it);
-* ``workload`` (optional): whose run it is; the search keeps the rows of the workload it searches;
+* ``workload`` (optional): whose run it is; the search keeps the rows of the workload it searches (a file of
+  several workloads read without naming one is refused);
 * ``metric`` and ``target`` (optional): what the run trained to; the rows kept must share one (runs to
   different targets are refused: their steps do not compare).
 
 So the measured table ``experiments/convergence_truth.py`` writes (``experiments/data/convergence/steps.csv``)
-serves as it is. Several runs of one batch size (seeds) are repeats: their median counts, a run that missed
-the target counting as infinitely many steps (so a batch size most runs missed is never chosen).
+serves as it is. A line whose cells do not line up with the header (a cell past the last column, as an
+unquoted ``1,000`` makes, or a line cut short before a column read) is refused, never read shifted. Several
+runs of one batch size (seeds) are repeats: their median counts, a run that missed the target counting as
+infinitely many steps (so a batch size most runs missed is never chosen).
 
 Between the batch sizes measured, steps are interpolated linearly in log steps against log batch size (a
 power law between neighbours); outside them, the law fitted to the measured medians
@@ -51,6 +54,26 @@ class RunsTargetError(ValueError):
     """A runs file that cannot serve: unreadable, missing a column, a bad value, too few batch sizes."""
 
 
+#: the columns a runs file's rows are read by (module docs); others are ignored
+_USED_COLUMNS = ("workload", "metric", "target", "batch_size", "steps")
+
+
+def _check_cells(record: Mapping[Any, Any], used: Sequence[str], columns: int, name: str, line: int) -> None:
+    """Refuse a line whose cells do not line up with the header: one with a cell past the last column (an
+    unquoted ``1,000`` reads as the run's 1 step, the rest dropped) or one cut short before a column read (its
+    steps would read as a run that missed the target). An empty cell past the last column (a trailing comma) is
+    no value and passes."""
+    extra = [c for c in record.get(None) or () if c.strip()]
+    short = [c for c in used if record.get(c) is None]
+    if extra or short:
+        cells = columns + len(record.get(None) or ()) if extra else sum(v is not None for k, v in record.items()
+                                                                         if k is not None)
+        why = (f"a cell past the last column ({extra[0]!r}: a number with a thousands separator? write 1000)"
+               if extra else f"no {short[0]} cell (leave a run that missed the target empty, with its comma)")
+        raise RunsTargetError(f"{name}: line {line} has {cells} cell{'s' if cells != 1 else ''} for the {columns} "
+                              f"columns: {why}")
+
+
 def _median_steps(steps: Sequence[float]) -> float:
     """The median of runs' steps, a run that missed the target counting as infinitely many (inf: most did)."""
     return float(statistics.median(s if math.isfinite(s) else math.inf for s in steps))
@@ -78,8 +101,9 @@ class RunsTarget(TargetModel):
         """The target from steps per batch size (several runs of one batch size: repeats).
 
         Raises:
-            RunsTargetError: a batch size that is not a positive integer, steps that are not positive, or
-                fewer than two batch sizes whose median run reached the target.
+            RunsTargetError: a batch size that is not a positive integer, steps that are not positive (``-inf``
+                included; ``nan`` and ``inf`` are runs that missed the target), or fewer than two batch sizes
+                whose median run reached the target.
         """
         from edgetune.predictors import fit_steps_to_target
 
@@ -87,8 +111,9 @@ class RunsTarget(TargetModel):
         for b, steps in runs.items():
             if int(b) != b or b <= 0:
                 raise RunsTargetError(f"{source}: batch size {b!r} is not a positive integer")
-            values = tuple(math.inf if not math.isfinite(float(s)) else float(s) for s in steps)
-            if any(s <= 0 for s in values):
+            given = tuple(float(s) for s in steps)
+            values = tuple(s if math.isfinite(s) else math.inf for s in given)
+            if any(s <= 0 for s in given):  # -inf too: not a run that missed the target (nan or inf)
                 raise RunsTargetError(f"{source}: batch size {b}: steps to target must be positive (leave a run "
                                       f"that never reached the target empty)")
             if values:
@@ -110,8 +135,9 @@ class RunsTarget(TargetModel):
         """The target from a runs file (module docs), keeping ``workload``'s rows where it names workloads.
 
         Raises:
-            RunsTargetError: see :meth:`from_runs`; also an unreadable file, a missing column, a bad value, or
-                no row of ``workload``.
+            RunsTargetError: see :meth:`from_runs`; also an unreadable file, a missing column, a bad value, a
+                line whose cells do not line up with the header, no row of ``workload``, or (``workload`` None)
+                rows of several workloads.
         """
         name = os.fspath(path)
         try:
@@ -129,20 +155,25 @@ class RunsTarget(TargetModel):
         runs: dict[int, list[float]] = {}
         seen: set[str] = set()
         targets: dict[tuple[str, str], int] = {}  # (metric, target) -> its first line
+        used = [c for c in (reader.fieldnames or []) if c in _USED_COLUMNS]
         for record in reader:
             line = lines[reader.line_num - 1][0]
+            _check_cells(record, used, len(reader.fieldnames or []), name, line)
             if by_workload:
                 seen.add(record["workload"] or "")
                 if workload is not None and record["workload"] != workload:
                     continue
             try:
-                b = int(record["batch_size"] or "")
+                b = float(record["batch_size"] or "")
                 text = (record["steps"] or "").strip()
                 steps = math.inf if text == "" else float(text)
             except ValueError:
                 raise RunsTargetError(f"{name}, line {line}: batch_size {record['batch_size']!r} or steps "
                                       f"{record['steps']!r} is not a number") from None
-            runs.setdefault(b, []).append(steps)
+            if not (math.isfinite(b) and b == int(b)):
+                raise RunsTargetError(f"{name}, line {line}: batch_size {record['batch_size']!r} is not a whole "
+                                      f"number")
+            runs.setdefault(int(b), []).append(steps)
             if by_target:
                 targets.setdefault((record["metric"] or "", (record["target"] or "").strip()), line)
         if len(targets) > 1:
@@ -153,6 +184,9 @@ class RunsTarget(TargetModel):
         if by_workload and workload is not None and not runs:
             raise RunsTargetError(f"{name}: no run of workload {workload!r} (it has {', '.join(sorted(seen))}); "
                                   f"add its runs, or leave the workload column out")
+        if by_workload and workload is None and len(seen) > 1:
+            raise RunsTargetError(f"{name}: runs of several workloads ({', '.join(sorted(seen))}); name the workload "
+                                  f"whose runs to keep (RunsTarget.from_csv(path, workload))")
         return cls.from_runs(runs, source=name)
 
     @functools.cached_property
