@@ -222,6 +222,22 @@ def test_table_errors_are_one_line_and_name_the_file(tmp_path):
         load_convergence(path)
 
 
+def test_a_line_with_a_cell_past_the_last_column_is_refused_not_read_shifted(tmp_path):
+    # 1,050 steps written without quotes: every cell after it moved one column on, and the run read as 1 step
+    path = tmp_path / "steps.csv"
+    save_convergence_rows(path, _rows())
+    text = path.read_text()
+    first = text.splitlines()[1]
+    cells = first.split(",")
+    cells[CONVERGENCE_COLUMNS.index("steps")] = "1,050"
+    path.write_text(text.replace(first, ",".join(cells), 1))
+    with pytest.raises(ConvergenceError, match="line 2 has 10 cells for the 9 columns") as info:
+        load_convergence(path)
+    assert "\n" not in str(info.value)
+    path.write_text(text.replace(first, first + ",", 1))  # a trailing comma: an empty cell, no value lost
+    assert load_convergence(path)["cnn"].steps(8) == 110.0
+
+
 def test_table_refuses_two_targets_for_one_workload(tmp_path):
     rows = _rows() + [ConvergenceRow("cnn", "accuracy", 0.8, 8, 0, 0.00625, 50.0, 5, 1.0)]
     path = tmp_path / "steps.csv"

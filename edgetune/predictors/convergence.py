@@ -356,6 +356,8 @@ def _fmt(value: object) -> str:
 
 
 def _read_rows(path: str | os.PathLike, cls: type) -> list:
+    """The rows of a table file as ``cls``; a line cut short, or with a cell past the last column (an unquoted
+    ``1,050`` moves every later cell one column on), is refused (:class:`ConvergenceError`), never read shifted."""
     types = {f.name: f.type for f in fields(cls)}
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:  # a BOM: a table saved by Excel
@@ -368,6 +370,12 @@ def _read_rows(path: str | os.PathLike, cls: type) -> list:
             rows = []
             for record in reader:
                 line = lines[reader.line_num - 1][0]  # the file's line number, comments counted
+                extra = record.get(None) or ()
+                if any(c.strip() for c in extra):  # an empty one: a trailing comma, no value lost
+                    columns = len(reader.fieldnames or [])
+                    raise ConvergenceError(f"{path}: line {line} has {columns + len(extra)} cells for the {columns} "
+                                           f"columns: a cell past the last one ({next(c for c in extra if c.strip())!r}"
+                                           f"; a number with a thousands separator? write 1000)")
                 try:
                     values = {k: _parse(types[k], record[k]) for k in types}
                 except ValueError as exc:
