@@ -257,3 +257,50 @@ def test_refit_spread_needs_the_cross_validation():
         assert model.refits_ == []
         a, b = model.predict(X[12:]), model.predict(X[12:], refit_spread=True)
         assert np.array_equal(a.step_time_std, b.step_time_std) and np.array_equal(a.power_std, b.power_std)
+
+
+SIX = [{"gpu_freq": f, "batch_size": b} for f in (3e8, 6e8) for b in (8, 16, 32)]
+SIX_T, SIX_P = [0.02, 0.03, 0.05, 0.011, 0.016, 0.027], [5.0, 5.5, 6.0, 8.0, 9.0, 10.0]
+
+
+@pytest.mark.parametrize("X, message", [
+    # a later row without its batch size raised a bare KeyError
+    ([{"gpu_freq": 3e8, "batch_size": 8}, {"gpu_freq": 6e8}], "row 1 of X has no 'batch_size'"),
+    ([{"gpu_freq": 3e8, "batch_size": 8}, [6e8, 16]], "row 1 of X is not a mapping"),
+    # which knob and row: a table's knob column may hold 0 (a fan level, a mode index)
+    ([{"fan_level": 1.0, "batch_size": 8}, {"fan_level": 0.0, "batch_size": 16}],
+     "row 1 of X: fan_level = 0; knob values and batch sizes must be positive finite numbers"),
+])
+def test_a_bad_row_is_named_with_a_value_error(X, message):
+    with pytest.raises(ValueError, match=message):
+        HardwareModel().fit(X, [0.01, 0.02], [5.0, 6.0])
+    model = HardwareModel(residual="none").fit([{k: 1.0 for k in X[0]}, {**{k: 2.0 for k in X[0]}, "batch_size": 16}],
+                                               [0.01, 0.02], [5.0, 6.0])
+    with pytest.raises(ValueError, match=message):
+        model.predict(X)
+
+
+@pytest.mark.parametrize("cv_folds", [1, -1, 2.5, True])
+def test_cv_folds_other_than_zero_or_two_or_more_are_refused(cv_folds):
+    # one fold "cross-validated" by a refit on no rows at all, and a negative count turned the floor off
+    # without a word: both gave a model that looked fitted as asked
+    with pytest.raises(ValueError, match="cv_folds must be 0 .no cross-validation. or a whole number >= 2"):
+        HardwareModel(cv_folds=cv_folds).fit(SIX, SIX_T, SIX_P)
+    assert HardwareModel(cv_folds=2).fit(SIX, SIX_T, SIX_P).cv_var_ != (0.0, 0.0)
+
+
+def test_a_target_of_another_shape_than_one_value_per_row_is_refused():
+    # a 2 x 3 array for six rows read row by row: whichever order the caller meant
+    with pytest.raises(ValueError, match="step_time_s must be one value per row of X, got shape .2, 3."):
+        HardwareModel().fit(SIX, np.array(SIX_T).reshape(2, 3), SIX_P)
+    column = HardwareModel().fit(SIX, np.array(SIX_T)[:, None], SIX_P)  # a column is one value per row
+    flat = HardwareModel().fit(SIX, SIX_T, SIX_P)
+    assert np.array_equal(column.predict(SIX).step_time_s, flat.predict(SIX).step_time_s)
+
+
+def test_within_std_needs_one_truth_per_prediction():
+    one = np.ones(4)
+    pred = Prediction(step_time_s=one, power_w=one, peak_power_w=one, step_time_std=0.1 * one, power_std=0.1 * one)
+    # a single truth was broadcast against every prediction: a share of something else
+    with pytest.raises(ValueError, match="1 step_time_s value.s. for 4 predictions"):
+        pred.within_std([1.0], one)

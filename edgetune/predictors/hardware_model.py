@@ -145,10 +145,15 @@ class Prediction:
     def within_std(self, step_time_s, power_w, n_std: float = 2.0) -> tuple[float, float]:
         """The shares of the true ``step_time_s`` and ``power_w`` (one per row) whose log error lies within
         ``n_std`` predicted relative std: about 95% at 2 std for a doubt that is honest."""
-        def share(truth, mean: np.ndarray, std: np.ndarray) -> float:
-            return float(np.mean(np.abs(np.log(np.asarray(truth, dtype=float) / mean)) <= n_std * std / mean))
+        def share(truth, mean: np.ndarray, std: np.ndarray, name: str) -> float:
+            truth = np.asarray(truth, dtype=float).ravel()
+            if truth.size != mean.size:  # one value would be broadcast against every prediction
+                raise ValueError(f"{truth.size} {name} value(s) for {mean.size} predictions; give one per row")
+            return float(np.mean(np.abs(np.log(truth / mean)) <= n_std * std / mean))
 
-        return share(step_time_s, self.step_time_s, self.step_time_std), share(power_w, self.power_w, self.power_std)
+        return (share(step_time_s, self.step_time_s, self.step_time_std, "step_time_s"),
+                share(power_w, self.power_w, self.power_std, "power_w"))
+
 
 
 # ------------------------------------------------------------------------------------------ input checks
@@ -166,6 +171,10 @@ def _as_matrix(X: Sequence[Mapping[str, float]], knobs: Sequence[str] | None = N
     names = sorted(k for k in first if k != BATCH) if knobs is None else list(knobs)
     rows = np.empty((len(X), len(names) + 1))
     for i, row in enumerate(X):
+        if not isinstance(row, Mapping):
+            raise ValueError(f"row {i} of X is not a mapping (knob -> value, plus 'batch_size')")  # noqa: TRY004
+        if BATCH not in row:
+            raise ValueError(f"row {i} of X has no 'batch_size' entry")
         keys = set(row) - {BATCH}
         if keys != set(names):
             raise ValueError(f"row {i} of X has knobs {sorted(keys)}; the model expects {names}")
@@ -174,13 +183,26 @@ def _as_matrix(X: Sequence[Mapping[str, float]], knobs: Sequence[str] | None = N
             rows[i, -1] = float(row[BATCH])
         except (TypeError, ValueError):
             raise ValueError(f"row {i} of X has a non-numeric value") from None
-    if not np.all(np.isfinite(rows)) or np.any(rows <= 0):
-        raise ValueError("knob values and batch sizes must be positive finite numbers")
+    bad = ~np.isfinite(rows) | (rows <= 0)
+    if np.any(bad):
+        i, j = (int(v[0]) for v in np.nonzero(bad))
+        raise ValueError(f"row {i} of X: {[*names, BATCH][j]} = {rows[i, j]:g}; knob values and batch sizes must be "
+                         f"positive finite numbers")
     return names, rows
 
 
+def _check_cv_folds(cv_folds: object) -> int:
+    """``cv_folds`` as an int: 0 (no cross-validation) or at least 2 (one fold would refit on no rows)."""
+    if isinstance(cv_folds, bool) or not isinstance(cv_folds, (int, np.integer)) or cv_folds == 1 or cv_folds < 0:
+        raise ValueError(f"cv_folds must be 0 (no cross-validation) or a whole number >= 2, got {cv_folds!r}")
+    return int(cv_folds)
+
+
 def _as_target(y: Sequence[float] | np.ndarray, n: int, name: str) -> np.ndarray:
-    a = np.asarray(y, dtype=float).ravel()
+    a = np.asarray(y, dtype=float)
+    if a.ndim > 2 or (a.ndim == 2 and a.shape[1] != 1):  # a column (n, 1) is one value per row
+        raise ValueError(f"{name} must be one value per row of X, got shape {a.shape}")
+    a = a.ravel()
     if a.size != n:
         raise ValueError(f"{name} has {a.size} values for {n} rows of X")
     if not np.all(np.isfinite(a)) or np.any(a <= 0):
@@ -218,7 +240,7 @@ class HardwareModel(BaseEstimator):
         residual: ``gp`` (a Gaussian process corrects the base and gives the uncertainty) or ``none``.
         random_state: seed of the GP optimiser.
         cv_folds: folds of the cross-validation whose error floors the residual GP's signal variance (module
-            docs, 4); 0: no floor. Needs more rows than folds.
+            docs, 4); 0: no floor; else at least 2 (``ValueError``). With no more rows than folds, no floor.
 
     Fitted attributes: ``base_kind_``, ``base_model_``, ``time_gp_`` and ``power_gp_`` (``residual="gp"``),
     ``cv_var_`` (the base's cross-validated mean squared log error, time and power, capped at
@@ -247,6 +269,7 @@ class HardwareModel(BaseEstimator):
             raise ValueError(f"base must be one of {', '.join(BASES)}, got {self.base!r}")
         if self.residual not in ("gp", "none"):
             raise ValueError(f"residual must be 'gp' or 'none', got {self.residual!r}")
+        cv_folds = _check_cv_folds(self.cv_folds)
         names, M = _as_matrix(X)
         n = M.shape[0]
         if n < 2:
@@ -295,13 +318,13 @@ class HardwareModel(BaseEstimator):
         rt, rp = np.log(t / bt), np.log(p / bp)
         self.cv_var_ = (0.0, 0.0)
         self.refits_ = []
-        if self.residual == "gp" and self.cv_folds and n > self.cv_folds:
+        if self.residual == "gp" and cv_folds and n > cv_folds:
             # how wrong the base is where it was not fitted: each fold predicted by a refit on the others
             # (the roofline started from the full fit; the power-cap base from its winning start, not its
             # optimum), as log ratios
             et, ep = np.zeros(n), np.zeros(n)
-            fold = np.arange(n) % self.cv_folds
-            for f in range(self.cv_folds):
+            fold = np.arange(n) % cv_folds
+            for f in range(cv_folds):
                 held = fold == f
                 refit = fit_base(np.flatnonzero(~held), self.base_model_)
                 self.refits_.append(refit)
