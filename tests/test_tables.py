@@ -140,6 +140,17 @@ def test_predict_eval_bad_table_exit_2(tmp_path, capsys):
     assert_exit_2(capsys, ["predict-eval", path, "--train-size", "3"], "missing value in column power_w")
 
 
+@pytest.mark.parametrize("value", ["0", "-100"])
+def test_predict_eval_on_a_knob_the_model_cannot_take_is_one_line(tmp_path, capsys, value):
+    # a table holds any finite knob value (a fan level 0, a clock offset -100 MHz); the hardware model takes
+    # positive ones only, and its ValueError went out as a traceback
+    rows = "\n".join(f"{k},{b},{0.01 * (2 + i) * b / 8:.4f},{5 + i + b / 16:.3f}"
+                      for i, k in enumerate((value, "1", "2")) for b in (8, 16, 32))
+    path = write(tmp_path, f"fan_level,batch_size,step_time_s,power_w\n{rows}\n")
+    assert_exit_2(capsys, ["predict-eval", path, "--train-size", "6"],
+                  f"line 2: fan_level = {value}; the hardware model takes positive knob values only")
+
+
 ZEUS_POWER = """dataset,network,batch_size,optimizer,power_limit,time_per_epoch,average_power
 toy,net,8,sgd,100,20.0,90
 toy,net,8,sgd,150,15.0,120

@@ -303,11 +303,24 @@ def _cmd_import_zeus(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_positive_knobs(table: Table) -> None:
+    """Raise :class:`TableError` at a knob value the hardware model cannot take: a table holds any finite one (a
+    fan level 0, a clock offset -100), the model's bases and scaling positive ones only."""
+    bad = np.argwhere(table.settings <= 0)
+    if bad.size:
+        i, j = (int(v) for v in bad[0])
+        where = f"row {i + 1}" if table.lines is None else f"line {table.lines[i]}"
+        raise TableError(f"{table.source}: {where}: {table.knobs[j]} = {table.settings[i, j]:g}; the hardware model "
+                         f"takes positive knob values only (clocks, core counts, limits): declare the column "
+                         f"'# edgetune: column {table.knobs[j]}=ignore' above the header, or drop it")
+
+
 def predict_eval(table: Table, train_size: int, seed: int) -> dict:
     """Fit the hardware model on ``train_size`` random rows; errors on the others (pure, no printing)."""
     from edgetune.predictors import HardwareModel
 
     check_train_size(table, train_size)
+    _check_positive_knobs(table)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(table))
     train, test = order[:train_size], order[train_size:]
@@ -333,6 +346,8 @@ def _cmd_predict_eval(args: argparse.Namespace) -> int:
         result = predict_eval(table, args.train_size, args.seed)
     except TableError as exc:
         raise UsageError(str(exc)) from None
+    except ValueError as exc:  # the hardware model's: what the table's own checks let through
+        raise UsageError(f"{args.table}: the hardware model cannot fit it: {exc}") from None
     model = result["model"]
     print(f"table: {args.table} ({len(table)} rows; knobs: {', '.join(table.knobs) or 'none'})")
     print(f"trained on {args.train_size} random rows (seed {args.seed}); base model: {model.base_kind_}; "
