@@ -166,6 +166,22 @@ def test_steps_to_target_is_mccandlish():
     assert t.steps(10_000) == pytest.approx(505)
 
 
+
+@pytest.mark.parametrize("s_min, b_noise, message", [
+    # S(b) = S_min (1 + B_noise / b) with B_noise < 0 is negative below |B_noise|: a negative time to target
+    # the search ranked first; a nan made every outcome nan
+    (1000.0, -50.0, "b_noise must be a number of samples >= 0"),
+    (1000.0, math.nan, "b_noise must be a number of samples >= 0"),
+    (1000.0, math.inf, "b_noise must be a number of samples >= 0"),
+    (0.0, 256.0, "s_min must be a positive number of steps"),
+    (math.nan, 256.0, "s_min must be a positive number of steps"),
+])
+def test_the_laws_parameters_are_checked_where_the_target_is_made(s_min, b_noise, message):
+    with pytest.raises(ValueError, match=message):
+        TargetModel(s_min, b_noise)
+    assert TargetModel(1000.0, 0.0).steps(8) == 1000.0  # no noise: the same steps at every batch size
+
+
 # ---------------------------------------------------------------------------------------------- one trial
 
 

@@ -31,6 +31,7 @@ number from your own run, or use ``"measure"`` to estimate it from gradient norm
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -92,6 +93,18 @@ class TargetModel:
     s_min: float = 1000.0
     b_noise: float = FALLBACK_B_NOISE
     b_noise_source: str = "config"
+
+    def __post_init__(self) -> None:
+        """The law's parameters checked (ValueError): a negative B_noise makes the steps negative below it, a
+        NaN every outcome NaN, and the search would rank them. Steps that are not the law's (:attr:`is_law`
+        False: a table's, the user's runs) carry their own."""
+        if not self.is_law:
+            return
+        if isinstance(self.s_min, bool) or not (isinstance(self.s_min, numbers.Real) and 0 < self.s_min < math.inf):
+            raise ValueError(f"s_min must be a positive number of steps, got {self.s_min!r}")
+        if isinstance(self.b_noise, bool) or not (isinstance(self.b_noise, numbers.Real)
+                                                  and 0 <= self.b_noise < math.inf):
+            raise ValueError(f"b_noise must be a number of samples >= 0, got {self.b_noise!r}")
 
     @classmethod
     def for_workload(cls, workload: object, s_min: float = 1000.0) -> TargetModel:
