@@ -104,3 +104,15 @@ def test_learning_rate_rules():
         scale_lr(0.1, 32, 128, "adascale")
     with pytest.raises(ValueError, match="unknown learning-rate rule"):
         scale_lr(0.1, 32, 128, "cubic")
+
+
+@pytest.mark.parametrize("old, new", [(math.nan, 32), (32, math.nan), (32, math.inf), (math.inf, 32)])
+def test_a_batch_size_that_is_not_a_positive_finite_number_is_refused_not_turned_into_a_nan_lr(old, new):
+    # nan passed the check (nan <= 0 is False): a nan (or inf) learning rate trained the model into nan
+    with pytest.raises(ValueError, match="batch sizes must be positive finite numbers"):
+        scale_lr(0.1, old, new)
+
+
+def test_an_infinite_batch_size_in_the_law_fit_is_refused_as_the_message_says():
+    with pytest.raises(ValueError, match="positive finite numbers"):
+        fit_steps_to_target([16, math.inf], [100.0, 50.0])

@@ -234,7 +234,7 @@ def fit_steps_to_target(batch_sizes: Sequence[float], steps: Sequence[float]) ->
         raise ValueError("need steps for at least 2 batch sizes, one value each")
     if np.unique(b).size < 2:
         raise ValueError("need at least 2 distinct batch sizes")
-    if not (np.all(np.isfinite(s)) and np.all(s > 0) and np.all(b > 0)):
+    if not (np.all(np.isfinite(s)) and np.all(s > 0) and np.all(np.isfinite(b)) and np.all(b > 0)):
         raise ValueError("steps and batch sizes must be positive finite numbers (leave out runs that never "
                          "reached the target)")
     A = np.column_stack([np.ones_like(b), 1.0 / b]) / s[:, None]
@@ -276,8 +276,8 @@ def scale_lr(lr: float, old_batch: float, new_batch: float, rule: str = "linear"
     """
     if rule not in LR_RULES:
         raise ValueError(f"unknown learning-rate rule {rule!r}; use one of {', '.join(LR_RULES)}")
-    if old_batch <= 0 or new_batch <= 0:
-        raise ValueError("batch sizes must be positive")
+    if not (0 < old_batch < math.inf and 0 < new_batch < math.inf):  # nan too: a nan rate trains into nan
+        raise ValueError(f"batch sizes must be positive finite numbers, got {old_batch!r} and {new_batch!r}")
     k = new_batch / old_batch
     if rule == "linear":
         return lr * k
