@@ -270,3 +270,9 @@ def test_runs_of_several_workloads_are_not_pooled_when_no_workload_is_named(tmp_
     assert RunsTarget.from_csv(tmp_path / "runs.csv", "cnn").medians == {16: 1000.0, 32: 600.0}
     one = _write(tmp_path / "one.csv", "workload,batch_size,steps\ncnn,16,1000\ncnn,32,600\n")
     assert RunsTarget.from_csv(one).medians == {16: 1000.0, 32: 600.0}  # one workload: nothing to choose
+
+
+def test_spaces_around_the_header_names_are_not_part_of_them(tmp_path):
+    # "batch_size, steps" (a space after the comma) was refused as missing the steps column it shows
+    t = RunsTarget.from_csv(_write(tmp_path / "runs.csv", "batch_size, steps\n16, 1000\n32, 600\n"))
+    assert t.medians == {16: 1000.0, 32: 600.0}

@@ -146,6 +146,8 @@ class RunsTarget(TargetModel):
         except OSError as exc:
             raise RunsTargetError(f"cannot read {name}: {exc.strerror or exc}") from None
         reader = csv.DictReader(text for _, text in lines)
+        if reader.fieldnames:  # "batch_size, steps": the space after a comma is no part of a name
+            reader.fieldnames = [c.strip() for c in reader.fieldnames]
         missing = [c for c in ("batch_size", "steps") if c not in (reader.fieldnames or [])]
         if missing:
             raise RunsTargetError(f"{name}: missing column(s) {', '.join(missing)}; a runs file has the columns "
