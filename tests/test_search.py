@@ -1041,10 +1041,13 @@ def test_batch_tie_names_another_batch_size_within_the_laws_precision(workload):
         if r.feasible and r.outcome is not None and result.certified(r):
             b = r.candidate.batch_size
             step[b] = min(step.get(b, math.inf), r.measurement["step_time_s"])
-    b1, b2 = sorted(step)[:2]
+    # two batch sizes some B_noise >= 0 ties: the larger slower per step (else it wins under every B_noise, the
+    # law's steps never rising with the batch) but faster per sample
+    b1, b2 = next((a, c) for a, c in zip(sorted(step), sorted(step)[1:]) if step[a] < step[c])
     t1, t2 = step[b1], step[b2]
     assert t1 / b1 > t2 / b2  # the larger batch takes less time per sample, so some B_noise ties the two
     tie_b_noise = (t2 - t1) / (t1 / b1 - t2 / b2)  # (1 + B/b1) t1 = (1 + B/b2) t2
+    assert tie_b_noise > 0
     seen, tie_at = set(), None
     for b_noise in (1.0, tie_b_noise * 0.99, tie_b_noise * 1.01, 1e4):
         res = under(b_noise)
