@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -249,6 +250,22 @@ def test_cli_a_table_whose_knob_holds_one_value_searches_and_writes_its_results(
     gap = json.loads((out / "best.json").read_text())["oracle_gap"]
     assert gap["chosen"] == gap["oracle"] and gap["oracle"]["setting"] == {"gpu_freq": 7e8}
     assert gap["table_rows"] == len(rows) and (out / "trials.csv").stat().st_size > 0
+
+
+def test_a_table_knob_the_hardware_model_cannot_take_is_said_once_not_searched_on_without_a_word(tmp_path, capsys):
+    """A fan level of 0 (a knob with no role, at 0) is no value the hardware model takes: every fit failed and
+    the guided search ran to --n-trials without a model, saying nothing. It still runs, and says why once."""
+    rows = [f"{g},{fan},{b},{0.12 * b / 8 * 700 / g:.4f},{7.0 + g / 700 + b / 32 + fan * 0.2:.2f}"
+            for g in (300, 500, 700) for fan in (0, 1) for b in (8, 16, 32)]
+    path = tmp_path / "fan.csv"
+    path.write_text("\n".join(["gpu_freq_mhz,fan_level,batch_size,step_time_s,power_w", *rows]) + "\n")
+    assert main(["search", "--device", f"trace:{path}", "--budget", "9.5", "--n-trials", "12", "--output",
+                 str(tmp_path / "o"), "--quiet", "--seed", "0"]) == 0
+    said = [ln for ln in capsys.readouterr().err.splitlines() if "could not fit its hardware model" in ln]
+    assert len(said) == 1 and re.fullmatch(
+        r"edgetune: the guided sampler could not fit its hardware model \(row \d+ of X: fan_level = 0; knob values "
+        r"and batch sizes must be positive finite numbers\); it proposes without one, space-filling, until a fit "
+        r"succeeds", said[0]), said
 
 
 def test_cli_a_table_without_knobs_searches_its_batch_sizes_and_says_so_plainly(tmp_path, capsys):

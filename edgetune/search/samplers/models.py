@@ -32,7 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from edgetune.log import get_logger
 from edgetune.search.samplers.grid import Grid
+
+_log = get_logger(__name__)
 
 __all__ = ["TRUSTED_GROUP_ROWS", "Fitted", "Measured", "ModelBank", "mixture"]
 
@@ -135,6 +138,7 @@ class ModelBank:
         self._prior_model: Any = None
         self._models: dict[Any, Any] = {}  # the last fit's hardware models by their training rows
         self._borrowed: dict[int, tuple[Any, Any, Any]] = {}  # per mode: (its rows, the main model, the Transfer)
+        self._failed_said = False  # a failed fit was warned of (once a search: the next ones name other rows)
 
     def fit(self, measured: Measured) -> Fitted | None:
         """Fitted models on ``measured`` (None before ``n_startup`` settings, or where a fit fails); the same
@@ -196,13 +200,23 @@ class ModelBank:
                     # some power mode has too few measurements for a model of its own: the pooled model
                     # covers it (only until every mode has its own; a fit costs about a second)
                     pooled = fit(list(range(len(idx))), grid.pooled_names)
-            except (ValueError, np.linalg.LinAlgError):
+            except (ValueError, np.linalg.LinAlgError) as exc:
+                self._say_failed(exc)
                 return None
         value = Fitted(measured, per_group, pooled, borrowed=self._borrow(measured, groups, per_group),
                        prior_fill=prior_fill, prior_groups=prior_groups)
         self.key, self.last = key, value
         self._models = kept
         return value
+
+    def _say_failed(self, exc: Exception) -> None:
+        """A warning, the first time, that the search goes on without a model: it then proposes as before its
+        first fit (space-filling), so a space the model cannot take (a table's knob at 0) is not searched on
+        without a word."""
+        if not self._failed_said:
+            self._failed_said = True
+            _log.warning("the guided sampler could not fit its hardware model (%s); it proposes without one, "
+                         "space-filling, until a fit succeeds", str(exc) or type(exc).__name__)
 
     def _borrow(self, measured: Measured, groups: np.ndarray, per_group: dict[int, Any]) -> dict[int, Any]:
         """Per power mode whose own model has fewer than :data:`TRUSTED_GROUP_ROWS` rows (its kin's,
