@@ -444,6 +444,23 @@ def test_bad_spec_is_one_line_workload_error(spec: str, message: str) -> None:
     assert "\n" not in str(info.value)
 
 
+def test_a_file_workload_imports_its_sibling_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `python my.py` puts my.py's folder on sys.path: a training script's `from model import Net` works there,
+    # and must work where edgetune loads the same file by path, from another directory
+    folder = tmp_path / "my project"
+    folder.mkdir()
+    (folder / "edgetune_sibling_net.py").write_text("import torch\nNet = lambda: torch.nn.Linear(8, 3)\n")
+    (folder / "train me.py").write_text(USER_MODULE.replace(
+        "import torch\n", "import torch\nfrom edgetune_sibling_net import Net\n", 1))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "edgetune_sibling_net", raising=False)
+    path_before = list(sys.path)
+    workload = load_workload("my project/train me.py:build", seed=3)
+    assert workload.name == "tiny-mlp" and "edgetune_sibling_net" in sys.modules
+    assert sys.path == path_before  # on sys.path only while loading, as the current directory is
+    sys.modules.pop("edgetune_sibling_net")
+
+
 def test_builtin_names_are_case_insensitive() -> None:
     assert load_workload("CNN").name == "cnn"
 

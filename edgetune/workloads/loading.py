@@ -1,7 +1,8 @@
 """Loading a workload from its spec: a built-in name, or ``module:function`` naming the user's own.
 
 ``module`` is a dotted module importable from the current directory, PYTHONPATH or site-packages, or a
-``path/to/file.py``. Every failure (an unknown name, a module that does not import, a missing function, a
+``path/to/file.py`` (the modules beside the file import while it loads, as under ``python path/to/file.py``).
+Every failure (an unknown name, a module that does not import, a missing function, a
 function that fails or returns no :class:`~edgetune.workloads.Workload`) is one :class:`WorkloadError` line.
 """
 
@@ -66,18 +67,21 @@ def _seeded(seed: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _cwd_on_path() -> Iterator[None]:
-    """Make modules in the current directory importable, as ``python -m`` does (console scripts don't)."""
-    cwd = os.getcwd()
-    added = cwd not in sys.path and "" not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
+def _cwd_on_path(module_name: str = "") -> Iterator[None]:
+    """Make modules in the current directory importable, as ``python -m`` does (console scripts don't), and,
+    for a ``path/to/file.py``, those beside the file, as ``python path/to/file.py`` does (its ``from model
+    import Net``)."""
+    folders = [os.getcwd()]
+    if module_name.endswith(".py"):
+        folders.insert(0, os.path.dirname(os.path.abspath(module_name)))
+    added = [f for f in dict.fromkeys(folders) if f not in sys.path and not (f == os.getcwd() and "" in sys.path)]
+    sys.path[:0] = added
     try:
         yield
     finally:
-        if added:
+        for folder in added:
             with contextlib.suppress(ValueError):
-                sys.path.remove(cwd)
+                sys.path.remove(folder)
 
 
 def _import(module_name: str, spec: str) -> Any:
@@ -105,7 +109,7 @@ def _load_user_workload(spec: str, seed: int) -> Workload:
     module_name, _, func_name = spec.rpartition(":")
     if not module_name or not func_name or not func_name.isidentifier():
         raise WorkloadError(f"workload spec {spec!r} is not module:function (e.g. my_package.models:build)")
-    with _cwd_on_path():
+    with _cwd_on_path(module_name):
         module = _import(module_name, spec)
         func = getattr(module, func_name, None)
         if func is None:
