@@ -461,6 +461,72 @@ def test_a_file_workload_imports_its_sibling_modules(tmp_path: Path, monkeypatch
     sys.modules.pop("edgetune_sibling_net")
 
 
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def test_a_batch_that_ignores_the_batch_size_is_refused_not_measured() -> None:
+    # make_batch returning 32 samples whatever it is asked for: the cost of 32 samples divided by 4 was taken
+    # for one sample's, 8x too many FLOPs and activation bytes, and the twin timed every batch size from it
+    def fixed(batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(32, 1, 28, 28, generator=generator), torch.randint(0, 10, (32,), generator=generator)
+
+    with pytest.raises(WorkloadError) as info:
+        Workload.from_model("fixed", _mlp(), fixed)
+    assert ("make_batch(4) and make_batch(8) return tensors of shapes (32, 1, 28, 28), (32,) and (32, 1, 28, 28), "
+            "(32,), none of whose sizes follows the batch size") in str(info.value)
+    assert "return batch_size samples" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_batch_short_of_the_batch_size_fails_the_step_that_asks_for_it() -> None:
+    # slicing a fixed tensor of 100 samples: right up to 100, then 100 samples where 128 are asked for, a
+    # step the twin timed as 128 samples'
+    data, labels = torch.randn(100, 1, 28, 28), torch.randint(0, 10, (100,))
+
+    def sliced(batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return data[:batch_size], labels[:batch_size]
+
+    workload = Workload.from_model("sliced", _mlp(), sliced)
+    assert workload.cost.flops_per_sample == 3 * 2 * (784 * 64 + 64 * 10) - 2 * 784 * 64
+    assert math.isfinite(workload.train_step(100))
+    with pytest.raises(WorkloadError, match=r"make_batch\(128\) of workload 'sliced' returned tensors of shapes "
+                                            r"\(100, 1, 28, 28\), \(100,\): none holds the 128 samples asked for"):
+        workload.train_step(128)
+    bounded = Workload.from_model("sliced", _mlp(), sliced, max_batch_size=100)
+    with pytest.raises(WorkloadError, match="larger than the data"):
+        bounded.train_step(128)
+
+
+def test_batches_whose_axes_follow_the_batch_size_are_measured_per_sample() -> None:
+    # two views per sample (contrastive pairs), token ids padded to a length that varies, a dict of inputs
+    def pairs(batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.randn(2 * batch_size, 1, 28, 28, generator=generator),
+                torch.randint(0, 10, (2 * batch_size,), generator=generator))
+
+    one = Workload.from_model("one", _mlp(), lambda b, g: (torch.randn(b, 1, 28, 28, generator=g),
+                                                           torch.randint(0, 10, (b,), generator=g)))
+    two = Workload.from_model("two", _mlp(), pairs)
+    assert two.cost.flops_per_sample == pytest.approx(2 * one.cost.flops_per_sample)
+    assert math.isfinite(two.train_step(16))
+
+    class Tokens(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.head = nn.Embedding(50, 8), nn.Linear(8, 50)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.head(self.embed(input_ids) * attention_mask.unsqueeze(-1))
+
+    def padded(batch_size: int, generator: torch.Generator) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        length = int(torch.randint(3, 9, (1,), generator=generator))
+        ids = torch.randint(0, 50, (batch_size, length), generator=generator)
+        return {"input_ids": ids, "attention_mask": torch.ones(batch_size, length)}, ids
+
+    tokens = Workload.from_model("tokens", Tokens(), padded,
+                                 loss_fn=lambda out, ids: nn.functional.cross_entropy(out.flatten(0, 1), ids.flatten()))
+    assert math.isfinite(tokens.train_step(5))
+
+
 def test_builtin_names_are_case_insensitive() -> None:
     assert load_workload("CNN").name == "cnn"
 

@@ -37,7 +37,9 @@ and run ``edgetune run --workload my_workload:build ...`` (a path works too: ``.
 For your own data, any map-style ``torch.utils.data.Dataset`` of ``(inputs, target)`` samples,
 ``Workload.from_dataset(name, model, dataset, ...)`` draws each batch's samples at random and collates
 them; the search's batch sizes stop at the dataset's size.
-``make_batch(batch_size, generator)`` returns ``(inputs, targets)``; draw all its randomness from
+``make_batch(batch_size, generator)`` returns ``(inputs, targets)`` of ``batch_size`` samples (a batch none
+of whose tensors follows the batch size is refused: its cost per sample would be another batch's); draw all
+its randomness from
 ``generator`` so that the same seed gives the same batches. The loss is ``loss_fn(model(inputs), targets)``
 (cross-entropy unless you pass ``loss_fn=``); a tuple of inputs is unpacked into the model's arguments, a
 dict (a tokenizer's output) into its keyword arguments.

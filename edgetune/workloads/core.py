@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from edgetune.power.base import WorkloadCost
 from edgetune.power.knobs import BatchSizeError, check_batch_size
-from edgetune.workloads.cost import _COST_BATCH_SIZE, apply_model, measure_cost
+from edgetune.workloads.cost import _COST_BATCH_SIZE, _COST_SEED_OFFSET, _tensors, apply_model, measure_cost
 
 __all__ = ["DEFAULT_BATCH_SIZE", "Batch", "BatchSource", "LossFn", "OptimizerSpec", "Workload", "WorkloadError"]
 
@@ -34,6 +34,9 @@ DEFAULT_BATCH_SIZE = 32
 # most small models without tuning (torch's own examples use 0.01 with momentum 0.9).
 _DEFAULT_SGD_LR = 0.01
 _DEFAULT_SGD_MOMENTUM = 0.9
+# The two batches that show which of a batch's axes follows the batch size come from generators seeded with
+# the workload's seed plus this offset (and one more), apart from the workload's stream and the cost's batch.
+_SHAPE_SEED_OFFSET = _COST_SEED_OFFSET + 1
 
 
 class WorkloadError(ValueError):
@@ -103,13 +106,40 @@ class Workload:
                                     f"larger than its data ({self.max_batch_size} samples); give a smaller one")
         self._generator = torch.Generator().manual_seed(self.seed)
         cost_batch = min(_COST_BATCH_SIZE, self.max_batch_size or _COST_BATCH_SIZE)
+        self._rows_per_sample: float | None = None  # the batch axis' length per sample (None: not known)
         try:
+            self._rows_per_sample = self._batch_axis(cost_batch)
             self.cost = measure_cost(self, cost_batch)
         except WorkloadError:
             raise
         except Exception as exc:
             raise WorkloadError(f"workload {self.name!r}: one training step on a batch of {cost_batch} "
                                 f"failed: {_one_line(exc)}") from exc
+
+    def _batch_axis(self, batch_size: int) -> float | None:
+        """The length of the batch axis per sample: that of a tensor of the batch that ``batch_source`` makes
+        ``batch_size`` samples long and twice as long at twice the size (or half at half, where the data holds
+        fewer). One of its batch's tensors must follow the batch size, or every per-sample cost is measured on
+        a batch of another size; None where this cannot be told (a single sample, batches without tensors)."""
+        other = 2 * batch_size if self.max_batch_size is None or 2 * batch_size <= self.max_batch_size \
+            else batch_size // 2
+        if other < 1 or other == batch_size:
+            return None
+        shapes = []
+        for size, offset in ((batch_size, _SHAPE_SEED_OFFSET), (other, _SHAPE_SEED_OFFSET + 1)):
+            inputs, targets = self.batch_source(size, torch.Generator().manual_seed(self.seed + offset))
+            shapes.append([tuple(t.shape) for t in _tensors((inputs, targets))])
+        if not shapes[0] or len(shapes[0]) != len(shapes[1]):
+            return None
+        for one, two in zip(*shapes):
+            for n, m in zip(one, two):
+                if len(one) == len(two) and n > 0 and n * other == m * batch_size:
+                    return n / batch_size
+        raise WorkloadError(
+            f"workload {self.name!r}: make_batch({batch_size}) and make_batch({other}) return tensors of shapes "
+            f"{_shapes(shapes[0])} and {_shapes(shapes[1])}, none of whose sizes follows the batch size, so the "
+            f"cost per sample would be measured on a batch of another size; return batch_size samples "
+            f"(make_batch's first argument)")
 
     @classmethod
     def from_model(
@@ -130,8 +160,10 @@ class Workload:
         Args:
             name: what reports call it.
             model: the network.
-            make_batch: ``make_batch(batch_size, generator) -> (inputs, targets)``, drawing its randomness
-                from ``generator``.
+            make_batch: ``make_batch(batch_size, generator) -> (inputs, targets)`` of ``batch_size`` samples,
+                drawing its randomness from ``generator``. One of its tensors must have an axis that follows the
+                batch size (checked at two sizes, and at every batch drawn), or the cost per sample would be
+                measured on a batch of another size: a :class:`WorkloadError` says so.
             loss_fn: ``loss_fn(model(inputs), targets)``; cross-entropy by default.
             optimizer: an optimizer over ``model.parameters()``, or a function of the parameters that
                 builds one; SGD with momentum 0.9 and lr 0.01 by default.
@@ -224,6 +256,13 @@ class Workload:
             raise WorkloadError(f"batch size {batch_size} is larger than the data of workload {self.name!r} "
                                 f"({self.max_batch_size} samples); choose at most {self.max_batch_size}")
         inputs, targets = self.batch_source(batch_size, self._generator if generator is None else generator)
+        rows = None if self._rows_per_sample is None else self._rows_per_sample * batch_size
+        found = _tensors((inputs, targets))
+        if rows is not None and found and not any(rows in t.shape for t in found):
+            raise WorkloadError(f"make_batch({batch_size}) of workload {self.name!r} returned tensors of shapes "
+                                f"{_shapes([tuple(t.shape) for t in found])}: none holds the {batch_size} samples "
+                                f"asked for; return batch_size samples, or, where your data holds fewer, give "
+                                f"Workload.from_model the most it holds as max_batch_size=")
         device = self.device
         if device.type != "cpu":
             inputs, targets = _to(inputs, device), _to(targets, device)
@@ -267,6 +306,10 @@ def _check_batch_size(batch_size: Any, what: str) -> int:
         return check_batch_size(batch_size, what)
     except BatchSizeError as exc:
         raise WorkloadError(str(exc)) from None
+
+
+def _shapes(shapes: list[tuple[int, ...]]) -> str:
+    return ", ".join(str(shape) for shape in shapes)
 
 
 def _to(x: Any, device: torch.device) -> Any:

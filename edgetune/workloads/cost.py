@@ -35,16 +35,16 @@ _COST_SEED_OFFSET = 0x5EED
 
 
 def _tensors(batch: Any) -> list[Tensor]:
-    """The tensors in a batch (nested tuples, lists and dicts)."""
+    """The tensors in a batch (nested tuples, lists and dicts), in order."""
     found, stack = [], [batch]
     while stack:
         x = stack.pop()
         if isinstance(x, Tensor):
             found.append(x)
         elif isinstance(x, (list, tuple)):
-            stack.extend(x)
+            stack.extend(reversed(x))
         elif isinstance(x, Mapping):
-            stack.extend(x.values())
+            stack.extend(reversed(list(x.values())))
     return found
 
 
