@@ -489,7 +489,7 @@ class Config:
     output: str = _key("edgetune-out", _text(), f"output folder: best.json, trials.csv, {STUDY_DB}, plots; each "
                        "study in its own subfolder <device>-<workload>-<objective>-<budget>, except with --output",
                        flag=Flag("--output", short="-o"))
-    seed: int = _key(0, _integer(0, MAX_SEED), "seed of the sampler, the workload's synthetic data and the twin",
+    seed: int = _key(0, _integer(0, MAX_SEED), "seed of the sampler, the workload's weights, data and torch's generators as it trains, and the twin",
                      flag=Flag("--seed", _flag_int, group=SEARCH))
     budget: BudgetSection = field(default_factory=BudgetSection, metadata={_SECTION: True})
     space: SpaceSection = field(default_factory=SpaceSection, metadata={_SECTION: True})

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from edgetune.cli import main
 
@@ -198,3 +199,31 @@ def test_library_log_records_reach_stderr_as_edgetune_lines(tmp_path, monkeypatc
                  "--warmup", "0", "--json"]) == 0
     assert "edgetune: built the user's workload" in capsys.readouterr().err.splitlines()
     assert (list(root.handlers), root.level, root.propagate) == before  # main leaves logging as it found it
+
+
+DROPOUT_WORKLOAD = """
+import torch
+from torch import nn
+from edgetune.workloads import Workload
+
+def build(seed=0):
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Dropout(0.5), nn.Linear(64, 4))
+    def make_batch(batch_size, generator):
+        return torch.randn(batch_size, 16, generator=generator), torch.randint(0, 4, (batch_size,), generator=generator)
+    return Workload.from_model("dropout-mlp", model, make_batch, default_batch_size=8, seed=seed)
+"""
+
+
+def test_a_seed_repeats_a_models_dropout_masks_and_so_its_losses(tmp_path, capsys):
+    # dropout draws its masks from torch's global generator, which the runs left as the process found it
+    # (seeded at random in each process): one seed, two runs, two losses
+    path = tmp_path / "dropout.py"
+    path.write_text(DROPOUT_WORKLOAD)
+    argv = ["run", "--device", "sim:orin-nano", "--workload", f"{path}:build", "--steps", "3", "--warmup", "2",
+            "--seed", "4", "--json"]
+    losses = []
+    for _ in range(2):
+        torch.rand(7)  # whatever the process drew before
+        assert main(argv) == 0
+        losses.append(json.loads(capsys.readouterr().out)["loss"])
+    assert losses[0] == losses[1]

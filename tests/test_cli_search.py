@@ -17,10 +17,12 @@ from pathlib import Path
 
 import optuna
 import pytest
+import torch
 from fakes.terminal import edgetune_argv
 from optuna.trial import TrialState
 
 from edgetune.cli import main
+from tests.test_cli_run import DROPOUT_WORKLOAD
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -522,3 +524,19 @@ def test_a_baseline_out_of_memory_names_the_batch_it_tried(tmp_path, capsys):
     assert main(["search", *args, "-o", str(tmp_path / "o")]) == 0
     baseline = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("baseline"))
     assert "none (its batch size 16384 out of memory)" in baseline
+
+
+def test_one_seed_measures_a_dropout_models_b_noise_alike(tmp_path, capsys):
+    # the B_noise warm-ups train a model whose dropout masks come from torch's global generator: unseeded,
+    # two searches of one --seed measured two B_noise values, and could pick two batch sizes
+    path = tmp_path / "dropout.py"
+    path.write_text(DROPOUT_WORKLOAD)
+    measured = []
+    for run in range(2):
+        torch.rand(7)  # whatever the process drew before
+        out = tmp_path / f"out{run}"
+        assert main(["search", "--device", "sim:orin-nano", "--workload", f"{path}:build", "--budget", "8",
+                     "--n-trials", "2", "--soak-s", "0", "--b-noise-warmups", "2", "--output", str(out)]) == 0
+        measured.append(json.loads((out / "best.json").read_text())["target_model"]["b_noise"])
+    capsys.readouterr()
+    assert measured[0] == measured[1]

@@ -118,6 +118,16 @@ def resolve_setting(device: Device, assignments: list[tuple[str, str]]) -> dict:
     return setting
 
 
+def seed_training(seed: int) -> None:
+    """Seed torch's generators (the CPU's and every GPU's) with the run's seed before its first training step:
+    what a model draws from them as it trains (dropout's masks, a random augmentation in ``forward``) is then
+    the same in every run of one ``--seed``. torch seeds them at random in each process, and a workload's own
+    generator feeds only its batches."""
+    import torch
+
+    torch.manual_seed(seed)
+
+
 def place_workload(workload: Workload, requested: str, device: Device, source: str = "--torch-device") -> Placement:
     """Move ``workload`` to where it trains (:func:`edgetune.workloads.placement.place`) and return the
     :class:`~edgetune.workloads.placement.Placement`; a bad choice is one :class:`UsageError` line naming
@@ -159,7 +169,8 @@ def register(subparsers) -> None:
                         "times every step from the workload's cost, so the figures do not change; the warm-up "
                         "steps always run); default all")
     p.add_argument("--seed", type=seed_int, default=SCHEMA["seed"].default,
-                   help=f"seed for the workload and the simulated twin (default {SCHEMA['seed'].default})")
+                   help=f"seed for the workload (its weights, its data and torch's generators as it trains, dropout's "
+                        f"masks among them) and the simulated twin (default {SCHEMA['seed'].default})")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     p.set_defaults(func=run)
 
@@ -175,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
         workload = load_workload(args.workload, seed=args.seed)
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
+    seed_training(args.seed)
     batch_size = args.batch_size or workload.default_batch_size
     device = open_device(args.device, seed=args.seed)
     try:

@@ -181,7 +181,7 @@ def _search(args: argparse.Namespace, opened: list) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # edgetune prints its own progress and summary
-    from edgetune.cli.run import place_workload
+    from edgetune.cli.run import place_workload, seed_training
     from edgetune.power import open_device
     from edgetune.search.oracle import lowest_row_power_w, prepare_trace
     from edgetune.search.records import Role
@@ -193,6 +193,7 @@ def _search(args: argparse.Namespace, opened: list) -> int:
         workload = load_workload(cfg.workload, seed=cfg.seed)
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
+    seed_training(cfg.seed)
     device = open_device(cfg.device, seed=cfg.seed, known_convergence=cfg.efficiency.known_convergence)
     try:
         chosen_by = cfg.sources.get("torch_device", "--torch-device")
