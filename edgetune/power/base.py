@@ -36,8 +36,6 @@ _log = get_logger(__name__)
 
 #: Relative tolerance within which a number matches a table value (float rounding of parsed text, 918e6).
 _VALUE_MATCH_REL = 1e-9
-#: Copies of the parameters a training step holds: the weights and their gradients.
-_PARAM_COPIES = 2
 
 __all__ = [
     "CPU_COMPUTE",
@@ -536,6 +534,10 @@ class WorkloadCost:
         activation_bytes_per_sample: bytes of activations saved for backward, per sample.
         input_bytes_per_sample: bytes of one input sample as loaded from the data pipeline.
         optimizer_state_bytes: bytes of optimizer state (e.g. Adam's two moments).
+        fixed_bytes: bytes a step holds beside the weights and the optimizer state whatever its batch: the
+            gradients of the parameters it trains (none of a frozen backbone's) and the copies of weights that
+            mixed precision makes for backward (autocast's bfloat16 weights). None: a gradient of every
+            parameter, ``param_bytes``.
     """
 
     flops_per_sample: float
@@ -543,10 +545,13 @@ class WorkloadCost:
     activation_bytes_per_sample: float
     input_bytes_per_sample: float = 0.0
     optimizer_state_bytes: float = 0.0
+    fixed_bytes: float | None = None
 
     def memory_bytes(self, batch_size: int) -> float:
-        """Device memory one step needs at ``batch_size``: weights, grads, optimizer state, activations."""
-        return _PARAM_COPIES * self.param_bytes + self.optimizer_state_bytes + batch_size * (
+        """Device memory one step needs at ``batch_size``: weights, gradients (and weight copies: ``fixed_bytes``),
+        optimizer state, activations and inputs."""
+        fixed = self.param_bytes if self.fixed_bytes is None else self.fixed_bytes
+        return self.param_bytes + fixed + self.optimizer_state_bytes + batch_size * (
             self.activation_bytes_per_sample + self.input_bytes_per_sample
         )
 

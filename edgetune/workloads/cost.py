@@ -70,6 +70,15 @@ def _conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padd
 
 _FLOP_FORMULAS = {torch.ops.aten.convolution_backward: _conv_backward_flops}
 
+# Elements along each axis of the corner of a frozen weight compared with a saved tensor before the whole
+# weight is: two unrelated tensors differ in it (random weights), and it costs nothing beside the full compare.
+_CORNER = 8
+# The autograd nodes that copy, cast or view one tensor: a saved tensor reached from a parameter through these
+# alone (autocast's cached bfloat16 weight, its transpose) is a copy of the weight, whatever the batch.
+_COPY_NODES = frozenset({"ToCopyBackward0", "TBackward0", "TransposeBackward0", "PermuteBackward0", "ViewBackward0",
+                         "UnsafeViewBackward0", "ReshapeAliasBackward0", "ExpandBackward0", "CloneBackward0",
+                         "AliasBackward0"})
+
 
 class _Saved:
     """A tensor autograd saved for backward, as :class:`CostMeter` hands it over: while autograd holds it, its
@@ -82,6 +91,14 @@ class _Saved:
 
     def __del__(self) -> None:
         self._meter._release(self._key)
+
+
+def _same(weight: Tensor, copy: Tensor) -> bool:
+    """Whether ``copy`` is ``weight`` cast to its dtype: a corner first, so that a frozen model's many weights of
+    one size are not each compared in full with every copy."""
+    corner = (slice(0, _CORNER),) * weight.dim()
+    return (torch.equal(weight[corner].to(copy.dtype), copy[corner])
+            and torch.equal(weight.to(copy.dtype), copy))
 
 
 def _unpack(saved: Tensor | _Saved) -> Tensor:
@@ -99,7 +116,9 @@ class CostMeter:
       (matrix products, convolutions, attention kernels; elementwise work is not counted);
     * the tensors autograd saves for backward (:func:`torch.autograd.graph.saved_tensors_hooks`), each
       storage once, leaving out the model's parameters and every tensor passed to :meth:`exclude`: the
-      activation memory is the most they held at once, the step's peak. A step of several forward and
+      activation memory is the most they held at once, the step's peak. Copies of parameters among them
+      (mixed precision: autocast's bfloat16 weights, cast again at every use where the weight is frozen)
+      do not grow with the batch: they count once, with the gradients, in ``fixed_bytes``. A step of several forward and
       backward passes (LBFGS's closure, gradient accumulation) frees each pass's tensors in its backward,
       so it peaks at one pass, not at their sum; the tensors ``torch.utils.checkpoint`` recomputes in
       backward are its own and not counted (the peak is then the segments' inputs).
@@ -112,6 +131,12 @@ class CostMeter:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self._excluded = {_storage_key(p) for p in model.parameters()}
+        self._param_ids = {id(p) for p in model.parameters()}
+        self._frozen: dict[int, list[Tensor]] = {}  # numel -> frozen parameters: their copies have no history
+        for p in model.parameters():
+            if not p.requires_grad:
+                self._frozen.setdefault(p.numel(), []).append(p)
+        self._copies: dict[tuple[int, int], int] = {}  # storage -> bytes of the parameter copies saved
         self._holders: dict[tuple[int, int], int] = {}  # storage -> saved tensors autograd holds on it
         self._live_bytes = 0
         self._peak_bytes = 0
@@ -149,9 +174,30 @@ class CostMeter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _is_param_copy(self, t: Tensor) -> bool:
+        """Whether ``t`` is a copy of one of the model's parameters (a cast, a transpose): autocast's weights."""
+        fn = t.grad_fn
+        if fn is None:  # a frozen weight's cast has no history: compare it with the frozen weights of its size
+            if t.requires_grad or not t.is_floating_point() or t.dim() > 2:
+                return False
+            for p in self._frozen.get(t.numel(), ()):
+                views = (p, p.t()) if p.dim() == 2 else (p,)  # a square weight may be saved either way round
+                if p.dtype != t.dtype and any(v.shape == t.shape and _same(v, t) for v in views):
+                    return True
+            return False
+        while type(fn).__name__ in _COPY_NODES:
+            sources = [f for f, _ in fn.next_functions if f is not None]
+            if len(sources) != 1:
+                return False
+            fn = sources[0]
+        return type(fn).__name__ == "AccumulateGrad" and id(fn.variable) in self._param_ids
+
     def _pack(self, t: Tensor) -> Tensor | _Saved:
         key = _storage_key(t)
         if key in self._excluded:
+            return t
+        if key in self._copies or self._is_param_copy(t):
+            self._copies[key] = key[1]
             return t
         with self._lock:
             held = self._holders.get(key, 0)
@@ -200,12 +246,17 @@ class CostMeter:
                 for value in state.values():
                     if isinstance(value, Tensor) and _storage_key(value) not in param_storages:
                         state_storages[_storage_key(value)] = value.numel() * value.element_size()
+        param_bytes = float(sum(p.numel() * p.element_size() for p in params))
+        # gradients of the parameters that train, and the copies of weights saved for backward
+        fixed = float(sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+                      + sum(self._copies.values()))
         return WorkloadCost(
             flops_per_sample=self._flops.get_total_flops() / batch_size,
-            param_bytes=float(sum(p.numel() * p.element_size() for p in params)),
+            param_bytes=param_bytes,
             activation_bytes_per_sample=self._peak_bytes / (pass_batch_size or batch_size),
             input_bytes_per_sample=input_bytes / batch_size,
             optimizer_state_bytes=float(sum(state_storages.values())),
+            fixed_bytes=None if fixed == param_bytes else fixed,  # None: a gradient of every parameter
         )
 
 
@@ -243,6 +294,8 @@ def measure_cost(workload: Workload, batch_size: int = _COST_BATCH_SIZE) -> Work
       :func:`torch.autograd.graph.saved_tensors_hooks`), each storage once, parameters and the batch itself
       excluded, divided by the batch.
     * ``param_bytes``: sum of parameter sizes.
+    * ``fixed_bytes``: the gradients of the parameters that require one, plus the copies of weights saved for
+      backward (autocast's); None where that is ``param_bytes`` (every parameter trains, no copies).
     * ``optimizer_state_bytes``: bytes of the state the optimizer holds after one step (SGD momentum:
       one buffer per parameter; Adam: two).
     * ``input_bytes_per_sample``: bytes of one sample's inputs and targets.
