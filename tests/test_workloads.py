@@ -517,6 +517,10 @@ def _mlp() -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
+def _images(batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(batch_size, 1, 28, 28, generator=generator), torch.randint(0, 10, (batch_size,), generator=generator)
+
+
 def test_a_batch_that_ignores_the_batch_size_is_refused_not_measured() -> None:
     # make_batch returning 32 samples whatever it is asked for: the cost of 32 samples divided by 4 was taken
     # for one sample's, 8x too many FLOPs and activation bytes, and the twin timed every batch size from it
@@ -577,6 +581,15 @@ def test_batches_whose_axes_follow_the_batch_size_are_measured_per_sample() -> N
     tokens = Workload.from_model("tokens", Tokens(), padded,
                                  loss_fn=lambda out, ids: nn.functional.cross_entropy(out.flatten(0, 1), ids.flatten()))
     assert math.isfinite(tokens.train_step(5))
+
+
+def test_an_optimizer_over_another_models_parameters_is_refused() -> None:
+    # built over a second instance of the net: the steps ran, the loss never fell, the optimizer's state (and
+    # so the memory) was measured as none
+    with pytest.raises(WorkloadError) as info:
+        Workload.from_model("other", _mlp(), _images, optimizer=torch.optim.Adam(_mlp().parameters()))
+    assert "the optimizer updates none of the model's parameters" in str(info.value)
+    assert "model.parameters()" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_builtin_names_are_case_insensitive() -> None:

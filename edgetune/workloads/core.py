@@ -92,6 +92,11 @@ class Workload:
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             raise WorkloadError(f"workload {self.name!r}: optimizer must be a torch.optim.Optimizer, "
                                 f"got {type(self.optimizer).__name__}")
+        own = {id(p) for p in self.model.parameters()}
+        if own and not any(id(p) in own for group in self.optimizer.param_groups for p in group["params"]):
+            raise WorkloadError(f"workload {self.name!r}: the optimizer updates none of the model's parameters (built "
+                                f"over another model's?); build it over model.parameters(), or pass optimizer= a "
+                                f"function of the parameters, such as lambda params: torch.optim.Adam(params)")
         self.default_batch_size = _check_batch_size(self.default_batch_size, "default_batch_size")
         if self.b_noise is not None:
             if isinstance(self.b_noise, bool) or not isinstance(self.b_noise, (int, float)) \
@@ -165,8 +170,9 @@ class Workload:
                 batch size (checked at two sizes, and at every batch drawn), or the cost per sample would be
                 measured on a batch of another size: a :class:`WorkloadError` says so.
             loss_fn: ``loss_fn(model(inputs), targets)``; cross-entropy by default.
-            optimizer: an optimizer over ``model.parameters()``, or a function of the parameters that
-                builds one; SGD with momentum 0.9 and lr 0.01 by default.
+            optimizer: an optimizer over ``model.parameters()`` (one over none of them, another model's, is
+                refused), or a function of the parameters that builds one; SGD with momentum 0.9 and lr 0.01
+                by default.
             default_batch_size: the batch size you would train with without edgetune.
             seed: seeds the batch stream.
             b_noise: the workload's measured gradient noise scale in samples, if known.
