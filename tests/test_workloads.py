@@ -386,6 +386,14 @@ def build(seed=0):
 def build_without_seed():
     return build()
 
+def build_forgets_the_seed(seed=0):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    return Workload.from_model("tiny-mlp", model, make_batch, default_batch_size=16)
+
+def build_pins_the_seed(seed=0):
+    model = torch.nn.Linear(8, 3)
+    return Workload.from_model("pinned", model, make_batch, seed=42)
+
 def build_tuple():
     model = torch.nn.Linear(8, 3)
     return model, make_batch, torch.nn.functional.cross_entropy
@@ -436,6 +444,18 @@ def test_user_workload_from_a_module_on_sys_path(user_module: str) -> None:
     again = load_workload(f"{user_module}:build_without_seed", seed=5)  # seeded globally while it runs
     assert all(torch.equal(p, q) for p, q in zip(again.model.parameters(), load_workload(
         f"{user_module}:build_without_seed", seed=5).model.parameters()))
+
+
+def test_a_builder_that_does_not_pass_the_seed_on_still_draws_the_runs_batches(user_module: str) -> None:
+    # the module docstring's own example leaves seed= out of from_model: every --seed drew the same batches,
+    # and the B_noise warm-ups said to run on fresh batches ran on one stream
+    one, two, again = (load_workload(f"{user_module}:build_forgets_the_seed", seed=s) for s in (1, 2, 1))
+    assert (one.seed, two.seed) == (1, 2)
+    assert not torch.equal(one.make_batch(4)[0], two.make_batch(4)[0])
+    assert torch.equal(again.make_batch(4)[0], load_workload(f"{user_module}:build_forgets_the_seed",
+                                                             seed=1).make_batch(4)[0])
+    assert load_workload(f"{user_module}:build_pins_the_seed", seed=3).seed == 42  # a seed given is kept
+    assert Workload.from_model("outside", nn.Linear(8, 3), sys.modules[user_module].make_batch).seed == 0
 
 
 @pytest.mark.parametrize(

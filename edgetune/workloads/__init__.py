@@ -44,7 +44,8 @@ its randomness from
 (cross-entropy unless you pass ``loss_fn=``); a tuple of inputs is unpacked into the model's arguments, a
 dict (a tokenizer's output) into its keyword arguments.
 If ``build`` takes a ``seed`` argument it receives the run's seed; either way torch's global generator is
-seeded with it while ``build`` runs, so the initial weights are reproducible. ``edgetune run`` and ``search``
+seeded with it while ``build`` runs, so the initial weights are reproducible, and ``from_model`` seeds the
+batches with it unless given ``seed=``. ``edgetune run`` and ``search``
 seed torch's generators with it again before training, so what the model draws as it trains (dropout's masks)
 is the same in every run of one ``--seed``. ``examples/my_workload.py``
 is a complete example.

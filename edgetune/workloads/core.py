@@ -7,6 +7,7 @@ forward/backward/optimizer step. Build a workload with :meth:`Workload.from_mode
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ DEFAULT_BATCH_SIZE = 32
 # most small models without tuning (torch's own examples use 0.01 with momentum 0.9).
 _DEFAULT_SGD_LR = 0.01
 _DEFAULT_SGD_MOMENTUM = 0.9
+# The seed of the run whose workload is being built (load_workload sets it while the builder runs): the seed of
+# a workload built without one, so that a builder which leaves seed= out still draws each run's own batches.
+RUN_SEED: contextvars.ContextVar[int] = contextvars.ContextVar("edgetune_run_seed", default=0)
 # The two batches that show which of a batch's axes follows the batch size come from generators seeded with
 # the workload's seed plus this offset (and one more), apart from the workload's stream and the cost's batch.
 _SHAPE_SEED_OFFSET = _COST_SEED_OFFSET + 1
@@ -156,7 +160,7 @@ class Workload:
         loss_fn: LossFn = F.cross_entropy,
         optimizer: OptimizerSpec = None,
         default_batch_size: int = DEFAULT_BATCH_SIZE,
-        seed: int = 0,
+        seed: int | None = None,
         b_noise: float | None = None,
         max_batch_size: int | None = None,
     ) -> Workload:
@@ -174,7 +178,8 @@ class Workload:
                 refused), or a function of the parameters that builds one; SGD with momentum 0.9 and lr 0.01
                 by default.
             default_batch_size: the batch size you would train with without edgetune.
-            seed: seeds the batch stream.
+            seed: seeds the batch stream; by default the seed :func:`~edgetune.workloads.load_workload` builds
+                with (the run's ``--seed``; 0 outside it), so that a builder need not pass it on.
             b_noise: the workload's measured gradient noise scale in samples, if known.
             max_batch_size: the largest batch ``make_batch`` can give (your data's size), if it has one.
         """
@@ -182,6 +187,7 @@ class Workload:
             optimizer = torch.optim.SGD(model.parameters(), lr=_DEFAULT_SGD_LR, momentum=_DEFAULT_SGD_MOMENTUM)
         elif not isinstance(optimizer, torch.optim.Optimizer) and callable(optimizer):
             optimizer = optimizer(model.parameters())
+        seed = RUN_SEED.get() if seed is None else seed
         return cls(name, model, make_batch, loss_fn, optimizer, default_batch_size=default_batch_size, seed=seed,
                    b_noise=b_noise, max_batch_size=max_batch_size)
 
@@ -196,7 +202,7 @@ class Workload:
         loss_fn: LossFn = F.cross_entropy,
         optimizer: OptimizerSpec = None,
         default_batch_size: int = DEFAULT_BATCH_SIZE,
-        seed: int = 0,
+        seed: int | None = None,
         b_noise: float | None = None,
     ) -> Workload:
         """The workload of ``model`` trained on your own data: batches of distinct samples of ``dataset``.

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from edgetune.log import get_logger
-from edgetune.workloads.core import Workload, WorkloadError, _one_line
+from edgetune.workloads.core import RUN_SEED, Workload, WorkloadError, _one_line
 from edgetune.workloads.models import _BUILDERS, BUILTIN_WORKLOADS
 
 __all__ = ["load_workload"]
@@ -60,10 +60,15 @@ def load_workload(spec: str, *, seed: int = 0) -> Workload:
 
 @contextlib.contextmanager
 def _seeded(seed: int) -> Iterator[None]:
-    """Seed torch's global generator for model initialisation without disturbing the caller's stream."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
+    """Seed torch's global generator for model initialisation without disturbing the caller's stream, and make
+    ``seed`` the default of the workloads built meanwhile (:data:`~edgetune.workloads.core.RUN_SEED`)."""
+    token = RUN_SEED.set(seed)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            yield
+    finally:
+        RUN_SEED.reset(token)
 
 
 @contextlib.contextmanager
