@@ -612,6 +612,60 @@ def test_an_optimizer_over_another_models_parameters_is_refused() -> None:
     assert "model.parameters()" in str(info.value) and "\n" not in str(info.value)
 
 
+class _ModelOutput:
+    """What a Hugging Face model returns: an object with the loss it computed and the logits."""
+
+    def __init__(self, loss: torch.Tensor, logits: torch.Tensor) -> None:
+        self.loss, self.logits = loss, logits
+
+
+class _ComputesItsLoss(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _mlp()
+
+    def forward(self, pixels: torch.Tensor, labels: torch.Tensor) -> _ModelOutput:
+        logits = self.net(pixels)
+        return _ModelOutput(nn.functional.cross_entropy(logits, labels), logits)
+
+
+def _pixels_and_labels(batch_size: int, generator: torch.Generator) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    pixels, labels = _images(batch_size, generator)
+    return {"pixels": pixels, "labels": labels}, labels
+
+
+def _no_grad_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return nn.functional.cross_entropy(outputs, targets)
+
+
+@pytest.mark.parametrize(
+    ("model", "batches", "loss_fn", "message"),
+    [
+        (_mlp, _images, lambda out, y: nn.functional.cross_entropy(out, y, reduction="none"),
+         "loss_fn returned a tensor of shape (4,), not one number: reduce it (.mean() or .sum())"),
+        (_mlp, _images, lambda out, y: nn.functional.cross_entropy(out, y).item(),
+         "loss_fn returned a float, not the loss tensor: return the tensor (not loss.item())"),
+        (_mlp, _images, _no_grad_loss, "the loss has no gradient"),
+        (_ComputesItsLoss, _pixels_and_labels, None,
+         "the model returns a _ModelOutput, which the default loss (cross-entropy) cannot take; pass loss_fn="),
+    ],
+)
+def test_a_loss_that_cannot_train_is_refused_with_the_fix(model, batches, loss_fn, message: str) -> None:
+    with pytest.raises(WorkloadError) as info:
+        Workload.from_model("bad-loss", model(), batches, **({} if loss_fn is None else {"loss_fn": loss_fn}))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_losses_that_train_are_taken_as_they_are() -> None:
+    # a 1-element loss, a summed loss, a model that computes its own loss (Hugging Face: out.loss)
+    for loss_fn in (lambda out, y: nn.functional.cross_entropy(out, y).reshape(1),
+                    lambda out, y: nn.functional.cross_entropy(out, y, reduction="sum")):
+        assert math.isfinite(Workload.from_model("ok", _mlp(), _images, loss_fn=loss_fn).train_step(8))
+    hf = Workload.from_model("hf", _ComputesItsLoss(), _pixels_and_labels, loss_fn=lambda out, _: out.loss)
+    assert hf.cost.flops_per_sample == Workload.from_model("plain", _mlp(), _images).cost.flops_per_sample
+
+
 def test_builtin_names_are_case_insensitive() -> None:
     assert load_workload("CNN").name == "cnn"
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 from edgetune.log import get_logger
@@ -279,6 +280,26 @@ def apply_model(model: nn.Module, inputs: Any) -> Any:
     return model(inputs)
 
 
+def _loss_error(workload: Workload, problem: str) -> Exception:
+    from edgetune.workloads.core import WorkloadError  # core imports this module
+
+    return WorkloadError(f"workload {workload.name!r}: {problem}")
+
+
+def _check_loss(workload: Workload, loss: Any) -> None:
+    """A loss that ``backward`` can train from, or a :class:`WorkloadError` naming the fix."""
+    if not isinstance(loss, Tensor):
+        raise _loss_error(workload, f"loss_fn returned a {type(loss).__name__}, not the loss tensor: return the "
+                                    f"tensor (not loss.item()) so that backward can follow it")
+    if loss.numel() != 1:
+        raise _loss_error(workload, f"loss_fn returned a tensor of shape {tuple(loss.shape)}, not one number: "
+                                    f"reduce it (.mean() or .sum())")
+    if not loss.requires_grad:
+        raise _loss_error(workload, "the loss has no gradient: it is computed under torch.no_grad() or from "
+                                    "detached outputs (.detach(), .item(), .numpy()), or no parameter requires "
+                                    "a gradient; compute it from the model's outputs with gradients on")
+
+
 def measure_cost(workload: Workload, batch_size: int = _COST_BATCH_SIZE) -> WorkloadCost:
     """Measure what one training step of ``workload`` asks of the hardware, from the real model.
 
@@ -309,7 +330,14 @@ def measure_cost(workload: Workload, batch_size: int = _COST_BATCH_SIZE) -> Work
     model.train()
     optimizer.zero_grad(set_to_none=True)
     with torch.random.fork_rng(devices=[]), meter:
-        loss = workload.loss_fn(apply_model(model, inputs), targets)
+        outputs = apply_model(model, inputs)
+        if not isinstance(outputs, Tensor) and workload.loss_fn is F.cross_entropy:
+            raise _loss_error(workload, f"the model returns a {type(outputs).__name__}, which the default loss "
+                                        f"(cross-entropy) cannot take; pass loss_fn=(outputs, targets) -> loss, "
+                                        f"such as lambda out, _: out.loss for a model that computes its loss "
+                                        f"(Hugging Face) or lambda out, y: F.cross_entropy(out[0], y) for a tuple")
+        loss = workload.loss_fn(outputs, targets)
+        _check_loss(workload, loss)
         loss.backward()
     optimizer.step()
     cost = meter.finish(batch_size, optimizer, input_bytes)
