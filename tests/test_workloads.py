@@ -666,6 +666,38 @@ def test_losses_that_train_are_taken_as_they_are() -> None:
     assert hf.cost.flops_per_sample == Workload.from_model("plain", _mlp(), _images).cost.flops_per_sample
 
 
+def test_a_training_script_that_parses_its_command_line_at_import_loads_with_its_defaults(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # argparse at module level read edgetune's own command line: the script's usage and "unrecognized arguments:
+    # run --device ...", exit 2, and no word of edgetune's
+    (tmp_path / "train.py").write_text(USER_MODULE.replace("calls = []\n", (
+        "import argparse\n"
+        "parser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--hidden', type=int, default=16)\n"
+        "args = parser.parse_args()\n"
+        "calls = []\n"), 1))
+    monkeypatch.setattr(sys, "argv", ["edgetune", "run", "--device", "sim:orin-nano", "--workload", "train.py:build"])
+    workload = load_workload(f"{tmp_path / 'train.py'}:build")
+    assert workload.name == "tiny-mlp"
+    assert sys.argv[1:3] == ["run", "--device"]  # put back
+
+
+def test_a_builder_that_exits_or_needs_arguments_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "builders.py").write_text(USER_MODULE + (
+        "def build_exits(seed=0):\n"
+        "    import sys\n"
+        "    sys.exit('no GPU found')\n"
+        "def build_wide(width, seed=0):\n"
+        "    return build(seed)\n"))
+    with pytest.raises(WorkloadError) as info:
+        load_workload(f"{tmp_path / 'builders.py'}:build_exits")
+    assert "exited (SystemExit: no GPU found)" in str(info.value)
+    with pytest.raises(WorkloadError) as info:
+        load_workload(f"{tmp_path / 'builders.py'}:build_wide")
+    assert "build_wide' needs width, which edgetune cannot give (it passes seed= only): give it a default" \
+        in str(info.value)
+
+
 def test_builtin_names_are_case_insensitive() -> None:
     assert load_workload("CNN").name == "cnn"
 

@@ -1,7 +1,8 @@
 """Loading a workload from its spec: a built-in name, or ``module:function`` naming the user's own.
 
 ``module`` is a dotted module importable from the current directory, PYTHONPATH or site-packages, or a
-``path/to/file.py`` (the modules beside the file import while it loads, as under ``python path/to/file.py``).
+``path/to/file.py`` (the modules beside the file import while it loads, as under ``python path/to/file.py``,
+and ``sys.argv`` holds no arguments, so a script that parses its command line at import takes its defaults).
 Every failure (an unknown name, a module that does not import, a missing function, a
 function that fails or returns no :class:`~edgetune.workloads.Workload`) is one :class:`WorkloadError` line.
 """
@@ -38,7 +39,8 @@ def load_workload(spec: str, *, seed: int = 0) -> Workload:
 
     Raises:
         WorkloadError: one line: an unknown name (with the nearest built-in), a module that does not import
-            (with the import error), a missing function, a function that fails or returns no Workload.
+            (with the import error) or exits as it does, a missing function, a function that needs arguments
+            other than ``seed``, fails, exits or returns no Workload.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise WorkloadError(f"workload spec must be a name or module:function, got {spec!r}; "
@@ -69,6 +71,19 @@ def _seeded(seed: int) -> Iterator[None]:
             yield
     finally:
         RUN_SEED.reset(token)
+
+
+@contextlib.contextmanager
+def _own_argv(module_name: str) -> Iterator[None]:
+    """``sys.argv`` as ``python path/to/file.py`` gives it, with no arguments, while the user's module loads and
+    builds: a training script that parses its command line at import (argparse) takes its defaults rather than
+    edgetune's flags."""
+    argv = sys.argv
+    sys.argv = [module_name]
+    try:
+        yield
+    finally:
+        sys.argv = argv
 
 
 @contextlib.contextmanager
@@ -108,13 +123,16 @@ def _import(module_name: str, spec: str) -> Any:
         return importlib.import_module(module_name)
     except Exception as exc:
         raise WorkloadError(f"cannot import {module_name!r} for workload {spec!r}: {_one_line(exc)}") from exc
+    except SystemExit as exc:
+        raise WorkloadError(f"importing {module_name!r} for workload {spec!r} exited ({_exit(exc)}): it runs code "
+                            f"at import; put that under if __name__ == '__main__':") from exc
 
 
 def _load_user_workload(spec: str, seed: int) -> Workload:
     module_name, _, func_name = spec.rpartition(":")
     if not module_name or not func_name or not func_name.isidentifier():
         raise WorkloadError(f"workload spec {spec!r} is not module:function (e.g. my_package.models:build)")
-    with _cwd_on_path(module_name):
+    with _cwd_on_path(module_name), _own_argv(module_name):
         module = _import(module_name, spec)
         func = getattr(module, func_name, None)
         if func is None:
@@ -127,6 +145,10 @@ def _load_user_workload(spec: str, seed: int) -> Workload:
         if not callable(func):
             raise WorkloadError(f"{spec!r} names a {type(func).__name__}, not a function returning a Workload")
         kwargs = {"seed": seed} if _accepts_seed(func) else {}
+        needed = _required(func) - set(kwargs)
+        if needed:
+            raise WorkloadError(f"{spec!r} needs {', '.join(sorted(needed))}, which edgetune cannot give (it passes "
+                                f"seed= only): give it a default, or name a function that calls it with yours")
         try:
             with _seeded(seed):
                 result = func(**kwargs)
@@ -134,10 +156,26 @@ def _load_user_workload(spec: str, seed: int) -> Workload:
             raise WorkloadError(f"workload {spec!r}: {exc}") from exc
         except Exception as exc:
             raise WorkloadError(f"workload function {spec!r} failed: {_one_line(exc)}") from exc
+        except SystemExit as exc:
+            raise WorkloadError(f"workload function {spec!r} exited ({_exit(exc)}); return a Workload, or raise "
+                                f"an exception that says what is wrong") from exc
     if not isinstance(result, Workload):
         raise WorkloadError(f"{spec!r} returned {type(result).__name__}, not a Workload; build one with "
                             f"edgetune.workloads.Workload.from_model(name, model, make_batch, ...)")
     return result
+
+
+def _exit(exc: SystemExit) -> str:
+    return f"SystemExit: {' '.join(str(exc.code).split())}" if exc.code is not None else "SystemExit"
+
+
+def _required(func: Callable[..., Any]) -> set[str]:
+    """The parameters of ``func`` without a default (none where its signature cannot be read)."""
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    return {p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
 def _accepts_seed(func: Callable[..., Any]) -> bool:
