@@ -185,6 +185,21 @@ def test_a_frozen_backbone_holds_no_gradients() -> None:
     assert full.memory_bytes(0) == 2 * full.param_bytes + full.optimizer_state_bytes
     assert frozen.flops_per_sample == 2 * (64 * 512 + 512 * 512) + 3 * 2 * 512 * 10 - 2 * 512 * 10  # no backbone backward
 
+    class NoGradBackbone(nn.Module):  # frozen by running the backbone under torch.no_grad() in forward
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = model()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                features = self.net[:4](x)
+            return self.net[4](features)
+
+    no_grad = Workload.from_model("no-grad", NoGradBackbone(), _vectors).cost
+    assert no_grad.flops_per_sample == frozen.flops_per_sample
+    assert no_grad.optimizer_state_bytes == head_bytes  # SGD keeps momentum where a gradient came
+    assert no_grad.memory_bytes(0) == frozen.memory_bytes(0)  # and holds gradients only there
+
 
 class _Autocast(nn.Module):
     """An MLP whose forward runs under CPU autocast in bfloat16 (mixed precision), the middle layer frozen or not."""

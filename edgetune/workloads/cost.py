@@ -248,9 +248,10 @@ class CostMeter:
                     if isinstance(value, Tensor) and _storage_key(value) not in param_storages:
                         state_storages[_storage_key(value)] = value.numel() * value.element_size()
         param_bytes = float(sum(p.numel() * p.element_size() for p in params))
-        # gradients of the parameters that train, and the copies of weights saved for backward
-        fixed = float(sum(p.numel() * p.element_size() for p in params if p.requires_grad)
-                      + sum(self._copies.values()))
+        # gradients of the parameters that train (those the step gave one; where none holds one, the step set
+        # them to None after its update, those that require one), and the copies of weights saved for backward
+        trained = [p for p in params if p.grad is not None] or [p for p in params if p.requires_grad]
+        fixed = float(sum(p.numel() * p.element_size() for p in trained) + sum(self._copies.values()))
         return WorkloadCost(
             flops_per_sample=self._flops.get_total_flops() / batch_size,
             param_bytes=param_bytes,
@@ -315,7 +316,7 @@ def measure_cost(workload: Workload, batch_size: int = _COST_BATCH_SIZE) -> Work
       :func:`torch.autograd.graph.saved_tensors_hooks`), each storage once, parameters and the batch itself
       excluded, divided by the batch.
     * ``param_bytes``: sum of parameter sizes.
-    * ``fixed_bytes``: the gradients of the parameters that require one, plus the copies of weights saved for
+    * ``fixed_bytes``: the gradients of the parameters the step gave one, plus the copies of weights saved for
       backward (autocast's); None where that is ``param_bytes`` (every parameter trains, no copies).
     * ``optimizer_state_bytes``: bytes of the state the optimizer holds after one step (SGD momentum:
       one buffer per parameter; Adam: two).
