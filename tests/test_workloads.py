@@ -517,7 +517,9 @@ def test_module_that_fails_to_import_is_one_line(tmp_path: Path, monkeypatch: py
         ("resnet50", ("unknown workload 'resnet50'; built-in workloads: cnn, mobilenet, chartransformer; "
                      "or give module:function")),
         ("", "workload spec must be a name or module:function"),
-        ("edgetune_no_such_module:build", "ModuleNotFoundError: No module named 'edgetune_no_such_module'"),
+        ("edgetune_no_such_module:build", ("ModuleNotFoundError: No module named 'edgetune_no_such_module'; run "
+                                           "edgetune from the folder that holds it, add that folder to PYTHONPATH, "
+                                           "or give path/to/file.py:function")),
         ("missing_file.py:build", "FileNotFoundError: no such file 'missing_file.py'"),
         (":build", "is not module:function"),
         ("examples.my_workload:", "is not module:function"),

@@ -122,7 +122,11 @@ def _import(module_name: str, spec: str) -> Any:
             return module
         return importlib.import_module(module_name)
     except Exception as exc:
-        raise WorkloadError(f"cannot import {module_name!r} for workload {spec!r}: {_one_line(exc)}") from exc
+        # the spec's own module (or a package above it) not found, rather than one of its imports
+        own = isinstance(exc, ModuleNotFoundError) and (exc.name or "") in _packages(module_name)
+        hint = ("; run edgetune from the folder that holds it, add that folder to PYTHONPATH, or give "
+                "path/to/file.py:function") if own else ""
+        raise WorkloadError(f"cannot import {module_name!r} for workload {spec!r}: {_one_line(exc)}{hint}") from exc
     except SystemExit as exc:
         raise WorkloadError(f"importing {module_name!r} for workload {spec!r} exited ({_exit(exc)}): it runs code "
                             f"at import; put that under if __name__ == '__main__':") from exc
@@ -163,6 +167,12 @@ def _load_user_workload(spec: str, seed: int) -> Workload:
         raise WorkloadError(f"{spec!r} returned {type(result).__name__}, not a Workload; build one with "
                             f"edgetune.workloads.Workload.from_model(name, model, make_batch, ...)")
     return result
+
+
+def _packages(module_name: str) -> set[str]:
+    """``a.b.c`` and the packages above it: ``a``, ``a.b``, ``a.b.c``."""
+    parts = module_name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
 
 
 def _exit(exc: SystemExit) -> str:
