@@ -715,6 +715,26 @@ def test_a_builder_that_exits_or_needs_arguments_is_one_line(tmp_path: Path) -> 
         in str(info.value)
 
 
+def test_a_tensor_the_batch_holds_twice_is_one_input() -> None:
+    # a causal LM as Hugging Face trains it: the token ids are the inputs, the labels and the targets, one
+    # tensor: counted three times, the twin loaded and moved 3x the bytes the batch holds
+    class LM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.head = nn.Embedding(100, 32), nn.Linear(32, 100)
+
+        def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> _ModelOutput:
+            logits = self.head(self.embed(input_ids))
+            return _ModelOutput(nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()), logits)
+
+    def ids(batch_size: int, generator: torch.Generator) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        tokens = torch.randint(0, 100, (batch_size, 128), generator=generator)
+        return {"input_ids": tokens, "labels": tokens}, tokens
+
+    workload = Workload.from_model("lm", LM(), ids, loss_fn=lambda out, _: out.loss)
+    assert workload.cost.input_bytes_per_sample == 128 * 8
+
+
 def test_builtin_names_are_case_insensitive() -> None:
     assert load_workload("CNN").name == "cnn"
 

@@ -219,11 +219,14 @@ class CostMeter:
 
     def exclude(self, batch: Any) -> float:
         """Count ``batch``'s tensors (nested tuples, lists, dicts) as the step's input, not as activations;
-        returns their bytes."""
-        total = 0.0
+        returns their bytes, a tensor the batch holds twice (token ids as inputs, labels and targets) once."""
+        total, seen = 0.0, set()
         for t in _tensors(batch):
             self._excluded.add(_storage_key(t))
-            total += t.numel() * t.element_size()
+            same = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+            if same not in seen:
+                seen.add(same)
+                total += t.numel() * t.element_size()
         return total
 
     def finish(self, batch_size: int, optimizer: torch.optim.Optimizer | None, input_bytes: float, *,
