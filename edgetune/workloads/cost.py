@@ -74,11 +74,11 @@ _FLOP_FORMULAS = {torch.ops.aten.convolution_backward: _conv_backward_flops}
 # Elements along each axis of the corner of a frozen weight compared with a saved tensor before the whole
 # weight is: two unrelated tensors differ in it (random weights), and it costs nothing beside the full compare.
 _CORNER = 8
-# The autograd nodes that copy, cast or view one tensor: a saved tensor reached from a parameter through these
-# alone (autocast's cached bfloat16 weight, its transpose) is a copy of the weight, whatever the batch.
+# The autograd nodes that copy, cast or view one tensor whole: a saved tensor reached from a parameter through
+# these alone (autocast's cached bfloat16 weight, its transpose) is a copy of the weight, whatever the batch.
+# Not expand: a class token expanded to the batch grows with it.
 _COPY_NODES = frozenset({"ToCopyBackward0", "TBackward0", "TransposeBackward0", "PermuteBackward0", "ViewBackward0",
-                         "UnsafeViewBackward0", "ReshapeAliasBackward0", "ExpandBackward0", "CloneBackward0",
-                         "AliasBackward0"})
+                         "UnsafeViewBackward0", "ReshapeAliasBackward0", "CloneBackward0", "AliasBackward0"})
 
 
 class _Saved:
