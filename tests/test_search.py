@@ -1249,9 +1249,10 @@ def test_cli_b_noise_never_positive_in_the_warmups_is_one_line_exit_2(tmp_path, 
             "--b-noise", "measure", "--b-noise-warmups", "3", "-o", str(tmp_path / "o")]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
+    # what runs before the first trial is said, then the error in one line
+    assert len(err) == 2 and err[0].startswith("B_noise: measuring it from gradient norms: 3 warm-up(s)"), err
     assert ('not positive in enough of 3 warm-ups of 20 steps (not positive, not positive, not positive); '
-            "set efficiency.b_noise to a number of samples, or measure more warm-ups") in err[0]
+            "set efficiency.b_noise to a number of samples, or measure more warm-ups") in err[1]
     assert not (tmp_path / "o").exists()  # nothing written
 
 

@@ -507,6 +507,9 @@ def _measured_target(section: EfficiencySection, workload, spec: str, seed: int,
     n = section.b_noise_warmups
     copies = (load_workload(spec, seed=seed + i).to(workload.device) for i in range(1, n))
     key = f"efficiency.b_noise = \"{MEASURE}\""
+    # said before it runs: real training steps, minutes on an edge CPU for a large model, before any trial
+    print(f"B_noise: measuring it from gradient norms: {n} warm-up(s) of {B_NOISE_STEPS} training steps of "
+          f"{workload.name} at batch size {workload.default_batch_size}", file=sys.stderr)
     try:
         measured = measure_b_noise_warmups(itertools.chain([workload], copies), workload.default_batch_size,
                                            steps=B_NOISE_STEPS)
