@@ -139,6 +139,18 @@ def test_bad_input_is_one_line_exit_2(argv, message, capsys):
     assert err.count("\n") == 0 and message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv, help_of", [(["run", "--stepz", "5"], "edgetune run"),
+                                           (["devices", "--bogus"], "edgetune devices"),
+                                           (["--bogus"], "edgetune")])
+def test_an_argument_no_command_takes_points_at_the_commands_own_help(argv, help_of, capsys):
+    """`edgetune run --stepz 5` said to see `edgetune --help`, which lists the commands, not run's flags."""
+    with pytest.raises(SystemExit) as exc_info:
+        main(argv)
+    assert exc_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"edgetune: error: unrecognized arguments: {' '.join(argv[1:] or argv)} (see `{help_of} --help`)"
+
+
 def test_out_of_memory_batch_is_reported_not_raised(capsys):
     code = main(["run", "--device", "sim:orin-nano", "--workload", "cnn", "--batch-size", "400000",
                  "--steps", "1", "--warmup", "0"])

@@ -27,6 +27,8 @@ SUBCOMMAND_MODULES = (
 )
 
 EXIT_USAGE = 2  # bad input a user can fix (argparse's own code for usage errors)
+#: the parsed arguments' name -> parser of each command, so an argument no command takes is named by its own
+COMMAND_PARSERS = "_command_parsers"
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports a command the signal ended
 #: what a command prints from a simulated device (the twin, trace replay) starts with, so no figure is taken
 #: for a measurement
@@ -66,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(subparsers)
+    parser.set_defaults(**{COMMAND_PARSERS: dict(subparsers.choices)})
     return parser
 
 
@@ -73,7 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from edgetune.power.base import DeviceError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the command's own parser: its --help lists what it takes, not the top level's
+        command = getattr(args, COMMAND_PARSERS, {}).get(getattr(args, "command", None), parser)
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
