@@ -262,6 +262,8 @@ def test_monitor_of_a_simulated_device_says_simulation_on_screen_and_in_the_csv(
      "--csv /nonexistent/x.csv: cannot write the samples there (no such file or directory)"),
     (["monitor", "--device", "sim:orin-nano", "--duration", "0.1", "--csv", "."],
      "--csv .: cannot write the samples there (is a folder)"),
+    (["monitor", "--device", "sim:orin-nano", "--duration", "0.1", "--force"],
+     "--force overwrites the --csv file, and no --csv is given; add --csv FILE, or drop --force"),
 ])
 def test_monitor_bad_input_is_one_line_exit_2(tmp_path, monkeypatch, capsys, args, message):
     (tmp_path / "empty").mkdir()

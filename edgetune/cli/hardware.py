@@ -224,6 +224,8 @@ def cmd_monitor(args: argparse.Namespace) -> int:
         raise UsageError(f"--rate {args.rate:g} is out of range; use a rate between 0 and {MAX_RATE_HZ:g} Hz")
     if args.duration is not None and not args.duration > 0:
         raise UsageError(f"--duration {args.duration:g} must be positive seconds")
+    if args.force and not args.csv:
+        raise UsageError("--force overwrites the --csv file, and no --csv is given; add --csv FILE, or drop --force")
     device = registry.open_device(args.device)
     try:
         return _monitor(device, args)
