@@ -26,6 +26,7 @@ import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +46,7 @@ __all__ = [
     "geometric_schedule",
     "load_b_noise",
     "load_convergence",
+    "misaligned_cells",
     "predict_from_warmup",
     "read_b_noise_rows",
     "read_comment",
@@ -355,6 +357,22 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
+def misaligned_cells(record: Mapping[Any, Any], used: Sequence[str], columns: int) -> str | None:
+    """Why a :class:`csv.DictReader` record of a header of ``columns`` columns does not line up with it, as
+    ``has N cells for the M columns: ...``, or None: a cell past the last column (an unquoted ``1,000`` moves
+    every later cell one column on and reads as 1) or a line cut short before a column of ``used`` (its value
+    would read as missing). An empty cell past the last column (a trailing comma) is no value and passes."""
+    extra = [c for c in record.get(None) or () if c.strip()]
+    short = [c for c in used if record.get(c) is None]
+    if not extra and not short:
+        return None
+    cells = columns + len(record.get(None) or ()) if extra else sum(v is not None for k, v in record.items()
+                                                                     if k is not None)
+    why = (f"a cell past the last column ({extra[0]!r}: a number with a thousands separator? write 1000)"
+           if extra else f"no {short[0]} cell (a value left empty keeps its comma)")
+    return f"has {cells} cell{'s' if cells != 1 else ''} for the {columns} columns: {why}"
+
+
 def _read_rows(path: str | os.PathLike, cls: type) -> list:
     """The rows of a table file as ``cls``; a line cut short, or with a cell past the last column (an unquoted
     ``1,050`` moves every later cell one column on), is refused (:class:`ConvergenceError`), never read shifted."""
@@ -370,12 +388,9 @@ def _read_rows(path: str | os.PathLike, cls: type) -> list:
             rows = []
             for record in reader:
                 line = lines[reader.line_num - 1][0]  # the file's line number, comments counted
-                extra = record.get(None) or ()
-                if any(c.strip() for c in extra):  # an empty one: a trailing comma, no value lost
-                    columns = len(reader.fieldnames or [])
-                    raise ConvergenceError(f"{path}: line {line} has {columns + len(extra)} cells for the {columns} "
-                                           f"columns: a cell past the last one ({next(c for c in extra if c.strip())!r}"
-                                           f"; a number with a thousands separator? write 1000)")
+                problem = misaligned_cells(record, (), len(reader.fieldnames or []))
+                if problem is not None:
+                    raise ConvergenceError(f"{path}: line {line} {problem}")
                 try:
                     values = {k: _parse(types[k], record[k]) for k in types}
                 except ValueError as exc:

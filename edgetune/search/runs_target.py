@@ -59,19 +59,14 @@ _USED_COLUMNS = ("workload", "metric", "target", "batch_size", "steps")
 
 
 def _check_cells(record: Mapping[Any, Any], used: Sequence[str], columns: int, name: str, line: int) -> None:
-    """Refuse a line whose cells do not line up with the header: one with a cell past the last column (an
-    unquoted ``1,000`` reads as the run's 1 step, the rest dropped) or one cut short before a column read (its
-    steps would read as a run that missed the target). An empty cell past the last column (a trailing comma) is
-    no value and passes."""
-    extra = [c for c in record.get(None) or () if c.strip()]
-    short = [c for c in used if record.get(c) is None]
-    if extra or short:
-        cells = columns + len(record.get(None) or ()) if extra else sum(v is not None for k, v in record.items()
-                                                                         if k is not None)
-        why = (f"a cell past the last column ({extra[0]!r}: a number with a thousands separator? write 1000)"
-               if extra else f"no {short[0]} cell (leave a run that missed the target empty, with its comma)")
-        raise RunsTargetError(f"{name}: line {line} has {cells} cell{'s' if cells != 1 else ''} for the {columns} "
-                              f"columns: {why}")
+    """Refuse a line whose cells do not line up with the header (:func:`~edgetune.predictors.convergence.
+    misaligned_cells`): an unquoted ``1,000`` would read as the run's 1 step, a line cut short as a run that
+    missed the target."""
+    from edgetune.predictors.convergence import misaligned_cells
+
+    problem = misaligned_cells(record, used, columns)
+    if problem is not None:
+        raise RunsTargetError(f"{name}: line {line} {problem}")
 
 
 def _median_steps(steps: Sequence[float]) -> float:
