@@ -68,10 +68,10 @@ def real_steps_arg(text: str) -> int | None:
     """argparse type for ``--real-steps``: a whole number >= 0, or ``all`` (None)."""
     if text == "all":
         return None
-    value = int(text) if text.lstrip("-").isdigit() else None
-    if value is None or value < 0:
-        raise argparse.ArgumentTypeError(f'expected a whole number >= 0 or "all", got {text!r}')
-    return value
+    try:
+        return non_negative_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f'expected a whole number >= 0 or "all", got {text!r}') from None
 
 
 def parse_assignment(text: str) -> tuple[str, str]:

@@ -141,8 +141,10 @@ class Workload:
         if not shapes[0] or len(shapes[0]) != len(shapes[1]):
             return None
         for one, two in zip(*shapes):
+            if len(one) != len(two):
+                continue
             for n, m in zip(one, two):
-                if len(one) == len(two) and n > 0 and n * other == m * batch_size:
+                if n > 0 and n * other == m * batch_size:
                     return n / batch_size
         raise WorkloadError(
             f"workload {self.name!r}: make_batch({batch_size}) and make_batch({other}) return tensors of shapes "
