@@ -111,13 +111,12 @@ def _trace_options(cfg: Config, trace, workload) -> list[str]:
 def _unused_notes(cfg: Config, device, workload) -> list[str]:
     """A line for each key the user set that this search does not use, so that none is ignored without a word:
     set by a flag, or by the file to other than its default (``edgetune init``'s file writes every default)."""
-    from edgetune.config import MEASURE, SCHEMA, WORKLOAD
+    from edgetune.config import SCHEMA
     from edgetune.search.identity import ranks_measurements
 
     eff = cfg.efficiency
     runs = "your runs to the target (efficiency.steps_to_target) replace the law it sets"
-    measured = not eff.steps_to_target and (eff.b_noise == MEASURE or eff.b_noise == WORKLOAD and
-                                            workload.b_noise is None and cfg.objective != "throughput")
+    measured = _measures_b_noise(eff, workload, cfg.objective)
     why = {
         "search.eta": None if cfg.objective == "cost" else
         f"it weighs energy in the cost objective, and the objective is {cfg.objective}",
@@ -471,7 +470,7 @@ def _target(section: EfficiencySection, workload, spec: str, seed: int, objectiv
     """The steps-to-target model: the user's runs (``efficiency.steps_to_target``), else the law with B_noise
     the workload's, from the config, or measured over warm-ups (:func:`_measured_target`). A workload that
     carries no B_noise has it measured, where the objective needs steps to target (not ``throughput``)."""
-    from edgetune.config import MEASURE, WORKLOAD
+    from edgetune.config import WORKLOAD
     from edgetune.search.efficiency import TargetModel
     from edgetune.search.runs_target import RunsTarget, RunsTargetError
 
@@ -484,13 +483,22 @@ def _target(section: EfficiencySection, workload, spec: str, seed: int, objectiv
         print(f"steps to target from your runs ({section.steps_to_target}; median per batch size): {steps}",
               file=sys.stderr)
         return runs
-    if section.b_noise == WORKLOAD:
-        if workload.b_noise is not None or objective == "throughput":
+    if not _measures_b_noise(section, workload, objective):
+        if section.b_noise == WORKLOAD:
             return TargetModel.for_workload(workload, section.s_min)
-        return _measured_target(section, workload, spec, seed, fallback=True)
-    if section.b_noise != MEASURE:
         return TargetModel(section.s_min, section.b_noise, "config")
-    return _measured_target(section, workload, spec, seed, fallback=False)
+    return _measured_target(section, workload, spec, seed, fallback=section.b_noise == WORKLOAD)
+
+
+def _measures_b_noise(section: EfficiencySection, workload, objective: str) -> bool:
+    """Whether the search measures B_noise over warm-ups (:func:`_target`): asked to (``"measure"``), or for a
+    workload that carries none where the objective needs steps to target; never beside the user's runs."""
+    from edgetune.config import MEASURE, WORKLOAD
+
+    if section.steps_to_target:
+        return False
+    return section.b_noise == MEASURE or (section.b_noise == WORKLOAD and workload.b_noise is None
+                                          and objective != "throughput")
 
 
 def _measured_target(section: EfficiencySection, workload, spec: str, seed: int, *, fallback: bool) -> TargetModel:
