@@ -25,7 +25,7 @@ from edgetune.search.results import best_json, write_trials_csv
 from edgetune.search.space import SpaceError, build_space, default_batch_sizes
 from edgetune.search.study import Search
 from edgetune.search.trial import MeasurementProtocol, measure_setting
-from edgetune.workloads import Workload, load_workload
+from edgetune.workloads import Workload, WorkloadError, load_workload
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -105,6 +105,59 @@ def test_b_noise_measured_from_gradient_norms_is_positive():
     wl = Workload.from_model("sign", model, make_batch, default_batch_size=32)
     value = measure_b_noise(wl, 32, steps=10)
     assert math.isfinite(value) and 0 < value < 1e4
+
+
+def test_b_noise_is_measured_on_inputs_of_any_form():
+    # a tokenizer's dict, a tuple of tensors and a mask shared by the batch: cut per sample, the estimate is
+    # the one-tensor workload's, draw for draw (it fell back to 256 for anything but one tensor)
+    from edgetune.search.efficiency import measure_b_noise
+
+    class Keyed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(16, 2)
+
+        def forward(self, x=None, scale=None, *, features=None):
+            x = features if features is not None else x
+            return self.linear(x if scale is None else x * scale)
+
+    def workload(form):
+        torch.manual_seed(0)
+        model = Keyed()
+
+        def make_batch(batch_size, generator):
+            x = torch.randn(batch_size, 16, generator=generator)
+            y = (x[:, 0] > 0).long()
+            if form == "dict":
+                return {"features": x}, y
+            if form == "tuple":
+                return (x, torch.ones(1, 16)), y  # a (1, 16) scale shared by every sample: not cut
+            return x, y
+
+        return Workload.from_model(f"sign-{form}", model, make_batch, default_batch_size=32)
+
+    values = {form: measure_b_noise(workload(form), 32, steps=10) for form in ("tensor", "dict", "tuple")}
+    assert math.isfinite(values["tensor"]) and values["tensor"] > 0
+    assert values["dict"] == pytest.approx(values["tensor"], rel=1e-6)
+    assert values["tuple"] == pytest.approx(values["tensor"], rel=1e-6)
+
+
+def test_a_batch_whose_samples_are_not_first_is_refused_for_b_noise():
+    from edgetune.search.efficiency import measure_b_noise
+
+    torch.manual_seed(0)
+    model = torch.nn.GRU(8, 4)  # sequence-first: (length 5, batch, features)
+
+    def make_batch(batch_size, generator):
+        return torch.randn(5, batch_size, 8, generator=generator), torch.randn(5, batch_size, 4, generator=generator)
+
+    def loss_fn(out, y):
+        return torch.nn.functional.mse_loss(out[0], y)
+
+    wl = Workload.from_model("seq-first", model, make_batch, loss_fn=loss_fn, default_batch_size=8)
+    with pytest.raises(WorkloadError, match=r"needs the samples on the first axis of a tensor of the inputs, whose "
+                                            r"shapes are \(5, 8, 8\); put the batch axis first"):
+        measure_b_noise(wl, 8, steps=2)
 
 
 def test_b_noise_over_warmups_is_the_median_of_the_positive_ones():

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         adascale_gain,
         epochs_to_target,
         fit_steps_to_target,
+        measure_noise_scale_parts,
         measure_noise_scale_step,
         scale_lr,
         steps_to_target,
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 _HOME = {
     **dict.fromkeys(("BASES", "FREQUENCY_KNOBS", "HardwareModel", "Prediction"), "hardware_model"),
     **dict.fromkeys(("LR_RULES", "GradientNoiseScale", "MicroBatchProbe", "StepsFit", "adascale_gain",
-                     "epochs_to_target", "fit_steps_to_target", "measure_noise_scale_step", "scale_lr",
+                     "epochs_to_target", "fit_steps_to_target", "measure_noise_scale_parts", "measure_noise_scale_step", "scale_lr",
                      "steps_to_target"), "noise_scale"),
 }
 
@@ -47,6 +48,7 @@ __all__ = [
     "adascale_gain",
     "epochs_to_target",
     "fit_steps_to_target",
+    "measure_noise_scale_parts",
     "measure_noise_scale_step",
     "scale_lr",
     "steps_to_target",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -32,10 +33,14 @@ __all__ = [
     "adascale_gain",
     "epochs_to_target",
     "fit_steps_to_target",
+    "measure_noise_scale_parts",
     "measure_noise_scale_step",
     "scale_lr",
     "steps_to_target",
 ]
+
+#: a micro-batch, in whatever form the loss takes it
+T = TypeVar("T")
 
 
 def _grad_sq_norm(params: Sequence[torch.Tensor]) -> float:
@@ -179,13 +184,22 @@ def measure_noise_scale_step(
     """One accumulation step over ``inputs`` split into ``micro_batches`` parts; leaves ``.grad`` set."""
     if inputs.shape[0] % micro_batches:
         raise ValueError(f"batch of {inputs.shape[0]} does not split into {micro_batches} equal micro-batches")
+    parts = list(zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)))
+    return measure_noise_scale_parts(gns, model, parts, lambda part: loss_fn(model(part[0]), part[1]),
+                                     inputs.shape[0] // micro_batches)
+
+
+def measure_noise_scale_parts(gns: GradientNoiseScale, model: torch.nn.Module, parts: Sequence[T],
+                              loss: Callable[[T], torch.Tensor], part_size: int) -> float:
+    """One accumulation step over ``parts``, the equal micro-batches of one batch (``part_size`` samples
+    each, in any form ``loss`` takes: a tokenizer's dict, a tuple of tensors); ``loss(part)`` is a part's mean
+    loss. Leaves ``.grad`` set to the batch's mean gradient; returns the noise scale."""
     model.zero_grad(set_to_none=True)
     probe = gns.probe(model)
-    for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
-        (loss_fn(model(x), y) / micro_batches).backward()
-        probe.micro_batch_done(x.shape[0])
+    for part in parts:
+        (loss(part) / len(parts)).backward()
+        probe.micro_batch_done(part_size)
     return probe.step_done()
-
 
 
 # ------------------------------------------------------------------------------------------ steps to target

@@ -235,9 +235,7 @@ def measure_b_noise(workload, batch_size: int, *, steps: int = 20, micro_batches
     The steps train the model (they are the warm-up). Returns ``nan`` when the estimate is not positive
     (too few steps to tell the signal from the noise).
     """
-    import torch
-
-    from edgetune.predictors import GradientNoiseScale, measure_noise_scale_step
+    from edgetune.predictors import GradientNoiseScale, measure_noise_scale_parts
 
     if batch_size % micro_batches:
         batch_size = max(micro_batches, batch_size - batch_size % micro_batches)
@@ -245,11 +243,8 @@ def measure_b_noise(workload, batch_size: int, *, steps: int = 20, micro_batches
     model, optimizer = workload.model, workload.optimizer
     model.train()
     for _ in range(steps):
-        inputs, targets = workload.make_batch(batch_size)
-        if not isinstance(inputs, torch.Tensor):
-            raise ValueError("measuring B_noise needs a workload whose inputs are one tensor; set "  # noqa: TRY004
-                             "efficiency.b_noise to a number")
-        measure_noise_scale_step(gns, model, workload.loss_fn, inputs, targets, micro_batches)
+        parts = workload.split_batch(workload.make_batch(batch_size), batch_size, micro_batches)
+        measure_noise_scale_parts(gns, model, parts, workload.loss, batch_size // micro_batches)
         optimizer.step()
     return float(gns.noise_scale)
 

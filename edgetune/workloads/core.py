@@ -288,6 +288,30 @@ class Workload:
         inputs, targets = batch
         return self.loss_fn(apply_model(self.model, inputs), targets)
 
+    def split_batch(self, batch: Batch, batch_size: int, parts: int) -> list[Batch]:
+        """``batch`` of ``batch_size`` samples (from :meth:`make_batch`) cut into ``parts`` equal micro-batches,
+        each one that :meth:`loss` takes (gradient accumulation; B_noise's small batches).
+
+        Inputs and targets may be tensors, or tuples, lists and dicts of them (a tokenizer's output): a tensor
+        whose first axis is a whole multiple of ``batch_size`` (one row per sample, or per token of a flattened
+        sequence) is cut along it; any other leaf (a mask or table shared by the batch, a number) goes whole
+        into every part. Raises :class:`WorkloadError` where ``batch_size`` does not split into ``parts``, or
+        where the inputs or the targets hold the batch on no tensor's first axis (a sequence-first layout).
+        """
+        if parts < 1 or batch_size % parts:
+            raise WorkloadError(f"a batch of {batch_size} does not split into {parts} equal micro-batches")
+        inputs, targets = batch
+        cut = []
+        for what, x in (("inputs", inputs), ("targets", targets)):
+            found = _tensors(x)
+            if not any(t.ndim >= 1 and t.shape[0] >= batch_size and t.shape[0] % batch_size == 0 for t in found):
+                raise WorkloadError(
+                    f"workload {self.name!r}: cutting a batch of {batch_size} into {parts} micro-batches needs "
+                    f"the samples on the first axis of a tensor of the {what}, whose shapes are "
+                    f"{_shapes([tuple(t.shape) for t in found]) or 'none (no tensor)'}; put the batch axis first")
+            cut.append(_split(x, parts, batch_size))
+        return list(zip(*cut))
+
     def train_step(self, batch_size: int) -> float:
         """One real training step (forward, backward, optimizer) on a fresh batch; returns the loss."""
         batch = self.make_batch(batch_size)
@@ -324,6 +348,22 @@ def _check_batch_size(batch_size: Any, what: str) -> int:
 
 def _shapes(shapes: list[tuple[int, ...]]) -> str:
     return ", ".join(str(shape) for shape in shapes)
+
+
+def _split(x: Any, parts: int, batch_size: int) -> list[Any]:
+    """``x`` (a tensor, or tuples, lists and dicts of them) as ``parts`` micro-batches
+    (:meth:`Workload.split_batch`)."""
+    if isinstance(x, Tensor):
+        if x.ndim >= 1 and x.shape[0] >= batch_size and x.shape[0] % batch_size == 0:
+            return list(x.chunk(parts))
+        return [x] * parts
+    if isinstance(x, (tuple, list)):
+        columns = [_split(v, parts, batch_size) for v in x]
+        return [type(x)(column[i] for column in columns) for i in range(parts)]
+    if isinstance(x, Mapping):
+        columns = {k: _split(v, parts, batch_size) for k, v in x.items()}
+        return [{k: column[i] for k, column in columns.items()} for i in range(parts)]
+    return [x] * parts
 
 
 def _to(x: Any, device: torch.device) -> Any:
