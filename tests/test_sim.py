@@ -22,7 +22,7 @@ from edgetune.power import (
     open_device,
     sim,
 )
-from edgetune.power.base import Capability
+from edgetune.power.base import Capability, WorkloadCost
 from edgetune.power.knobs import BatchSizeError
 from edgetune.power.sim import PROFILES, Twin
 from edgetune.power.sim.physics import voltage
@@ -152,6 +152,29 @@ def test_device_idle_power_is_read_when_asked():
     device.restore()
     twin.set_power_offset(0.0)
     assert device.idle_power_w == at_start
+
+
+def test_a_mode_that_gates_tpcs_never_steps_faster_than_the_whole_gpu_at_its_clocks():
+    """Only the TPCs powered differ (the clocks, cores and batch are the same): fewer SMs cannot finish a step
+    sooner. The small-batch memory term followed the share of the powered SMs busy, so the Orin Nano's 7W mode
+    (2 of 4 TPCs) stepped a MobileNet-like batch of 1 in 13.5 ms against the whole GPU's 19.2 ms."""
+    light = WorkloadCost(flops_per_sample=1.7e8, param_bytes=2.8e6, activation_bytes_per_sample=1.07e7,
+                         input_bytes_per_sample=12296.0, optimizer_state_bytes=2.8e6)  # the built-in mobilenet's
+    for name in PROFILES:
+        twin = Twin(name, compute=False)
+        modes = twin.profile.modes
+        whole = max(modes, key=lambda m: m.tpcs)
+        for gated in (m for m in modes if m.tpcs < whole.tpcs):
+            low = {knob: min(getattr(twin.effective_clocks({"power_mode": m.name}), attr) for m in (gated, whole))
+                   for knob, attr in (("gpu_freq", "gpu_hz"), ("emc_freq", "emc_hz"), ("cpu_freq", "cpu_khz"),
+                                      ("cpu_cores", "cores"))}
+            for batch_size in (1, 4, 16, 64, 256):
+                fewer = twin.expected(light, batch_size, {"power_mode": gated.name, **low})
+                every = twin.expected(light, batch_size, {"power_mode": whole.name, **low})
+                assert fewer.clocks.tpcs < every.clocks.tpcs
+                assert (fewer.clocks.gpu_hz, fewer.clocks.emc_hz, fewer.clocks.cpu_khz, fewer.clocks.cores) == \
+                    (every.clocks.gpu_hz, every.clocks.emc_hz, every.clocks.cpu_khz, every.clocks.cores)
+                assert fewer.step_time_s >= every.step_time_s, (name, gated.name, batch_size)
 
 
 # ---------------------------------------------------------------------------------------------- calibration

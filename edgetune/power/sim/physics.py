@@ -6,7 +6,9 @@
   f_gpu x efficiency x occupancy(b)), where occupancy(b) = b / (b + b_half) and b_half = fill work per core x
   cores / FLOPs per sample (small batches of small models do not fill the GPU); memory time ``t_m`` =
   (6 x parameters + 2 x optimizer state) / bandwidth + b x (4 x saved activations + input) / (bandwidth x
-  occupancy) (a small batch keeps few requests in flight as it keeps few SMs busy), bandwidth = bus bytes
+  memory occupancy) (a small batch keeps few requests in flight as it keeps few SMs busy: the occupancy of the
+  module's whole GPU, since the requests follow the SMs busy, not the share of those powered; a mode that gates
+  TPCs is then never faster than the whole GPU at its clocks), bandwidth = bus bytes
   x 2 x f_emc x efficiency; the host's kernel launches ``launch_cycles / f_cpu``; data loading ``b x
   input bytes x cycles per byte / f_cpu`` spread over ``cores - 1`` loader processes (serial with the main
   thread on one core). The parts overlap partially (:func:`overlap`: the largest plus a share of the
@@ -212,9 +214,21 @@ def occupancy(profile: Profile, clocks: Clocks, cost: WorkloadCost, batch_size: 
     """How full the busy GPU is: b / (b + b_half), b_half = fill work per core x active cores / FLOPs per
     sample (a wider GPU, or a lighter sample, needs a larger batch to saturate); 1 for a cost without
     FLOPs."""
+    return _fill(profile, clocks.tpcs, cost, batch_size)
+
+
+def memory_occupancy(profile: Profile, cost: WorkloadCost, batch_size: int) -> float:
+    """The share of the memory system's bandwidth a step's per-sample traffic reaches: :func:`occupancy` of the
+    module's whole GPU (all the TPCs its modes power). The requests in flight follow the SMs busy, b x FLOPs
+    per sample / fill work at a small batch whatever the TPCs powered, so a mode that gates TPCs reaches the
+    bandwidth the whole GPU reaches at that batch, and saturates it at a large batch as the whole GPU does."""
+    return _fill(profile, max(mode.tpcs for mode in profile.modes), cost, batch_size)
+
+
+def _fill(profile: Profile, tpcs: int, cost: WorkloadCost, batch_size: int) -> float:
     if cost.flops_per_sample <= 0:
         return 1.0
-    cores = clocks.tpcs * profile.calibration.cores_per_tpc
+    cores = tpcs * profile.calibration.cores_per_tpc
     b_half = profile.calibration.fill_flops_per_core * cores / cost.flops_per_sample
     return batch_size / (batch_size + b_half)
 
@@ -242,7 +256,7 @@ def step_model(profile: Profile, clocks: Clocks, cost: WorkloadCost, batch_size:
     traffic = fixed_traffic + sample_traffic
     bandwidth = profile.bus_bytes * TRANSFERS_PER_CLOCK * clocks.emc_hz * cal.memory_efficiency
     # per-sample kernels of a small batch keep few requests in flight, as they keep few SMs busy
-    t_memory = (fixed_traffic + sample_traffic / occ) / bandwidth
+    t_memory = (fixed_traffic + sample_traffic / memory_occupancy(profile, cost, batch_size)) / bandwidth
     t_gpu = overlap(cal.gpu_exposed, t_compute, t_memory)
 
     t_launch = cal.launch_cycles / f_cpu
