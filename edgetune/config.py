@@ -21,6 +21,7 @@ nearest known key (difflib); an unknown ``[section]`` the nearest section, or wh
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 import sys
@@ -551,7 +552,7 @@ def _flatten(data: Mapping[str, Any], where: str) -> dict[str, Any]:
     for key, value in data.items():
         if key in SECTIONS:
             if not isinstance(value, dict):
-                raise ConfigError(f"{where}: [{key}] must be a table (a [{key}] section), got {value!r}")
+                raise _section_given_a_value(key, value, where)
             for sub, v in value.items():
                 flat[f"{key}.{sub}"] = v
         elif isinstance(value, dict) and key not in SCHEMA:  # a [table] (no top-level key is one)
@@ -559,6 +560,18 @@ def _flatten(data: Mapping[str, Any], where: str) -> dict[str, Any]:
         else:
             flat[key] = value
     return flat
+
+
+def _section_given_a_value(name: str, value: Any, where: str) -> ConfigError:
+    """``budget = 7``: a section's name given a value; names the section's keys, and the top-level key of
+    that name's meaning where there is one (``power_budget_w``)."""
+    keys = ", ".join(k.split(".", 1)[1] for k in SCHEMA if k.startswith(f"{name}."))
+    shown = json.dumps(value) if isinstance(value, str) else repr(value)
+    line = f"{where}: {name} = {shown}: [{name}] is a section (keys {keys}), not a value"
+    top = next((k for k in SCHEMA if "." not in k and name in k), None)
+    if top is not None:
+        line += f"; for {top}, write {top} = {shown} above the first [section] line"
+    return ConfigError(line)
 
 
 def _knob_hint(knob: str) -> str:

@@ -93,7 +93,14 @@ def test_file_problems_are_one_line(tmp_path):
         load_config(bad)
     section = tmp_path / "section.toml"
     section.write_text("search = 3\n")
-    with pytest.raises(ConfigError, match=r"\[search\] must be a table"):
+    with pytest.raises(ConfigError, match=r"search = 3: \[search\] is a section \(keys n_trials, sampler, .*\), not a "
+                                          r"value$"):
+        load_config(section)
+    # the budget in watts is power_budget_w: `budget = 7` was called a section without a word of the key meant
+    section.write_text("budget = 7\n")
+    with pytest.raises(ConfigError, match=r"budget = 7: \[budget\] is a section \(keys window_s, tolerance, guard_sigma\), "
+                                          r"not a value; for power_budget_w, write power_budget_w = 7 above the first "
+                                          r"\[section\] line$"):
         load_config(section)
     unknown = tmp_path / "unknown.toml"
     unknown.write_text("[search]\nsampler = \"tpe\"\nstorge = \"sqlite:///x.db\"\n")
