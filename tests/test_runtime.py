@@ -1054,6 +1054,44 @@ def test_lightning_accounts_the_loaders_batch_size_and_an_epochs_smaller_last_ba
     assert any("batch size 16 is in force, not the plan's 32" in text for _, text in s.events)
 
 
+def test_lightning_sets_the_plans_batch_size_where_a_datamodule_keeps_it_as_a_hyperparameter(tmp_path, cnn_cost):
+    """Lightning's documented pattern, ``save_hyperparameters()`` and ``self.hparams.batch_size`` in
+    ``train_dataloader``: the plan's batch size reaches the loader (before: 8 trained, and only an info event
+    said so)."""
+    pl = pytest.importorskip("pytorch_lightning")
+
+    class Data(pl.LightningDataModule):
+        def __init__(self, batch_size=8):
+            super().__init__()
+            self.save_hyperparameters()
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(_ToyData(256), batch_size=self.hparams.batch_size)
+
+    dev = open_device("sim:orin-nano", seed=0)
+    module = _SizedModule.build(pl, dev)
+    from edgetune.runtime.adapters import LightningCallback
+
+    callback = LightningCallback(budget_w=10.0, device=dev, plan=write_plan(tmp_path, batch_size=32), cost=cnn_cost,
+                                 print_summary=False)
+    trainer = pl.Trainer(callbacks=[callback], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path, max_epochs=1)
+    trainer.fit(module, datamodule=Data())
+    s = callback.summary
+    assert s.batch_size == 32 and s.steps == 256 // 32 and s.samples == module.seen == 256
+
+
+def test_lightning_warns_where_the_plans_batch_size_cannot_be_set(tmp_path, cnn_cost, caplog):
+    pl = pytest.importorskip("pytorch_lightning")
+    dev = open_device("sim:orin-nano", seed=0)
+    loader = torch.utils.data.DataLoader(_ToyData(64), batch_size=16)  # given to fit(): no attribute to set
+    with caplog.at_level("WARNING", logger="edgetune"):
+        s = _fit(pl, tmp_path, _SizedModule.build(pl, dev), dev, [loader], callback_options={"cost": cnn_cost})
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert s.batch_size == 16 and any("the plan's batch size 32 is not applied, the loader's 16 trains" in w
+                                      and "save_hyperparameters()" in w for w in warned), warned
+
+
 def test_lightning_measures_the_steps_input_as_input_not_activations(tmp_path):
     pl = pytest.importorskip("pytorch_lightning")
     dev = open_device("sim:orin-nano", seed=0)

@@ -10,9 +10,15 @@ from typing import Any
 
 try:
     import pytorch_lightning as pl
+    from pytorch_lightning.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
 except ImportError:  # the unified package names it lightning.pytorch
     try:
         import lightning.pytorch as pl  # type: ignore[no-redef]
+        from lightning.pytorch.utilities.parsing import (  # type: ignore[no-redef]
+            lightning_getattr,
+            lightning_hasattr,
+            lightning_setattr,
+        )
     except ImportError:
         raise ImportError("the Lightning adapter needs PyTorch Lightning: pip install edgetune[lightning]") from None
 
@@ -38,26 +44,39 @@ def _accumulation(trainer: Any) -> int:
 class LightningTunerCallback(_Adapter, pl.Callback):
     """A ``Callback`` running the edgetune controller in ``Trainer.fit`` (see :mod:`edgetune.runtime.adapters`)."""
 
+    #: the plan's batch size was set on the module's or datamodule's ``batch_size`` at this fit's setup
+    _plan_batch_set = False
+
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        # before the loaders are built: the plan's batch size, where the user's code reads an attribute
-        if stage == "fit" and self.plan is not None:
-            for holder in (trainer.datamodule, pl_module):
-                if holder is not None and hasattr(holder, "batch_size"):
-                    holder.batch_size = self.plan.batch_size
+        # before the loaders are built: the plan's batch size, where the user's code reads it from an attribute
+        # or a hyperparameter (``save_hyperparameters``) of the module or the datamodule, as Lightning's own
+        # batch-size finder sets it
+        self._plan_batch_set = False
+        if stage == "fit" and self.plan is not None and lightning_hasattr(pl_module, "batch_size"):
+            lightning_setattr(pl_module, "batch_size", self.plan.batch_size)
+            self._plan_batch_set = True
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         rank = trainer.local_rank
         if rank != 0 and not self._tunes_own_gpu(pl_module):  # one tuner per board: the machine's first process
             self._follow_only()
             return
-        holder = trainer.datamodule if getattr(trainer.datamodule, "batch_size", None) else pl_module
-        per_batch = (_loader_batch_size(trainer.train_dataloader) or getattr(holder, "batch_size", None)
+        named = lightning_getattr(pl_module, "batch_size") if lightning_hasattr(pl_module, "batch_size") else None
+        per_batch = (_loader_batch_size(trainer.train_dataloader) or named
                      or (self.plan.batch_size if self.plan else None))
         self._per_batch = per_batch
         # a step is an optimizer step: with gradient accumulation it takes that many batches
         self._start(pl_module, trainer.optimizers[0], per_batch * _accumulation(trainer) if per_batch else None,
                     schedulers=[config.scheduler for config in trainer.lr_scheduler_configs],
                     resumed_at=trainer.global_step, processes=trainer.num_devices, local_rank=rank)
+        if self.plan is not None and per_batch != self.plan.batch_size:
+            fix = ("edgetune set the batch_size attribute to it, but the training loader was built at another: "
+                   "build it from that attribute" if self._plan_batch_set else
+                   "neither the LightningModule nor its DataModule has a batch_size attribute or hyperparameter for "
+                   "edgetune to set before the loaders are built; give one that train_dataloader() reads "
+                   "(self.batch_size, or save_hyperparameters() with a batch_size argument)")
+            self.tuner._warn(  # type: ignore[union-attr]
+                f"the plan's batch size {self.plan.batch_size} is not applied, the loader's {per_batch} trains: {fix}")
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         per_batch = getattr(self, "_per_batch", None)

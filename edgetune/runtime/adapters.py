@@ -18,6 +18,11 @@ Lightning::
     trainer = pl.Trainer(callbacks=[LightningCallback(budget_w=10, device="sim:orin-nano", plan="best.json")])
     trainer.fit(model, datamodule)            # the datamodule's batch_size is set to the plan's at fit start
 
+The plan's batch size is set, before the loaders are built, wherever Lightning's own batch-size finder sets
+it: a ``batch_size`` attribute or hyperparameter (``save_hyperparameters()``) of the module or the datamodule.
+Where there is none (a loader given to ``fit`` is built already), or the loader was built at another batch size,
+a warning says so and how to give one; the loader's batch size trains and is accounted.
+
 A step is an optimizer step in both: with gradient accumulation (``accumulate_grad_batches``,
 ``gradient_accumulation_steps``) it takes that many batches; where that differs from the plan's batch size,
 the events say so. Each step is accounted at the samples it trained on (Lightning: the batches it was given;
