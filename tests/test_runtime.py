@@ -1143,6 +1143,42 @@ def test_lightning_schedulers_keep_the_learning_rate_scaled_for_the_batch_size(t
     assert any("scaled to batch size 32" in text for _, text in s.events)
 
 
+def test_lightning_leaves_another_optimizers_scheduler_alone(tmp_path, cnn_cost):
+    """Two optimizers (a GAN's, manual optimization), each with a scheduler: lr_batch_size scales the tuned
+    (first) optimizer's rate; the second's scheduler is not handed to the tuner, so its rate stays as set (before:
+    its base rate was doubled too, and its next step trained the second optimizer at 0.02)."""
+    pl = pytest.importorskip("pytorch_lightning")
+    from edgetune.runtime.adapters import LightningCallback
+
+    class Gan(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.g, self.d = torch.nn.Linear(16, 2), torch.nn.Linear(16, 2)
+            self.automatic_optimization = False
+            self.lrs = []
+
+        def training_step(self, batch, _):
+            for opt, net, sched in zip(self.optimizers(), (self.g, self.d), self.lr_schedulers()):
+                opt.zero_grad()
+                self.manual_backward(torch.nn.functional.cross_entropy(net(batch[0]), batch[1]))
+                opt.step()
+                sched.step()
+            self.lrs.append([opt.param_groups[0]["lr"] for opt in self.optimizers()])
+
+        def configure_optimizers(self):
+            opts = [torch.optim.SGD(self.g.parameters(), lr=0.05), torch.optim.SGD(self.d.parameters(), lr=0.01)]
+            return opts, [torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0) for opt in opts]
+
+    dev = open_device("sim:orin-nano", seed=0)
+    module = Gan()
+    callback = LightningCallback(budget_w=10.0, device=dev, plan=write_plan(tmp_path, batch_size=32), cost=cnn_cost,
+                                 lr_batch_size=16, print_summary=False)
+    trainer = pl.Trainer(callbacks=[callback], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path, max_epochs=1)
+    trainer.fit(module, torch.utils.data.DataLoader(_ToyData(128), batch_size=32))
+    assert np.allclose(module.lrs, [[0.1, 0.01]] * 4) and callback.summary.steps == 4, module.lrs
+
+
 def test_a_run_resumed_from_a_checkpoint_is_tuned_but_not_recorded(tmp_path, cnn_cost, caplog):
     from edgetune.runtime._adapter import _Adapter
 

@@ -84,8 +84,8 @@ class _Adapter:
 
     def _start(self, model: torch.nn.Module, optimizer: Any, batch_size: int | None, *,
                schedulers: Iterable[Any] = (), resumed_at: int = 0, processes: int = 1, local_rank: int = 0) -> None:
-        """Open the tuner. ``schedulers``: the framework's learning-rate schedulers, scaled with the optimizer
-        (``lr_batch_size``, the guard's batch moves); ``resumed_at``: the optimizer steps a checkpoint resumed
+        """Open the tuner. ``schedulers``: the framework's learning-rate schedulers; those of ``optimizer`` are
+        scaled with it (``lr_batch_size``, the guard's batch moves), another optimizer's are left alone; ``resumed_at``: the optimizer steps a checkpoint resumed
         from (0: a fresh run); ``processes``: the training processes sharing this machine; ``local_rank``: this
         one's (above 0 only where it tunes its own GPU, :meth:`_tunes_own_gpu`: local rank 0 records the run,
         and a ``log=`` file gets the rank in its name)."""
@@ -96,8 +96,12 @@ class _Adapter:
             _log.warning("this run resumes from a checkpoint at step %d: its steps to the target did not start at "
                          "zero, so it is not recorded in %s", resumed_at, os.fspath(options["runs_file"]))
             options["runs_file"] = None
-        tuner = tune(model, _innermost(optimizer), batch_size=batch_size, budget_w=self.budget_w,
-                     device=self.device, plan=self.plan, online=False, schedulers=list(schedulers),
+        optimizer = _innermost(optimizer)
+        # another optimizer's schedulers (a GAN's discriminator) are not this one's: scaling their base rates
+        # would change that optimizer's rate at its scheduler's next step, and never before
+        schedulers = [s for s in schedulers if _innermost(getattr(s, "optimizer", optimizer)) is optimizer]
+        tuner = tune(model, optimizer, batch_size=batch_size, budget_w=self.budget_w,
+                     device=self.device, plan=self.plan, online=False, schedulers=schedulers,
                      processes=LocalProcesses(max(processes, local_rank + 1), local_rank), **options)
         tuner.__enter__()
         self.tuner = tuner

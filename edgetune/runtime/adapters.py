@@ -35,7 +35,9 @@ to the target), while the budget still holds them.
 A run resumed from a checkpoint (``ckpt_path``, ``resume_from_checkpoint``) is tuned and accounted from where
 it resumed, but not recorded in ``runs_file``: its steps to the target did not start at zero. The
 framework's learning-rate schedulers are given to the tuner (``tune(schedulers=...)``), so every scaling of the
-rate (``lr_batch_size``, the guard's batch moves) scales their ``base_lrs`` too, or they would undo it.
+rate (``lr_batch_size``, the guard's batch moves) scales their ``base_lrs`` too, or they would undo it. Only
+the first optimizer's rate is scaled, the one whose steps mark the training steps; another optimizer's (a GAN's
+discriminator) and its schedulers are left as they are.
 
 In several processes on one machine (DDP, ``torchrun``), only the first process of the machine (local rank 0)
 tunes a board: it has one set of knobs. Where its sensor measures the whole machine (a Jetson's rails, RAPL),
