@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import edgetune
-from edgetune.power import open_device
+from edgetune.power import DeviceError, open_device
 from edgetune.workloads import WorkloadError, place
 
 
@@ -61,21 +61,24 @@ def main() -> None:
 
     torch.manual_seed(0)
     train_set = synthetic_cifar(2048)
-    device = open_device(args.device)
+    try:
+        device = open_device(args.device)
+    except DeviceError as exc:  # an unknown device, a board without its sensor: one line, the fix
+        raise SystemExit(f"train_with_edgetune: {exc}") from None
     try:
         where = place("auto", device.compute, device.name).torch_device  # the GPU it measures; the CPU on sim:
-    except WorkloadError as exc:  # a CPU build of PyTorch on a board: one line, the fix
-        device.close()
+        model = make_model().to(where)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+        # with a plan, its batch size is used; without one, online tuning starts from 32 and explores around it
+        tuner = edgetune.tune(model, optimizer, dataset=train_set, batch_size=None if args.plan else 32,
+                              budget_w=budget, device=device, plan=args.plan, budget_file=args.budget_file,
+                              log=args.log)
+    except (WorkloadError, DeviceError, ValueError) as exc:  # a CPU build of PyTorch on a board, a plan that is
+        device.close()                                       # not there, a log that exists: one line, the fix
         raise SystemExit(f"train_with_edgetune: {exc}") from None
-    model = make_model().to(where)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
-    # with a plan, its batch size is used; without one, online tuning starts from 32 and explores around it
-    with contextlib.closing(device), \
-            edgetune.tune(model, optimizer, dataset=train_set, batch_size=None if args.plan else 32,
-                          budget_w=budget, device=device, plan=args.plan, budget_file=args.budget_file,
-                          log=args.log) as tuner:
+    with contextlib.closing(device), tuner:
         for epoch in range(args.epochs):
             total, seen = 0.0, 0
             for x, y in tuner.loader:                  # batches at the batch size edgetune chose

@@ -36,3 +36,13 @@ def test_train_with_edgetune_on_a_board_with_a_cpu_build_of_torch_is_one_line(tm
     assert done.returncode == 1 and "Traceback" not in done.stderr and done.stderr.count("\n") == 1
     assert done.stderr.startswith("train_with_edgetune: jetson measures its GPU (cuda:0), where training must run")
     assert fake.knob_state() == before
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--device", "bogus"], "train_with_edgetune: unknown device 'bogus'; use auto"),
+    (["--plan", "missing/best.json"], "train_with_edgetune: plan missing/best.json: no such file; run `edgetune search"),
+])
+def test_train_with_edgetune_refuses_bad_input_in_one_line(tmp_path, args, line):
+    done = _run(args, tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(line) and done.stdout == ""
