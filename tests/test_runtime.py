@@ -732,7 +732,7 @@ def test_a_process_tuning_its_own_gpu_keeps_to_its_own_files(tmp_path, cnn_cost)
     assert (tmp_path / "steps.rank1.csv").is_file() and not log.exists() and not runs.exists()
 
 
-def test_hf_trainer_callback_applies_the_plan_and_restores(tmp_path, cnn_cost):
+def test_hf_trainer_callback_applies_the_plan_and_restores(tmp_path, cnn_cost, caplog):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")  # the Trainer needs it
     from edgetune.runtime.adapters import HFTrainerCallback
@@ -750,11 +750,15 @@ def test_hf_trainer_callback_applies_the_plan_and_restores(tmp_path, cnn_cost):
     data = _ToyData()
     trainer = transformers.Trainer(model=LabelledClassifier(net), args=args, train_dataset=DictData(data.x, data.y),
                                    callbacks=[callback])
-    trainer.train()
+    with caplog.at_level("WARNING", logger="edgetune"):
+        trainer.train()
     s = callback.summary
-    # the Trainer fixed its batch size when built: the run's own is accounted, the difference reported
+    # the Trainer fixed its batch size when built: the run's own is accounted, the difference reported, and a
+    # warning names the argument that sets it (before: an info event alone)
     assert s.steps == 2 * 256 // 16 and s.samples == 2 * 256 and len(s.epochs) == 2
     assert any("not the plan's 32" in text for _, text in s.events)
+    assert any("the plan's batch size 32 is not applied, the Trainer's 16 per batch trains" in r.getMessage()
+               and "per_device_train_batch_size=plan.batch_size" in r.getMessage() for r in caplog.records)
     assert any(text.startswith("plan") and "gpu_freq=408 MHz" in text for _, text in s.events)
     assert s.knobs_restored and dev.settings() == before
 

@@ -51,6 +51,12 @@ class HFTunerCallback(_Adapter, TrainerCallback):
         per_step = args.train_batch_size * max(1, args.gradient_accumulation_steps)
         self._start(model, optimizer, per_step, schedulers=[scheduler] if scheduler is not None else [],
                     resumed_at=state.global_step, processes=LocalProcesses.from_env().count, local_rank=self._local_rank)
+        if self.plan is not None and self.tuner is not None and args.train_batch_size != self.plan.batch_size:
+            # the Trainer built its loader when it was built: too late to set from here, so say how
+            self.tuner._warn(f"the plan's batch size {self.plan.batch_size} is not applied, the Trainer's "
+                             f"{args.train_batch_size} per batch trains (fixed when it was built): give "
+                             f"TrainingArguments(per_device_train_batch_size=plan.batch_size), "
+                             f"plan = edgetune.runtime.load_plan(...)")
         if model is not None:  # each training forward pass is a micro-batch: its samples are the step's
             self._hook = model.register_forward_pre_hook(self._forward, with_kwargs=True)
 

@@ -5,7 +5,7 @@ Both frameworks own the training loop and its data loader, so the adapters apply
 batch size, where the framework reads it from an attribute before building the loader), keep the budget
 with the guard, mark steps through the same optimizer hook and account energy per step and epoch. Where
 the batch size cannot be set from here (the Hugging Face ``Trainer`` fixes it when it is built), the run's
-own batch size is accounted and a difference from the plan's is reported among the events. Online
+own batch size is accounted and a difference from the plan's is a warning naming the argument that sets it. Online
 tuning needs the loader (it changes the batch size mid-run), so it is not offered here: run
 ``edgetune search`` first and pass its ``best.json``.
 
