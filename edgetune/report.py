@@ -231,6 +231,14 @@ def _gain_line(result: SearchResult, ratio: float) -> str:
     :attr:`~edgetune.search.results.SearchResult.speedup`, in its ``speedup_measure``; above 1 is better). The
     cost objective's ratio is a cost, with the speedup in time to target beside it: the two differ unless eta is 0."""
     objective = result.objective
+    if not (math.isfinite(ratio) and ratio > 0):  # a side that never reaches the target: no ratio to state
+        never = [f"{label} (batch {r.candidate.batch_size})" for label, r in
+                 (("the baseline", result.baseline), ("the chosen setting", result.best))
+                 if r is not None and r.outcome is not None and not math.isfinite(r.outcome.time_to_target_s)]
+        steps = "the convergence law" if result.target.is_law else "your runs to the target"
+        return (f"{result.speedup_measure.split(' (')[0]} vs baseline: no ratio to state, "
+                f"{' and '.join(never) or 'one of the two'} never reaches the target by {steps} "
+                f"(best.json: speedup_over_baseline is null)")
     change = f"{1.0 - 1.0 / ratio:.0%} less" if ratio >= 1.0 else f"{1.0 / ratio - 1.0:.0%} more"
     if objective == "energy":
         return f"energy to target vs baseline: {change} energy (baseline / chosen = {ratio:.2f}x)"

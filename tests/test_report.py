@@ -101,3 +101,33 @@ def test_a_pareto_summary_says_what_front_its_one_chosen_row_stands_for():
             "time_vs_energy.png); chosen: its lowest energy x time") in text
     assert "Pareto front: 1 setting, the chosen one" in summary([fast, dominated])
     assert "Pareto front" not in summary([fast, frugal], objective="time")
+
+
+@pytest.mark.parametrize("objective", ["time", "energy"])
+def test_a_baseline_that_never_reaches_the_target_states_no_ratio(objective):
+    """Runs to the target where the baseline's batch size never reached it: its time and energy to the target
+    are infinite, best.json's speedup is null, and the summary says why instead of 'infx' (time) or
+    '100% less energy (... = infx)' (energy)."""
+    from dataclasses import replace
+
+    from edgetune.power import open_device
+    from edgetune.report import summary_table
+    from edgetune.search.efficiency import TargetModel
+    from edgetune.search.results import SearchResult, best_json
+    from edgetune.search.space import build_space
+
+    pick, never = _held(0, 16, 0.010, 9.0), _held(1, 32, 0.020, 8.0)
+    never = replace(never, outcome=replace(never.outcome, time_to_target_s=float("inf"),
+                                           energy_to_target_j=float("inf"), steps_to_target=float("inf")))
+    result = SearchResult(
+        study_name="s", storage_url="sqlite:///s.db", objective=objective, budget_w=10.0, constrained=True,
+        tolerance=0.0, space=build_space(open_device("sim:orin-nano", seed=0), 16, [16, 32]),
+        target=TargetModel(s_min=1000.0, b_noise=0.0), records=[pick, never], best=pick, baseline=never, pareto=[pick],
+        stop_reason="test", protocol="", device_name="d", device_description="", simulated=True, workload="cnn",
+        guard_sigma=2.0)
+    text = summary_table(result)
+    assert "infx" not in text and "inf" not in text.split("\n\n", 1)[1], text
+    measure = "time to target" if objective == "time" else "energy to target"
+    assert (f"{measure} vs baseline: no ratio to state, the baseline (batch 32) never reaches the target by the "
+            f"convergence law (best.json: speedup_over_baseline is null)") in text
+    assert best_json(result)["speedup_over_baseline"] is None
