@@ -1123,6 +1123,32 @@ def test_lightning_accumulation_cut_short_at_an_epochs_end_counts_its_batches(tm
     assert s.steps == 6 and s.samples == module.seen == 512 and [e.samples for e in s.epochs] == [256, 256]
 
 
+@pytest.mark.parametrize("scheduler_first", [False, True])
+def test_lightning_accumulation_scheduled_per_epoch_is_read_for_the_epoch_it_runs(tmp_path, cnn_cost, scheduler_first):
+    """A GradientAccumulationScheduler after edgetune's callback sets the accumulation in an epoch-start hook that
+    runs after edgetune's: each step's batch size is still the epoch's own (before: one epoch late, 32 where 64
+    trained and 64 where 32 did)."""
+    import csv
+
+    pl = pytest.importorskip("pytorch_lightning")
+    from pytorch_lightning.callbacks import GradientAccumulationScheduler
+
+    from edgetune.runtime.adapters import LightningCallback
+
+    dev = open_device("sim:orin-nano", seed=0)
+    module = _SizedModule.build(pl, dev)
+    log = tmp_path / "steps.csv"
+    callback = LightningCallback(budget_w=10.0, device=dev, cost=cnn_cost, log=log, print_summary=False)
+    schedule = GradientAccumulationScheduler({0: 2, 1: 1})
+    trainer = pl.Trainer(callbacks=[schedule, callback] if scheduler_first else [callback, schedule], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         accelerator="cpu", default_root_dir=tmp_path, max_epochs=2)
+    trainer.fit(module, torch.utils.data.DataLoader(_ToyData(256), batch_size=32))
+    with open(log, newline="") as fh:
+        rows = [(int(r["epoch"]), int(r["batch_size"]), int(r["samples"])) for r in csv.DictReader(fh)]
+    assert rows == [(0, 64, 64)] * 4 + [(1, 32, 32)] * 8 and callback.summary.batch_size == 32
+
+
 def test_lightning_validation_is_no_training_step(tmp_path, cnn_cost):
     pl = pytest.importorskip("pytorch_lightning")
     dev = open_device("sim:orin-nano", seed=0)

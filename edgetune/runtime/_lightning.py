@@ -10,10 +10,12 @@ from typing import Any
 
 try:
     import pytorch_lightning as pl
+    from pytorch_lightning.callbacks import GradientAccumulationScheduler
     from pytorch_lightning.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
 except ImportError:  # the unified package names it lightning.pytorch
     try:
         import lightning.pytorch as pl  # type: ignore[no-redef]
+        from lightning.pytorch.callbacks import GradientAccumulationScheduler  # type: ignore[no-redef]
         from lightning.pytorch.utilities.parsing import (  # type: ignore[no-redef]
             lightning_getattr,
             lightning_hasattr,
@@ -37,7 +39,12 @@ def _loader_batch_size(loader: Any) -> int | None:
 
 
 def _accumulation(trainer: Any) -> int:
-    """Batches per optimizer step now (a GradientAccumulationScheduler changes it between epochs)."""
+    """Batches per optimizer step in the epoch starting or running. A ``GradientAccumulationScheduler`` changes
+    it in its own ``on_train_epoch_start``, which may run after this callback's: its schedule is read for the
+    epoch, not the value it left from the epoch before."""
+    scheduler = next((c for c in trainer.callbacks if isinstance(c, GradientAccumulationScheduler)), None)
+    if scheduler is not None:
+        return max(1, int(scheduler.get_accumulate_grad_batches(trainer.current_epoch)))
     return max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1))
 
 
