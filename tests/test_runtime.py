@@ -2232,3 +2232,19 @@ def test_a_knob_that_stays_refused_is_tried_with_a_doubling_back_off_then_left_f
     assert not any(e.startswith("gpu_freq is back") for e in events)
     assert list(tuner.summary.knobs_failed) == ["gpu_freq"] and "EIO" in tuner.summary.knobs_failed["gpu_freq"]
     assert all(rung["gpu_freq"] == 408000000 for rung in tuner._guard.ladder)
+
+
+def test_a_budget_at_or_below_idle_power_is_a_warning_from_the_start(cnn_cost, caplog):
+    """tune(budget_w=3) on an Orin Nano that idles at about 4.5 W: no setting can hold it, and the run counts
+    as over from its first second; a warning says so at the start (before: nothing, the summary's violations
+    alone), as a later set_budget below idle does."""
+    model, opt, data = mlp()
+    with caplog.at_level("WARNING", logger="edgetune"), \
+            edgetune.tune(model, opt, dataset=data, batch_size=32, budget_w=3, device="sim:orin-nano", online=False,
+                          cost=cnn_cost, print_summary=False) as tuner:
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any(w.startswith("budget 3 W is at or below sim:orin-nano's idle power") and "give a budget above"
+                   in w for w in warned), warned
+        for x, y in itertools.islice(tuner.loader, 2):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()

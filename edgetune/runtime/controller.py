@@ -230,8 +230,8 @@ class Tuner(RunLifecycle, GuardDrive, StepHooks):
             self._event(f"budget {watts:g} W ({why})")
             idle = self.device.idle_power_w if self._entered else None
             if idle is not None and watts <= idle:
-                self._event(f"budget {watts:g} W is at or below the device's idle power {idle:g} W: it cannot be "
-                            f"met; the guard holds the lowest setting")
+                self._warn(f"budget {watts:g} W is at or below the device's idle power {idle:g} W: it cannot be "
+                           f"met; the guard holds the lowest setting")
             self._guard.budget_changed(watts)
             if self._entered:
                 self._tick()

@@ -147,6 +147,11 @@ class RunLifecycle:
         self._budget.restart(t0)
         simulated = " (simulated)" if dev.simulated and "simulated" not in dev.description else ""
         self._event(f"device {dev.name}: {dev.description}{simulated}")
+        idle, budget = dev.idle_power_w, self._budget.current_w
+        if idle is not None and budget is not None and budget <= idle:  # as set_budget says of a later one
+            self._warn(f"budget {budget:g} W is at or below {dev.name}'s idle power {idle:g} W: it cannot be met, "
+                       f"the guard holds the lowest setting and the run counts as over the budget; give a budget "
+                       f"above {idle:g} W")
         self._check_model_placement()
         self._share_machine()
         self.accounting = Accounting(self.tap, self.budget_at, window_s=self.monitor.avg_window_s,
