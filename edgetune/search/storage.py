@@ -206,9 +206,10 @@ def _file_of(url: str) -> Path | None:
 
 def same_storage(a: str, b: str) -> bool:
     """Whether two storage URLs name the same storage: the same file for journal and SQLite URLs (relative
-    paths taken from the working directory), else the same URL."""
+    paths taken from the working directory), else the same URL but for its password, which either may have
+    had :func:`redact` take out (best.json and a prior's source keep the URL redacted)."""
     fa, fb = _file_of(a), _file_of(b)
-    return fa == fb if fa is not None or fb is not None else a == b
+    return fa == fb if fa is not None or fb is not None else redact(a) == redact(b)
 
 
 def _sqlite_path(url: str) -> str | None:
