@@ -143,6 +143,38 @@ def test_load_prior_names_a_file_that_holds_no_study_with_the_prior_s_way_out(tm
     assert other.read_text() == '{\n "batch_size": 16\n}\n'
 
 
+def test_load_prior_from_the_output_folder_of_a_search_given_storage_reads_the_study_its_best_json_names(
+        tmp_path, capsys, monkeypatch):
+    # a fleet's folder holds no study.db: its study is in the --storage its best.json names. "no study.db there;
+    # give the output folder of an earlier search" was said of the very folder the README tells you to give
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "fleet"
+    assert main(["search", "--device", "sim:orin-nano", "--workload", "cnn", "--knobs", "gpu_freq", "--batch-sizes",
+                 "16,32", "--real-steps", "0", "--measure-s", "0.5", "--soak-s", "0", "--budget", "10", "-q",
+                 "--n-trials", "3", "--storage", "journal:fleet.log", "--study-name", "f", "-o", str(out)]) == 0
+    assert not (out / "study.db").exists()
+    prior = load_prior(str(out))
+    assert prior.study_name == "f" and len(prior.observations) == 3
+    assert prior.observations == load_prior("journal:fleet.log").observations
+    best = json.loads((out / "best.json").read_text())
+    # a relative journal path is taken from where the search ran: from elsewhere, the line names the file to give
+    monkeypatch.chdir(out)
+    with pytest.raises(PriorError, match=r"its study 'f' is in journal:fleet.log, and there is no such file "
+                                         r".*fleet/fleet.log from here; give that file's path from here: "
+                                         r"--prior 'journal:PATH#f'"):
+        load_prior(str(out))
+    # a server's password is not in best.json: the line asks for the URL with it, naming the study
+    best["study"]["storage"] = "postgresql://edgetune:***@127.0.0.1:5432/edgetune"
+    (out / "best.json").write_text(json.dumps(best))
+    with pytest.raises(PriorError, match=r"its study 'f' is in postgresql://edgetune:\*\*\*@127.0.0.1:5432/edgetune, "
+                                         r"whose password best.json leaves out; give the URL with it: "
+                                         r"--prior 'URL#f'"):
+        load_prior(str(out))
+    (out / "best.json").write_text("{not json")
+    with pytest.raises(PriorError, match="no study.db there, and its best.json names no study edgetune can read"):
+        load_prior(str(out))
+
+
 # ---------------------------------------------------------------------------------------------- transfer
 
 

@@ -37,7 +37,7 @@ from edgetune.power.base import KnobValue
 from edgetune.power.knobs import Candidate
 from edgetune.search.records import Observation, read_identity, read_observation
 from edgetune.search.space import SearchSpace
-from edgetune.search.storage import SearchError, open_storage, redact
+from edgetune.search.storage import SearchError, open_storage, redact, storage_file
 
 __all__ = ["CORRECTION_MIN_LENGTH", "MIN_GP_ROWS", "PriorError", "PriorModel", "PriorStudy", "Transfer", "load_prior",
            "map_to_space", "per_setting", "snap"]
@@ -45,6 +45,7 @@ __all__ = ["CORRECTION_MIN_LENGTH", "MIN_GP_ROWS", "PriorError", "PriorModel", "
 _log = get_logger(__name__)
 
 STUDY_DB = "study.db"  # the search's SQLite file in an output folder (edgetune.config.STUDY_DB)
+BEST_JSON = "best.json"  # the search's result in an output folder: its "study" names the storage and study
 NAME_SEP = "#"  # separates a storage URL from the study name: sqlite:///out/study.db#orin-nano-cnn-10W-time
 #: log-space std of the new board's correction before any of its measurements: a sibling module or another
 #: power mode differs by tens of percent in time and power (Orin Nano vs NX at equal clocks: ~40% in power)
@@ -129,11 +130,41 @@ def _storage_url(spec: str) -> tuple[str, str | None]:
         return url, name
     path = Path(url)
     if path.is_dir():
+        if not (path / STUDY_DB).is_file() and (path / BEST_JSON).is_file():
+            return _storage_of_folder(spec, path, name)
         path = path / STUDY_DB
     if not path.is_file():
         raise PriorError(f"--prior {spec}: no {STUDY_DB} there; give the output folder of an earlier search, "
                          f"or a storage URL (sqlite:///..., journal:FILE)")
     return f"sqlite:///{path.resolve()}", name
+
+
+def _storage_of_folder(spec: str, folder: Path, name: str | None) -> tuple[str, str | None]:
+    """(storage URL, study name) of an output folder without a study.db: a search given ``--storage`` (a fleet's
+    journal file or server) keeps its study there, and the folder's best.json names it (``study``: ``storage``,
+    ``name``). A server URL whose password best.json left out, or a file that is not where the URL says from
+    here (a relative path, taken from the directory the search ran in), is refused naming the URL to give."""
+    import json
+
+    try:
+        study = json.loads((folder / BEST_JSON).read_text()).get("study") or {}
+        url, held = study.get("storage"), study.get("name")
+    except (OSError, ValueError, AttributeError):
+        url = held = None
+    if not isinstance(url, str) or not isinstance(held, str):
+        raise PriorError(f"--prior {spec}: no {STUDY_DB} there, and its {BEST_JSON} names no study edgetune can "
+                         f"read; give the earlier search's storage URL (sqlite:///..., journal:FILE) with "
+                         f"{NAME_SEP}STUDY_NAME")
+    name = name or held
+    if redact(url) != url or ":***@" in url:  # best.json keeps a server's URL without its password
+        raise PriorError(f"--prior {spec}: its study {held!r} is in {url}, whose password {BEST_JSON} leaves out; "
+                         f"give the URL with it: --prior 'URL{NAME_SEP}{name}'")
+    file = storage_file(url)
+    if file is not None and not file.is_file():
+        scheme = "journal:" if url.startswith("journal:") else "sqlite:///"
+        raise PriorError(f"--prior {spec}: its study {held!r} is in {url}, and there is no such file {file} from "
+                         f"here; give that file's path from here: --prior '{scheme}PATH{NAME_SEP}{name}'")
+    return url, name
 
 
 def load_prior(spec: str) -> PriorStudy:

@@ -41,7 +41,8 @@ from edgetune.power.state import pid_alive
 from edgetune.search import records
 
 __all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "SearchError", "check_sqlite_file", "close_storage",
-           "heartbeat", "in_memory", "open_storage", "recover_dead_workers", "redact", "retry_callback", "worker_id"]
+           "heartbeat", "in_memory", "open_storage", "recover_dead_workers", "redact", "retry_callback", "same_storage",
+           "storage_file", "worker_id"]
 
 _log = get_logger(__name__)
 
@@ -196,7 +197,7 @@ def sqlite_file(url: str) -> Path | None:
     return Path(path) if path else None
 
 
-def _file_of(url: str) -> Path | None:
+def storage_file(url: str) -> Path | None:
     """The file behind a journal or SQLite URL, resolved (None: a server, or SQLite in memory)."""
     if url.startswith("journal:"):
         return Path(url[len("journal:"):].removeprefix("//")).resolve()
@@ -208,7 +209,7 @@ def same_storage(a: str, b: str) -> bool:
     """Whether two storage URLs name the same storage: the same file for journal and SQLite URLs (relative
     paths taken from the working directory), else the same URL but for its password, which either may have
     had :func:`redact` take out (best.json and a prior's source keep the URL redacted)."""
-    fa, fb = _file_of(a), _file_of(b)
+    fa, fb = storage_file(a), storage_file(b)
     return fa == fb if fa is not None or fb is not None else redact(a) == redact(b)
 
 
