@@ -143,6 +143,32 @@ def test_load_prior_names_a_file_that_holds_no_study_with_the_prior_s_way_out(tm
     assert other.read_text() == '{\n "batch_size": 16\n}\n'
 
 
+def test_a_prior_that_holds_no_study_is_refused_with_the_prior_s_way_out_and_left_as_it_was(tmp_path):
+    import sqlite3
+
+    way_out = "; give the output folder of an earlier search, its study.db or its journal file (journal:FILE)"
+    # another program's SQLite database: Optuna wrote its tables into it (and a write-ahead log) before it said
+    # "holds no study; name one", which no name could help
+    other = tmp_path / "inventory.db"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE parts (name TEXT)")
+        db.execute("INSERT INTO parts VALUES ('heatsink')")
+    db.close()
+    before = other.read_bytes()
+    for spec in (str(other), f"sqlite:///{other}"):
+        with pytest.raises(PriorError) as err:
+            load_prior(spec)
+        assert str(err.value) == (f"--prior {spec}: {other} is an SQLite database without Optuna's tables (another "
+                                  f"program's; nothing was written){way_out}")
+    assert other.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["inventory.db"]
+    # a journal file with no study in it: there is no name to give
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    with pytest.raises(PriorError) as err:
+        load_prior(f"journal:{empty}")
+    assert str(err.value) == f"--prior journal:{empty} holds no study{way_out}"
+
+
 def test_load_prior_from_the_output_folder_of_a_search_given_storage_reads_the_study_its_best_json_names(
         tmp_path, capsys, monkeypatch):
     # a fleet's folder holds no study.db: its study is in the --storage its best.json names. "no study.db there;

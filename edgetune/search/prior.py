@@ -37,7 +37,14 @@ from edgetune.power.base import KnobValue
 from edgetune.power.knobs import Candidate
 from edgetune.search.records import Observation, read_identity, read_observation
 from edgetune.search.space import SearchSpace
-from edgetune.search.storage import SearchError, open_storage, redact, storage_file
+from edgetune.search.storage import (
+    SearchError,
+    check_sqlite_file,
+    open_storage,
+    redact,
+    sqlite_file,
+    storage_file,
+)
 
 __all__ = ["CORRECTION_MIN_LENGTH", "MIN_GP_ROWS", "PriorError", "PriorModel", "PriorStudy", "Transfer", "load_prior",
            "map_to_space", "per_setting", "snap"]
@@ -45,6 +52,7 @@ __all__ = ["CORRECTION_MIN_LENGTH", "MIN_GP_ROWS", "PriorError", "PriorModel", "
 _log = get_logger(__name__)
 
 STUDY_DB = "study.db"  # the search's SQLite file in an output folder (edgetune.config.STUDY_DB)
+_OPTUNA_TABLE = "studies"  # the table every Optuna RDB storage holds its studies in
 BEST_JSON = "best.json"  # the search's result in an output folder: its "study" names the storage and study
 NAME_SEP = "#"  # separates a storage URL from the study name: sqlite:///out/study.db#orin-nano-cnn-10W-time
 #: log-space std of the new board's correction before any of its measurements: a sibling module or another
@@ -167,6 +175,30 @@ def _storage_of_folder(spec: str, folder: Path, name: str | None) -> tuple[str, 
     return url, name
 
 
+def _refuse_other_sqlite(url: str) -> None:
+    """Refuse an SQLite file that holds no Optuna tables (another program's database) before Optuna opens it:
+    it would create its tables in the file (and switch it to a write-ahead log) only to find no study there.
+
+    Raises:
+        SearchError: with ``problem`` (as :func:`~edgetune.search.storage.check_sqlite_file`, which runs first:
+            an empty or damaged file)."""
+    import contextlib
+    import sqlite3
+
+    file = sqlite_file(url)
+    if file is None or not file.is_file():
+        return
+    check_sqlite_file(url)
+    try:
+        with contextlib.closing(sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError:  # unreadable after all: open_storage says how
+        return
+    if _OPTUNA_TABLE not in tables:
+        problem = f"{file} is an SQLite database without Optuna's tables (another program's; nothing was written)"
+        raise SearchError(problem, problem=problem)
+
+
 def load_prior(spec: str) -> PriorStudy:
     """Read the earlier study ``spec`` names (module docs); its measured settings that ran.
 
@@ -178,6 +210,7 @@ def load_prior(spec: str) -> PriorStudy:
 
     url, name = _storage_url(spec)
     try:
+        _refuse_other_sqlite(url)
         storage = open_storage(url)
     except SearchError as exc:
         if exc.problem is None:  # a server, a URL: the storage's own line says what to check
@@ -185,10 +218,13 @@ def load_prior(spec: str) -> PriorStudy:
         raise PriorError(f"--prior {spec}: {exc.problem}; give the output folder of an earlier search, its "
                          f"{STUDY_DB} or its journal file (journal:FILE)") from None
     names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False))
+    if not names:  # a journal file that is empty, a study file whose study was deleted: naming one cannot help
+        raise PriorError(f"--prior {spec} holds no study; give the output folder of an earlier search, its "
+                         f"{STUDY_DB} or its journal file (journal:FILE)")
     if name is None:
         if len(names) != 1:
-            found = f"{len(names)} studies ({', '.join(names)})" if names else "no study"
-            raise PriorError(f"--prior {spec} holds {found}; name one: --prior '{url}{NAME_SEP}STUDY_NAME'")
+            raise PriorError(f"--prior {spec} holds {len(names)} studies ({', '.join(names)}); name one: "
+                             f"--prior '{url}{NAME_SEP}STUDY_NAME'")
         name = names[0]
     elif name not in names:
         raise PriorError(f"--prior {spec}: no study {name!r} there; it holds {', '.join(names) or 'none'}")
