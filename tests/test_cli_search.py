@@ -3,6 +3,7 @@ kill -9 lose nothing; progress readable without a terminal; a search whose every
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -293,6 +294,49 @@ def _first_search(out: Path) -> dict[str, bytes]:
     # collector to write into whatever file lies there later
     assert not (out / "study.db-wal").exists()
     return {name: (out / name).read_bytes() for name in ("best.json", "trials.csv")}
+
+
+@contextlib.contextmanager
+def _read_only(folder: Path):
+    """``folder`` not writable by this process while the block runs: its mode (root ignores it: the immutable
+    attribute then, where the file system has one)."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+        return
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+i", str(folder)], check=False, capture_output=True).returncode:
+        pytest.skip("root, and no immutable attribute here to make a folder read-only")
+    try:
+        yield
+    finally:
+        subprocess.run([chattr, "-i", str(folder)], check=True)
+
+
+def test_a_study_in_a_folder_this_user_cannot_write_is_not_called_damaged(tmp_path, capsys):
+    # SQLite reads a write-ahead-logged study with a -shm file beside it: in a folder it cannot write (another
+    # user's results, a read-only share) it cannot open the file, which was reported as "damaged ... move it
+    # away to start a new study, or put back a good copy", as --storage and as --prior alike
+    from edgetune.search.prior import PriorError, load_prior
+
+    out = tmp_path / "theirs"
+    kept = _first_search(out)
+    kept["study.db"] = (out / "study.db").read_bytes()
+    with _read_only(out):
+        assert main(["search", *FAST, "--budget", "10", "--n-trials", "3", "-o", str(out)]) == 2
+        line = _one_error_line(capsys)
+        assert f"SQLite cannot open storage {out / 'study.db'} here (unable to open database file)" in line
+        assert f"its folder {out} must be writable by this user; nothing was written" in line
+        assert "damaged" not in line and "start a new study" not in line
+        with pytest.raises(PriorError) as err:
+            load_prior(str(out))
+        assert str(err.value).endswith("must be writable by this user; run as a user who may write there, or copy "
+                                       "the folder somewhere writable and give that"), str(err.value)
+        assert "damaged" not in str(err.value)
+    assert {name: (out / name).read_bytes() for name in kept} == kept
 
 
 def test_an_empty_study_file_is_refused_and_nothing_overwritten(tmp_path, capsys):

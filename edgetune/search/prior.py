@@ -215,8 +215,8 @@ def load_prior(spec: str) -> PriorStudy:
     except SearchError as exc:
         if exc.problem is None:  # a server, a URL: the storage's own line says what to check
             raise PriorError(f"--prior: {exc}") from None
-        raise PriorError(f"--prior {spec}: {exc.problem}; give the output folder of an earlier search, its "
-                         f"{STUDY_DB} or its journal file (journal:FILE)") from None
+        fix = exc.fix or f"give the output folder of an earlier search, its {STUDY_DB} or its journal file (journal:FILE)"
+        raise PriorError(f"--prior {spec}: {exc.problem}; {fix}") from None
     names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False))
     if not names:  # a journal file that is empty, a study file whose study was deleted: naming one cannot help
         raise PriorError(f"--prior {spec} holds no study; give the output folder of an earlier search, its "

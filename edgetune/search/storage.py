@@ -66,11 +66,13 @@ class SearchError(RuntimeError):
     """A search that cannot start or continue (storage unreachable, study mismatch): one line.
 
     ``problem``: where the storage is a file that holds no study (empty, damaged, another kind of file), the
-    line's problem without its fix, for a caller that reads the file for another purpose (``--prior``)."""
+    line's problem without its fix, for a caller that reads the file for another purpose (``--prior``);
+    ``fix``: where the way out is the same for every caller (a folder this user cannot write), that way out."""
 
-    def __init__(self, message: str, *, problem: str | None = None) -> None:
+    def __init__(self, message: str, *, problem: str | None = None, fix: str | None = None) -> None:
         super().__init__(message)
         self.problem = problem
+        self.fix = fix
 
 
 def redact(url: str) -> str:
@@ -256,11 +258,23 @@ def check_sqlite_file(url: str) -> None:
         with contextlib.closing(sqlite3.connect(path, timeout=SQLITE_LOCK_TIMEOUT_S)) as db:
             verdict = [row[0] for row in db.execute("PRAGMA quick_check")]
     except sqlite3.DatabaseError as exc:
+        if _cannot_open(exc):  # the file is whole: this process cannot open it where it is
+            folder = os.path.dirname(os.path.abspath(path))
+            problem = (f"SQLite cannot open storage {path} here ({exc}): a study file is read and written with a "
+                       f"-wal and a -shm file beside it, so its folder {folder} must be writable by this user")
+            fix = "run as a user who may write there, or copy the folder somewhere writable and give that"
+            raise SearchError(f"{problem}; nothing was written: {fix}", problem=problem, fix=fix) from None
         verdict = [str(exc)]
     if verdict != ["ok"]:
         detail = " ".join(" ".join(verdict).split())[:_MESSAGE_CHARS]  # quick_check lists problems over lines
         problem = f"storage {path} is damaged ({detail})"
         raise SearchError(f"{problem}: {fix}", problem=problem)
+
+
+def _cannot_open(exc: Exception) -> bool:
+    """SQLite's SQLITE_CANTOPEN (its name on Python >= 3.11, its text before): the file, or the -wal and -shm
+    files a write-ahead-logged database needs beside it, cannot be opened here; not damage."""
+    return getattr(exc, "sqlite_errorname", None) == "SQLITE_CANTOPEN" or str(exc) == "unable to open database file"
 
 
 def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:
