@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -214,6 +216,68 @@ def test_a_setting_that_kills_its_worker_is_given_up_after_the_retry_cap(tmp_pat
     assert len(m) == 6 and set(report["measured_here"]) <= {t.number for t in windows(study)}
     settings = [tuple(sorted(t.params.items())) for t in m]
     assert len(settings) == len(set(settings)) and tuple(sorted(params.items())) not in settings
+
+
+# A worker elsewhere judges this process's RUNNING trial: prints how many dead workers it found, and the trial's state
+JUDGE = r"""
+import sys, optuna
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+from edgetune.search.storage import open_storage, recover_dead_workers, retry_callback
+storage = open_storage(sys.argv[1])
+study = optuna.load_study(study_name="alive", storage=storage)
+print(recover_dead_workers(study, storage, retry_callback(storage)), study.get_trials()[0].state.name)
+"""
+
+
+def _running_trial_of_this_process(url: str) -> None:
+    """A study "alive" in ``url`` with one trial this process measures (RUNNING, recorded as a search records it)."""
+    from edgetune.search.storage import worker_id, worker_kernel
+
+    study = optuna.create_study(study_name="alive", storage=open_storage(url))
+    space = worker_space()
+    trial = study.ask(space.distributions())
+    records.write_start(trial, space.candidate(trial.params), records.Role.SEARCH, worker_id(), worker_kernel())
+
+
+def test_a_live_worker_in_another_pid_namespace_of_the_same_host_name_is_not_taken_for_dead(tmp_path):
+    # boards flashed from one image share a host name, as do containers run with the host's: a worker there
+    # read this process's pid as its own, found no such process, and failed its trial mid-measurement (measured
+    # again by the retry; this worker's tell then died with UpdateFinishedTrialError)
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "--pid", "--fork", "true"],
+                                                         check=False, capture_output=True).returncode:
+        pytest.skip("no unshare with pid namespaces here (needs root)")
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    _running_trial_of_this_process(url)
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run(["unshare", "--pid", "--fork", sys.executable, "-c", JUDGE, url], capture_output=True,
+                         text=True, env=env, cwd=str(REPO), timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["0", "RUNNING"]
+    # in this process's own namespace the same judge sees it alive too, and a dead one's trial is failed
+    out = subprocess.run([sys.executable, "-c", JUDGE, url], capture_output=True, text=True, env=env, cwd=str(REPO),
+                         timeout=120, check=False)
+    assert out.stdout.split() == ["0", "RUNNING"], out.stderr[-2000:]
+
+
+def test_a_trial_recorded_by_another_kernel_is_left_to_the_heartbeat_whatever_its_host_name(tmp_path):
+    # the same host name and a pid that is dead here, but recorded by another boot of another board
+    from edgetune.search.storage import recover_dead_workers, retry_callback, worker_kernel
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    storage = open_storage(url)
+    study = optuna.create_study(study_name="twins", storage=storage)
+    space = worker_space()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead = f"{socket.gethostname()}:{int(gone.stdout)}"  # this host's name, a process that has ended
+    elsewhere, here = (study.ask(space.distributions()) for _ in range(2))
+    for trial, kernel in ((elsewhere, "another-boot/pid:[4026531836]"), (here, worker_kernel())):
+        records.write_start(trial, space.candidate(trial.params), records.Role.SEARCH, dead, kernel)
+    if not worker_kernel():
+        pytest.skip("no boot id here (not Linux)")
+    assert recover_dead_workers(study, storage, retry_callback(storage)) == 1
+    states = {t.number: t.state for t in study.get_trials()}
+    assert states[elsewhere.number] == TrialState.RUNNING and states[here.number] == TrialState.FAIL
 
 
 def test_a_silent_worker_on_another_host_is_failed_by_the_heartbeat_and_retried(tmp_path):

@@ -49,6 +49,7 @@ __all__ = [
     "TrialRecord",
     "enqueue",
     "is_measured",
+    "kernel_of",
     "measured_count",
     "read_budget_rule",
     "read_identity",
@@ -73,6 +74,7 @@ _BATCH_SIZE = "batch_size"
 _SETTING = "setting"  # knob -> value
 _ROLE = "role"
 _WORKER = "worker"  # host:pid
+_KERNEL = "worker_kernel"  # where that pid means a process: boot id / pid namespace (storage.worker_kernel)
 _MEASURED = "measured"  # True: this trial ran the measurement; False: told another trial's result
 _MEASUREMENT = "measurement"  # Measurement.to_dict()
 _OUTCOME = "outcome"  # Outcome fields
@@ -215,10 +217,13 @@ def enqueue(study: optuna.Study, space: SearchSpace, candidate: Candidate, role:
                         skip_if_exists=skip_if_exists)
 
 
-def write_start(trial: optuna.Trial, candidate: Candidate, role: str, worker: str) -> None:
-    """What a trial is about, written as soon as it is asked (a dead worker's trial still says it)."""
+def write_start(trial: optuna.Trial, candidate: Candidate, role: str, worker: str, kernel: str = "") -> None:
+    """What a trial is about, written as soon as it is asked (a dead worker's trial still says it); ``kernel``:
+    where the worker's pid means a process (:func:`~edgetune.search.storage.worker_kernel`; "" unknown)."""
     for key, value in (*_candidate_attrs(candidate).items(), (_WORKER, worker), (_ROLE, str(role))):
         trial.set_user_attr(key, value)
+    if kernel:
+        trial.set_user_attr(_KERNEL, kernel)
 
 
 def write_measurement(trial: optuna.Trial, m: Measurement, outcome: Outcome | None, feasible: bool,
@@ -322,6 +327,11 @@ def role_of(trial: optuna.Trial | FrozenTrial) -> Role:
 def worker_of(trial: FrozenTrial) -> str:
     """``host:pid`` of the worker that asked the trial ("" before it said)."""
     return trial.user_attrs.get(_WORKER, "")
+
+
+def kernel_of(trial: FrozenTrial) -> str:
+    """Where the pid of the trial's worker means a process (:func:`write_start`'s ``kernel``; "" unrecorded)."""
+    return trial.user_attrs.get(_KERNEL, "")
 
 
 def is_measured(trial: FrozenTrial) -> bool:

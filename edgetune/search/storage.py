@@ -17,7 +17,8 @@ rather than retried forever:
   measured twice; the trial just stays in the study).
 * this host: a dead worker's pid is known at once, so :func:`recover_dead_workers` fails its trials without
   waiting for the grace period (a resume right after ``kill -9``), through the public ``study.tell``, and
-  retries them with the same callback.
+  retries them with the same callback. "This host" is this boot of this kernel and pid namespace
+  (:func:`worker_kernel`, which each trial records), not the host name: boards flashed from one image share it.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from edgetune.search import records
 
 __all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "SearchError", "check_sqlite_file", "close_storage",
            "heartbeat", "in_memory", "open_storage", "recover_dead_workers", "redact", "retry_callback", "same_storage",
-           "storage_file", "worker_id"]
+           "storage_file", "worker_id", "worker_kernel"]
 
 _log = get_logger(__name__)
 
@@ -310,6 +311,33 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+#: the kernel's random id of this boot: two machines (boards flashed from one image share a host name) never
+#: share it, and a reboot changes it
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+#: this process's pid namespace: containers on one kernel (with the host's name, ``--uts=host``) number their
+#: processes apart
+_PID_NAMESPACE = "/proc/self/ns/pid"
+
+
+def worker_kernel() -> str:
+    """Where this worker's pid means a process: this boot of this kernel and this pid namespace (``boot/ns``);
+    "" where unknown (not Linux). Trials record it (:func:`records.write_start`): a host name alone is no proof,
+    since identical boards flashed from one image, and containers sharing the host's name, share it."""
+    try:
+        return f"{_BOOT_ID.read_text().strip()}/{os.readlink(_PID_NAMESPACE)}"
+    except OSError:
+        return ""
+
+
+def _pid_here(trial: FrozenTrial, host: str, kernel: str) -> int | None:
+    """The pid of ``trial``'s worker where it names a process of this kernel and pid namespace (else None): the
+    trial's recorded kernel is ours, or, for a trial that records none (an older edgetune's), its host is."""
+    h, _, pid = records.worker_of(trial).rpartition(":")
+    recorded = records.kernel_of(trial)
+    here = recorded == kernel if recorded else h == host
+    return int(pid) if here and pid.isdigit() else None
+
+
 RetryCallback = Callable[[optuna.Study, FrozenTrial], None]
 
 
@@ -383,14 +411,13 @@ def recover_dead_workers(study: optuna.Study, storage: optuna.storages.BaseStora
     On this host a worker's pid says at once whether it lives; elsewhere Optuna's heartbeat decides
     (:func:`optuna.storages.fail_stale_trials`, which calls the storage's retry callback itself).
     """
-    host = socket.gethostname()
+    host, kernel = socket.gethostname(), worker_kernel()
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        worker = records.worker_of(t)
-        h, _, pid = worker.rpartition(":")
-        dead = h == host and pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid))
+        pid = _pid_here(t, host, kernel)
+        dead = pid is not None and pid != os.getpid() and not pid_alive(pid)
         if dead and fail_and_retry(study, t.number, retry):
-            _log.warning("trial %d: worker %s died mid-trial; failed and queued again", t.number, worker)
+            _log.warning("trial %d: worker %s died mid-trial; failed and queued again", t.number, records.worker_of(t))
             n += 1
     if _heartbeat_interval_s(storage):
         with warnings.catch_warnings():

@@ -102,6 +102,7 @@ from edgetune.search.storage import (
     redact,
     retry_callback,
     worker_id,
+    worker_kernel,
 )
 from edgetune.search.thermal import (
     MAX_SOAKS,
@@ -253,6 +254,7 @@ class Search:
         self.on_trial = on_trial
         self.on_step = on_step
         self.worker = worker_id()
+        self.kernel = worker_kernel()  # where that pid means this process: another worker judges its death by it
         default_b = baseline_batch_size or getattr(workload, "default_batch_size", space.batch_sizes[0])
         # the baseline: the space's batch size nearest the workload's default, the other knobs as found (not
         # as the last trial left them)
@@ -543,7 +545,7 @@ class Search:
         trial = self._ask(study)
         role = records.role_of(trial)
         cand = self.space.candidate(trial.params)
-        records.write_start(trial, cand, role, self.worker)
+        records.write_start(trial, cand, role, self.worker, self.kernel)
         source = None if role == Role.CONFIRM else find_same(study, trial, self.space)
         if source is not None:
             self._tell_duplicate(study, trial, source)
