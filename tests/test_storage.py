@@ -280,6 +280,47 @@ def test_a_trial_recorded_by_another_kernel_is_left_to_the_heartbeat_whatever_it
     assert states[elsewhere.number] == TrialState.RUNNING and states[here.number] == TrialState.FAIL
 
 
+def test_a_worker_whose_trial_another_failed_as_stale_drops_its_window_and_goes_on(tmp_path):
+    # a board paused (or its database out of reach) past the grace period: another worker fails its trial and
+    # queues it again; the paused one's tell then raised UpdateFinishedTrialError, a traceback that ended it
+    import torch
+
+    from edgetune.search.storage import fail_and_retry, retry_callback
+    from edgetune.search.study import Search
+    from edgetune.search.trial import MeasurementProtocol
+    from edgetune.workloads import Workload
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    other = open_storage(url)  # the other worker's own connection
+    failed: list[int] = []
+
+    def on_step(k: int) -> None:
+        if k == 1 and not failed and len(search.study.get_trials(deepcopy=False)) == 2:  # the second trial
+            study = optuna.load_study(study_name="stale", storage=other)
+            running = [t for t in study.get_trials() if t.state == TrialState.RUNNING]
+            failed.append(running[0].number)
+            assert fail_and_retry(study, running[0].number, retry_callback(other))
+
+    torch.manual_seed(0)
+    wl = Workload.from_model("tiny", torch.nn.Linear(8, 2),
+                             lambda b, g: (torch.randn(b, 8, generator=g), torch.randint(0, 2, (b,), generator=g)),
+                             default_batch_size=32)
+    device = open_device("sim:orin-nano", compute=False, seed=1)
+    search = Search(device, wl, worker_space(), budget_w=9.0, storage=open_storage(url), study_name="stale",
+                    sampler="random", n_trials=5, seed=1, patience=0, confirm_settings=0, soak_s=0,
+                    protocol=MeasurementProtocol(warmup_steps=0, measure_steps=3, measure_s=0.3), on_step=on_step)
+    result = search.run()
+    assert failed
+    study = optuna.load_study(study_name="stale", storage=other)
+    trials = {t.number: t for t in study.get_trials()}
+    assert trials[failed[0]].state == TrialState.FAIL and not records.is_measured(trials[failed[0]])
+    retry = [t for t in trials.values() if records.retry_history(t) == failed]
+    assert len(retry) == 1 and records.is_measured(retry[0])  # the setting measured once, by its retry
+    assert len(measured(study)) == 5 and result.stop_reason == "5 settings measured"
+    settings = [tuple(sorted(t.params.items())) for t in measured(study)]
+    assert len(settings) == len(set(settings))
+
+
 def test_a_silent_worker_on_another_host_is_failed_by_the_heartbeat_and_retried(tmp_path):
     from edgetune.search.storage import heartbeat, recover_dead_workers, retry_callback
 

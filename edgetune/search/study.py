@@ -562,6 +562,17 @@ class Search:
         with heartbeat(self._storage, study, trial.number):
             try:
                 rec = self._measure(study, trial, cand, role)
+            except Exception:
+                if not self._finished_elsewhere(study, trial.number):
+                    with contextlib.suppress(Exception):
+                        fail_and_retry(study, trial.number, self._retry)
+                    raise
+                # another worker failed it meanwhile, taking this one for dead (no heartbeat for the grace period:
+                # a board paused, the database out of reach) and queued it again: its retry measures the setting
+                _log.warning("trial %d (%s): another worker failed it as stale while this one measured it, and "
+                             "queued it again; this measurement is dropped, the retry measures it", trial.number,
+                             cand.describe(self.space.unit_of))
+                return
             except BaseException:
                 # Ctrl-C or a device error: the trial did not finish; fail it and queue it again (no RUNNING
                 # trial left behind; the resume measures it). The original error is the one to report.
@@ -570,6 +581,12 @@ class Search:
                 raise
         if self.on_trial is not None:
             self.on_trial(rec, self._measured_count(study))
+
+    @staticmethod
+    def _finished_elsewhere(study: optuna.Study, number: int) -> bool:
+        """Trial ``number`` is finished in the storage though this worker never told it: another worker failed it."""
+        trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
+        return trial is not None and trial.state.is_finished()
 
     def _limit_w(self) -> float | None:
         """The budget with its tolerance (None: unconstrained)."""
