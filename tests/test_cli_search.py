@@ -339,6 +339,30 @@ def test_a_study_in_a_folder_this_user_cannot_write_is_not_called_damaged(tmp_pa
     assert {name: (out / name).read_bytes() for name in kept} == kept
 
 
+@pytest.mark.parametrize(("revision", "fix"), [
+    ("v3.0.0.d", "back it up, then upgrade it: optuna storage upgrade --storage 'sqlite:///{db}'"),  # an older Optuna's
+    ("v99.0.0.a", "update Optuna: pip install -U optuna"),  # a newer one's
+])
+def test_a_study_file_of_another_optuna_schema_says_how_to_upgrade_it(tmp_path, capsys, revision, fix):
+    # Optuna's line ended in "check the URL, that the server runs and accepts this user": no fix for a file
+    import sqlite3
+
+    from edgetune.search.prior import PriorError, load_prior
+
+    out = tmp_path / "o"
+    _first_search(out)
+    with contextlib.closing(sqlite3.connect(out / "study.db")) as db:
+        db.execute("UPDATE alembic_version SET version_num = ?", (revision,))  # as that Optuna left its tables
+        db.commit()
+    assert main(["search", *FAST, "--budget", "10", "--n-trials", "3", "-o", str(out)]) == 2
+    line = _one_error_line(capsys)
+    assert f"storage sqlite:///{out / 'study.db'}'s tables are in another schema than this Optuna" in line
+    assert line.endswith(fix.format(db=out / "study.db")) and "server" not in line
+    with pytest.raises(PriorError, match="tables are in another schema") as err:
+        load_prior(str(out))
+    assert str(err.value).endswith(fix.format(db=out / "study.db"))
+
+
 def test_an_empty_study_file_is_refused_and_nothing_overwritten(tmp_path, capsys):
     out = tmp_path / "o"
     kept = _first_search(out)

@@ -59,6 +59,10 @@ MAX_RETRY = 2
 #: single commit of a busy fleet on one file
 SQLITE_LOCK_TIMEOUT_S = 60
 _MESSAGE_CHARS = 200  # a storage error's first line is cut here: one readable line, not a driver dump
+#: Optuna's words for a storage whose tables another Optuna version set up (``RDBStorage``'s schema check), and
+#: those of the case an upgrade fixes (an older schema; a newer one needs a newer Optuna)
+_SCHEMA_MISMATCH = "is no longer compatible with the table schema"
+_SCHEMA_UPGRADE = "optuna storage upgrade"
 #: the first bytes of every SQLite 3 database file (the file format's documented header string)
 SQLITE_HEADER = b"SQLite format 3\x00"
 
@@ -153,6 +157,12 @@ def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_INTERVAL_S, grace_s: 
         raise
     except Exception as exc:  # noqa: BLE001 - sqlalchemy/driver errors vary; the user needs one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if _SCHEMA_MISMATCH in first:  # reachable and whole: its tables are another Optuna version's
+            made = first.split("(set up by ", 1)[-1].split(")", 1)[0] if "(set up by " in first else "another version"
+            fix = (f"back it up, then upgrade it: optuna storage upgrade --storage '{redact(given)}'"
+                   if _SCHEMA_UPGRADE in first else "update Optuna: pip install -U optuna")
+            raise SearchError(f"storage {redact(given)}'s tables are in another schema than this Optuna "
+                              f"({optuna.__version__}) reads (set up by {made}); {fix}") from None
         raise SearchError(f"cannot open storage {redact(given)}: {first[:_MESSAGE_CHARS]}; check the URL, that "
                           f"the server runs and accepts this user (or use the default SQLite file)") from None
 
