@@ -321,6 +321,48 @@ def test_a_worker_whose_trial_another_failed_as_stale_drops_its_window_and_goes_
     assert len(settings) == len(set(settings))
 
 
+def test_ctrl_c_mid_trial_is_no_death_however_often_and_the_setting_is_measured_on_the_resume(tmp_path):
+    # each Ctrl-C counted as a dead worker: the third on one setting (the resume measures it first) gave it up
+    # for good, never measured, its later proposals told a failure
+    import torch
+
+    from edgetune.search.study import Search
+    from edgetune.search.trial import MeasurementProtocol
+    from edgetune.workloads import Workload
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    space = worker_space()
+    cand = Candidate(64, (("gpu_freq", space.knob_values["gpu_freq"][0]), ("emc_freq", 2_133_000_000)))
+    records.enqueue(optuna.create_study(study_name="ctrl-c", storage=open_storage(url)), space, cand)
+    torch.manual_seed(0)
+    wl = Workload.from_model("tiny", torch.nn.Linear(8, 2),
+                             lambda b, g: (torch.randn(b, 8, generator=g), torch.randint(0, 2, (b,), generator=g)),
+                             default_batch_size=32)
+
+    params = space.params(cand)
+
+    def search(interrupt: bool) -> Search:
+        def on_step(k: int) -> None:  # Ctrl-C while that setting is measured
+            if interrupt and k == 1 and [t for t in s.study.get_trials(states=(TrialState.RUNNING,))
+                                         if t.params == params]:
+                raise KeyboardInterrupt
+        s = Search(open_device("sim:orin-nano", compute=False, seed=1), wl, space, budget_w=9.0,
+                   storage=open_storage(url), study_name="ctrl-c", sampler="random", n_trials=8, seed=1,
+                   patience=0, confirm_settings=0, soak_s=0, on_step=on_step,
+                   protocol=MeasurementProtocol(warmup_steps=0, measure_steps=3, measure_s=0.3))
+        return s
+
+    for _ in range(MAX_RETRY + 2):  # more Ctrl-Cs on the one setting than a dying worker is allowed
+        with pytest.raises(KeyboardInterrupt):
+            search(interrupt=True).run()
+    result = search(interrupt=False).run()
+    study = optuna.load_study(study_name="ctrl-c", storage=open_storage(url))
+    tried = [t for t in study.get_trials() if t.params == params]
+    assert [t.state for t in tried] == [TrialState.FAIL] * (MAX_RETRY + 2) + [TrialState.COMPLETE]
+    assert records.is_measured(tried[-1]) and not [r for r in result.records if r.given_up]
+    assert len(measured(study)) == 8 and not [t for t in study.get_trials() if t.state == TrialState.WAITING]
+
+
 def test_a_silent_worker_on_another_host_is_failed_by_the_heartbeat_and_retried(tmp_path):
     from edgetune.search.storage import heartbeat, recover_dead_workers, retry_callback
 

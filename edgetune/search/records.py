@@ -61,6 +61,7 @@ __all__ = [
     "worker_of",
     "write_duplicate",
     "write_identity",
+    "write_interrupted",
     "write_measurement",
     "write_out_of_memory",
     "write_start",
@@ -82,6 +83,7 @@ _FEASIBLE = "feasible"
 _SOAKS = "thermal_soaks"
 _DUPLICATE_OF = "duplicate_of"  # number of the trial whose result this one was told
 _NOT_MEASURED = "not_measured"  # why a trial told another's result was not measured (a known out of memory)
+_INTERRUPTED = "interrupted"  # True: Ctrl-C stopped the trial mid-measurement (no death: queued again afresh)
 _TRACE_T = "trace_t"  # the window's power record, s from the window start
 _TRACE_W = "trace_w"  # W
 # study user attributes
@@ -261,6 +263,12 @@ def write_out_of_memory(trial: optuna.Trial, source_number: int, reason: str) ->
     trial.set_user_attr(_NOT_MEASURED, reason)
 
 
+def write_interrupted(trial: optuna.Trial) -> None:
+    """Mark ``trial`` as stopped by Ctrl-C before it finished: the user's stop, not a worker's death, so it
+    counts towards no retry cap (:func:`given_up`); the search queues its setting again afresh."""
+    trial.set_user_attr(_INTERRUPTED, True)
+
+
 def write_identity(study: optuna.Study, identity: Mapping[str, Any], *, tolerance: float, window_s: float,
                    guard_sigma: float, target: Mapping[str, Any]) -> None:
     """What a study was made for (a resume with anything else is refused) and how it judges the budget."""
@@ -364,7 +372,7 @@ def retry_history(trial: FrozenTrial) -> list[int]:
 def _died(trial: FrozenTrial) -> bool:
     """Failed without a measurement and not as a duplicate: its worker died or gave up mid-trial."""
     return (trial.state == TrialState.FAIL and _BATCH_SIZE in trial.user_attrs and _MEASUREMENT not in trial.user_attrs
-            and not is_duplicate(trial))
+            and not is_duplicate(trial) and not trial.user_attrs.get(_INTERRUPTED))
 
 
 def given_up(trials: Iterable[FrozenTrial]) -> set[int]:

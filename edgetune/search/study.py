@@ -573,9 +573,17 @@ class Search:
                              "queued it again; this measurement is dropped, the retry measures it", trial.number,
                              cand.describe(self.space.unit_of))
                 return
+            except KeyboardInterrupt:
+                # Ctrl-C: the user's stop, no death of the worker; counted as one, three of them on one setting
+                # gave it up for good. Failed, and its setting queued again afresh (the resume measures it)
+                with contextlib.suppress(Exception):
+                    records.write_interrupted(trial)
+                    study.tell(trial, state=TrialState.FAIL)
+                    records.enqueue(study, self.space, cand, role)
+                raise
             except BaseException:
-                # Ctrl-C or a device error: the trial did not finish; fail it and queue it again (no RUNNING
-                # trial left behind; the resume measures it). The original error is the one to report.
+                # a device error: the trial did not finish; fail it and queue it again (no RUNNING trial left
+                # behind; the resume measures it). The original error is the one to report.
                 with contextlib.suppress(Exception):
                     fail_and_retry(study, trial.number, self._retry)
                 raise
