@@ -426,6 +426,32 @@ def test_ctrl_c_writes_what_was_measured_and_says_how_to_resume(helper, tmp_path
     assert best["study"]["stop_reason"] == "interrupted (Ctrl-C)"
 
 
+def test_sigterm_writes_what_was_measured_as_ctrl_c_does_and_the_resume_measures_the_setting(helper, tmp_path):
+    """systemctl stop, docker stop or a scheduler's time limit: the worker died of the signal (143) with no line
+    and no best.json of the trials it had measured; the stopped trial now counts as no worker's death."""
+    out, marker = tmp_path / "o", tmp_path / "hanging"
+    proc = _spawn(helper, out, marker, hang_after=8)
+    _wait_for(marker, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("edgetune: terminated (SIGTERM): ") and "run the same command again to resume" in last
+    assert "Traceback" not in err
+    rows = _rows(out / "trials.csv")
+    best = json.loads((out / "best.json").read_text())
+    assert rows and best["study"]["trials_measured"] == len(rows)
+    assert best["study"]["stop_reason"] == "terminated (SIGTERM)"
+    import optuna
+
+    from edgetune.search import records
+
+    study = optuna.load_study(study_name=best["study"]["name"], storage=f"sqlite:///{out / 'study.db'}")
+    stopped = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert stopped and not records.given_up(study.trials)  # failed and queued again, not counted as a death
+    assert any(t.state == optuna.trial.TrialState.WAITING for t in study.trials)
+
+
 def test_ctrl_c_on_a_resumed_study_redraws_the_plots_of_what_it_wrote(tmp_path, monkeypatch, capsys):
     """The plots of the run before must not stay beside a best.json that no longer names their pick."""
     from edgetune.search.study import Search

@@ -12,8 +12,11 @@ import argparse
 import contextlib
 import importlib
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from edgetune import __version__
 
@@ -30,6 +33,7 @@ EXIT_USAGE = 2  # bad input a user can fix (argparse's own code for usage errors
 #: the parsed arguments' name -> parser of each command, so an argument no command takes is named by its own
 COMMAND_PARSERS = "_command_parsers"
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports a command the signal ended
+EXIT_TERMINATED = 143  # SIGTERM: 128 + SIGTERM, likewise
 #: what a command prints from a simulated device (the twin, trace replay) starts with, so no figure is taken
 #: for a measurement
 SIMULATION_LABEL = "SIMULATION: "
@@ -46,6 +50,33 @@ class UsageError(Exception):
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C, with what was kept and how to go on: printed as ``edgetune: interrupted: <message>``."""
+
+
+class Terminated(Interrupted):
+    """SIGTERM (``systemctl stop``, ``docker stop``, a job scheduler's stop or time limit), raised in the main thread
+    as Ctrl-C's KeyboardInterrupt is, so a command unwinds the same way: knobs restored, what was measured
+    written. Printed as ``edgetune: terminated (SIGTERM): <message>``, exit code 143."""
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """While a command runs, SIGTERM raises :class:`Terminated` (once: a second one while it unwinds is ignored, so
+    the restores and the files it writes finish; a SIGKILL after a grace period still ends it). Left alone where
+    SIGTERM has a handler of its embedding program, or is ignored, or off the main thread."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def _raise(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) in (_raise, signal.SIG_IGN):  # ours (the knobs' handler is gone by now)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -83,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
-    with _library_log_to_stderr():
+    with _library_log_to_stderr(), _sigterm_unwinds():
         if args.command != "restore":  # `edgetune restore` does this itself, and says when there is nothing
             _recover_knobs()
         try:
@@ -95,8 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         except KeyboardInterrupt as exc:
             detail = f": {exc}" if isinstance(exc, Interrupted) and str(exc) else ""
-            print(f"edgetune: interrupted{detail}", file=sys.stderr)
-            return EXIT_INTERRUPTED
+            terminated = isinstance(exc, Terminated)
+            print(f"edgetune: {'terminated (SIGTERM)' if terminated else 'interrupted'}{detail}", file=sys.stderr)
+            return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
         except BrokenPipeError:
             return _broken_pipe()
 

@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edgetune.cli import Interrupted, UsageError
+from edgetune.cli import Interrupted, Terminated, UsageError
 from edgetune.cli.flags import add_config_flags, config_from_args
 
 if TYPE_CHECKING:
@@ -212,6 +212,7 @@ def _search(args: argparse.Namespace, opened: list) -> int:
             where = f"{origin}: " if origin and not origin.startswith("--") else ""  # set in a file: name it
             raise UsageError(f"{where}{exc}") from None
         interrupted: SearchResult | None = None
+        stop: type[Interrupted] = Interrupted  # how the search was stopped early: Ctrl-C, or SIGTERM (Terminated)
         budget = cfg.power_budget_w
         src = cfg.label("power_budget_w")  # --budget, or FILE: power_budget_w
         if device.idle_power_w is not None and budget <= device.idle_power_w:
@@ -296,11 +297,12 @@ def _search(args: argparse.Namespace, opened: list) -> int:
                 result = s.run()
             except SearchError as exc:
                 raise UsageError(str(exc)) from None
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as exc:
+                stop = Terminated if isinstance(exc, Terminated) else Interrupted
                 if s.study is None:  # nothing measured yet
-                    raise Interrupted(f"nothing measured; run the same command again to start study "
-                                      f"{study_name!r}") from None
-                interrupted = s.result("interrupted (Ctrl-C)")
+                    raise stop(f"nothing measured; run the same command again to start study "
+                               f"{study_name!r}") from None
+                interrupted = s.result("terminated (SIGTERM)" if stop is Terminated else "interrupted (Ctrl-C)")
     finally:
         device.close()
     # what the plots and the runtime need beyond the study: the guard band, and the workload's step cost
@@ -317,8 +319,8 @@ def _search(args: argparse.Namespace, opened: list) -> int:
             print(written.line, file=sys.stderr)
         done = (f"written to {', '.join(str(f) for f in written.files)}" if written.files else
                 f"the files in {out} kept (another worker's newer view)")
-        raise Interrupted(f"{len(written.result.measured)} trials measured, {done}; run the same command again "
-                          f"to resume study {study_name!r}") from None
+        raise stop(f"{len(written.result.measured)} trials measured, {done}; run the same command again "
+                   f"to resume study {study_name!r}") from None
     return _finish(written, out, cfg)
 
 
