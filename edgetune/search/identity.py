@@ -88,11 +88,34 @@ def _made_with(stored: Mapping[str, Any], fields: Mapping[str, Any], diff: Seque
         flag = _IDENTITY_FLAGS.get(key, key)
         default = _IDENTITY_DEFAULTS.get(key)
         was, now = stored.get(key, default), fields.get(key, default)
-        if key in ("space", "steps_to_target") or was is None or now is None:
+        if key == "space" and isinstance(was, Mapping) and isinstance(now, Mapping):
+            parts.append(_space_made_with(was, now))
+        elif key in ("space", "steps_to_target") or was is None or now is None:
             parts.append(f"another {flag}" if key == "space" else f"a different {flag}")
         else:
             parts.append(f"{flag} {_value_text(was)} (not {_value_text(now)})")
     return " and ".join(parts)
+
+def _space_made_with(was: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """How a study's space (``SearchSpace.to_dict``) differs from this search's, by the flags that set it:
+    ``--batch-sizes 8,16 (not 16,32)``, ``--knobs gpu_freq (not gpu_freq,emc_freq)``, the values of a knob."""
+    def listed(values: Any) -> str:
+        return ",".join(_value_text(v) for v in values) if isinstance(values, list) else str(values)
+
+    parts = []
+    if was.get("batch_sizes") != now.get("batch_sizes"):
+        parts.append(f"--batch-sizes {listed(was.get('batch_sizes'))} (not {listed(now.get('batch_sizes'))})")
+    knobs_was, knobs_now = dict(was.get("knobs") or {}), dict(now.get("knobs") or {})
+    if list(knobs_was) != list(knobs_now):
+        parts.append(f"--knobs {','.join(knobs_was) or 'none'} (not {','.join(knobs_now) or 'none'})")
+    else:
+        moved = [k for k in knobs_was if knobs_was[k] != knobs_now[k]]
+        if moved:
+            parts.append(f"other values of {', '.join(moved)} (space.values, or the power mode's caps)")
+    if was.get("rows") != now.get("rows"):
+        parts.append(f"a table of {was.get('rows')} rows (not {now.get('rows')})")
+    return " and ".join(parts) or "another --batch-sizes, --knobs or space.values"
+
 
 #: relative difference under which two of the law's numbers are one: a B_noise measured again on a GPU (a
 #: resumed search, each worker of a fleet) differs in its last digits from run to run, far inside the law's 5%
