@@ -1218,13 +1218,13 @@ def test_a_run_resumed_from_a_checkpoint_is_tuned_but_not_recorded(tmp_path, cnn
                        cost=cnn_cost, print_summary=False, target=edgetune.Target("acc", 0.5), runs_file=runs)
     with caplog.at_level("WARNING"):
         adapter._start(model, opt, 32, resumed_at=6)
-    assert "resumes from a checkpoint at step 6" in caplog.text and "not recorded in" in caplog.text
+    assert "starts at step 6 (resumed from a checkpoint, or a second fit of one Trainer)" in caplog.text and "not recorded in" in caplog.text
     for value in (0.2, 0.6):
         opt.step()
         adapter.tuner.report(value)
     adapter._stop()
     assert adapter.summary.steps == 2 and not runs.exists()
-    assert any("resumed from a checkpoint at step 6" in text for _, text in adapter.summary.events)
+    assert any("started at step 6 (resumed from a checkpoint" in text for _, text in adapter.summary.events)
 
 
 def _hf_trainer(transformers, tmp_path, model, callback, **args):

@@ -93,8 +93,9 @@ class _Adapter:
             self._stop()
         options = dict(self.options)
         if resumed_at and not local_rank and options.get("runs_file") is not None:
-            _log.warning("this run resumes from a checkpoint at step %d: its steps to the target did not start at "
-                         "zero, so it is not recorded in %s", resumed_at, os.fspath(options["runs_file"]))
+            _log.warning("this run starts at step %d (resumed from a checkpoint, or a second fit of one Trainer): its "
+                         "steps to the target did not start at zero, so it is not recorded in %s", resumed_at,
+                         os.fspath(options["runs_file"]))
             options["runs_file"] = None
         optimizer = _innermost(optimizer)
         # another optimizer's schedulers (a GAN's discriminator) are not this one's: scaling their base rates
@@ -109,7 +110,8 @@ class _Adapter:
             atexit.register(self._stop)
             self._atexit = True
         if resumed_at:
-            tuner._event(f"resumed from a checkpoint at step {resumed_at}: steps are counted from there")
+            tuner._event(f"started at step {resumed_at} (resumed from a checkpoint, or a second fit of one Trainer): "
+                         f"steps are counted from there")
 
     def _tunes_own_gpu(self, model: torch.nn.Module | None) -> bool:
         """Whether this process's tuner takes the GPU its model trains on (``device="nvml"``, or ``auto``

@@ -32,8 +32,9 @@ built (Lightning's ``trainer.train_dataloader``, the Trainer's ``train_batch_siz
 evaluation are no training steps: their time and energy are left out of the steps (and of the time and energy
 to the target), while the budget still holds them.
 
-A run resumed from a checkpoint (``ckpt_path``, ``resume_from_checkpoint``) is tuned and accounted from where
-it resumed, but not recorded in ``runs_file``: its steps to the target did not start at zero. The
+A run resumed from a checkpoint (``ckpt_path``, ``resume_from_checkpoint``), or a second ``fit`` of one Trainer,
+is tuned and accounted from the step it starts at, but not recorded in ``runs_file``: its steps to the target did
+not start at zero. The
 framework's learning-rate schedulers are given to the tuner (``tune(schedulers=...)``), so every scaling of the
 rate (``lr_batch_size``, the guard's batch moves) scales their ``base_lrs`` too, or they would undo it. Only
 the first optimizer's rate is scaled, the one whose steps mark the training steps; another optimizer's (a GAN's
