@@ -184,6 +184,12 @@ def test_a_postgresql_study_whose_url_has_a_password_resumes_into_its_own_folder
         assert main([*args, "--n-trials", "2"]) == 0
         assert f"resuming study '{name}': 1 setting measured" in capsys.readouterr().err
         assert json.loads((tmp_path / "o" / "best.json").read_text())["study"]["settings_measured"] == 2
+        # refused for another budget: the --prior it suggests shows *** for the password, and says so (a URL with
+        # *** pasted as it stood failed to log in)
+        assert main([*args, "--budget", "12", "--n-trials", "3"]) == 2
+        line = _one_error_line(capsys)
+        assert f"(--prior '{redact(url)}#{name}', with the password in place of *** starts it" in line
+        assert url not in line
     finally:
         storage = open_storage(url)
         if name in optuna.get_all_study_names(storage):

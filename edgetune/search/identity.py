@@ -192,7 +192,9 @@ class StudyIdentity:
             records.write_identity(study, self.fields, target=self.law, **rule)
             return
         where = f"study {study.study_name!r} in {redact(storage_url)}"
-        prior_hint = (f"(--prior '{redact(storage_url)}{NAME_SEP}{study.study_name}' starts it from this "
+        shown = redact(storage_url)
+        password = ", with the password in place of ***" if shown != storage_url else ""  # never printed
+        prior_hint = (f"(--prior '{shown}{NAME_SEP}{study.study_name}'{password} starts it from this "
                       f"study's measurements)")
         # its trials' verdicts on the budget were made under its rule: another one would mix two
         changed = {k: v for k, v in records.read_budget_rule(study).items() if not math.isclose(v, rule[k])}
