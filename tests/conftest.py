@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 
@@ -11,6 +13,19 @@ def _isolated_environment(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("EDGETUNE_STATE_DIR", str(tmp_path_factory.mktemp("state")))
     monkeypatch.delenv("EDGETUNE_SYSFS_ROOT", raising=False)
     monkeypatch.setenv("MPLBACKEND", "Agg")
+
+
+@pytest.fixture
+def postgres_url() -> str:
+    """The test PostgreSQL server's URL, with its password (``.ci/run`` starts the server and sets it; under
+    ``CI=true`` a missing URL fails the test rather than skipping it)."""
+    url = os.environ.get("EDGETUNE_TEST_POSTGRES_URL")
+    if not url:
+        message = "EDGETUNE_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return url
 
 
 def pytest_configure(config):

@@ -156,24 +156,12 @@ def test_another_studys_results_in_the_output_folder_are_refused_and_kept(tmp_pa
     assert (out / "best.json").read_text() == "{not json"
 
 
-def postgres_url() -> str:
-    """The test PostgreSQL server's URL, with its password (``.ci/run`` sets it; under ``CI=true`` a missing URL
-    fails the test rather than skipping it)."""
-    url = os.environ.get("EDGETUNE_TEST_POSTGRES_URL")
-    if not url:
-        message = "EDGETUNE_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return url
-
-
-def test_a_postgresql_study_whose_url_has_a_password_resumes_into_its_own_folder(tmp_path, capsys):
+def test_a_postgresql_study_whose_url_has_a_password_resumes_into_its_own_folder(tmp_path, capsys, postgres_url):
     # best.json keeps the URL without its password: the same study resumed (or a second worker of a fleet) was
     # refused as "another storage", naming the very URL it was given
     from edgetune.search.storage import open_storage, redact
 
-    url = postgres_url()
+    url = postgres_url
     assert redact(url) != url  # a URL with a password, as .ci/run's
     name = f"pw-{os.getpid()}-{time.monotonic_ns()}"
     args = ["search", *FAST, "--budget", "10", "--storage", url, "--study-name", name, "-o", str(tmp_path / "o")]

@@ -146,14 +146,8 @@ def test_two_workers_share_one_journal_file(tmp_path):
     check_fleet(url, open_storage(url))
 
 
-def test_two_workers_share_one_postgresql_study():
-    url = os.environ.get("EDGETUNE_TEST_POSTGRES_URL")
-    if not url:
-        message = "EDGETUNE_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    check_fleet(url, open_storage(url))
+def test_two_workers_share_one_postgresql_study(postgres_url):
+    check_fleet(postgres_url, open_storage(postgres_url))
 
 
 def test_kill_9_mid_trial_loses_nothing_and_measures_nothing_twice(tmp_path):
