@@ -409,45 +409,32 @@ def _wait_for(marker: Path, proc: subprocess.Popen, limit_s: float = 120.0) -> N
         time.sleep(0.05)
 
 
-def test_ctrl_c_writes_what_was_measured_and_says_how_to_resume(helper, tmp_path):
+@pytest.mark.parametrize(("signum", "code", "line", "reason"), [
+    (signal.SIGINT, 130, "edgetune: interrupted: ", "interrupted (Ctrl-C)"),
+    # systemctl stop, docker stop or a scheduler's time limit: the worker died of the signal (143) with no line
+    # and no best.json of the trials it had measured
+    (signal.SIGTERM, 143, "edgetune: terminated (SIGTERM): ", "terminated (SIGTERM)"),
+])
+def test_a_stop_writes_what_was_measured_and_says_how_to_resume(helper, tmp_path, signum, code, line, reason):
     out, marker = tmp_path / "o", tmp_path / "hanging"
     proc = _spawn(helper, out, marker, hang_after=8)
     _wait_for(marker, proc)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("edgetune: interrupted: ") and "run the same command again to resume" in last
+    assert last.startswith(line) and "run the same command again to resume" in last
     assert "Traceback" not in err
     rows = _rows(out / "trials.csv")
     best = json.loads((out / "best.json").read_text())
     assert rows and best["study"]["trials_measured"] == len(rows)
-    assert best["study"]["stop_reason"] == "interrupted (Ctrl-C)"
-
-
-def test_sigterm_writes_what_was_measured_as_ctrl_c_does_and_the_resume_measures_the_setting(helper, tmp_path):
-    """systemctl stop, docker stop or a scheduler's time limit: the worker died of the signal (143) with no line
-    and no best.json of the trials it had measured; the stopped trial now counts as no worker's death."""
-    out, marker = tmp_path / "o", tmp_path / "hanging"
-    proc = _spawn(helper, out, marker, hang_after=8)
-    _wait_for(marker, proc)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("edgetune: terminated (SIGTERM): ") and "run the same command again to resume" in last
-    assert "Traceback" not in err
-    rows = _rows(out / "trials.csv")
-    best = json.loads((out / "best.json").read_text())
-    assert rows and best["study"]["trials_measured"] == len(rows)
-    assert best["study"]["stop_reason"] == "terminated (SIGTERM)"
-    import optuna
-
+    assert best["study"]["stop_reason"] == reason
     from edgetune.search import records
 
+    # the stopped trial is failed and its setting queued again, counted as no worker's death
     study = optuna.load_study(study_name=best["study"]["name"], storage=f"sqlite:///{out / 'study.db'}")
-    stopped = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
-    assert stopped and not records.given_up(study.trials)  # failed and queued again, not counted as a death
+    assert any(t.state == optuna.trial.TrialState.FAIL for t in study.trials)
+    assert not records.given_up(study.trials)
     assert any(t.state == optuna.trial.TrialState.WAITING for t in study.trials)
 
 
