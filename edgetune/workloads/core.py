@@ -304,7 +304,7 @@ class Workload:
         cut = []
         for what, x in (("inputs", inputs), ("targets", targets)):
             found = _tensors(x)
-            if not any(t.ndim >= 1 and t.shape[0] >= batch_size and t.shape[0] % batch_size == 0 for t in found):
+            if not any(_holds_batch(t, batch_size) for t in found):
                 raise WorkloadError(
                     f"workload {self.name!r}: cutting a batch of {batch_size} into {parts} micro-batches needs "
                     f"the samples on the first axis of a tensor of the {what}, whose shapes are "
@@ -350,13 +350,17 @@ def _shapes(shapes: list[tuple[int, ...]]) -> str:
     return ", ".join(str(shape) for shape in shapes)
 
 
+def _holds_batch(t: Tensor, batch_size: int) -> bool:
+    """``t``'s first axis holds the batch's samples: a whole multiple of ``batch_size`` (per sample, or per token
+    of a flattened sequence)."""
+    return t.ndim >= 1 and t.shape[0] >= batch_size and t.shape[0] % batch_size == 0
+
+
 def _split(x: Any, parts: int, batch_size: int) -> list[Any]:
     """``x`` (a tensor, or tuples, lists and dicts of them) as ``parts`` micro-batches
     (:meth:`Workload.split_batch`)."""
     if isinstance(x, Tensor):
-        if x.ndim >= 1 and x.shape[0] >= batch_size and x.shape[0] % batch_size == 0:
-            return list(x.chunk(parts))
-        return [x] * parts
+        return list(x.chunk(parts)) if _holds_batch(x, batch_size) else [x] * parts
     if isinstance(x, (tuple, list)):
         columns = [_split(v, parts, batch_size) for v in x]
         return [type(x)(column[i] for column in columns) for i in range(parts)]
