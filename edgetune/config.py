@@ -21,7 +21,6 @@ nearest known key (difflib); an unknown ``[section]`` the nearest section, or wh
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import re
 import sys
@@ -566,7 +565,7 @@ def _section_given_a_value(name: str, value: Any, where: str) -> ConfigError:
     """``budget = 7``: a section's name given a value; names the section's keys, and the top-level key of
     that name's meaning where there is one (``power_budget_w``)."""
     keys = ", ".join(k.split(".", 1)[1] for k in SCHEMA if k.startswith(f"{name}."))
-    shown = json.dumps(value) if isinstance(value, str) else repr(value)
+    shown = _toml_value(value)  # as written in the file (true, not True)
     line = f"{where}: {name} = {shown}: [{name}] is a section (keys {keys}), not a value"
     top = next((k for k in SCHEMA if "." not in k and name in k), None)
     if top is not None:
