@@ -307,6 +307,28 @@ def test_a_stopped_soak_counts_what_it_proved_once_another_ran_to_its_end() -> N
     assert thermal_rise_w([stopped, complete]) == pytest.approx(0.9)
 
 
+def test_a_stopped_soak_that_ran_half_its_length_counts_its_fit_where_that_is_more_than_it_proved() -> None:
+    from edgetune.search.thermal import SOAK_S, thermal_rise_w
+
+    # the pareto benchmark's AGX Orin mobilenet at 33.3 W (seed 0): a 30 W-mode pick soaked to its end, 0.29 W
+    # from 16.34 W; the front's hottest point soaked after it, stopped over the budget after 186 s with its fit at
+    # a 2.56-W rise from 31.89 W (the truth about 3 W), its windows up to 33.3 W proving 1.41 W. Counted as
+    # proven, the rise carried to its neighbours was 1.26 W, and three of them drew 34.6-34.8 W warm
+    complete = _soak(0.29, cool_w=16.34, limit_w=33.3, cool_c=None)
+    hottest = _soak(2.56, stopped=True, cool_w=31.89, limit_w=33.3, cool_c=None)
+    hottest.duration_s, hottest.power_w = 186.0, [32.0, 32.6, 33.3]
+    edge = 33.3 - 0.59
+    rho = 2.56 / 31.89
+    assert thermal_rise_w([complete, hottest], edge_w=edge) == pytest.approx(rho * edge / (1.0 + rho))  # 2.43 W
+    # stopped sooner, its fit had too few windows: it counts what it proved
+    hottest.duration_s = SOAK_S / 2.0 - 1.0
+    proven = (33.3 - 31.89) / 31.89
+    assert thermal_rise_w([complete, hottest], edge_w=edge) == pytest.approx(proven * edge / (1.0 + proven))
+    # a fit that proved less than the windows did (its extrapolation below them) counts the windows
+    hottest.duration_s, hottest.steady_power_w = 186.0, 33.3 + 0.0
+    assert thermal_rise_w([complete, hottest], edge_w=edge) == pytest.approx(proven * edge / (1.0 + proven))
+
+
 def test_a_soaked_setting_is_judged_by_its_own_rise_and_the_others_by_the_carried_one() -> None:
     from edgetune.search.thermal import rise_for_w, soaked_rise_w, thermal_rise_w
 
