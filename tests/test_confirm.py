@@ -250,3 +250,37 @@ def test_the_summary_says_why_a_pick_of_pooled_windows_holds_though_each_window_
     # a pick of one window needs no such line
     result.best, result.records = first, [first]
     assert "windows pooled" not in summary_table(result)
+
+
+def test_a_setting_whose_own_soak_crossed_the_budget_is_never_certified_whatever_its_margin():
+    """The pareto benchmark's Orin NX chartransformer at 14.4 W (seed 1): a soak stopped over the budget fitted
+    less rise than the stop proved, and its setting, whose windows read far enough under the limit once their
+    noise excess was taken off, was certified by 0.006 W and offered, drawing 14.45 W warm. Its soak crossed the
+    budget warm: no margin certifies it, and the pick is the best setting that holds one."""
+    from edgetune.search.results import SearchResult, choose_best, knife_edge
+    from edgetune.search.thermal import ThermalSoak, crossed_warm
+
+    hot, cool = window(3, 1e9, 0.0090, 9.30, se_w=0.0), window(4, 9e8, 0.0100, 9.00, se_w=0.0)
+    space = build_space(open_device("sim:orin-nano", seed=0), 32, [32])
+
+    def result(stopped: bool) -> SearchResult:
+        soak = ThermalSoak(batch_size=32, setting={"gpu_freq": 1e9}, cool_power_w=9.30, duration_s=185.0,
+                           power_w=[9.40, 9.50], steady_power_w=9.62, stopped_over_budget=stopped, limit_w=LIMIT_W,
+                           extrapolated=True)
+        return SearchResult(study_name="s", storage_url="sqlite:///s.db", objective="time", budget_w=LIMIT_W,
+                            constrained=True, tolerance=0.0, space=space, target=TARGET, records=[hot, cool],
+                            best=None, baseline=None, pareto=[], stop_reason="test", protocol="", device_name="d",
+                            device_description="", simulated=True, workload="cnn", guard_sigma=2.0,
+                            thermal_soaks=[soak])
+
+    # soaked to its end, its own rise (0.32 W) and the sensor's accuracy (0.162 W) fit in its 0.70-W margin
+    ran = result(stopped=False)
+    assert ran.required_margin_for(hot.candidate) == pytest.approx(0.32 + 0.08 + 0.0082 * LIMIT_W)
+    assert ran.certified(hot) and choose_best(ran) is hot and knife_edge(ran) is None
+    # stopped over the budget, the same rise would certify it; it crossed the budget warm, so nothing does
+    crossed = result(stopped=True)
+    assert crossed_warm(crossed.thermal_soaks, hot.candidate) and not crossed_warm(crossed.thermal_soaks, cool.candidate)
+    assert crossed.required_margin_for(hot.candidate) == math.inf and not crossed.certified(hot)
+    assert crossed.certified(cool) and choose_best(crossed) is cool
+    edge = knife_edge(crossed)  # the user is told of the faster one and what the safe side costs
+    assert edge is not None and edge.edge is hot and edge.safer is cool

@@ -30,7 +30,7 @@ from edgetune.search.efficiency import LAW_RATIO_PRECISION, TargetModel, ZeusCos
 from edgetune.search.oracle import oracle_fields
 from edgetune.search.records import TrialRecord
 from edgetune.search.space import SearchSpace
-from edgetune.search.thermal import ThermalSoak, governing, rise_for_w, thermal_rise_w
+from edgetune.search.thermal import ThermalSoak, governing, required_margin_w, rise_for_w, thermal_rise_w
 
 __all__ = ["FOLDER_LOCK", "LAW_OBJECTIVES", "LAW_RATIO_PRECISION", "SENSOR_ACCURACY_ABS_W", "SENSOR_ACCURACY_REL",
            "STAGING", "TRIAL_COLUMNS", "BatchTie", "KnifeEdge", "SearchResult", "Written", "batch_tie", "best_json",
@@ -149,9 +149,12 @@ class SearchResult:
 
     def required_margin_for(self, candidate: Candidate) -> float | None:
         """The margin ``candidate`` must hold the limit by to be certified, W: the sensor's accuracy plus the
-        rise :meth:`rise_for_w` counts for it (None: unconstrained)."""
-        accuracy_w = self.accuracy_w
-        return None if accuracy_w is None else accuracy_w + self.rise_for_w(candidate)
+        rise :meth:`rise_for_w` counts for it; infinite where its own soak crossed the budget
+        (:func:`~edgetune.search.thermal.crossed_warm`; None: unconstrained)."""
+        limit_w, accuracy_w = self.limit_w, self.accuracy_w
+        if limit_w is None or accuracy_w is None:
+            return None
+        return required_margin_w(self.thermal_soaks, candidate, accuracy_w, limit_w - accuracy_w)
 
     def certified(self, r: TrialRecord) -> bool:
         """Whether ``r`` held the limit by the margin its setting requires (:meth:`required_margin_for`)."""

@@ -108,7 +108,7 @@ from edgetune.search.thermal import (
     MAX_SOAKS,
     SOAK_S,
     ThermalSoak,
-    rise_for_w,
+    required_margin_w,
     soak,
     soak_reserve,
     soaked_rise_w,
@@ -615,7 +615,7 @@ class Search:
         if limit_w is None:
             return 0.0
         accuracy_w = sensor_accuracy_w(limit_w, self.sensor_channels)
-        return accuracy_w + rise_for_w(self.soaks, cand, limit_w - accuracy_w)
+        return required_margin_w(self.soaks, cand, accuracy_w, limit_w - accuracy_w)
 
     def _rise_w(self) -> float:
         """The soaks' thermal rise as the margin counts it, W, at the edge of the budget (the limit less the
