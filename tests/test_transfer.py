@@ -6,8 +6,10 @@ is ``Twin.expected``.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
+import os
 import re
 
 import numpy as np
@@ -114,6 +116,22 @@ def test_load_prior_from_a_folder_a_url_and_by_name(tmp_path, cnn):
         load_prior(f"{url}#nope")
     with pytest.raises(PriorError, match="has no measured setting"):
         load_prior(f"{url}#other")
+
+
+def test_load_prior_closes_the_study_it_read(tmp_path, cnn):
+    # its SQLite file, write-ahead log and shared memory stayed open until the garbage collector came by: a
+    # search that reads a prior then measured for hours beside three open files of another study
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    _search("orin-nano", cnn, 10.0, storage_url=url, n_trials=4, soak_s=0.0)
+    gc.collect()
+
+    def open_files() -> list[str]:
+        paths = (os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd"))
+        return [p for p in paths if p.startswith(str(tmp_path / "study.db"))]
+
+    assert open_files() == []
+    prior = load_prior(str(tmp_path))
+    assert prior.observations and open_files() == []
 
 
 def test_load_prior_names_a_missing_folder_or_file(tmp_path):

@@ -40,6 +40,7 @@ from edgetune.search.space import SearchSpace
 from edgetune.search.storage import (
     SearchError,
     check_sqlite_file,
+    close_storage,
     open_storage,
     redact,
     sqlite_file,
@@ -206,8 +207,6 @@ def load_prior(spec: str) -> PriorStudy:
         PriorError: no such folder or file, the storage cannot be opened, no study or several without a
             name, or a study with nothing measured (one line).
     """
-    import optuna
-
     url, name = _storage_url(spec)
     try:
         _refuse_other_sqlite(url)
@@ -217,6 +216,16 @@ def load_prior(spec: str) -> PriorStudy:
             raise PriorError(f"--prior: {exc}") from None
         fix = exc.fix or f"give the output folder of an earlier search, its {STUDY_DB} or its journal file (journal:FILE)"
         raise PriorError(f"--prior {spec}: {exc.problem}; {fix}") from None
+    try:
+        return _read_prior(spec, url, name, storage)
+    finally:  # its connections closed now, not whenever the garbage collector gets to them
+        close_storage(storage)
+
+
+def _read_prior(spec: str, url: str, name: str | None, storage: Any) -> PriorStudy:
+    """:func:`load_prior`'s reading of the opened ``storage``."""
+    import optuna
+
     names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False))
     if not names:  # a journal file that is empty, a study file whose study was deleted: naming one cannot help
         raise PriorError(f"--prior {spec} holds no study; give the output folder of an earlier search, its "
