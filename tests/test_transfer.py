@@ -201,8 +201,15 @@ def test_load_prior_from_the_output_folder_of_a_search_given_storage_reads_the_s
     assert prior.study_name == "f" and len(prior.observations) == 3
     assert prior.observations == load_prior("journal:fleet.log").observations
     best = json.loads((out / "best.json").read_text())
-    # a relative journal path is taken from where the search ran: from elsewhere, the line names the file to give
+    # a relative journal path is taken from where the search ran: best.json keeps its absolute path too, and from
+    # elsewhere that is read ("no such file .../fleet/fleet.log from here" before)
+    assert best["study"]["storage"] == "journal:fleet.log"
+    assert best["study"]["storage_file"] == str(tmp_path / "fleet.log")
     monkeypatch.chdir(out)
+    assert load_prior(str(out)).observations == prior.observations
+    # a best.json without it (or the file moved): the line names the file to give
+    del best["study"]["storage_file"]
+    (out / "best.json").write_text(json.dumps(best))
     with pytest.raises(PriorError, match=r"its study 'f' is in journal:fleet.log, and there is no such file "
                                          r".*fleet/fleet.log from here; give that file's path from here: "
                                          r"--prior 'journal:PATH#f'"):

@@ -151,15 +151,17 @@ def _storage_url(spec: str) -> tuple[str, str | None]:
 def _storage_of_folder(spec: str, folder: Path, name: str | None) -> tuple[str, str | None]:
     """(storage URL, study name) of an output folder without a study.db: a search given ``--storage`` (a fleet's
     journal file or server) keeps its study there, and the folder's best.json names it (``study``: ``storage``,
-    ``name``). A server URL whose password best.json left out, or a file that is not where the URL says from
-    here (a relative path, taken from the directory the search ran in), is refused naming the URL to give."""
+    ``name``). A relative file path is taken from the directory the search ran in: best.json keeps the file's
+    absolute path too (``storage_file``). A server URL whose password best.json left out, or a file found
+    neither way (moved, or a best.json written before ``storage_file`` was kept), is refused naming the URL to
+    give."""
     import json
 
     try:
         study = json.loads((folder / BEST_JSON).read_text()).get("study") or {}
-        url, held = study.get("storage"), study.get("name")
+        url, held, absolute = study.get("storage"), study.get("name"), study.get("storage_file")
     except (OSError, ValueError, AttributeError):
-        url = held = None
+        url = held = absolute = None
     if not isinstance(url, str) or not isinstance(held, str):
         raise PriorError(f"--prior {spec}: no {STUDY_DB} there, and its {BEST_JSON} names no study edgetune can "
                          f"read; give the earlier search's storage URL (sqlite:///..., journal:FILE) with "
@@ -169,6 +171,9 @@ def _storage_of_folder(spec: str, folder: Path, name: str | None) -> tuple[str, 
         raise PriorError(f"--prior {spec}: its study {held!r} is in {url}, whose password {BEST_JSON} leaves out; "
                          f"give the URL with it: --prior 'URL{NAME_SEP}{name}'")
     file = storage_file(url)
+    if file is not None and not file.is_file() and isinstance(absolute, str) and Path(absolute).is_file():
+        # a relative path, taken from where the search ran: the file's absolute path, as best.json keeps it
+        url, file = (f"journal:{absolute}" if url.startswith("journal:") else f"sqlite:///{absolute}"), Path(absolute)
     if file is not None and not file.is_file():
         scheme = "journal:" if url.startswith("journal:") else "sqlite:///"
         raise PriorError(f"--prior {spec}: its study {held!r} is in {url}, and there is no such file {file} from "

@@ -30,6 +30,7 @@ from edgetune.search.efficiency import LAW_RATIO_PRECISION, TargetModel, ZeusCos
 from edgetune.search.oracle import oracle_fields
 from edgetune.search.records import TrialRecord
 from edgetune.search.space import SearchSpace
+from edgetune.search.storage import storage_file
 from edgetune.search.thermal import ThermalSoak, governing, required_margin_w, rise_for_w, thermal_rise_w
 
 __all__ = ["FOLDER_LOCK", "LAW_OBJECTIVES", "LAW_RATIO_PRECISION", "SENSOR_ACCURACY_ABS_W", "SENSOR_ACCURACY_REL",
@@ -428,7 +429,10 @@ def best_json(result: SearchResult) -> dict[str, Any]:
         "speedup_over_baseline": _finite(result.speedup),
         "speedup_measure": result.speedup_measure,
         "target_model": result.target.describe(),
+        # a file storage's path as given may be relative to where the search ran: its absolute path beside it,
+        # for --prior FOLDER from anywhere (prior._storage_of_folder)
         "study": {"name": result.study_name, "storage": result.storage_url,
+                  "storage_file": None if (file := storage_file(result.storage_url)) is None else str(file),
                   "trials_measured": len(result.measured), "settings_measured": len(result.settings),
                   "space_size": result.space.size,
                   "stop_reason": result.stop_reason,
