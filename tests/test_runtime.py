@@ -1287,6 +1287,35 @@ def test_hf_train_again_after_an_exception_closes_the_first_tuner(tmp_path, cnn_
     assert callback.summary.knobs_restored and dev.settings() == before
 
 
+def test_hf_auto_find_batch_size_cutting_the_plan_s_batch_is_counted_and_said_once(tmp_path, caplog):
+    """``auto_find_batch_size`` cuts the batch by a tenth after each out-of-memory error and trains again. The
+    callback took the arguments' batch size: the summary said 32 where 15 trained, and nothing said the plan did
+    not fit."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from edgetune.runtime.adapters import HFTrainerCallback
+
+    class Big(LabelledClassifier):  # a model that runs out of memory above 16 samples, as a GPU would say it
+        def forward(self, x, labels=None):
+            if self.training and len(x) > 16:
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return super().forward(x, labels)
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    callback = HFTrainerCallback(budget_w=10.0, device="sim:orin-nano", plan=write_plan(tmp_path, batch_size=32),
+                                 print_summary=False)
+    with caplog.at_level(logging.WARNING, logger="edgetune"):
+        _hf_trainer(transformers, tmp_path, Big(net), callback, per_device_train_batch_size=32,
+                    auto_find_batch_size=True, max_steps=4).train()
+    summary = callback.summary
+    assert summary.steps == 4 and summary.batch_size == 15 and summary.samples == 60  # 32, 28, 25, 22, 19, 17, 15
+    said = [r.getMessage() for r in caplog.records if "auto_find_batch_size" in r.getMessage()]
+    assert said == [("auto_find_batch_size cut the batch size to 15 after running out of memory at 32 (the plan's "
+                    "32): the plan does not fit this run's memory; search again with the model as it trains here, "
+                    "or with --batch-sizes at most 15")]
+
+
 def test_a_process_that_does_not_tune_stops_at_the_target_with_the_one_that_does(tmp_path):
     """HF under torchrun: a process other than the machine's first trains without a tuner (one per board),
     but follows the target from the same evaluation metrics, so every process stops together."""

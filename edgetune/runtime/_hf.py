@@ -27,6 +27,7 @@ class HFTunerCallback(_Adapter, TrainerCallback):
         self._waiting: tuple[Any, Any, Any] | None = None
         self._hook: Any = None
         self._local_rank = 0
+        self._cut: tuple[int, int] | None = None  # (the batch auto_find_batch_size cut to, the arguments')
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        lr_scheduler: Any = None, **kw: Any) -> None:
@@ -47,11 +48,18 @@ class HFTunerCallback(_Adapter, TrainerCallback):
         model, optimizer, scheduler = self._waiting
         self._waiting = None
         # the batch the optimizer sees: per device x devices (x accumulation steps per optimizer step); the
-        # arguments', not the state's, which a checkpoint resumed from replaces
-        per_step = args.train_batch_size * max(1, args.gradient_accumulation_steps)
+        # arguments', not the state's, which a checkpoint resumed from replaces; but auto_find_batch_size halves it
+        # after each out-of-memory error and starts again (on_train_begin again), keeping it in the state only
+        batch = args.train_batch_size
+        shrunk = bool(getattr(args, "auto_find_batch_size", False)) and bool(getattr(state, "train_batch_size", None))
+        if shrunk:
+            batch = int(state.train_batch_size)
+        per_step = batch * max(1, args.gradient_accumulation_steps)
         self._start(model, optimizer, per_step, schedulers=[scheduler] if scheduler is not None else [],
                     resumed_at=state.global_step, processes=LocalProcesses.from_env().count, local_rank=self._local_rank)
-        if self.plan is not None and self.tuner is not None and args.train_batch_size != self.plan.batch_size:
+        if self.plan is not None and self.tuner is not None and shrunk and batch < args.train_batch_size:
+            self._cut = (batch, args.train_batch_size)  # said once a step ran at it: each cut starts again
+        elif self.plan is not None and self.tuner is not None and batch != self.plan.batch_size:
             # the Trainer built its loader when it was built: too late to set from here, so say how
             self.tuner._warn(f"the plan's batch size {self.plan.batch_size} is not applied, the Trainer's "
                              f"{args.train_batch_size} per batch trains (fixed when it was built): give "
@@ -59,6 +67,14 @@ class HFTunerCallback(_Adapter, TrainerCallback):
                              f"plan = edgetune.runtime.load_plan(...)")
         if model is not None:  # each training forward pass is a micro-batch: its samples are the step's
             self._hook = model.register_forward_pre_hook(self._forward, with_kwargs=True)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        cut, self._cut = self._cut, None
+        if cut is not None and self.plan is not None and self.tuner is not None:
+            self.tuner._warn(f"auto_find_batch_size cut the batch size to {cut[0]} after running out of memory at "
+                             f"{cut[1]} (the plan's {self.plan.batch_size}): the plan does not fit this run's "
+                             f"memory; search again with the model as it trains here, or with --batch-sizes at "
+                             f"most {cut[0]}")
 
     def _forward(self, module: Any, args: Any, kwargs: Any) -> None:
         if module.training:
