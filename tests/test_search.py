@@ -155,9 +155,21 @@ def test_a_batch_whose_samples_are_not_first_is_refused_for_b_noise():
         return torch.nn.functional.mse_loss(out[0], y)
 
     wl = Workload.from_model("seq-first", model, make_batch, loss_fn=loss_fn, default_batch_size=8)
-    with pytest.raises(WorkloadError, match=r"needs the samples on the first axis of a tensor of the inputs, whose "
-                                            r"shapes are \(5, 8, 8\); put the batch axis first"):
+    with pytest.raises(WorkloadError, match=r"needs the samples on the first axis, and a tensor of the inputs of "
+                                            r"shape \(5, 8, 8\) holds them on its second \(sequence-first\); put "
+                                            r"the batch axis first"):
         measure_b_noise(wl, 8, steps=2)
+    # a sequence 16 long, twice the batch: the first axis is a multiple of the batch, and was cut along the sequence
+    long = Workload.from_model("seq-first-16", model, lambda b, g: (torch.randn(16, b, 8, generator=g),
+                                                                     torch.randn(16, b, 4, generator=g)),
+                               loss_fn=loss_fn, default_batch_size=8)
+    with pytest.raises(WorkloadError, match=r"a tensor of the inputs of shape \(16, 8, 8\) holds them on its second "
+                                            r"\(sequence-first\); put the batch axis first"):
+        measure_b_noise(long, 8, steps=2)
+    # no tensor with the batch on an axis this can tell: the shapes are named
+    with pytest.raises(WorkloadError, match=r"needs the samples on the first axis of a tensor of the inputs, whose "
+                                            r"shapes are \(3, 16\); put the batch axis first"):
+        wl.split_batch((torch.zeros(3, 16), torch.zeros(8)), 8, 4)
 
 
 def test_b_noise_over_warmups_is_the_median_of_the_positive_ones():

@@ -296,7 +296,8 @@ class Workload:
         whose first axis is a whole multiple of ``batch_size`` (one row per sample, or per token of a flattened
         sequence) is cut along it; any other leaf (a mask or table shared by the batch, a number) goes whole
         into every part. Raises :class:`WorkloadError` where ``batch_size`` does not split into ``parts``, or
-        where the inputs or the targets hold the batch on no tensor's first axis (a sequence-first layout).
+        where the inputs or the targets hold the batch on no tensor's first axis, or on a three-axis tensor's
+        second (a sequence-first layout, whose length may be a multiple of the batch).
         """
         if parts < 1 or batch_size % parts:
             raise WorkloadError(f"a batch of {batch_size} does not split into {parts} equal micro-batches")
@@ -304,6 +305,13 @@ class Workload:
         cut = []
         for what, x in (("inputs", inputs), ("targets", targets)):
             found = _tensors(x)
+            seq_first = next((t for t in found if _sequence_first(t, batch_size)), None)
+            if seq_first is not None:  # its length a multiple of the batch: cut, each part would hold every sample
+                raise WorkloadError(
+                    f"workload {self.name!r}: cutting a batch of {batch_size} into {parts} micro-batches needs the "
+                    f"samples on the first axis, and a tensor of the {what} of shape "
+                    f"{_shapes([tuple(seq_first.shape)])} holds them on its second (sequence-first); put the batch "
+                    f"axis first")
             if not any(_holds_batch(t, batch_size) for t in found):
                 raise WorkloadError(
                     f"workload {self.name!r}: cutting a batch of {batch_size} into {parts} micro-batches needs "
@@ -354,6 +362,14 @@ def _holds_batch(t: Tensor, batch_size: int) -> bool:
     """``t``'s first axis holds the batch's samples: a whole multiple of ``batch_size`` (per sample, or per token
     of a flattened sequence)."""
     return t.ndim >= 1 and t.shape[0] >= batch_size and t.shape[0] % batch_size == 0
+
+
+def _sequence_first(t: Tensor, batch_size: int) -> bool:
+    """``t`` holds the batch on its second axis: a tensor of three or more axes, ``(length, batch, ...)``, whose
+    first is not the batch (a recurrent layer's default layout). Its length may be a whole multiple of the batch,
+    and :func:`_holds_batch` would then cut the sequence, not the samples. A flattened sequence's tokens are one
+    axis (``(batch x length, features)``), so two axes are not judged."""
+    return t.ndim >= 3 and t.shape[1] == batch_size and t.shape[0] != batch_size
 
 
 def _split(x: Any, parts: int, batch_size: int) -> list[Any]:
