@@ -1552,6 +1552,42 @@ def test_an_epochs_figures_are_over_its_own_steps():
     assert rows[2][7] == "-"  # the table prints no 1-s average for an epoch shorter than one
 
 
+def test_the_run_s_highest_1_s_average_is_over_a_whole_second(cnn_cost):
+    """In its first second the moving average spans less than a window: a 12-W first 0.2 s was the run's "max 1s
+    W" as 12 W, over the 8.2 W of any whole second; and a run shorter than a second printed an average over less
+    than one in the total row, where its epoch row printed "-"."""
+    from edgetune.power import PowerReading
+
+    class Sensor:  # the hardware boundary: a scripted board power by device time
+        rails, total_label, update_period_s = ("VDD_IN",), "VDD_IN", 0.1
+
+        def __init__(self):
+            self.t = 0.0
+
+        def read(self):
+            return PowerReading(self.t, 12.0 if self.t <= 0.2 else 7.0, {})
+
+        def energy_j(self):
+            return None
+
+    for end_s, expected in ((2.0, 7.75), (0.8, math.nan)):  # over [0.1, 1.1] from the first sample, its trapezoids
+        sensor = Sensor()
+        tap, acc = _scripted_accounting(sensor)
+        for n in range(1, round(end_s / 0.1) + 1):
+            sensor.t = round(0.1 * n, 1)
+            tap.sample()
+            if n % 2 == 0:
+                acc.mark_step(sensor.t, 8, "", 0)
+        acc.update()
+        acc.end_epoch(0)
+        if math.isnan(expected):
+            assert math.isnan(acc.max_avg_w) and math.isnan(acc.epochs[0].max_avg_w)
+            rows = [line.split() for line in _table_of(acc).splitlines()[2:4]]
+            assert rows[0][7] == rows[1][7] == "-"  # the epoch and the total alike
+        else:
+            assert acc.max_avg_w == pytest.approx(expected) and acc.peak_w == 12.0  # 12 W before, over 0.1 s
+
+
 def test_a_sensor_that_fails_for_a_while_or_for_good_keeps_the_epochs_and_says_what_was_not_measured(cnn_cost):
     """The sensor silent from 1.0 to 2.0 s across epoch 0's end: its last steps closed only once the sensor was back,
     in a second record of epoch 0; silent for good from 3.5 s: the steps after it were left out of every figure

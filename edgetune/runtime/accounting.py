@@ -243,7 +243,8 @@ class RunSummary:
         measure_only: True where no knob could be set (the guard only reported).
         steps, samples: training steps and samples seen.
         time_s, energy_j: device-clock time and board energy from the first step's start to the end.
-        mean_w, peak_w, max_avg_w: mean power, highest sample, highest 1-s moving average.
+        mean_w, peak_w, max_avg_w: mean power, highest sample, highest 1-s moving average over a whole second
+            (NaN: the run was shorter).
         violations: budget violations; ``time_over_s`` their total time, ``worst_excess_w`` the largest.
         epochs: per-epoch records.
         events: (device time, text) of everything the controller did: plan applied, exploration, guard moves.
@@ -301,8 +302,9 @@ class RunSummary:
             max_avg = f"{e.max_avg_w:>8.2f}" if math.isfinite(e.max_avg_w) else f"{'-':>8}"  # shorter than 1 s
             lines.append(f"{e.epoch:>5} {e.steps:>6} {e.samples:>8} {e.time_s:>9.2f} {e.energy_j:>10.1f} "
                          f"{e.mean_w:>7.2f} {e.peak_w:>7.2f} {max_avg} {e.energy_per_sample_j:>9.4f}")
+        max_avg = f"{self.max_avg_w:>8.2f}" if math.isfinite(self.max_avg_w) else f"{'-':>8}"  # shorter than 1 s
         lines.append(f"{'all':>5} {self.steps:>6} {self.samples:>8} {self.time_s:>9.2f} {self.energy_j:>10.1f} "
-                     f"{self.mean_w:>7.2f} {self.peak_w:>7.2f} {self.max_avg_w:>8.2f} "
+                     f"{self.mean_w:>7.2f} {self.peak_w:>7.2f} {max_avg} "
                      f"{self.energy_per_sample_j:>9.4f}")
         lines.append(f"budget {self.budget_w:g} W (1-s moving average): {len(self.violations)} violation(s), "
                      f"{self.time_over_s:.2f} s over, worst +{self.worst_excess_w:.2f} W")
@@ -474,7 +476,11 @@ class Accounting:
         avg = self._moving_average(tn)
         budget = (self.budgets_at(tn) if self.budgets_at is not None
                   else np.array([self.budget_at(float(x)) for x in tn]))
-        self._max_avg = max(self._max_avg, float(avg.max()))
+        # the run's highest 1-s average over whole windows: in its first second the moving average spans less
+        # (the budget is still judged on it), and a run shorter than that has none (the total row's "-", as an epoch's)
+        whole = tn - self.window_s >= self._t0 - _WINDOW_SLACK_S
+        if whole.any():
+            self._max_avg = max(self._max_avg, float(avg[whole].max()))
         if self.keep_trace:
             self.trace_t.extend(tn.tolist())
             self.trace_p.extend(pn.tolist())
