@@ -374,11 +374,16 @@ def hottest_soaked_w(soaks: Sequence[ThermalSoak]) -> float | None:
     return max(full, default=None)
 
 
+def _own(soaks: Sequence[ThermalSoak], candidate: Candidate) -> list[ThermalSoak]:
+    """The soaks of ``candidate`` itself, oldest first."""
+    return [s for s in soaks if s.batch_size == candidate.batch_size and s.setting == candidate.knobs]
+
+
 def soaked_rise_w(soaks: Sequence[ThermalSoak], candidate: Candidate) -> float | None:
     """The rise ``candidate``'s own soak measured, W, counted from the reference temperature (the last soak
     of it; None: never soaked). A soak stopped over the budget counts its full rise, whatever another soak
     proved; and the setting crossed the budget warm, so no margin certifies it (:func:`crossed_warm`)."""
-    own = [s for s in soaks if s.batch_size == candidate.batch_size and s.setting == candidate.knobs]
+    own = _own(soaks, candidate)
     if not own:
         return None
     ref = thermal_reference(soaks)
@@ -393,7 +398,7 @@ def crossed_warm(soaks: Sequence[ThermalSoak], candidate: Candidate) -> bool:
     stopped after 185 s fitted 0.44 W of rise (the truth 0.55 W); the setting's search windows read 0.64 W under
     the limit, their noise excess taken off, and it was certified by 0.006 W and offered on the front, drawing
     14.45 W warm."""
-    own = [s for s in soaks if s.batch_size == candidate.batch_size and s.setting == candidate.knobs]
+    own = _own(soaks, candidate)
     return bool(own) and own[-1].stopped_over_budget
 
 
