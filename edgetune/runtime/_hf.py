@@ -48,7 +48,7 @@ class HFTunerCallback(_Adapter, TrainerCallback):
         model, optimizer, scheduler = self._waiting
         self._waiting = None
         # the batch the optimizer sees: per device x devices (x accumulation steps per optimizer step); the
-        # arguments', not the state's, which a checkpoint resumed from replaces; but auto_find_batch_size halves it
+        # arguments', not the state's, which a checkpoint resumed from replaces; but auto_find_batch_size cuts it
         # after each out-of-memory error and starts again (on_train_begin again), keeping it in the state only
         batch = args.train_batch_size
         shrunk = bool(getattr(args, "auto_find_batch_size", False)) and bool(getattr(state, "train_batch_size", None))
@@ -57,14 +57,15 @@ class HFTunerCallback(_Adapter, TrainerCallback):
         per_step = batch * max(1, args.gradient_accumulation_steps)
         self._start(model, optimizer, per_step, schedulers=[scheduler] if scheduler is not None else [],
                     resumed_at=state.global_step, processes=LocalProcesses.from_env().count, local_rank=self._local_rank)
-        if self.plan is not None and self.tuner is not None and shrunk and batch < args.train_batch_size:
-            self._cut = (batch, args.train_batch_size)  # said once a step ran at it: each cut starts again
-        elif self.plan is not None and self.tuner is not None and batch != self.plan.batch_size:
-            # the Trainer built its loader when it was built: too late to set from here, so say how
-            self.tuner._warn(f"the plan's batch size {self.plan.batch_size} is not applied, the Trainer's "
-                             f"{args.train_batch_size} per batch trains (fixed when it was built): give "
-                             f"TrainingArguments(per_device_train_batch_size=plan.batch_size), "
-                             f"plan = edgetune.runtime.load_plan(...)")
+        if self.plan is not None and self.tuner is not None:
+            if shrunk and batch < args.train_batch_size:
+                self._cut = (batch, args.train_batch_size)  # said once a step ran at it: each cut starts again
+            elif batch != self.plan.batch_size:
+                # the Trainer built its loader when it was built: too late to set from here, so say how
+                self.tuner._warn(f"the plan's batch size {self.plan.batch_size} is not applied, the Trainer's "
+                                 f"{args.train_batch_size} per batch trains (fixed when it was built): give "
+                                 f"TrainingArguments(per_device_train_batch_size=plan.batch_size), "
+                                 f"plan = edgetune.runtime.load_plan(...)")
         if model is not None:  # each training forward pass is a micro-batch: its samples are the step's
             self._hook = model.register_forward_pre_hook(self._forward, with_kwargs=True)
 

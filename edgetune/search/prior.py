@@ -171,11 +171,11 @@ def _storage_of_folder(spec: str, folder: Path, name: str | None) -> tuple[str, 
         raise PriorError(f"--prior {spec}: its study {held!r} is in {url}, whose password {BEST_JSON} leaves out; "
                          f"give the URL with it: --prior 'URL{NAME_SEP}{name}'")
     file = storage_file(url)
+    scheme = "journal:" if url.startswith("journal:") else "sqlite:///"
     if file is not None and not file.is_file() and isinstance(absolute, str) and Path(absolute).is_file():
         # a relative path, taken from where the search ran: the file's absolute path, as best.json keeps it
-        url, file = (f"journal:{absolute}" if url.startswith("journal:") else f"sqlite:///{absolute}"), Path(absolute)
+        url, file = f"{scheme}{absolute}", Path(absolute)
     if file is not None and not file.is_file():
-        scheme = "journal:" if url.startswith("journal:") else "sqlite:///"
         raise PriorError(f"--prior {spec}: its study {held!r} is in {url}, and there is no such file {file} from "
                          f"here; give that file's path from here: --prior '{scheme}PATH{NAME_SEP}{name}'")
     return url, name
