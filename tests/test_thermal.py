@@ -307,8 +307,8 @@ def test_a_stopped_soak_counts_what_it_proved_once_another_ran_to_its_end() -> N
     assert thermal_rise_w([stopped, complete]) == pytest.approx(0.9)
 
 
-def test_a_stopped_soak_that_ran_half_its_length_counts_its_fit_where_that_is_more_than_it_proved() -> None:
-    from edgetune.search.thermal import SOAK_S, thermal_rise_w
+def test_a_stopped_soak_that_ran_a_minute_counts_its_fit_where_that_is_more_than_it_proved() -> None:
+    from edgetune.search.thermal import STOPPED_FIT_S, thermal_rise_w
 
     # the pareto benchmark's AGX Orin mobilenet at 33.3 W (seed 0): a 30 W-mode pick soaked to its end, 0.29 W
     # from 16.34 W; the front's hottest point soaked after it, stopped over the budget after 186 s with its fit at
@@ -320,8 +320,11 @@ def test_a_stopped_soak_that_ran_half_its_length_counts_its_fit_where_that_is_mo
     edge = 33.3 - 0.59
     rho = 2.56 / 31.89
     assert thermal_rise_w([complete, hottest], edge_w=edge) == pytest.approx(rho * edge / (1.0 + rho))  # 2.43 W
-    # stopped sooner, its fit had too few windows: it counts what it proved
-    hottest.duration_s = SOAK_S / 2.0 - 1.0
+    # stopped after 117 s, as the second soak of seed 1's front: its fit counts too (it was trusted only from 180 s)
+    hottest.duration_s = 117.0
+    assert thermal_rise_w([complete, hottest], edge_w=edge) == pytest.approx(rho * edge / (1.0 + rho))
+    # stopped within a minute, its fit had too few windows: it counts what it proved
+    hottest.duration_s = STOPPED_FIT_S - 1.0
     proven = (33.3 - 31.89) / 31.89
     assert thermal_rise_w([complete, hottest], edge_w=edge) == pytest.approx(proven * edge / (1.0 + proven))
     # a fit that proved less than the windows did (its extrapolation below them) counts the windows

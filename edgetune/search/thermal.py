@@ -47,7 +47,7 @@ soak ran to its end, the search soaks at its stop the best setting that only the
 a soak of another setting does not decide a knife edge.
 The stretch that was stopped is not fitted: it is not a window but the moment before the stop. Once a soak
 ran to its end, a stopped one counts what it proved (up to the highest mean power of its windows), or what its
-fit extrapolated where that is more and the soak ran half its length (:func:`_stopped_rise_w`: what it proved is
+fit extrapolated where that is more and the soak ran a minute or more (:func:`_stopped_rise_w`: what it proved is
 a lower bound, and carried per watt it understates the settings as hot as it); one stopped in its first window
 proved a mean of at least the limit less how far its setting's judged power read over its mean in the search's
 windows (:attr:`ThermalSoak.cool_excess_w`).
@@ -83,7 +83,7 @@ from edgetune.power.monitor import PowerMonitor
 from edgetune.search.measurement import MeasurementProtocol
 from edgetune.search.trial import measure_setting
 
-__all__ = ["MAX_SOAKS", "SOAK_AFTER", "SOAK_CHUNK_S", "SOAK_RESERVE", "SOAK_S", "SoakFit", "ThermalReference",
+__all__ = ["MAX_SOAKS", "SOAK_AFTER", "SOAK_CHUNK_S", "SOAK_RESERVE", "SOAK_S", "STOPPED_FIT_S", "SoakFit", "ThermalReference",
            "ThermalSoak", "crossed_warm", "fit_soak", "governing", "hottest_soaked_w", "required_margin_w",
            "rise_for_w", "soak", "soak_reserve", "soaked_rise_w", "thermal_reference", "thermal_rise_w"]
 
@@ -95,6 +95,12 @@ _log = get_logger(__name__)
 #: the truth (worst error 0.090 W, mean 0.016 W; Xavier NX's half kelvins a straight line to the fit); for 360 s,
 #: 0.96-1.53x (worst 0.026 W, mean 0.004 W): experiments/results/soak_fit.txt
 SOAK_S = 360.0
+#: a soak stopped over the budget after this many device seconds or more counts its fit's rise where that is more
+#: than it proved (:func:`_stopped_rise_w`): twelve windows. On the pareto benchmark (seed 1, AGX Orin mobilenet at
+#: 33.3 W) soaks of the front's hottest points stopped after 117 and 178 s fitted 2.54 and 2.66 W of rise (the
+#: truth about 3 W) and proved 1.3 and 0.7 W; trusted only from half the soak (180 s), the proven rise was carried
+#: per watt (1.55 W) and three front points drew 33.8-34.6 W warm
+STOPPED_FIT_S = 60.0
 #: one window of the soak, s: the temperature is read after each
 SOAK_CHUNK_S = 5.0
 #: soaks per study at most: a soak stopped over the budget is followed by one of the next pick, on the warm
@@ -322,14 +328,14 @@ def _counted_w(soaks: Sequence[ThermalSoak]) -> list[tuple[float, float]]:
 
 def _stopped_rise_w(soak: ThermalSoak) -> float:
     """The rise a soak stopped over the budget counts once another soak ran to its end: what it proved
-    (:func:`_proven_w`), or its fit's extrapolation where that is more and the soak ran half its length or more,
-    so its fit had the windows to read the rise (as :func:`_stopped_floor_w` trusts them). What it proved is a
+    (:func:`_proven_w`), or its fit's extrapolation where that is more and the soak ran :data:`STOPPED_FIT_S` or
+    more, so its fit had the windows to read the rise. What it proved is a
     lower bound, and carried per watt it let settings as hot as the stopped one through: on the pareto benchmark
     (seed 0, AGX Orin mobilenet at 33.3 W) a soak of the front's hottest point stopped after 186 s, its fit at
     2.56 W of rise (the truth about 3 W), counted 1.41 W; carried to its neighbours at 31.5-31.7 W, that certified
     three front points which drew 34.6-34.8 W warm. A soak stopped sooner counts what it proved."""
     proven = _proven_w(soak)
-    if soak.duration_s >= SOAK_S / 2.0 and soak.extrapolated and not soak.tau_bounded:
+    if soak.duration_s >= STOPPED_FIT_S and soak.extrapolated and not soak.tau_bounded:
         return max(proven, soak.rise_w)
     return proven
 
