@@ -14,6 +14,7 @@ from edgetune.power.monitor import (
     WindowStats,
     energy_j,
     moving_average_max,
+    moving_average_mean,
     next_sample_due,
     noise_max_excess_w,
     reading_fault,
@@ -157,6 +158,18 @@ def test_noise_max_excess_of_held_readings_and_of_short_or_clean_records():
     assert noise_max_excess_w(t, np.full(t.size, 5.0)) == 0.0  # no noise, no bias
     short = t[t <= 0.9]
     assert noise_max_excess_w(short, fresh[: short.size]) == 0.0  # judged on its mean: no maximum, no bias
+
+
+def test_moving_average_mean_is_the_unbiased_mean_of_the_averages_and_never_above_their_maximum():
+    t = np.arange(0.0, 3.0 + 1e-9, 0.01)
+    rng = np.random.default_rng(6)
+    ripple = np.where((t % 0.028) > 0.0093, 5.4, 4.2)  # 28-ms steps: low forward third, high backward
+    means = [moving_average_mean(t, ripple + rng.normal(0, 0.065, t.size)) for _ in range(50)]
+    assert float(np.mean(means)) == pytest.approx(moving_average_mean(t, ripple), abs=0.003)
+    record = ripple + rng.normal(0, 0.065, t.size)
+    assert moving_average_mean(t, record) <= moving_average_max(t, record)
+    short = t[t <= 0.9]  # no whole window: what the maximum gives, the record's mean
+    assert moving_average_mean(short, record[: short.size]) == moving_average_max(short, record[: short.size])
 
 
 def test_window_shorter_than_average_reports_its_mean():

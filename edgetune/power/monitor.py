@@ -37,6 +37,7 @@ __all__ = [
     "energy_j",
     "min_avg_window_s",
     "moving_average_max",
+    "moving_average_mean",
     "next_sample_due",
     "noise_max_excess_w",
     "reading_fault",
@@ -190,16 +191,32 @@ def noise_max_excess_w(t: np.ndarray, p: np.ndarray, window_s: float = 1.0,
     if not sigma > 0:
         return 0.0
     noise = np.random.default_rng(0).standard_normal((draws, distinct.size))[:, group] * sigma
-    # the moving average at each sample time a whole window after the start: the cumulative energy there
-    # less the cumulative energy a window before (interpolated linearly between samples)
-    e = cumulative_energy_j(t, noise)
+    return max(0.0, float(np.mean(np.max(_sample_averages(t, noise, window_s), axis=1))))
+
+
+def _sample_averages(t: np.ndarray, p: np.ndarray, window_s: float) -> np.ndarray:
+    """The ``window_s`` moving average of each row of ``p`` at each sample time a whole window after the
+    start: the cumulative energy there less the cumulative energy a window before (interpolated linearly
+    between samples). ``t`` must span more than the window."""
+    e = cumulative_energy_j(t, p)
     ends = np.flatnonzero(t >= t[0] + window_s)
     starts = t[ends] - window_s
     i = np.clip(np.searchsorted(t, starts, side="right") - 1, 0, t.size - 2)
     frac = (starts - t[i]) / np.where(t[i + 1] > t[i], t[i + 1] - t[i], 1.0)
-    e_start = e[:, i] + (e[:, i + 1] - e[:, i]) * frac
-    averages = (e[:, ends] - e_start) / window_s
-    return max(0.0, float(np.mean(np.max(averages, axis=1))))
+    e_start = e[..., i] + (e[..., i + 1] - e[..., i]) * frac
+    return (e[..., ends] - e_start) / window_s
+
+
+def moving_average_mean(t: np.ndarray, p: np.ndarray, window_s: float = 1.0) -> float:
+    """The mean of the record's ``window_s`` moving average over the sample times a whole window after its
+    start, W: at most its :func:`moving_average_max`, so a maximum corrected for its noise is never taken
+    below it (the signal's own maximum is at least the mean of its averages, and this reads that mean without
+    the maximum's bias). A record no longer than the window gives what :func:`moving_average_max` does."""
+    t = np.asarray(t, dtype=float)
+    p = np.asarray(p, dtype=float)
+    if t.size < 2 or not t[-1] - t[0] > window_s:
+        return moving_average_max(t, p, window_s)
+    return float(np.mean(_sample_averages(t, p, window_s)))
 
 
 def next_sample_due(due: float, now: float, period: float) -> float:
