@@ -246,7 +246,7 @@ def test_a_soak_stopped_by_its_ripple_takes_its_mean_to_the_limit_less_the_rippl
 
 def _soak(rise_w: float, *, stopped: bool = False, cool_w: float = 20.0, limit_w: float | None = 20.4,
           cool_c: float | None = 35.0, slope: float | None = 0.1) -> ThermalSoak:
-    return ThermalSoak(batch_size=32, setting={}, cool_power_w=cool_w, duration_s=60.0 if stopped else 180.0,
+    return ThermalSoak(batch_size=32, setting={}, cool_power_w=cool_w, duration_s=45.0 if stopped else 180.0,
                        steady_power_w=cool_w + rise_w, stopped_over_budget=stopped, limit_w=limit_w,
                        cool_temperature_c=cool_c, slope_w_per_k=slope, extrapolated=True)
 
@@ -265,7 +265,8 @@ def test_every_soak_s_rise_is_counted_from_the_coolest_temperature_a_soaked_pick
     # from the reference, the third pick rose by what its own soak saw and what its warm windows read high
     assert thermal_rise_w([third]) == pytest.approx(0.98)  # alone, it is its own reference
     assert thermal_rise_w([first, third]) == pytest.approx(0.98 + 0.163 * (36.052 - 32.375))
-    # before the third ran to its end, the second's extrapolation counted; after, what its windows proved
+    # before the third ran to its end, the second's extrapolation counted; after, what its windows proved (stopped
+    # within a minute: its fit is not counted over it)
     assert thermal_rise_w([first, second]) == pytest.approx(1.67 + 0.165 * 0.75)  # no complete soak: its slope
     assert thermal_rise_w([first, second, third]) == pytest.approx(0.98 + 0.163 * (36.052 - 32.375))
     assert governing([first, second]) is second and governing([first, second, third]) is third
