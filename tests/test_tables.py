@@ -93,6 +93,42 @@ def test_bad_tables_give_one_clear_line(tmp_path, change, message):
     assert "\n" not in str(info.value)
 
 
+SWEEP_WITH_OOM = """gpu_freq_mhz,batch_size,step_time_s,power_w
+306,16,0.10,5.0
+624,16,0.06,7.0
+306,32,0.18,5.5
+624,32,OOM,
+306,64,CUDA OOM,OOM
+624,64,0.31,
+624,64,out of memory,
+624,32,0.11,8.0
+"""
+
+
+def test_a_sweep_that_ran_out_of_memory_keeps_its_measured_rows_and_records_the_rest(tmp_path, caplog):
+    # sweep scripts write OOM where a batch did not fit: those settings are no rows (nothing was measured)
+    # but the table remembers them; a setting with a repeat that ran is measured
+    text = SWEEP_WITH_OOM.replace("624,64,0.31,\n", "")
+    with caplog.at_level("INFO", logger="edgetune.tables.csvio"):
+        t = load_table(write(tmp_path, text))
+    assert len(t) == 4 and t.batch_sizes == [16, 32]
+    assert t.out_of_memory == ((306e6, 64.0), (624e6, 64.0))
+    assert t.ran_out_of_memory({"gpu_freq": 624e6}, 64) and not t.ran_out_of_memory({"gpu_freq": 624e6}, 32)
+    assert t.find({"gpu_freq": 624e6}, 32) is not None and t.power_w[t.find({"gpu_freq": 624e6}, 32)] == 8.0
+    assert "line 5 records out of memory where a repeat of the setting ran" in caplog.text
+    out = tmp_path / "copy.csv"
+    save_table(t, out)
+    assert out.read_text().splitlines()[-1] == "624000000,64,OOM,OOM"
+    assert load_table(out).out_of_memory == t.out_of_memory
+    # a missing power that is not marked is still a missing value; a table of nothing but OOM is refused
+    with pytest.raises(TableError, match="line 7: missing value in column power_w"):
+        load_table(write(tmp_path, SWEEP_WITH_OOM))
+    with pytest.raises(TableError, match="every row records out of memory: nothing was measured"):
+        load_table(write(tmp_path, "gpu_freq_mhz,batch_size,step_time_s,power_w\n306,64,OOM,\n"))
+    with pytest.raises(TableError, match="'n/a' is not a number; fix it, or drop the row .* may say OOM"):
+        load_table(write(tmp_path, text.replace("CUDA OOM,OOM", "n/a,5.9")))
+
+
 def test_train_size_must_leave_rows_to_evaluate(tmp_path):
     t = load_table(write(tmp_path, GOOD))
     check_train_size(t, 5)
@@ -492,8 +528,8 @@ def test_a_dot_in_a_table_with_decimal_commas_is_refused_as_ambiguous(tmp_path):
 
 
 @pytest.mark.parametrize("cells, message", [
-    ("OOM,OOM", ("line 4: step_time_s = 'OOM' is not a number; fix it, or drop the row (a setting that did not run, "
-     "out of memory or failed, has no row)")),
+    ("failed,", ("line 4: step_time_s = 'failed' is not a number; fix it, or drop the row (a setting that failed "
+     "has no row; one that ran out of memory may say OOM)")),
     ("NaN,", "line 4: step_time_s = 'NaN' is not a finite number; fix it or drop the row"),
     (",", "line 4: missing value in column step_time_s; fill it in or drop the row"),
 ])

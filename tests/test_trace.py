@@ -53,6 +53,25 @@ def test_setting_or_batch_not_in_table_is_a_clear_error():
         dev.apply({"power_limit": 130})
 
 
+def test_a_setting_the_table_records_out_of_memory_runs_out_of_memory(tmp_path):
+    from edgetune.power.base import is_out_of_memory
+
+    path = tmp_path / "sweep.csv"
+    path.write_text("gpu_freq_mhz,batch_size,step_time_s,power_w\n306,16,0.10,5.0\n624,16,0.06,7.0\n"
+                    "306,32,0.18,5.5\n624,32,OOM,\n")
+    dev = open_device(f"trace:{path}", compute=False)
+    assert Candidate.of(32, {"gpu_freq": 624e6}) not in dev.backend.candidates()  # nothing to measure there
+    dev.apply({"gpu_freq": 624e6})
+    with pytest.raises(DeviceError, match="out of memory: trace .* records gpu_freq=6.24e\\+08 at batch size 32 "
+                                          "as out of memory") as info:
+        dev.run_step(lambda: None, 32, None)
+    assert is_out_of_memory(info.value)
+    with pytest.raises(DeviceError, match="no rows for batch size 64") as info:
+        dev.run_step(lambda: None, 64, None)
+    assert not is_out_of_memory(info.value)
+    dev.run_step(lambda: None, 16, None)  # what was measured runs
+
+
 def test_oracle_is_the_best_row_under_the_budget():
     dev = open_device(f"trace:{V100_SQUAD}", compute=False)
     table = dev.backend.table

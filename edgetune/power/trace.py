@@ -5,7 +5,9 @@ as measured on real hardware (e.g. the Zeus NSDI'23 GPU traces, ``experiments/da
 Jetson clock sweep). The device's knobs are the table's knob columns (registry names and units), with the
 values the table holds; a training step at the current setting and batch size takes the row's step time on
 a virtual clock and draws the row's power while it runs. A setting or a batch size that the table lacks
-raises :class:`DeviceError` naming what the table has.
+raises :class:`DeviceError` naming what the table has; one the table records as out of memory
+(:attr:`edgetune.tables.Table.out_of_memory`) raises :class:`DeviceOutOfMemoryError`, as the board did.
+Those are not in the search's space (:meth:`TraceReplay.candidates`: the measured rows).
 
 Replays behave like measurements:
 
@@ -48,7 +50,15 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from edgetune.power.base import Capability, Device, DeviceError, Knob, PowerReading, WorkloadCost
+from edgetune.power.base import (
+    Capability,
+    Device,
+    DeviceError,
+    DeviceOutOfMemoryError,
+    Knob,
+    PowerReading,
+    WorkloadCost,
+)
 from edgetune.power.clock import VirtualClock
 from edgetune.power.knobs import Candidate, knob_unit
 from edgetune.power.registry import PlatformProbe
@@ -230,6 +240,9 @@ class TraceReplay:
         if i is not None:
             return i
         where = ", ".join(f"{k}={v:g}" for k, v in setting.items())
+        if self.table.ran_out_of_memory(setting, batch_size):
+            raise DeviceOutOfMemoryError(f"out of memory: trace {self.table.source} records {where} at batch size "
+                                         f"{batch_size} as out of memory")
         if self.table.batch_size is None:
             have = "; ".join(", ".join(f"{k}={v:g}" for k, v in self.table.setting(j).items())
                              for j in range(min(6, len(self.table))))

@@ -53,10 +53,16 @@ generically); a power-suffixed column that is not a power limit is refused, and 
 says it is a measurement or an index rather than a setting (``throughput``, ``samples/s``, ``time_ms``,
 ``Temp GPU``, ``GPU util (%)``, ``Power TOT``, ``run``, ``seed``; jtop's bare ``GPU``/``EMC``/``CPU1``, loads):
 drop it with ``column <header>=ignore``, or map it to what it is. Power modes are nvpmodel mode
-numbers. Every value is a finite number (except the empty and ``inf`` cases above). A value its column's unit
+numbers. Every value is a finite number (except the empty and ``inf`` cases above, and out of memory below). A value its column's unit
 makes impossible is refused, naming the unit to give: a clock outside 10 MHz - 100 GHz (``GR3D_FREQ`` in MHz
 is an alias of ``gpu_freq``, in Hz: name it ``gpu_freq_mhz``), a power or power limit over 2000 W (milliwatts
 in ``power_w``: name it ``power_mw``; a machine that draws more gives its power in kilowatts, ``power_kw``).
+
+A row whose step time, time per epoch or power says the setting ran out of memory (``OOM``, ``CUDA OOM``,
+``out of memory``, any case; the other measured cells are then ignored, and may be empty), as sweep scripts
+write for a batch size that did not fit, measured nothing: it is no row, and the table keeps the setting in
+:attr:`Table.out_of_memory`, which a replay answers out of memory. A setting with a repeat that ran is
+measured (its out-of-memory lines are noted and dropped); a table of nothing but such rows is refused.
 
 Repeated rows (the same setting and batch size several times) are measurements of one setting: they are
 aggregated into one row, every measured column the median of the repeats, ``repeats`` their count and

@@ -47,6 +47,12 @@ _SPREAD_OF = {TIME_CV: (STEP_TIME, TIME_PER_EPOCH), POWER_CV: (POWER,)}
 _MAY_BE_EMPTY = (EPOCHS_TO_TARGET, "convergence_runs", "convergence_failures", TIME_CV, POWER_CV)
 
 
+#: a measured cell saying the setting ran out of memory (``OOM``, ``CUDA OOM``, ``out of memory``), as sweep
+#: scripts write for a batch size that did not fit
+_OUT_OF_MEMORY = re.compile(r"(?:cuda[\s_-]*)?(?:oom|out[\s_-]*of[\s_-]*memory)", re.IGNORECASE)
+#: the measured columns whose cell may say so (any one of them marks the row)
+_OOM_COLUMNS = (STEP_TIME, TIME_PER_EPOCH, POWER)
+
 #: a number written with a decimal comma (``0,0516``, ``1,3e9``), as spreadsheets in many locales save CSV
 _DECIMAL_COMMA = re.compile(r"[+-]?\d*,\d+(?:[eE][+-]?\d+)?")
 
@@ -70,7 +76,7 @@ def _number(text: str, src: str, line: int, column: str, header: str | None = No
         value = float(s)
     except ValueError:
         raise TableError(f"{src}: line {line}: {label} = {s!r} is not a number; fix it, or drop the row (a "
-                         f"setting that did not run, out of memory or failed, has no row)") from None
+                         f"setting that failed has no row; one that ran out of memory may say OOM)") from None
     if math.isnan(value) or (math.isinf(value) and column != EPOCHS_TO_TARGET):
         raise TableError(f"{src}: line {line}: {label} = {s!r} is not a finite number; fix it or drop the row")
     return value
@@ -247,12 +253,18 @@ def load_table(path: str | os.PathLike) -> Table:
     knobs = tuple(c.name for c in knob_columns)
     values: dict[str, list[float]] = {name: [] for name in names}
     row_lines: list[int] = []  # the file line of each measurement
+    out_of_memory: dict[tuple[float, ...], int] = {}  # setting (and batch size) -> its first line
     for offset, row in enumerate(rows):
         line = start + 2 + offset
         if not row or all(not c.strip() for c in row):
             continue
         if len(row) != len(header):
             raise TableError(f"{src}: line {line}: {len(row)} values for {len(header)} columns")
+        if any(c is not None and c.name in _OOM_COLUMNS and _OUT_OF_MEMORY.fullmatch(cell.strip())
+               for c, cell in zip(mapped, row)):
+            key = _setting_key(mapped, row, knobs, src, line, decimal_comma)
+            out_of_memory.setdefault(key, line)
+            continue
         row_lines.append(line)
         for column, cell in zip(mapped, row):
             if column is None:
@@ -268,14 +280,52 @@ def load_table(path: str | os.PathLike) -> Table:
             values[column.name].append(value)
     columns, lines_of = _aggregate({k: np.asarray(v, dtype=float) for k, v in values.items()}, knobs, src,
                                    tuple(row_lines))
+    oom = _out_of_memory(out_of_memory, columns, knobs, src)
     n = len(columns[POWER])
     batch = columns.get(BATCH_SIZE)
     if batch is None and declared.default_batch_size is not None:
         batch = np.full(n, float(declared.default_batch_size))  # a fixed-batch sweep at the declared batch
+        oom = tuple((*key, float(declared.default_batch_size)) for key in oom)
     settings = np.column_stack([columns[k] for k in knobs]) if knobs else np.zeros((n, 0))
     return Table(knobs=knobs, settings=settings.reshape(n, len(knobs)), batch_size=batch,
                  **{attr: columns.get(name) for name, attr in ATTRIBUTES.items()},
-                 source=src, notes=tuple(notes), declared=declared, lines=lines_of)
+                 source=src, notes=tuple(notes), declared=declared, lines=lines_of, out_of_memory=oom)
+
+
+def _setting_key(mapped: list[MeasuredColumn | KnobColumn | None], row: list[str], knobs: tuple[str, ...],
+                 src: str, line: int, decimal_comma: bool) -> tuple[float, ...]:
+    """The knob values of a row (in ``knobs`` order), then its batch size where the table has the column."""
+    cells = {c.name: (c, cell) for c, cell in zip(mapped, row) if c is not None}
+    key = []
+    for name in (*knobs, *([BATCH_SIZE] if BATCH_SIZE in cells else [])):
+        column, cell = cells[name]
+        value = column.convert(_number(cell, src, line, column.header if isinstance(column, KnobColumn) else name,
+                                       decimal_comma=decimal_comma))
+        wrong_unit = column.implausible(value)
+        if wrong_unit is not None:
+            raise TableError(f"{src}: line {line}: {wrong_unit}")
+        key.append(value)
+    return tuple(key)
+
+
+def _out_of_memory(keys: dict[tuple[float, ...], int], columns: dict[str, np.ndarray], knobs: tuple[str, ...],
+                   src: str) -> tuple[tuple[float, ...], ...]:
+    """The settings recorded out of memory and never measured: a setting that also has a measured row (a
+    repeat that ran, where one ran out) is measured, and its out-of-memory line is noted and dropped."""
+    if not keys:
+        return ()
+    n = len(columns[POWER])
+    measured = {tuple(float(columns[k][i]) for k in (*knobs, *([BATCH_SIZE] if BATCH_SIZE in columns else [])))
+                for i in range(n)}
+    ran = [line for key, line in keys.items() if key in measured]
+    if ran:
+        _log.info("%s: line %s records out of memory where a repeat of the setting ran; its measured rows "
+                  "stand", src, ", ".join(map(str, ran)))
+    kept = tuple(key for key in keys if key not in measured)
+    if kept:
+        _log.info("%s: %d setting(s) recorded out of memory (no row; a replay answers them out of memory)",
+                  src, len(kept))
+    return kept
 
 
 def _format(value: float) -> str:
@@ -288,7 +338,8 @@ def _format(value: float) -> str:
 
 def save_table(table: Table, path: str | os.PathLike) -> None:
     """Write ``table`` as CSV (notes and declarations first, as ``#`` lines); :func:`load_table` reads it
-    back unchanged. Knob columns are written under their registry names, in the registry's units."""
+    back unchanged. Knob columns are written under their registry names, in the registry's units; the
+    settings recorded out of memory follow the rows, ``OOM`` in their time and power."""
     names = list(table.knobs) + ([BATCH_SIZE] if table.batch_size is not None else [])
     arrays = [table.settings[:, i] for i in range(len(table.knobs))]
     arrays += [table.batch_size] if table.batch_size is not None else []
@@ -303,3 +354,6 @@ def save_table(table: Table, path: str | os.PathLike) -> None:
         w.writerow(names)
         for i in range(len(table)):
             w.writerow([_format(float(a[i])) for a in arrays])
+        width = len(table.knobs) + (table.batch_size is not None)
+        for key in table.out_of_memory:  # the settings that ran out of memory, as a sweep script writes them
+            w.writerow([_format(v) for v in key] + ["OOM" if name in _OOM_COLUMNS else "" for name in names[width:]])

@@ -116,6 +116,10 @@ class Table:
         declared: the ``# edgetune:`` declarations.
         lines: the file line each row was (first) given on, for messages; None for a table not read from a
             file (messages then count its rows from 1).
+        out_of_memory: the settings the table records as out of memory (a step time or power written
+            ``OOM``), one tuple each: the knob values in :attr:`knobs` order, then the batch size where the
+            table has a ``batch_size`` column. They are no rows (nothing was measured there); a replay
+            answers them with an out-of-memory error. Empty where the table records none.
     """
 
     knobs: tuple[str, ...]
@@ -136,6 +140,7 @@ class Table:
     notes: tuple[str, ...] = field(default_factory=tuple)
     declared: Declarations = field(default_factory=Declarations)
     lines: tuple[int, ...] | None = None
+    out_of_memory: tuple[tuple[float, ...], ...] = ()
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -260,6 +265,16 @@ class Table:
                        time_cv=pick(self.time_cv), power_cv=pick(self.power_cv),
                        lines=None if self.lines is None else tuple(self.lines[i] for i in idx))
 
+    def ran_out_of_memory(self, setting: Mapping[str, float], batch_size: int | None) -> bool:
+        """Whether the table records ``setting`` at ``batch_size`` as out of memory (:attr:`out_of_memory`;
+        ``batch_size`` is ignored in a table without batch sizes)."""
+        want = [float(setting[k]) for k in self.knobs if k in setting]
+        if len(want) != len(self.knobs):
+            return False
+        if self.batch_size is not None:
+            want.append(float(batch_size) if batch_size is not None else math.nan)
+        return any(np.allclose(key, want, rtol=1e-9, atol=1e-9) for key in self.out_of_memory)
+
     def find(self, setting: Mapping[str, float], batch_size: int | None) -> int | None:
         """Row index of a (setting, batch size), or None. Every knob must be given; ``batch_size`` is
         ignored in a table without batch sizes."""
@@ -340,6 +355,9 @@ def _validate_declared(t: Table) -> None:
 def _validate(t: Table) -> None:
     src = t.source
     n = t.power_w.size
+    if n == 0 and t.out_of_memory:
+        raise TableError(f"{src}: every row records out of memory: nothing was measured; add rows of settings "
+                         f"that ran")
     if n == 0:
         raise TableError(f"{src}: the table has no rows; add measured rows below the header")
     if t.step_time_s is None and t.time_per_epoch_s is None:
@@ -351,6 +369,11 @@ def _validate(t: Table) -> None:
         raise TableError(f"{src}: settings have shape {t.settings.shape}, expected {(n, len(t.knobs))}")
     if t.lines is not None and len(t.lines) != n:
         raise TableError(f"{src}: lines has {len(t.lines)} values for {n} rows")
+    width = len(t.knobs) + (t.batch_size is not None)
+    for key in t.out_of_memory:
+        if len(key) != width or not all(math.isfinite(v) for v in key):
+            raise TableError(f"{src}: an out-of-memory setting needs {width} finite values (the knobs"
+                             f"{' and the batch size' if t.batch_size is not None else ''}), got {key!r}")
     _validate_declared(t)
     columns = {BATCH_SIZE: t.batch_size, **{c: getattr(t, a) for c, a in ATTRIBUTES.items()}}
     for name, a in columns.items():
