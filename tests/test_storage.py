@@ -121,8 +121,8 @@ def check_fleet(url: str, storage) -> None:
     assert len({t.number for t in trials}) == len(trials)
     settings = [tuple(sorted(t.params.items())) for t in m]
     assert len(settings) == len(set(settings))
-    # the study stops at n_trials; each worker checks the count before its next trial, so a worker that
-    # started its last trial as the other finished may add one (at most one per extra worker)
+    # the study stops at n_trials: each worker counts the settings measured and those the other is measuring
+    # before its next trial; two that check at the same instant may both start one (at most one per extra worker)
     assert n_trials <= len(m) <= n_trials + 1
     # every measured trial is reported by exactly the worker that measured it (how the work was split
     # between the two is up to the scheduler: a loaded machine may let one worker do it all)
@@ -272,6 +272,56 @@ def test_a_trial_recorded_by_another_kernel_is_left_to_the_heartbeat_whatever_it
     assert recover_dead_workers(study, storage, retry_callback(storage)) == 1
     states = {t.number: t.state for t in study.get_trials()}
     assert states[elsewhere.number] == TrialState.RUNNING and states[here.number] == TrialState.FAIL
+
+
+def test_a_fleet_stops_at_n_trials_counting_the_settings_live_workers_are_measuring(tmp_path):
+    # each worker checked the count of measured settings before its next trial, so one that started as another
+    # was measuring the last took the fleet one past n_trials (one per extra worker); a live worker's trial
+    # counts now, and a dead one's does not
+    import torch
+
+    from edgetune.search.storage import live_trials, worker_kernel
+    from edgetune.search.study import Search
+    from edgetune.search.trial import MeasurementProtocol
+    from edgetune.workloads import Workload
+
+    if not worker_kernel():
+        pytest.skip("no boot id here (not Linux)")
+    wl = Workload.from_model("tiny", torch.nn.Linear(8, 2),
+                             lambda b, g: (torch.randn(b, 8, generator=g), torch.randint(0, 2, (b,), generator=g)),
+                             default_batch_size=32)
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+
+    def search(n_trials):
+        return Search(open_device("sim:orin-nano", compute=False, seed=1), wl, worker_space(), budget_w=9.0,
+                      storage=open_storage(url), study_name="fleet", sampler="random", n_trials=n_trials, seed=1,
+                      patience=0, protocol=MeasurementProtocol(warmup_steps=0, measure_steps=3, measure_s=0.3))
+
+    first = search(1)
+    assert len(first.run().settings) == 1
+    # another worker on this host is measuring a setting (its process lives)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        storage = open_storage(url)
+        study = optuna.load_study(study_name="fleet", storage=storage, sampler=optuna.samplers.RandomSampler(seed=3))
+        trial = retried = study.ask(worker_space().distributions())
+        records.write_start(trial, worker_space().candidate(trial.params), records.Role.SEARCH,
+                            f"{socket.gethostname()}:{other.pid}", worker_kernel())
+        assert [t.number for t in live_trials(study, storage)] == [trial.number]
+        result = search(2).run()
+        assert result.stop_reason == "1 setting measured and 1 being measured by other workers"
+        assert len(result.settings) == 1
+    finally:
+        other.kill()
+        other.wait()
+    # it died mid-trial: its trial is failed and queued again, and counts no more
+    assert live_trials(study, storage) == []
+    # its setting, queued again, is the one measured next (a baseline probe waits until it is), and at the limit
+    # no queued setting is taken in a confirmation's place
+    last = search(2).run()
+    assert len(last.settings) == 2 and last.stop_reason == "2 settings measured"
+    assert retried.params in [t.params for t in study.get_trials(states=(TrialState.COMPLETE,))]
+    assert not study.get_trials(states=(TrialState.WAITING,))
 
 
 def test_a_worker_whose_trial_another_failed_as_stale_drops_its_window_and_goes_on(tmp_path):

@@ -42,7 +42,7 @@ from edgetune.power.state import pid_alive
 from edgetune.search import records
 
 __all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "SearchError", "check_sqlite_file", "close_storage",
-           "heartbeat", "in_memory", "open_storage", "recover_dead_workers", "redact", "retry_callback", "same_storage",
+           "heartbeat", "in_memory", "live_trials", "open_storage", "recover_dead_workers", "redact", "retry_callback", "same_storage",
            "storage_file", "worker_id", "worker_kernel"]
 
 _log = get_logger(__name__)
@@ -434,3 +434,20 @@ def recover_dead_workers(study: optuna.Study, storage: optuna.storages.BaseStora
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)
     return n
+
+
+def live_trials(study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[FrozenTrial]:
+    """The RUNNING trials of other workers known to be alive: on this host, those whose worker's pid lives; from
+    another host, every one where the storage has a heartbeat (a silent one is failed after the grace period,
+    :func:`recover_dead_workers`). A journal fleet's trials from other hosts are left out: nothing says whether
+    their worker lives, and one that died would be counted for ever."""
+    host, kernel = socket.gethostname(), worker_kernel()
+    beats = bool(_heartbeat_interval_s(storage))
+    live = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        pid = _pid_here(t, host, kernel)
+        if pid == os.getpid():
+            continue
+        if (pid_alive(pid) if pid is not None else beats and bool(records.worker_of(t))):
+            live.append(t)
+    return live

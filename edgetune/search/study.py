@@ -97,6 +97,7 @@ from edgetune.search.storage import (
     SearchError,
     fail_and_retry,
     heartbeat,
+    live_trials,
     open_storage,
     recover_dead_workers,
     redact,
@@ -352,7 +353,9 @@ class Search:
         recover_dead_workers(study, self._storage, self._retry)
         reason = self._next(study)
         if reason is not None:
-            if self._timed_out():
+            if self._timed_out() or (self._limit_reached(study) is not None and self._new_waiting(study)):
+                # at the limit, a queued new setting (a retry, a resumed Ctrl-C) would be asked before a
+                # confirmation or a soak queued after it, and measured past n_trials: the search ends here
                 return reason
             again = self._confirmation(study)
             if again is None:
@@ -377,7 +380,8 @@ class Search:
             return reason
         probe = self.baseline.state(recs).next_probe
         if probe is not None:
-            if not queued_or_running(study, self.space, probe):
+            # a trial already waits (a retry, a resumed Ctrl-C): it is asked first, the probe on a later turn
+            if not queued_or_running(study, self.space, probe) and not self._new_waiting(study):
                 records.enqueue(study, self.space, probe, Role.BASELINE, skip_if_exists=True)
         else:
             reason = self._converged(study, recs)
@@ -386,6 +390,11 @@ class Search:
         if self._duplicate_streak >= DUPLICATE_STALL:
             return self._unstall(study, recs)
         return None
+
+    @staticmethod
+    def _new_waiting(study: optuna.Study) -> bool:
+        """A trial of a new setting waits in the queue (not a confirmation): the next ask takes the oldest."""
+        return any(not records.is_repeat(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
     def _nothing_fits(self, recs: list[TrialRecord]) -> str | None:
         """A reason to stop when every setting of the space is known to run out of memory: the smallest batch
@@ -487,10 +496,16 @@ class Search:
 
     def _limit_reached(self, study: optuna.Study) -> str | None:
         count = self._measured_count(study)
-        if count >= self.n_trials:
+        # a fleet: the new settings other live workers are measuring now count too, or each would start one more
+        assert self._storage is not None
+        running = sum(1 for t in live_trials(study, self._storage) if not records.is_repeat(t))
+        if count + running >= self.n_trials:
             # a study resumed with a smaller cap (or a fleet) measured more than it: the count, and the cap apart
             measured = f"{count} setting{'' if count == 1 else 's'} measured"
-            return measured if count == self.n_trials else f"{measured} (the limit, n_trials, is {self.n_trials})"
+            if running:
+                measured += f" and {running} being measured by other workers"
+            total = count + running
+            return measured if total == self.n_trials else f"{measured} (the limit, n_trials, is {self.n_trials})"
         if self._timed_out():
             return f"time limit of {self.timeout_s:g} s reached"
         return None
