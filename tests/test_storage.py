@@ -427,6 +427,44 @@ def test_a_silent_worker_on_another_host_is_failed_by_the_heartbeat_and_retried(
     assert len(retry) == 1 and retry[0].state == TrialState.WAITING and retry[0].params == trial.params
 
 
+def test_a_silent_journal_worker_on_another_host_is_failed_after_the_grace_period_and_retried(tmp_path,
+                                                                                               monkeypatch):
+    # Optuna's journal storage has no heartbeat: a worker that died on another host left its trial RUNNING for
+    # ever, and a fleet on a shared journal file never measured that setting. A journal worker now bumps a
+    # counter on its trial; another fails the trial once it has seen the counter unchanged for the grace
+    # period on its own clock
+    from edgetune.search import storage as st
+
+    clock = [1000.0]
+    monkeypatch.setattr(st, "_now", lambda: clock[0])
+    storage = open_storage(f"journal:{tmp_path / 'fleet.log'}", heartbeat_s=20)
+    assert isinstance(storage, st.BeatingJournalStorage) and storage.grace_s == 60
+    study = optuna.create_study(study_name="remote", storage=storage)
+    space = worker_space()
+    silent, beating, old = (study.ask(space.distributions()) for _ in range(3))
+    for trial, worker in ((silent, "board-a:11"), (beating, "board-b:12"), (old, "board-c:13")):
+        records.write_start(trial, space.candidate(trial.params), records.Role.SEARCH, worker, "other-boot/pid:[1]")
+    for trial in (silent, beating):
+        with st.heartbeat(storage, study, trial.number):
+            pass  # the beat on entry: counter 0
+    assert study.get_trials()[0].user_attrs[st.BEAT_ATTR] == 0
+    retry = st.retry_callback(storage)
+    live = {t.number for t in st.live_trials(study, storage)}
+    assert live == {silent.number, beating.number}  # beating: they count towards n_trials; the old one does not
+    for step_s in (0.0, 30.0, 29.0):  # 59 s unchanged: within the grace period
+        clock[0] += step_s
+        storage.set_trial_user_attr(beating._trial_id, st.BEAT_ATTR, int(clock[0]))  # it goes on beating
+        st.recover_dead_workers(study, storage, retry)
+    assert all(t.state == TrialState.RUNNING for t in study.get_trials()[:3])
+    clock[0] += 2.0
+    st.recover_dead_workers(study, storage, retry)
+    states = [t.state for t in study.get_trials()]
+    assert states[:3] == [TrialState.FAIL, TrialState.RUNNING, TrialState.RUNNING]  # the old one is not judged
+    queued = [t for t in study.get_trials() if records.retry_history(t) == [silent.number]]
+    assert len(queued) == 1 and queued[0].state == TrialState.WAITING and queued[0].params == silent.params
+    assert {t.number for t in st.live_trials(study, storage)} == {beating.number}
+
+
 @pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite:///:memory:"])
 def test_an_in_memory_sqlite_url_opens_a_study_in_memory(url):
     # an RDB storage's pool opened an empty database per connection: its tables were gone at the first query

@@ -13,8 +13,10 @@ rather than retried forever:
   measures (:func:`heartbeat`; Optuna beats only inside ``study.optimize``, and the search asks and tells), and
   :func:`recover_dead_workers` calls Optuna's :func:`~optuna.storages.fail_stale_trials`, which fails a trial
   silent for the grace period and hands it to the storage's retry callback. Optuna 5's journal storage has
-  no heartbeat: a worker that dies on another host leaves its trial RUNNING there (no setting is lost or
-  measured twice; the trial just stays in the study).
+  no heartbeat, so a journal worker beats through a trial attribute (:data:`BEAT_ATTR`, a counter it bumps
+  every :data:`HEARTBEAT_INTERVAL_S`), and another worker fails a trial whose counter it has seen unchanged
+  for the grace period on its own clock (no two hosts' clocks are compared). A trial without the counter (an
+  older edgetune's) is left RUNNING, as before: nothing says whether its worker lives.
 * this host: a dead worker's pid is known at once, so :func:`recover_dead_workers` fails its trials without
   waiting for the grace period (a resume right after ``kill -9``), through the public ``study.tell``, and
   retries them with the same callback. "This host" is this boot of this kernel and pid namespace
@@ -26,9 +28,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
+import itertools
 import os
 import socket
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,12 +45,16 @@ from edgetune.log import get_logger
 from edgetune.power.state import pid_alive
 from edgetune.search import records
 
-__all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "SearchError", "check_sqlite_file", "close_storage",
+__all__ = ["BEAT_ATTR", "GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "BeatingJournalStorage", "SearchError", "check_sqlite_file", "close_storage",
            "heartbeat", "in_memory", "live_trials", "open_storage", "recover_dead_workers", "redact", "retry_callback", "same_storage",
            "storage_file", "worker_id", "worker_kernel"]
 
 _log = get_logger(__name__)
 
+#: the trial attribute a journal worker bumps at each beat (module docs)
+BEAT_ATTR = "edgetune_beat"
+#: the clock a journal's beats are judged on (a test's to replace)
+_now = time.monotonic
 #: seconds between a measuring worker's heartbeats: a few database writes per minute, per worker
 HEARTBEAT_INTERVAL_S = 20
 #: seconds without a heartbeat before another worker fails the trial: three missed beats, so one slow
@@ -123,7 +131,7 @@ def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_INTERVAL_S, grace_s: 
 
     Args:
         url: ``journal:<path>`` for a journal file, else an SQLAlchemy URL (SQLite, PostgreSQL, ...).
-        heartbeat_s: seconds between heartbeats of a measuring worker (RDB storages).
+        heartbeat_s: seconds between heartbeats of a measuring worker (RDB and journal storages).
         grace_s: seconds of silence before a trial is failed as stale (default three beats).
         max_retry: retries of a setting whose worker died before it is given up.
 
@@ -133,7 +141,7 @@ def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_INTERVAL_S, grace_s: 
     given = url
     try:
         if url.startswith("journal:"):
-            return _open_journal(url)
+            return _open_journal(url, heartbeat_s, grace_s)
         if in_memory(url):
             return optuna.storages.InMemoryStorage()
         url = _postgres_driver(url)
@@ -167,10 +175,25 @@ def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_INTERVAL_S, grace_s: 
                           f"the server runs and accepts this user (or use the default SQLite file)") from None
 
 
-def _open_journal(url: str) -> optuna.storages.BaseStorage:
+class BeatingJournalStorage(optuna.storages.JournalStorage):
+    """A journal storage whose workers beat through :data:`BEAT_ATTR` (module docs).
+
+    Attributes:
+        beat_s: seconds between a measuring worker's beats.
+        grace_s: seconds a trial's counter may stay unchanged, as another worker sees it, before it is failed.
+    """
+
+    def __init__(self, backend: Any, beat_s: int, grace_s: int) -> None:
+        super().__init__(backend)
+        self.beat_s = int(beat_s)
+        self.grace_s = int(grace_s)
+
+
+def _open_journal(url: str, beat_s: int = HEARTBEAT_INTERVAL_S,
+                  grace_s: int | None = None) -> optuna.storages.BaseStorage:
     """The journal file of ``url``: a file that is there but no journal (another file, a study.db) is one line
     that says so, not the decoder's error; one that is not there yet is a new journal."""
-    from optuna.storages.journal import JournalFileBackend, JournalStorage
+    from optuna.storages.journal import JournalFileBackend
 
     path = url[len("journal:"):].removeprefix("//")
     fix = "give the journal file an edgetune search wrote, or a new file's path for a new study"
@@ -178,7 +201,7 @@ def _open_journal(url: str) -> optuna.storages.BaseStorage:
         problem = f"storage {url} is a folder, not a journal file"
         raise SearchError(f"{problem}; {fix}", problem=problem)
     try:
-        return JournalStorage(JournalFileBackend(path))
+        return BeatingJournalStorage(JournalFileBackend(path), beat_s, grace_s or 3 * beat_s)
     except OSError as exc:
         raise SearchError(f"cannot open storage {url}: {exc.strerror or exc}; {fix}") from None
     except (ValueError, KeyError, TypeError) as exc:  # JSON (or UTF-8) that is not a journal's operations
@@ -373,22 +396,34 @@ def heartbeat(storage: optuna.storages.BaseStorage, study: optuna.Study, trial_n
     """Beat for trial ``trial_number`` from a daemon thread while the block runs (storages with a heartbeat).
 
     Optuna beats only inside ``study.optimize``; the search asks and tells, so it beats here through the
-    storage's public ``record_heartbeat``. A worker killed mid-trial stops beating, and the others fail and
-    retry its trial after the grace period (:func:`recover_dead_workers`).
+    storage's public ``record_heartbeat``; on a :class:`BeatingJournalStorage` it bumps the trial's
+    :data:`BEAT_ATTR`. A worker killed mid-trial stops beating, and the others fail and retry its trial after
+    the grace period (:func:`recover_dead_workers`).
     """
     interval = _heartbeat_interval_s(storage)
-    if not interval:
+    journal = isinstance(storage, BeatingJournalStorage)
+    if not interval and not journal:
         yield
         return
     study_id = storage.get_study_id_from_name(study.study_name)
     trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial_number)
-    storage.record_heartbeat(trial_id)
+    beats = itertools.count()
+    if journal:
+        assert isinstance(storage, BeatingJournalStorage)
+        interval = storage.beat_s
+
+        def record() -> None:
+            storage.set_trial_user_attr(trial_id, BEAT_ATTR, next(beats))
+    else:
+        def record() -> None:
+            storage.record_heartbeat(trial_id)
+    record()
     stop = threading.Event()
 
     def beat() -> None:
         while not stop.wait(interval):
             with contextlib.suppress(Exception):  # a missed beat is harmless; the next one retries
-                storage.record_heartbeat(trial_id)
+                record()
 
     thread = threading.Thread(target=beat, daemon=True, name="edgetune-heartbeat")
     thread.start()
@@ -433,21 +468,56 @@ def recover_dead_workers(study: optuna.Study, storage: optuna.storages.BaseStora
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)
+    if isinstance(storage, BeatingJournalStorage):
+        for t in _silent(study, storage, host, kernel):
+            if fail_and_retry(study, t.number, retry):
+                _log.warning("trial %d: worker %s has not beaten for %d s; failed and queued again", t.number,
+                             records.worker_of(t), storage.grace_s)
     return n
+
+
+#: per (storage, trial id): the beat counter last seen, and when (this process's monotonic clock) it was
+#: first seen at that value
+_SEEN: dict[tuple[int, int], tuple[Any, float]] = {}
+
+
+def _silent(study: optuna.Study, storage: BeatingJournalStorage, host: str, kernel: str) -> list[FrozenTrial]:
+    """The RUNNING trials of other hosts whose beat counter this process has seen unchanged for the grace
+    period (trials without one are not judged)."""
+    now = _now()
+    silent = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        beat = t.user_attrs.get(BEAT_ATTR)
+        if beat is None or _pid_here(t, host, kernel) is not None:
+            continue
+        key = (id(storage), t._trial_id)
+        seen = _SEEN.get(key)
+        if seen is None or seen[0] != beat:
+            _SEEN[key] = (beat, now)
+        elif now - seen[1] >= storage.grace_s:
+            silent.append(t)
+    return silent
 
 
 def live_trials(study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[FrozenTrial]:
     """The RUNNING trials of other workers known to be alive: on this host, those whose worker's pid lives; from
-    another host, every one where the storage has a heartbeat (a silent one is failed after the grace period,
-    :func:`recover_dead_workers`). A journal fleet's trials from other hosts are left out: nothing says whether
-    their worker lives, and one that died would be counted for ever."""
+    another host, every one where the storage has a heartbeat, and on a journal those that beat (a silent one
+    is failed after the grace period, :func:`recover_dead_workers`). Trials without a beat from other hosts
+    are left out: nothing says whether their worker lives, and one that died would be counted for ever."""
     host, kernel = socket.gethostname(), worker_kernel()
     beats = bool(_heartbeat_interval_s(storage))
+    journal = isinstance(storage, BeatingJournalStorage)
     live = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         pid = _pid_here(t, host, kernel)
         if pid == os.getpid():
             continue
-        if (pid_alive(pid) if pid is not None else beats and bool(records.worker_of(t))):
+        if pid is not None:
+            alive = pid_alive(pid)
+        elif journal:  # beating, and not silent for the grace period (recover_dead_workers fails those)
+            alive = BEAT_ATTR in t.user_attrs
+        else:
+            alive = beats and bool(records.worker_of(t))
+        if alive:
             live.append(t)
     return live
