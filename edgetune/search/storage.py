@@ -45,9 +45,10 @@ from edgetune.log import get_logger
 from edgetune.power.state import pid_alive
 from edgetune.search import records
 
-__all__ = ["BEAT_ATTR", "GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "BeatingJournalStorage", "SearchError", "check_sqlite_file", "close_storage",
-           "heartbeat", "in_memory", "live_trials", "open_storage", "recover_dead_workers", "redact", "retry_callback", "same_storage",
-           "storage_file", "worker_id", "worker_kernel"]
+__all__ = ["BEAT_ATTR", "GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "BeatingJournalStorage", "SearchError",
+           "check_sqlite_file", "close_storage", "heartbeat", "in_memory", "live_trials", "open_storage",
+           "recover_dead_workers", "redact", "retry_callback", "same_storage", "storage_file", "worker_id",
+           "worker_kernel"]
 
 _log = get_logger(__name__)
 
@@ -476,9 +477,9 @@ def recover_dead_workers(study: optuna.Study, storage: optuna.storages.BaseStora
     return n
 
 
-#: per (storage, trial id): the beat counter last seen, and when (this process's monotonic clock) it was
-#: first seen at that value
-_SEEN: dict[tuple[int, int], tuple[Any, float]] = {}
+#: per (storage, study name, trial number) of a RUNNING trial: the beat counter last seen, and when (this
+#: process's monotonic clock) it was first seen at that value
+_SEEN: dict[tuple[int, str, int], tuple[Any, float]] = {}
 
 
 def _silent(study: optuna.Study, storage: BeatingJournalStorage, host: str, kernel: str) -> list[FrozenTrial]:
@@ -486,11 +487,15 @@ def _silent(study: optuna.Study, storage: BeatingJournalStorage, host: str, kern
     period (trials without one are not judged)."""
     now = _now()
     silent = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    keys = {(id(storage), study.study_name, t.number) for t in running}
+    for gone in [k for k in _SEEN if k[:2] == (id(storage), study.study_name) and k not in keys]:
+        del _SEEN[gone]  # finished: nothing more to judge
+    for t in running:
         beat = t.user_attrs.get(BEAT_ATTR)
         if beat is None or _pid_here(t, host, kernel) is not None:
             continue
-        key = (id(storage), t._trial_id)
+        key = (id(storage), study.study_name, t.number)
         seen = _SEEN.get(key)
         if seen is None or seen[0] != beat:
             _SEEN[key] = (beat, now)
