@@ -98,8 +98,9 @@ class Measurement:
             that crossed, where that is the larger, that average's span (a setting already running: up to the
             budget window; stopped in the middle of a step: the setting's own power until then).
         max_avg_noise_w: how far that maximum reads above the power's own from the sensor's reading noise
-            alone (:func:`~edgetune.power.monitor.noise_max_excess_w`; 0 for a trial stopped over the budget):
-            ``max_avg_power_w - max_avg_noise_w`` is what the margin to the budget is certified on.
+            alone (:func:`~edgetune.power.monitor.noise_max_excess_w`, at most the maximum over the mean of the
+            window's averages, :func:`~edgetune.power.monitor.moving_average_mean`; 0 for a trial stopped over
+            the budget): ``max_avg_power_w - max_avg_noise_w`` is what the margin to the budget is certified on.
         power_se_w: standard error of one ``judged_span_s`` average of the sampled power: the sensor's noise and
             the step's ripple seen through its update instants make a measured average miss the true one
             by about this much (the std of the window's readings over the root of the sensor updates in one
