@@ -401,23 +401,21 @@ def heartbeat(storage: optuna.storages.BaseStorage, study: optuna.Study, trial_n
     :data:`BEAT_ATTR`. A worker killed mid-trial stops beating, and the others fail and retry its trial after
     the grace period (:func:`recover_dead_workers`).
     """
-    interval = _heartbeat_interval_s(storage)
     journal = isinstance(storage, BeatingJournalStorage)
-    if not interval and not journal:
+    interval = storage.beat_s if isinstance(storage, BeatingJournalStorage) else _heartbeat_interval_s(storage)
+    if not interval:
         yield
         return
     study_id = storage.get_study_id_from_name(study.study_name)
     trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial_number)
     beats = itertools.count()
-    if journal:
-        assert isinstance(storage, BeatingJournalStorage)
-        interval = storage.beat_s
 
-        def record() -> None:
+    def record() -> None:
+        if journal:
             storage.set_trial_user_attr(trial_id, BEAT_ATTR, next(beats))
-    else:
-        def record() -> None:
+        else:
             storage.record_heartbeat(trial_id)
+
     record()
     stop = threading.Event()
 

@@ -267,17 +267,8 @@ def load_table(path: str | os.PathLike) -> Table:
             continue
         row_lines.append(line)
         for column, cell in zip(mapped, row):
-            if column is None:
-                continue
-            if isinstance(column, KnobColumn):
-                value = column.convert(_number(cell, src, line, column.header, decimal_comma=decimal_comma))
-            else:
-                label = column.header if column.header != column.name else None
-                value = column.convert(_number(cell, src, line, column.name, label, decimal_comma=decimal_comma))
-            wrong_unit = column.implausible(value)
-            if wrong_unit is not None:
-                raise TableError(f"{src}: line {line}: {wrong_unit}")
-            values[column.name].append(value)
+            if column is not None:
+                values[column.name].append(_cell_value(column, cell, src, line, decimal_comma))
     columns, lines_of = _aggregate({k: np.asarray(v, dtype=float) for k, v in values.items()}, knobs, src,
                                    tuple(row_lines))
     oom = _out_of_memory(out_of_memory, columns, knobs, src)
@@ -292,20 +283,26 @@ def load_table(path: str | os.PathLike) -> Table:
                  source=src, notes=tuple(notes), declared=declared, lines=lines_of, out_of_memory=oom)
 
 
+def _cell_value(column: MeasuredColumn | KnobColumn, cell: str, src: str, line: int, decimal_comma: bool) -> float:
+    """A cell of ``column`` in the registry's unit, or :class:`TableError` (not a number, or a value its
+    column's unit makes impossible)."""
+    if isinstance(column, KnobColumn):
+        value = column.convert(_number(cell, src, line, column.header, decimal_comma=decimal_comma))
+    else:
+        label = column.header if column.header != column.name else None
+        value = column.convert(_number(cell, src, line, column.name, label, decimal_comma=decimal_comma))
+    wrong_unit = column.implausible(value)
+    if wrong_unit is not None:
+        raise TableError(f"{src}: line {line}: {wrong_unit}")
+    return value
+
+
 def _setting_key(mapped: list[MeasuredColumn | KnobColumn | None], row: list[str], knobs: tuple[str, ...],
                  src: str, line: int, decimal_comma: bool) -> tuple[float, ...]:
     """The knob values of a row (in ``knobs`` order), then its batch size where the table has the column."""
     cells = {c.name: (c, cell) for c, cell in zip(mapped, row) if c is not None}
-    key = []
-    for name in (*knobs, *([BATCH_SIZE] if BATCH_SIZE in cells else [])):
-        column, cell = cells[name]
-        value = column.convert(_number(cell, src, line, column.header if isinstance(column, KnobColumn) else name,
-                                       decimal_comma=decimal_comma))
-        wrong_unit = column.implausible(value)
-        if wrong_unit is not None:
-            raise TableError(f"{src}: line {line}: {wrong_unit}")
-        key.append(value)
-    return tuple(key)
+    names = (*knobs, *([BATCH_SIZE] if BATCH_SIZE in cells else []))
+    return tuple(_cell_value(*cells[name], src, line, decimal_comma) for name in names)
 
 
 def _out_of_memory(keys: dict[tuple[float, ...], int], columns: dict[str, np.ndarray], knobs: tuple[str, ...],
